@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: installs packages, builds, runs every CPU test
+# (unit, kernels, golden, fuzz replays), then each fuzz target briefly under libFuzzer.
+# GPU tests (label gpu) run only with POLYLORA_GPU_TESTS=1 on a machine with a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+./scripts/build.sh
+BUILD_DIR=${BUILD_DIR:-build}
+LABELS=(-LE gpu)
+[ "${POLYLORA_GPU_TESTS:-0}" = 1 ] && LABELS=()
+(cd "$BUILD_DIR" && ctest --output-on-failure -j2 "${LABELS[@]}")
+FUZZ_SECONDS=${FUZZ_SECONDS:-20} ./scripts/fuzz.sh
+echo "test.sh: all tests passed"
