@@ -1,0 +1,63 @@
+// kernels/attention/attention.h: paged causal grouped-query attention and the KV-cache write.
+// The KV cache of one layer is two arrays [num_blocks, block_size, num_kv_heads, head_dim] (f32 on the CPU).
+// A sequence's keys are found through its block table; token j of a sequence lives in block
+// block_table[j / block_size] at offset j % block_size. Supports sliding windows (a query at position p
+// sees keys j with p − j < window) and GPT-OSS attention sinks (one learned logit per head that joins
+// the softmax and is then dropped). Must not: depend on anything above common/.
+#pragma once
+
+#include <cstdint>
+
+namespace polylora::kernels {
+
+struct KvCacheView {
+  float* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  float* v = nullptr;  // same shape
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// Writes k[t], v[t] ([m, num_kv_heads·head_dim], row strides ldk/ldv) to slot slot_mapping[t]
+// (block_id·block_size + offset); a negative slot is skipped (padding).
+struct KvWriteArgs {
+  const float* k = nullptr;
+  int64_t ldk = 0;
+  const float* v = nullptr;
+  int64_t ldv = 0;
+  int64_t m = 0;
+  const int64_t* slot_mapping = nullptr;
+  KvCacheView cache;
+};
+
+// Queries of S sequences packed by token: sequence s owns query rows [query_start[s], query_start[s+1]),
+// its context (keys already cached plus this step's) has context_lens[s] tokens, and its query rows are
+// the last (query_start[s+1] − query_start[s]) positions of that context.
+struct AttentionArgs {
+  const float* q = nullptr;  // [num_tokens, num_heads, head_dim], row stride ldq
+  int64_t ldq = 0;
+  float* out = nullptr;  // [num_tokens, num_heads, head_dim], row stride ldo
+  int64_t ldo = 0;
+  int64_t num_seqs = 0;
+  const int32_t* query_start = nullptr;   // [num_seqs + 1]
+  const int32_t* context_lens = nullptr;  // [num_seqs]
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int64_t max_blocks_per_seq = 0;
+  int64_t num_heads = 0;
+  float scale = 1.0f;
+  int64_t window = 0;             // 0: full attention
+  const float* sinks = nullptr;   // [num_heads] or nullptr
+  KvCacheView cache;
+};
+
+namespace ref {
+void write_kv(const KvWriteArgs& args);
+void attention(const AttentionArgs& args);
+}  // namespace ref
+namespace cpu {
+void write_kv(const KvWriteArgs& args);
+void attention(const AttentionArgs& args);
+}  // namespace cpu
+
+}  // namespace polylora::kernels

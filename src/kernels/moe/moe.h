@@ -1,0 +1,83 @@
+// kernels/moe/moe.h: Mixture-of-Experts routing and expert computation (with optional expert LoRA).
+// route(): router logits [m, E] -> top-k expert ids and weights per token, in two flavours:
+//   kSoftmaxTopK (Mixtral, Qwen3-MoE): softmax over all E, top-k, optionally renormalised to sum 1;
+//   kTopKSoftmax (GPT-OSS): top-k of the logits, softmax over those k values.
+// experts(): out[t] = Σ_k w[t,k] · expert_{id[t,k]}(x[t]), where an expert is
+//   gu = x·W_guᵀ (+b_gu) (+ LoRA), h = act(gu), y = h·W_downᵀ (+b_down) (+ LoRA).
+//   W_gu is either one [2I, H] matrix (rows: gate then up, or interleaved for GPT-OSS) or two [I, H]
+//   matrices (gate, up). LoRA is chosen per token by its adapter slot (−1: none).
+// Must not: know about models or adapters beyond these views; depend on anything above common/.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/lora/lora.h"
+#include "kernels/tensor_view.h"
+
+namespace polylora::kernels {
+
+enum class RouterScoring { kSoftmaxTopK, kTopKSoftmax };
+enum class ExpertAct { kSiluGate, kGptOssSwiglu };
+
+struct RouteArgs {
+  const float* logits = nullptr;  // [m, num_experts] (bias already added)
+  int64_t m = 0;
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  RouterScoring scoring = RouterScoring::kSoftmaxTopK;
+  bool renormalize = false;  // kSoftmaxTopK only
+  int32_t* ids = nullptr;     // [m, top_k] out
+  float* weights = nullptr;   // [m, top_k] out
+};
+
+struct ExpertView {
+  WeightView gate_up;  // [2I, H], or empty when gate and up are separate
+  WeightView gate;     // [I, H] (when gate_up is empty)
+  WeightView up;       // [I, H]
+  WeightView down;     // [H, I]
+  const float* gate_up_bias = nullptr;  // [2I] or nullptr
+  const float* down_bias = nullptr;     // [H] or nullptr
+};
+
+// LoRA of one expert for one adapter. gate_up applies to all 2I outputs of the gate/up projection
+// (in its own row order); gate and up to the first and second halves (non-interleaved layouts only).
+struct ExpertLoraView {
+  LoraView gate_up;
+  LoraView gate;
+  LoraView up;
+  LoraView down;
+};
+
+struct MoeExpertsArgs {
+  const float* x = nullptr;  // [m, hidden], row stride ldx
+  int64_t ldx = 0;
+  int64_t m = 0;
+  int64_t hidden = 0;
+  int64_t inter = 0;  // I
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  const int32_t* ids = nullptr;    // [m, top_k]
+  const float* weights = nullptr;  // [m, top_k]
+  const ExpertView* experts = nullptr;  // [num_experts]
+  ExpertAct act = ExpertAct::kSiluGate;
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
+  // Expert LoRA: token t uses slot token_slots[t] (−1: none); lora[slot · num_experts + e] (entries may
+  // be empty views). Both nullptr when no token of the batch has expert LoRA.
+  const int32_t* token_slots = nullptr;  // [m]
+  const ExpertLoraView* lora = nullptr;  // [num_slots · num_experts]
+  int64_t num_slots = 0;
+  float* out = nullptr;  // [m, hidden], row stride ldo; overwritten
+  int64_t ldo = 0;
+};
+
+namespace ref {
+void route(const RouteArgs& args);
+void moe_experts(const MoeExpertsArgs& args);
+}  // namespace ref
+namespace cpu {
+void route(const RouteArgs& args);
+void moe_experts(const MoeExpertsArgs& args);
+}  // namespace cpu
+
+}  // namespace polylora::kernels

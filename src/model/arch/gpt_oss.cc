@@ -1,0 +1,38 @@
+// model/arch/gpt_oss.cc: GPT-OSS checkpoints (bf16 layout of transformers): attention with biases and
+// sinks, a router with bias (mlp.router), and fused expert tensors stored (in, out):
+// gate_up_proj [E, H, 2I] (gate/up interleaved by column) with bias [E, 2I], down_proj [E, I, H] with bias
+// [E, H]. Each expert is transposed once at load to (out, in) so every linear shares one layout; the
+// interleaved gate/up order is kept (the activation and expert LoRA use it as is).
+#include "common/error.h"
+#include "model/arch/arch.h"
+
+namespace polylora::arch {
+
+void bind_gpt_oss(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w) {
+  if (!loader.dummy() && loader.has("model.layers.0.mlp.experts.gate_up_proj_blocks"))
+    fail("this GPT-OSS checkpoint holds MXFP4-quantized experts (gate_up_proj_blocks/scales), which polylora "
+         "does not load yet; use a bf16 checkpoint or --load-format dummy");
+  bind_common(cfg, loader, w);
+  int64_t h = cfg.hidden_size, i = cfg.moe_intermediate_size, num_experts = cfg.num_experts;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    LayerWeights& lw = w.layers[l];
+    bind_attention(cfg, loader, l, lw);
+    lw.is_moe = true;
+    std::string p = layer_prefix(l) + "mlp.";
+    lw.moe.router.w = loader.matrix(p + "router.weight", num_experts, h);
+    lw.moe.router.bias = loader.vector(p + "router.bias", num_experts, 0.0f);
+    lw.moe.experts.resize(static_cast<size_t>(num_experts));
+    lw.moe.expert_biases.reserve(static_cast<size_t>(2 * num_experts));
+    for (int64_t e = 0; e < num_experts; ++e) {
+      kernels::ExpertView& ex = lw.moe.experts[e];
+      ex.gate_up = loader.expert_transposed(p + "experts.gate_up_proj", num_experts, h, 2 * i, e);
+      ex.down = loader.expert_transposed(p + "experts.down_proj", num_experts, i, h, e);
+      lw.moe.expert_biases.push_back(loader.expert_vector(p + "experts.gate_up_proj_bias", num_experts, 2 * i, e));
+      ex.gate_up_bias = lw.moe.expert_biases.back().data();
+      lw.moe.expert_biases.push_back(loader.expert_vector(p + "experts.down_proj_bias", num_experts, h, e));
+      ex.down_bias = lw.moe.expert_biases.back().data();
+    }
+  }
+}
+
+}  // namespace polylora::arch

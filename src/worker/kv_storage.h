@@ -1,0 +1,30 @@
+// worker/kv_storage.h: host memory for the paged KV cache of every layer (f32, CPU backend).
+// Owns: the K and V arrays [num_blocks, block_size, num_kv_heads, head_dim] per layer.
+// Must not: decide which blocks a request gets (that is cache/'s job).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "config/model_config.h"
+#include "kernels/attention/attention.h"
+
+namespace polylora {
+
+class KvStorage {
+ public:
+  KvStorage(const ModelConfig& cfg, int64_t num_blocks, int64_t block_size);
+  const std::vector<kernels::KvCacheView>& views() const { return views_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  // Bytes one block takes across all layers (K and V).
+  static int64_t bytes_per_block(const ModelConfig& cfg, int64_t block_size);
+
+ private:
+  int64_t num_blocks_;
+  int64_t block_size_;
+  std::vector<std::vector<float>> k_, v_;
+  std::vector<kernels::KvCacheView> views_;
+};
+
+}  // namespace polylora
