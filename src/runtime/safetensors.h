@@ -57,10 +57,11 @@ class MappedFile {
 // One .safetensors file. Validation (each failure throws polylora::Error naming the file, and the
 // tensor where there is one): file shorter than 8 bytes; header length past the end of the file;
 // header not valid JSON or not an object; entry missing dtype/shape/data_offsets or of the wrong JSON
-// type; dtype not in `allowed_dtypes` (named, e.g. "tensor 'x' has dtype I8; supported: BF16, F16, F32");
-// negative shape dimensions; data_offsets not [begin, end] with begin <= end; range outside the data
-// section; shape x dtype size != end - begin; ranges overlapping or not in increasing order of offset
-// as listed by begin; duplicate names. Never reads outside the mapping.
+// type; dtype not in `allowed_dtypes` (named, e.g. "tensor 'x' in f.safetensors has dtype I8, which is
+// not supported (supported: F32, F16, BF16)"); negative shape dimensions or a shape product overflowing;
+// data_offsets not [begin, end] with begin <= end; range outside the data section; shape x dtype size !=
+// end - begin; ranges overlapping (after sorting by begin; gaps and header order are accepted); duplicate
+// names; `__metadata__` not an object of strings. Never reads outside the mapping.
 class SafetensorsFile {
  public:
   static std::unique_ptr<SafetensorsFile> open(const std::string& path,
@@ -90,8 +91,10 @@ class SafetensorsFile {
 // a tensor listed in the index absent from its shard or found in another one; a name in two shards.
 class Checkpoint {
  public:
-  static Checkpoint open_dir(const std::string& dir, std::span<const DType> allowed_dtypes = kCheckpointDTypes);
-  static Checkpoint open_file(const std::string& path, std::span<const DType> allowed_dtypes = kCheckpointDTypes);
+  static Checkpoint open_dir(const std::string& dir,
+                             std::span<const DType> allowed_dtypes = kCheckpointDTypes);
+  static Checkpoint open_file(const std::string& path,
+                              std::span<const DType> allowed_dtypes = kCheckpointDTypes);
 
   const TensorInfo* find(std::string_view name) const;  // nullptr if absent
   // Throws polylora::Error "checkpoint <dir> has no tensor '<name>'".
