@@ -1,8 +1,8 @@
-// model/weights.h: the parameters of a decoder model, as views the kernels consume.
-// Matrices stay in their checkpoint dtype and, where the layout allows, point into the memory-mapped
-// checkpoint (zero-copy); small vectors (norms, biases, sinks) are f32 copies. GPT-OSS expert tensors
-// are stored (in, out) in the checkpoint and are transposed once at load into (out, in) buffers.
-// Must not: hold request state.
+// model/weights.h: the parameters of a decoder model, as views the kernels consume, in backend memory.
+// On the CPU, matrices stay in their checkpoint dtype and point into the memory-mapped checkpoint
+// (zero-copy); on CUDA they are copied to the device. Small vectors (norms, biases, sinks) are f32.
+// GPT-OSS expert tensors are stored (in, out) in the checkpoint and are transposed once at load into
+// (out, in) so every linear shares one layout. Must not: hold request state.
 #pragma once
 
 #include <cstdint>
@@ -16,16 +16,15 @@
 namespace polylora {
 
 struct LinearWeights {
-  kernels::WeightView w;    // [out, in]
-  std::vector<float> bias;  // [out] or empty
-  const float* bias_ptr() const { return bias.empty() ? nullptr : bias.data(); }
+  kernels::WeightView w;       // [out, in]
+  const float* bias = nullptr;  // [out] or nullptr
 };
 
 struct AttentionWeights {
   LinearWeights q, k, v, o;
-  std::vector<float> q_norm;  // [head_dim] (Qwen3) or empty
-  std::vector<float> k_norm;  // [head_dim] (Qwen3) or empty
-  std::vector<float> sinks;   // [num_heads] (GPT-OSS) or empty
+  const float* q_norm = nullptr;  // [head_dim] (Qwen3) or nullptr
+  const float* k_norm = nullptr;  // [head_dim] (Qwen3) or nullptr
+  const float* sinks = nullptr;   // [num_heads] (GPT-OSS) or nullptr
 };
 
 struct DenseMlpWeights {
@@ -33,14 +32,14 @@ struct DenseMlpWeights {
 };
 
 struct MoeWeights {
-  LinearWeights router;                       // [E, H] (+ bias for GPT-OSS)
-  std::vector<kernels::ExpertView> experts;   // [E]; biases point into expert_biases
-  std::vector<std::vector<float>> expert_biases;  // owned storage for gate_up / down biases
+  LinearWeights router;                      // [E, H] (+ bias for GPT-OSS)
+  std::vector<kernels::ExpertView> experts;  // [E] (pointers in backend memory)
+  const kernels::ExpertView* experts_on_device = nullptr;  // the same array in backend memory
 };
 
 struct LayerWeights {
-  std::vector<float> input_norm;           // [H]
-  std::vector<float> post_attention_norm;  // [H]
+  const float* input_norm = nullptr;           // [H]
+  const float* post_attention_norm = nullptr;  // [H]
   AttentionWeights attn;
   bool is_moe = false;
   DenseMlpWeights mlp;
@@ -49,15 +48,15 @@ struct LayerWeights {
 
 struct ModelWeights {
   kernels::WeightView embed;  // [vocab, H]
-  std::vector<float> final_norm;
+  const float* final_norm = nullptr;
   kernels::WeightView lm_head;  // [vocab, H] (the embedding when tied)
   std::vector<LayerWeights> layers;
 
-  // Storage keeping the views valid.
+  // Host storage keeping CPU views valid: the checkpoint mapping and transposed expert buffers.
   std::unique_ptr<Checkpoint> checkpoint;
-  std::vector<std::unique_ptr<uint16_t[]>> owned;  // transposed / dummy 16-bit buffers
+  std::vector<std::unique_ptr<uint16_t[]>> owned;
   std::vector<std::unique_ptr<float[]>> owned_f32;
-  size_t num_bytes = 0;  // bytes of all parameters
+  size_t num_bytes = 0;  // bytes of all parameters as stored for the forward pass
 };
 
 }  // namespace polylora

@@ -32,7 +32,7 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
     total_blocks += blocks;
     max_blocks = std::max(max_blocks, blocks);
   }
-  KvStorage kv(cfg, total_blocks, bs);
+  KvStorage kv(cfg, model_.backend(), total_blocks, bs);
 
   auto fill_tables = [&](ForwardBatch& b, const std::vector<int64_t>& seqs) {
     b.max_blocks_per_seq = max_blocks;

@@ -1,4 +1,4 @@
-// worker/kv_storage.h: host memory for the paged KV cache of every layer (f32, CPU backend).
+// worker/kv_storage.h: backend memory for the paged KV cache of every layer (f32).
 // Owns: the K and V arrays [num_blocks, block_size, num_kv_heads, head_dim] per layer.
 // Must not: decide which blocks a request gets (that is cache/'s job).
 #pragma once
@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "config/model_config.h"
 #include "kernels/attention/attention.h"
 
@@ -13,7 +14,10 @@ namespace polylora {
 
 class KvStorage {
  public:
-  KvStorage(const ModelConfig& cfg, int64_t num_blocks, int64_t block_size);
+  KvStorage(const ModelConfig& cfg, Backend& backend, int64_t num_blocks, int64_t block_size);
+  ~KvStorage();
+  KvStorage(const KvStorage&) = delete;
+  KvStorage& operator=(const KvStorage&) = delete;
   const std::vector<kernels::KvCacheView>& views() const { return views_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
@@ -21,9 +25,10 @@ class KvStorage {
   static int64_t bytes_per_block(const ModelConfig& cfg, int64_t block_size);
 
  private:
+  Backend& backend_;
   int64_t num_blocks_;
   int64_t block_size_;
-  std::vector<std::vector<float>> k_, v_;
+  std::vector<void*> buffers_;
   std::vector<kernels::KvCacheView> views_;
 };
 

@@ -22,16 +22,15 @@ void bind_gpt_oss(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w)
     lw.moe.router.w = loader.matrix(p + "router.weight", num_experts, h);
     lw.moe.router.bias = loader.vector(p + "router.bias", num_experts, 0.0f);
     lw.moe.experts.resize(static_cast<size_t>(num_experts));
-    lw.moe.expert_biases.reserve(static_cast<size_t>(2 * num_experts));
+    
     for (int64_t e = 0; e < num_experts; ++e) {
       kernels::ExpertView& ex = lw.moe.experts[e];
       ex.gate_up = loader.expert_transposed(p + "experts.gate_up_proj", num_experts, h, 2 * i, e);
       ex.down = loader.expert_transposed(p + "experts.down_proj", num_experts, i, h, e);
-      lw.moe.expert_biases.push_back(loader.expert_vector(p + "experts.gate_up_proj_bias", num_experts, 2 * i, e));
-      ex.gate_up_bias = lw.moe.expert_biases.back().data();
-      lw.moe.expert_biases.push_back(loader.expert_vector(p + "experts.down_proj_bias", num_experts, h, e));
-      ex.down_bias = lw.moe.expert_biases.back().data();
+      ex.gate_up_bias = loader.expert_vector(p + "experts.gate_up_proj_bias", num_experts, 2 * i, e);
+      ex.down_bias = loader.expert_vector(p + "experts.down_proj_bias", num_experts, h, e);
     }
+    lw.moe.experts_on_device = loader.experts_to_device(lw.moe.experts);
   }
 }
 

@@ -21,6 +21,7 @@ void bind_mixtral(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w)
       ex.up = loader.matrix(ep + "w3.weight", i, h);
       ex.down = loader.matrix(ep + "w2.weight", h, i);
     }
+    lw.moe.experts_on_device = loader.experts_to_device(lw.moe.experts);
   }
 }
 

@@ -26,6 +26,7 @@ void bind_qwen3_moe(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& 
       ex.up = loader.matrix(ep + "up_proj.weight", i, h);
       ex.down = loader.matrix(ep + "down_proj.weight", h, i);
     }
+    lw.moe.experts_on_device = loader.experts_to_device(lw.moe.experts);
   }
 }
 

@@ -1,0 +1,85 @@
+// backend/backend.h: where a forward pass runs (CPU or CUDA): device memory and the op calls.
+// Owns: the interface the model's single forward pass is written against. Every op takes the kernel
+// argument structs of kernels/<op>/ whose pointers are in this backend's memory (host memory for the
+// CPU backend, device memory for CUDA). Allocations live until the backend is destroyed.
+// Must not: know about models, adapters or requests (it sees pointers and shapes only).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/dtype.h"
+#include "kernels/activation/activation.h"
+#include "kernels/attention/attention.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/linear/linear.h"
+#include "kernels/lora/lora.h"
+#include "kernels/moe/moe.h"
+#include "kernels/norm/rms_norm.h"
+#include "kernels/rope/rope.h"
+
+namespace polylora {
+
+enum class DeviceKind { kCpu, kCuda };
+
+struct BackendOptions {
+  DeviceKind device = DeviceKind::kCpu;
+  int device_index = 0;
+  // Storage type of weight matrices on the device: kBF16 (default on CUDA: bf16 GEMMs with f32
+  // accumulation) or kF32 (--dtype float32). The CPU backend keeps checkpoint dtypes (zero-copy).
+  DType weight_dtype = DType::kBF16;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu" or "cuda:0 (NVIDIA H200)"
+  virtual DeviceKind kind() const = 0;
+  // Weight matrices handed to matrix_from_host() are stored in this dtype (kCpu: as given).
+  virtual DType weight_dtype() const = 0;
+
+  // Memory. alloc() returns zeroed memory aligned to 256 bytes.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;  // memory from alloc()
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;  // host -> backend
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;    // backend -> host, waits
+  virtual void synchronize() = 0;
+  // A weight matrix from host memory (any float dtype); the CPU backend returns the host pointer as is
+  // (zero-copy from a mapping), others copy (and convert to weight_dtype()).
+  virtual kernels::WeightView matrix_from_host(const kernels::WeightView& host) = 0;
+  // A [rows, cols] matrix of random values (uniform, standard deviation `stddev`) in weight_dtype(),
+  // made on the device (--load-format dummy).
+  virtual kernels::WeightView random_matrix(int64_t rows, int64_t cols, float stddev, uint64_t seed) = 0;
+  // An f32 vector from host memory (norm weights, biases, sinks).
+  virtual const float* vector_from_host(const float* host, size_t n) = 0;
+  // Bytes allocated so far.
+  virtual size_t allocated_bytes() const = 0;
+
+  // Ops (see kernels/<op>/*.h for the semantics; all pointers in backend memory).
+  virtual void embedding(const kernels::EmbeddingArgs& args) = 0;
+  virtual void linear(const kernels::LinearArgs& args) = 0;
+  virtual void rms_norm(const kernels::RmsNormArgs& args) = 0;
+  virtual void rope(const kernels::RopeArgs& args) = 0;
+  virtual void write_kv(const kernels::KvWriteArgs& args) = 0;
+  virtual void attention(const kernels::AttentionArgs& args) = 0;
+  virtual void silu_and_mul(const kernels::SiluAndMulArgs& args) = 0;
+  virtual void gpt_oss_swiglu(const kernels::GptOssSwigluArgs& args) = 0;
+  virtual void lora_apply(const kernels::LoraApplyArgs& args) = 0;
+  virtual void route(const kernels::RouteArgs& args) = 0;
+  virtual void moe_experts(const kernels::MoeExpertsArgs& args) = 0;
+  // y[i] += x[i] for i < n (residual connections).
+  virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
+  // dst[r] = src[rows[r]] for r < num_rows, rows of `cols` floats (gathering the rows whose logits are wanted).
+  virtual void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// Throws polylora::Error when CUDA support is not compiled in, or no GPU / driver is present.
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
+std::unique_ptr<Backend> make_backend(const BackendOptions& options);
+// Number of CUDA devices usable now (0 without a driver or without CUDA support in this build).
+int cuda_device_count();
+
+}  // namespace polylora

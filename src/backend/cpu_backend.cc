@@ -1,0 +1,127 @@
+// backend/cpu_backend.cc: the CPU backend: host memory and kernels::cpu (OpenMP, SIMD, OpenBLAS).
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/error.h"
+
+namespace polylora {
+namespace {
+
+uint64_t splitmix(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [-stddev·√3, stddev·√3], in parallel; deterministic for a seed and thread count.
+void fill_random_bf16(uint16_t* dst, size_t n, float stddev, uint64_t seed) {
+#pragma omp parallel
+  {
+    int threads = omp_get_num_threads(), tid = omp_get_thread_num();
+    size_t begin = n * static_cast<size_t>(tid) / static_cast<size_t>(threads);
+    size_t end = n * static_cast<size_t>(tid + 1) / static_cast<size_t>(threads);
+    uint64_t state = seed * 0x2545f4914f6cdd1dull + (static_cast<uint64_t>(tid) << 40) + 1;
+    for (size_t i = begin; i < end; ++i) {
+      double u = static_cast<double>(splitmix(state) >> 11) * (1.0 / 9007199254740992.0);
+      dst[i] = f32_to_bf16(static_cast<float>((2.0 * u - 1.0) * 1.7320508 * stddev));
+    }
+  }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  ~CpuBackend() override {
+    for (auto& [p, n] : blocks_) std::free(p);
+  }
+  std::string name() const override { return "cpu"; }
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  DType weight_dtype() const override { return DType::kBF16; }
+
+  void* alloc(size_t bytes) override {
+    size_t rounded = (bytes + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+    if (!p) fail("out of host memory allocating {} bytes", bytes);
+    std::memset(p, 0, rounded);
+    blocks_.emplace_back(p, rounded);
+    allocated_ += rounded;
+    return p;
+  }
+  void free(void* ptr) override {
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      if (blocks_[i].first == ptr) {
+        allocated_ -= blocks_[i].second;
+        std::free(ptr);
+        blocks_[i] = blocks_.back();
+        blocks_.pop_back();
+        return;
+      }
+    }
+  }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void synchronize() override {}
+  kernels::WeightView matrix_from_host(const kernels::WeightView& host) override { return host; }
+  kernels::WeightView random_matrix(int64_t rows, int64_t cols, float stddev, uint64_t seed) override {
+    size_t n = static_cast<size_t>(rows * cols);
+    auto* p = static_cast<uint16_t*>(alloc(n * 2));
+    fill_random_bf16(p, n, stddev, seed);
+    return {p, DType::kBF16, rows, cols};
+  }
+  const float* vector_from_host(const float* host, size_t n) override {
+    auto* p = static_cast<float*>(alloc(n * sizeof(float)));
+    std::memcpy(p, host, n * sizeof(float));
+    return p;
+  }
+  size_t allocated_bytes() const override { return allocated_; }
+
+  void embedding(const kernels::EmbeddingArgs& a) override { kernels::cpu::embedding(a); }
+  void linear(const kernels::LinearArgs& a) override { kernels::cpu::linear(a); }
+  void rms_norm(const kernels::RmsNormArgs& a) override { kernels::cpu::rms_norm(a); }
+  void rope(const kernels::RopeArgs& a) override { kernels::cpu::rope(a); }
+  void write_kv(const kernels::KvWriteArgs& a) override { kernels::cpu::write_kv(a); }
+  void attention(const kernels::AttentionArgs& a) override { kernels::cpu::attention(a); }
+  void silu_and_mul(const kernels::SiluAndMulArgs& a) override { kernels::cpu::silu_and_mul(a); }
+  void gpt_oss_swiglu(const kernels::GptOssSwigluArgs& a) override { kernels::cpu::gpt_oss_swiglu(a); }
+  void lora_apply(const kernels::LoraApplyArgs& a) override { kernels::cpu::lora_apply(a); }
+  void route(const kernels::RouteArgs& a) override { kernels::cpu::route(a); }
+  void moe_experts(const kernels::MoeExpertsArgs& a) override { kernels::cpu::moe_experts(a); }
+  void add_inplace(float* y, const float* x, int64_t n) override {
+#pragma omp parallel for simd if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+  void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst) override {
+    for (int64_t r = 0; r < num_rows; ++r)
+      std::memcpy(dst + r * cols, src + static_cast<int64_t>(rows[r]) * cols, static_cast<size_t>(cols) * 4);
+  }
+
+ private:
+  std::vector<std::pair<void*, size_t>> blocks_;
+  size_t allocated_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
+  switch (options.device) {
+    case DeviceKind::kCpu: return make_cpu_backend();
+    case DeviceKind::kCuda: return make_cuda_backend(options);
+  }
+  return nullptr;
+}
+
+#ifndef POLYLORA_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
+  fail("--device cuda: this polylora build has no CUDA support (the CUDA toolkit was not found at build time); "
+       "use --device cpu");
+}
+int cuda_device_count() { return 0; }
+#endif
+
+}  // namespace polylora
