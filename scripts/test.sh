@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 LABELS=(-LE gpu)
 [ "${POLYLORA_GPU_TESTS:-0}" = 1 ] && LABELS=()
+# Two test processes share two cores: OpenMP threads must sleep, not spin, while they wait.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 (cd "$BUILD_DIR" && ctest --output-on-failure -j2 "${LABELS[@]}")
 FUZZ_SECONDS=${FUZZ_SECONDS:-20} ./scripts/fuzz.sh
 echo "test.sh: all tests passed"

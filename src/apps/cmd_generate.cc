@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/backend_flags.h"
 #include "apps/command.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -39,7 +40,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 int run_generate(int argc, char** argv) {
   CLI::App app{"Greedy generation from token ids (CPU)", "polylora generate"};
-  std::string model_dir, adapter, load_format = "auto";
+  std::string model_dir, adapter, load_format = "auto", device = "auto", dtype = "auto";
   std::vector<std::string> loras, prompts;
   int64_t max_tokens = 16, max_lora_rank = 64;
   app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
@@ -51,6 +52,11 @@ int run_generate(int argc, char** argv) {
   app.add_option("--max-lora-rank", max_lora_rank, "Largest LoRA rank accepted")->check(CLI::PositiveNumber);
   app.add_option("--load-format", load_format, "auto | safetensors | dummy (random weights from config.json)")
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
+  app.add_option("--device", device, "cpu | cuda | auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--dtype", dtype, "auto | bfloat16 | float32: weight and GEMM dtype on the GPU (the CPU path "
+                                   "computes in float32 from the checkpoint's weights)")
+      ->check(CLI::IsMember({"auto", "bfloat16", "float32"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -59,9 +65,10 @@ int run_generate(int argc, char** argv) {
 
   ModelLoadOptions opts;
   opts.load_format = load_format == "dummy" ? LoadFormat::kDummy : LoadFormat::kSafetensors;
-  auto model = Model::load(model_dir, opts);
-  spdlog::info("loaded {} ({}, {} layers, {:.1f} MB of parameters)", model->source(), model->config().model_type,
-               model->config().num_layers, static_cast<double>(model->weights().num_bytes) / 1e6);
+  auto model = Model::load(model_dir, opts, make_backend(backend_options(device, dtype)));
+  spdlog::info("loaded {} ({}, {} layers, {:.1f} MB of parameters) on {}", model->source(),
+               model->config().model_type, model->config().num_layers,
+               static_cast<double>(model->weights().num_bytes) / 1e6, model->backend().name());
 
   std::vector<std::shared_ptr<LoraAdapter>> adapters;
   std::vector<const LoraAdapter*> slots;

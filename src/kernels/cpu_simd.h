@@ -80,7 +80,8 @@ POLYLORA_AVX2 inline __m256 exp256(__m256 x) {
 
 // Mask selecting the first n (0..8) lanes, for tail loads/stores.
 POLYLORA_AVX2 inline __m256i tail_mask(int64_t n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 #endif
 

@@ -42,6 +42,17 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
         b.block_tables[s * max_blocks + j] = static_cast<int32_t>(first_block[seqs[s]] + j);
   };
   auto slot_of = [&](int64_t seq, int64_t pos) { return (first_block[seq] + pos / bs) * bs + pos % bs; };
+  auto record_top = [&](int64_t seq, const float* row) {
+    int64_t n = requests[seq].top_ids;
+    if (n <= 0) return;
+    std::vector<int32_t> idx(static_cast<size_t>(vocab));
+    for (int64_t v = 0; v < vocab; ++v) idx[v] = static_cast<int32_t>(v);
+    n = std::min(n, vocab);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    results[seq].step_top_ids.emplace_back(idx.begin(), idx.begin() + n);
+  };
   auto argmax = [&](const float* row, float* margin) {
     int64_t best = 0;
     for (int64_t v = 1; v < vocab; ++v)
@@ -105,6 +116,7 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
         if (p == static_cast<int64_t>(req.prompt.size()) - 1 && req.max_tokens > 0) {
           float margin;
           next[s] = argmax(row, &margin);
+          record_top(s, row);
           results[s].output.push_back(next[s]);
           results[s].margins.push_back(margin);
         }
@@ -146,6 +158,7 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
     for (size_t i = 0; i < seqs.size(); ++i) {
       float margin;
       next[seqs[i]] = argmax(logits.data() + i * vocab, &margin);
+      record_top(seqs[i], logits.data() + i * vocab);
       results[seqs[i]].output.push_back(next[seqs[i]]);
       results[seqs[i]].margins.push_back(margin);
     }

@@ -22,12 +22,14 @@ struct GenerateRequest {
   int64_t max_tokens = 16;
   bool prompt_logits = false;  // return the logits at every prompt position
   std::vector<int32_t> stop_token_ids;
+  int64_t top_ids = 0;  // also return the ids of the top-N logits at each generated step
 };
 
 struct GenerateResult {
   std::vector<int32_t> output;
   std::vector<float> prompt_logits;  // [prompt.size(), vocab] when asked
   std::vector<float> margins;        // top-1 minus top-2 logit at each generated step
+  std::vector<std::vector<int32_t>> step_top_ids;  // [steps][top_ids] when asked, best first
 };
 
 struct GeneratorOptions {

@@ -6,7 +6,10 @@
 // Must not: depend on anything above common/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda_context.h"
 
 namespace polylora::kernels {
 
@@ -40,5 +43,9 @@ namespace cpu {
 void silu_and_mul(const SiluAndMulArgs& args);
 void gpt_oss_swiglu(const GptOssSwigluArgs& args);
 }  // namespace cpu
+namespace cuda {
+void silu_and_mul(const SiluAndMulArgs& args, const CudaContext& ctx);
+void gpt_oss_swiglu(const GptOssSwigluArgs& args, const CudaContext& ctx);
+}  // namespace cuda
 
 }  // namespace polylora::kernels

@@ -6,7 +6,10 @@
 // the softmax and is then dropped). Must not: depend on anything above common/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda_context.h"
 
 namespace polylora::kernels {
 
@@ -40,6 +43,7 @@ struct AttentionArgs {
   float* out = nullptr;  // [num_tokens, num_heads, head_dim], row stride ldo
   int64_t ldo = 0;
   int64_t num_seqs = 0;
+  int64_t num_tokens = 0;  // query_start[num_seqs] (the CUDA kernels size their grid by it; CPU ignores it)
   const int32_t* query_start = nullptr;   // [num_seqs + 1]
   const int32_t* context_lens = nullptr;  // [num_seqs]
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
@@ -59,5 +63,10 @@ namespace cpu {
 void write_kv(const KvWriteArgs& args);
 void attention(const AttentionArgs& args);
 }  // namespace cpu
+namespace cuda {
+// head_dim <= 256.
+void write_kv(const KvWriteArgs& args, const CudaContext& ctx);
+void attention(const AttentionArgs& args, const CudaContext& ctx);
+}  // namespace cuda
 
 }  // namespace polylora::kernels

@@ -3,8 +3,10 @@
 // Must not: depend on anything above common/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda_context.h"
 #include "kernels/tensor_view.h"
 
 namespace polylora::kernels {
@@ -22,6 +24,9 @@ void embedding(const EmbeddingArgs& args);
 }
 namespace cpu {
 void embedding(const EmbeddingArgs& args);
+}
+namespace cuda {
+void embedding(const EmbeddingArgs& args, const CudaContext& ctx);
 }
 
 }  // namespace polylora::kernels

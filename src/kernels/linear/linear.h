@@ -4,8 +4,10 @@
 // Must not: allocate per call beyond thread-local scratch; depend on anything above common/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda_context.h"
 #include "kernels/tensor_view.h"
 
 namespace polylora::kernels {
@@ -27,6 +29,15 @@ void linear(const LinearArgs& args);
 }
 namespace cpu {
 void linear(const LinearArgs& args);
-}
+// count independent products (e.g. the experts of an MoE layer) scheduled as one parallel job.
+void linear_batch(const LinearArgs* args, int64_t count);
+}  // namespace cpu
+namespace cuda {
+// cuBLAS: BF16 weights multiply bf16-cast activations (f32 accumulate and output); F32 weights run an
+// exact fp32 sgemm (no TF32). F16 weights are not supported (the CUDA backend converts them on load).
+void linear(const LinearArgs& args, const CudaContext& ctx);
+// Workspace bytes linear() needs (the bf16 copy of x).
+size_t linear_workspace_bytes(const LinearArgs& args);
+}  // namespace cuda
 
 }  // namespace polylora::kernels

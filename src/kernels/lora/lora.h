@@ -4,7 +4,10 @@
 // Must not: know about adapters, files or models; depend on anything above common/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda_context.h"
 
 namespace polylora::kernels {
 
@@ -34,5 +37,9 @@ void lora_apply(const LoraApplyArgs& args);
 namespace cpu {
 void lora_apply(const LoraApplyArgs& args);
 }
+namespace cuda {
+// Views (a, b) and rows in device memory; any rank.
+void lora_apply(const LoraApplyArgs& args, const CudaContext& ctx);
+}  // namespace cuda
 
 }  // namespace polylora::kernels

@@ -9,8 +9,10 @@
 // Must not: know about models or adapters beyond these views; depend on anything above common/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda_context.h"
 #include "kernels/lora/lora.h"
 #include "kernels/tensor_view.h"
 
@@ -79,5 +81,16 @@ namespace cpu {
 void route(const RouteArgs& args);
 void moe_experts(const MoeExpertsArgs& args);
 }  // namespace cpu
+namespace cuda {
+// route: one warp per token, any num_experts.
+void route(const RouteArgs& args, const CudaContext& ctx);
+// Everything on the device, no host synchronization: token-expert pairs counted and sorted by expert
+// (offsets padded to the GEMM tile), grouped GEMMs for gate_up and down over all experts (one launch
+// each), expert LoRA per sorted row, activation, weighted combine. experts/lora/ids/token_slots are in
+// device memory; weights of every expert are F32 (fp32 FMA path) or BF16/F16 (bf16 tensor cores with fp32
+// accumulation, activations cast to bf16) as `tensor_cores` says (the backend's weight dtype).
+void moe_experts(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
+size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args);
+}  // namespace cuda
 
 }  // namespace polylora::kernels

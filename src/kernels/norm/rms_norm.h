@@ -3,7 +3,10 @@
 // In-place use (x == y) is allowed. Must not: depend on anything above common/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda_context.h"
 
 namespace polylora::kernels {
 
@@ -24,6 +27,9 @@ void rms_norm(const RmsNormArgs& args);
 }
 namespace cpu {
 void rms_norm(const RmsNormArgs& args);
+}
+namespace cuda {
+void rms_norm(const RmsNormArgs& args, const CudaContext& ctx);
 }
 
 }  // namespace polylora::kernels

@@ -5,7 +5,10 @@
 // Must not: depend on anything above common/.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/cuda_context.h"
 
 namespace polylora::kernels {
 
@@ -26,6 +29,9 @@ void rope(const RopeArgs& args);
 }
 namespace cpu {
 void rope(const RopeArgs& args);
+}
+namespace cuda {
+void rope(const RopeArgs& args, const CudaContext& ctx);
 }
 
 }  // namespace polylora::kernels

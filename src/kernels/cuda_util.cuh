@@ -1,0 +1,85 @@
+// kernels/cuda_util.cuh: helpers shared by the kernels' *_cuda.cu files: CUDA_CHECK (file, line,
+// expression), the stream of a CudaContext, weight-element loads in any float dtype, warp reductions.
+// Only included from .cu files (it includes CUDA headers). Must not: depend on anything above common/.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/dtype.h"
+#include "kernels/cuda_context.h"
+
+namespace polylora {
+// Defined in common/error.cc (declared here because common/error.h's fmt does not compile under nvcc).
+[[noreturn]] void check_failed(const char* file, int line, const char* expr, const std::string& message);
+}  // namespace polylora
+
+#define CUDA_CHECK(expr)                                                                          \
+  do {                                                                                            \
+    cudaError_t cuda_check_err_ = (expr);                                                         \
+    if (cuda_check_err_ != cudaSuccess)                                                           \
+      ::polylora::check_failed(__FILE__, __LINE__, #expr, cudaGetErrorString(cuda_check_err_));   \
+  } while (0)
+// After a kernel launch: reports bad launch configurations at once (execution errors surface later).
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+#define KERNEL_CHECK(cond, msg)                                                  \
+  do {                                                                           \
+    if (!(cond)) ::polylora::check_failed(__FILE__, __LINE__, #cond, (msg));     \
+  } while (0)
+
+namespace polylora::kernels::cuda_util {
+
+inline cudaStream_t stream(const CudaContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  return static_cast<unsigned>(b < cap ? b : cap);
+}
+
+// Element i of a weight array in `dtype` (F32, BF16 or F16), as f32.
+__device__ __forceinline__ float load_as_f32(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kBF16: return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
+    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8: break;
+  }
+  return 0.0f;
+}
+
+// Element i as bf16 (exact for BF16; round-to-nearest-even from F32/F16).
+__device__ __forceinline__ __nv_bfloat16 load_as_bf16(const void* p, DType dtype, int64_t i) {
+  if (dtype == DType::kBF16) return static_cast<const __nv_bfloat16*>(p)[i];
+  return __float2bfloat16_rn(load_as_f32(p, dtype, i));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float r = lane < warps ? partial[lane] : 0.0f;
+  return warp_sum(r);
+}
+
+}  // namespace polylora::kernels::cuda_util

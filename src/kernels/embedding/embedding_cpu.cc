@@ -1,0 +1,22 @@
+// kernels/embedding/embedding_cpu.cc: CPU fast path of the embedding lookup: SIMD row conversion
+// (BF16/F16 -> f32), parallel over tokens for large batches.
+// Must not: allocate; validate ids (the caller does).
+#include <omp.h>
+
+#include "kernels/cpu_simd.h"
+#include "kernels/embedding/embedding.h"
+
+namespace polylora::kernels::cpu {
+
+void embedding(const EmbeddingArgs& a) {
+  const auto* base = static_cast<const char*>(a.table.data);
+  size_t row_bytes = static_cast<size_t>(a.table.cols) * dtype_size(a.table.dtype);
+  bool parallel = a.m > 1 && a.m * a.table.cols >= simd::kMinParallelWork && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t t = 0; t < a.m; ++t) {
+    simd::to_f32(base + static_cast<size_t>(a.ids[t]) * row_bytes, a.table.dtype, a.table.cols,
+                 a.out + t * a.ld_out);
+  }
+}
+
+}  // namespace polylora::kernels::cpu
