@@ -1,20 +1,26 @@
-// apps/cmd_generate.cc: `polylora generate`: greedy continuation of token-id prompts on the CPU, with
-// optional LoRA adapters. Prints one line of comma-separated ids per prompt on standard output.
+// apps/cmd_generate.cc: `polylora generate`: offline generation through the engine (the same path as
+// the server). Prompts as token ids (--prompt-ids, printing the generated ids comma-separated, one line
+// per prompt) or text (--prompt, printing the generated text), or --requests FILE.jsonl (one request per
+// line: prompt or prompt_ids, adapter, max_tokens and any sampling field; one JSON line out per request,
+// in input order, with output_ids, text, finish_reason and, when asked, logprobs / prompt_logprobs).
+// The CLI's default temperature is 0 (greedy); requests in a file use vLLM's defaults unless they say.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "apps/backend_flags.h"
 #include "apps/command.h"
+#include "apps/engine_flags.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "lora/adapter.h"
-#include "model/model.h"
-#include "worker/generator.h"
+#include "server/request_json.h"
 
 namespace polylora::apps {
 namespace {
+
+using nlohmann::json;
 
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
@@ -38,78 +44,221 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+struct Collected {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::string> text;
+  std::vector<std::string> finish;
+  std::vector<std::optional<std::string>> stop_reason;
+  std::vector<std::vector<LogprobEntry>> logprobs;
+  std::vector<std::optional<LogprobEntry>> prompt_logprobs;
+  std::optional<std::string> error;
+  int64_t num_prompt_tokens = 0, num_cached_tokens = 0;
+};
+
 int run_generate(int argc, char** argv) {
-  CLI::App app{"Greedy generation from token ids (CPU)", "polylora generate"};
-  std::string model_dir, adapter, load_format = "auto", device = "auto", dtype = "auto";
-  std::vector<std::string> loras, prompts;
-  int64_t max_tokens = 16, max_lora_rank = 64;
-  app.add_option("--model", model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
-  app.add_option("--lora", loras, "Adapter to load, NAME=DIR (repeatable)");
-  app.add_option("--adapter", adapter, "Adapter NAME to apply to the prompts (default: base model)");
-  app.add_option("--prompt-ids", prompts, "Prompt token ids, comma-separated (repeatable: one line each)")
-      ->required();
-  app.add_option("--max-tokens", max_tokens, "Tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  app.add_option("--max-lora-rank", max_lora_rank, "Largest LoRA rank accepted")->check(CLI::PositiveNumber);
-  app.add_option("--load-format", load_format, "auto | safetensors | dummy (random weights from config.json)")
-      ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
-  app.add_option("--device", device, "cpu | cuda | auto (cuda when a GPU is present)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--dtype", dtype, "auto | bfloat16 | float32: weight and GEMM dtype on the GPU (the CPU path "
-                                   "computes in float32 from the checkpoint's weights)")
-      ->check(CLI::IsMember({"auto", "bfloat16", "float32"}));
+  CLI::App app{"Offline generation through the engine", "polylora generate"};
+  ModelFlags mf;
+  EngineConfig ec;
+  add_model_flags(app, mf, true);
+  add_engine_flags(app, ec);
+  std::string adapter, requests_path;
+  std::vector<std::string> prompt_ids, prompts;
+  SamplingParams sp;
+  sp.temperature = 0.0;
+  int64_t max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop;
+  int64_t seed = -1, logprobs = -1, prompt_logprobs = -1;
+  app.add_option("--adapter", adapter, "Adapter name for --prompt/--prompt-ids prompts (default: base model)");
+  app.add_option("--prompt-ids", prompt_ids, "Prompt token ids, comma-separated (repeatable)");
+  app.add_option("--prompt", prompts, "Text prompt (repeatable; needs a tokenizer)");
+  app.add_option("--requests", requests_path, "JSONL file of requests");
+  app.add_option("--max-tokens", max_tokens, "Tokens to generate")->capture_default_str();
+  app.add_option("--temperature", sp.temperature, "0 = greedy (the default here)")->capture_default_str();
+  app.add_option("--top-p", sp.top_p);
+  app.add_option("--top-k", sp.top_k);
+  app.add_option("--min-p", sp.min_p);
+  app.add_option("--seed", seed);
+  app.add_option("--presence-penalty", sp.presence_penalty);
+  app.add_option("--frequency-penalty", sp.frequency_penalty);
+  app.add_option("--repetition-penalty", sp.repetition_penalty);
+  app.add_option("--min-tokens", sp.min_tokens);
+  app.add_option("--n", sp.n, "Sequences per prompt");
+  app.add_option("--stop", stop, "Stop string (repeatable)");
+  app.add_option("--stop-token-ids", stop_token_ids, "Stop token ids")->delimiter(',');
+  app.add_flag("--ignore-eos", sp.ignore_eos);
+  app.add_option("--logprobs", logprobs, "Top alternatives per generated token");
+  app.add_option("--prompt-logprobs", prompt_logprobs, "Top alternatives per prompt token");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (prompt_ids.empty() && prompts.empty() && requests_path.empty())
+    fail("nothing to generate: give --prompt-ids, --prompt or --requests");
+  sp.max_tokens = max_tokens;
+  sp.stop = stop;
+  sp.stop_token_ids = stop_token_ids;
+  if (seed >= 0) sp.seed = static_cast<uint64_t>(seed);
+  if (logprobs >= 0) sp.logprobs = logprobs;
+  if (prompt_logprobs >= 0) sp.prompt_logprobs = prompt_logprobs;
 
-  ModelLoadOptions opts;
-  opts.load_format = load_format == "dummy" ? LoadFormat::kDummy : LoadFormat::kSafetensors;
-  auto model = Model::load(model_dir, opts, make_backend(backend_options(device, dtype)));
-  spdlog::info("loaded {} ({}, {} layers, {:.1f} MB of parameters) on {}", model->source(),
-               model->config().model_type, model->config().num_layers,
-               static_cast<double>(model->weights().num_bytes) / 1e6, model->backend().name());
-
-  std::vector<std::shared_ptr<LoraAdapter>> adapters;
-  std::vector<const LoraAdapter*> slots;
-  int32_t slot = -1;
-  for (const std::string& spec : loras) {
-    size_t eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
-      fail("--lora '{}': expected NAME=DIR", spec);
-    std::string name = spec.substr(0, eq);
-    for (const auto& a : adapters)
-      if (a->name == name) fail("--lora: adapter name '{}' is given twice", name);
-    adapters.push_back(load_peft_adapter(spec.substr(eq + 1), name, model->config(), {max_lora_rank}));
-    slots.push_back(adapters.back().get());
-    if (name == adapter) slot = static_cast<int32_t>(slots.size() - 1);
-    spdlog::info("loaded adapter '{}' (max rank {})", name, adapters.back()->max_rank);
+  LoadedEngine le = load_engine(mf, ec);
+  Engine& engine = *le.engine;
+  std::vector<Collected> results;
+  std::vector<int> kinds;  // 0: ids line, 1: text line, 2: JSON line
+  auto submit = [&](EngineRequest req, int kind) {
+    size_t index = results.size();
+    req.request_id = std::to_string(index);
+    results.emplace_back();
+    kinds.push_back(kind);
+    try {
+      engine.add_request(std::move(req));
+    } catch (const Error& e) {
+      if (kind != 2) throw;
+      results[index].error = e.what();
+    }
+  };
+  for (const auto& p : prompt_ids) {
+    EngineRequest r;
+    r.prompt_ids = parse_ids(p);
+    r.sampling = sp;
+    r.adapter = adapter;
+    submit(std::move(r), 0);
   }
-  if (!adapter.empty() && slot < 0) {
-    std::string known;
-    for (const auto& a : adapters) known += (known.empty() ? "" : ", ") + a->name;
-    fail("--adapter '{}' is not among the loaded adapters ({})", adapter, known.empty() ? "none loaded" : known);
+  for (const auto& p : prompts) {
+    if (!le.tokenizer) fail("--prompt needs a tokenizer (tokenizer.json in the model directory, or --tokenizer)");
+    EngineRequest r;
+    r.prompt_ids = le.tokenizer->encode(p, true);
+    r.sampling = sp;
+    r.adapter = adapter;
+    submit(std::move(r), 1);
   }
-
-  std::vector<GenerateRequest> requests;
-  for (const std::string& p : prompts) {
-    GenerateRequest r;
-    r.prompt = parse_ids(p);
-    r.adapter_slot = slot;
-    r.max_tokens = max_tokens;
-    requests.push_back(std::move(r));
-  }
-  Generator gen(*model);
-  auto results = gen.run(requests, slots);
-  for (const auto& r : results) {
+  if (!requests_path.empty()) {
+    std::ifstream in(requests_path);
+    if (!in) fail("--requests: cannot open {}", requests_path);
     std::string line;
-    for (size_t i = 0; i < r.output.size(); ++i) line += (i ? "," : "") + std::to_string(r.output[i]);
-    std::printf("%s\n", line.c_str());
+    int64_t line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      EngineRequest r;
+      std::string problem;
+      try {
+        json j = json::parse(line);
+        if (!j.is_object()) fail("each line must be a JSON object");
+        SamplingParams rp;  // vLLM defaults, then the line's fields
+        rp.max_tokens = 16;
+        server::read_sampling_fields(j, rp);
+        r.sampling = rp;
+        if (j.contains("prompt_ids")) {
+          if (!j["prompt_ids"].is_array()) fail("'prompt_ids' must be a list of token ids");
+          for (const auto& v : j["prompt_ids"]) {
+            if (!v.is_number_integer()) fail("'prompt_ids' must be a list of integer token ids");
+            r.prompt_ids.push_back(v.get<int32_t>());
+          }
+        } else if (j.contains("prompt") && j["prompt"].is_string()) {
+          if (!le.tokenizer) fail("'prompt' needs a tokenizer; give prompt_ids");
+          r.prompt_ids = le.tokenizer->encode(j["prompt"].get<std::string>(), true);
+        } else {
+          fail("each request needs 'prompt' (a string) or 'prompt_ids'");
+        }
+        if (j.contains("adapter") && !j["adapter"].is_null()) {
+          if (!j["adapter"].is_string()) fail("'adapter' must be a string");
+          r.adapter = j["adapter"].get<std::string>();
+        }
+        if (j.contains("cache_salt") && j["cache_salt"].is_string()) r.cache_salt = j["cache_salt"].get<std::string>();
+        if (j.contains("priority") && j["priority"].is_number_integer()) r.priority = j["priority"].get<int64_t>();
+      } catch (const json::exception& e) {
+        problem = std::string("line is not valid JSON: ") + e.what();
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+      if (!problem.empty()) {
+        results.emplace_back();
+        kinds.push_back(2);
+        results.back().error = fmt::format("line {}: {}", line_no, problem);
+        continue;
+      }
+      submit(std::move(r), 2);
+    }
   }
+
+  while (engine.has_unfinished()) {
+    for (RequestOutput& out : engine.step()) {
+      Collected& c = results[std::stoul(out.request_id)];
+      c.num_prompt_tokens = out.num_prompt_tokens;
+      c.num_cached_tokens = out.num_cached_tokens;
+      if (!out.prompt_logprobs.empty()) c.prompt_logprobs = out.prompt_logprobs;
+      for (auto& so : out.sequences) {
+        size_t i = static_cast<size_t>(so.index);
+        if (c.ids.size() <= i) {
+          c.ids.resize(i + 1);
+          c.text.resize(i + 1);
+          c.finish.resize(i + 1);
+          c.stop_reason.resize(i + 1);
+          c.logprobs.resize(i + 1);
+        }
+        c.ids[i].insert(c.ids[i].end(), so.new_token_ids.begin(), so.new_token_ids.end());
+        c.text[i] += so.new_text;
+        c.logprobs[i].insert(c.logprobs[i].end(), so.new_logprobs.begin(), so.new_logprobs.end());
+        if (so.finish_reason) {
+          c.finish[i] = finish_reason_name(*so.finish_reason);
+          c.stop_reason[i] = so.stop_reason;
+        }
+      }
+    }
+  }
+  for (size_t k = 0; k < results.size(); ++k) {
+    const Collected& c = results[k];
+    if (kinds[k] == 0 || kinds[k] == 1) {
+      for (size_t i = 0; i < c.ids.size(); ++i) {
+        if (kinds[k] == 0) {
+          std::string line;
+          for (size_t t = 0; t < c.ids[i].size(); ++t) line += (t ? "," : "") + std::to_string(c.ids[i][t]);
+          std::printf("%s\n", line.c_str());
+        } else {
+          std::printf("%s\n", c.text[i].c_str());
+        }
+      }
+      continue;
+    }
+    json j;
+    if (c.error) {
+      j = {{"error", *c.error}};
+    } else {
+      auto seq_json = [&](size_t i) {
+        json s = {{"output_ids", c.ids[i]}, {"text", c.text[i]}, {"finish_reason", c.finish[i]}};
+        if (c.stop_reason[i]) s["stop_reason"] = *c.stop_reason[i];
+        if (!c.logprobs[i].empty()) {
+          s["logprobs"] = json::array();
+          for (const auto& e : c.logprobs[i]) s["logprobs"].push_back(server::logprob_entry_json(e));
+        }
+        return s;
+      };
+      j = seq_json(0);
+      if (c.ids.size() > 1) {
+        j["outputs"] = json::array();
+        for (size_t i = 0; i < c.ids.size(); ++i) j["outputs"].push_back(seq_json(i));
+      }
+      j["num_prompt_tokens"] = c.num_prompt_tokens;
+      j["num_cached_tokens"] = c.num_cached_tokens;
+      if (!c.prompt_logprobs.empty()) {
+        j["prompt_logprobs"] = json::array();
+        for (const auto& e : c.prompt_logprobs)
+          j["prompt_logprobs"].push_back(e ? server::logprob_entry_json(*e) : json(nullptr));
+      }
+    }
+    std::printf("%s\n", j.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+  }
+  auto st = engine.stats();
+  spdlog::info("done: {} prompt tokens, {} generated, prefix cache {}/{} tokens hit, {} preemptions", st.prompt_tokens,
+               st.generation_tokens, st.prefix_hits, st.prefix_queries, st.num_preemptions);
   return 0;
 }
 
-Registrar reg("generate", "Greedy generation from token ids on the CPU (with LoRA adapters)", run_generate);
+Registrar reg("generate", "Offline generation through the engine (token ids, text or a JSONL file of requests)",
+              run_generate);
 
 }  // namespace
 }  // namespace polylora::apps

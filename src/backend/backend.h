@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/dtype.h"
 #include "kernels/activation/activation.h"
@@ -56,6 +57,8 @@ class Backend {
   virtual const float* vector_from_host(const float* host, size_t n) = 0;
   // Bytes allocated so far.
   virtual size_t allocated_bytes() const = 0;
+  // Free and total device memory in bytes ({0, 0} where not meaningful, e.g. on the CPU).
+  virtual std::pair<size_t, size_t> memory_info() const { return {0, 0}; }
 
   // Ops (see kernels/<op>/*.h for the semantics; all pointers in backend memory).
   virtual void embedding(const kernels::EmbeddingArgs& args) = 0;

@@ -1,5 +1,6 @@
 // backend/cpu_backend.cc: the CPU backend: host memory and kernels::cpu (OpenMP, SIMD, OpenBLAS).
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -36,7 +37,7 @@ void fill_random_bf16(uint16_t* dst, size_t n, float stddev, uint64_t seed) {
 class CpuBackend final : public Backend {
  public:
   ~CpuBackend() override {
-    for (auto& [p, n] : blocks_) std::free(p);
+    for (auto& [p, n] : blocks_) release(p, n);
   }
   std::string name() const override { return "cpu"; }
   DeviceKind kind() const override { return DeviceKind::kCpu; }
@@ -44,9 +45,17 @@ class CpuBackend final : public Backend {
 
   void* alloc(size_t bytes) override {
     size_t rounded = (bytes + 255) / 256 * 256;
-    void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
-    if (!p) fail("out of host memory allocating {} bytes", bytes);
-    std::memset(p, 0, rounded);
+    if (rounded == 0) rounded = 256;
+    void* p = nullptr;
+    if (rounded >= kMmapThreshold) {
+      // Large buffers (the KV cache): anonymous pages are zero and only touched memory is resident.
+      p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) fail("out of host memory allocating {} bytes", bytes);
+    } else {
+      p = std::aligned_alloc(256, rounded);
+      if (!p) fail("out of host memory allocating {} bytes", bytes);
+      std::memset(p, 0, rounded);
+    }
     blocks_.emplace_back(p, rounded);
     allocated_ += rounded;
     return p;
@@ -55,7 +64,7 @@ class CpuBackend final : public Backend {
     for (size_t i = 0; i < blocks_.size(); ++i) {
       if (blocks_[i].first == ptr) {
         allocated_ -= blocks_[i].second;
-        std::free(ptr);
+        release(ptr, blocks_[i].second);
         blocks_[i] = blocks_.back();
         blocks_.pop_back();
         return;
@@ -100,6 +109,11 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  static constexpr size_t kMmapThreshold = size_t{1} << 20;
+  static void release(void* p, size_t n) {
+    if (n >= kMmapThreshold) munmap(p, n);
+    else std::free(p);
+  }
   std::vector<std::pair<void*, size_t>> blocks_;
   size_t allocated_ = 0;
 };

@@ -10,15 +10,28 @@
 
 namespace polylora {
 
+// What kind of failure an Error is, so API layers can map it (400, 404, 503).
+enum class ErrorKind { kInvalid, kNotFound, kOverloaded };
+
 // A failure caused by input (files, flags, requests). Its message says what was wrong and what to do.
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message, ErrorKind kind = ErrorKind::kInvalid)
+      : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  ErrorKind kind_;
 };
 
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
   throw Error(fmt::format(format, std::forward<Args>(args)...));
+}
+
+template <typename... Args>
+[[noreturn]] void fail_with(ErrorKind kind, fmt::format_string<Args...> format, Args&&... args) {
+  throw Error(fmt::format(format, std::forward<Args>(args)...), kind);
 }
 
 [[noreturn]] void check_failed(const char* file, int line, const char* expr, const std::string& message);

@@ -18,22 +18,24 @@ namespace polylora {
 [[noreturn]] void check_failed(const char* file, int line, const char* expr, const std::string& message);
 }  // namespace polylora
 
-#define CUDA_CHECK(expr)                                                                          \
-  do {                                                                                            \
-    cudaError_t cuda_check_err_ = (expr);                                                         \
-    if (cuda_check_err_ != cudaSuccess)                                                           \
-      ::polylora::check_failed(__FILE__, __LINE__, #expr, cudaGetErrorString(cuda_check_err_));   \
+#define CUDA_CHECK(expr)                                                                        \
+  do {                                                                                          \
+    cudaError_t cuda_check_err_ = (expr);                                                       \
+    if (cuda_check_err_ != cudaSuccess)                                                         \
+      ::polylora::check_failed(__FILE__, __LINE__, #expr, cudaGetErrorString(cuda_check_err_)); \
   } while (0)
 // After a kernel launch: reports bad launch configurations at once (execution errors surface later).
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
-#define KERNEL_CHECK(cond, msg)                                                  \
-  do {                                                                           \
-    if (!(cond)) ::polylora::check_failed(__FILE__, __LINE__, #cond, (msg));     \
+#define KERNEL_CHECK(cond, msg)                                              \
+  do {                                                                       \
+    if (!(cond)) ::polylora::check_failed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)
 
 namespace polylora::kernels::cuda_util {
 
-inline cudaStream_t stream(const CudaContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+inline cudaStream_t stream(const CudaContext& ctx) {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
 
 inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {
   int64_t b = (n + threads - 1) / threads;
@@ -44,12 +46,16 @@ inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {
 // Element i of a weight array in `dtype` (F32, BF16 or F16), as f32.
 __device__ __forceinline__ float load_as_f32(const void* p, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
-    case DType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
+    case DType::kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
     case DType::kI32:
     case DType::kI64:
-    case DType::kU8: break;
+    case DType::kU8:
+      break;
   }
   return 0.0f;
 }

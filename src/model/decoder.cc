@@ -29,11 +29,14 @@ struct Model::DeviceAdapter {
   std::vector<void*> allocations;
 };
 
+namespace {
+struct Buffer {
+  void* ptr = nullptr;
+  size_t cap = 0;
+};
+}  // namespace
+
 struct Model::Workspace {
-  struct Buffer {
-    void* ptr = nullptr;
-    size_t cap = 0;
-  };
   Buffer x, h, q, kk, v, attn, tmp, gate, up, act, router, route_w, route_ids, logits_in, logits, inputs;
   std::vector<std::byte> staging;
 };
@@ -42,7 +45,7 @@ namespace {
 
 // Grows `b` to at least `bytes` (contents are not kept) and returns it.
 template <typename T>
-T* ensure(Backend& be, Model::Workspace::Buffer& b, size_t count) {
+T* ensure(Backend& be, Buffer& b, size_t count) {
   size_t bytes = count * sizeof(T);
   if (b.cap < bytes) {
     if (b.ptr) be.free(b.ptr);
@@ -280,6 +283,7 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
                   .out = attn,
                   .ldo = qs,
                   .num_seqs = S,
+                  .num_tokens = T,
                   .query_start = d_qs,
                   .context_lens = d_ctx,
                   .block_tables = d_bt,

@@ -50,8 +50,8 @@ struct AttentionArgs {
   int64_t max_blocks_per_seq = 0;
   int64_t num_heads = 0;
   float scale = 1.0f;
-  int64_t window = 0;             // 0: full attention
-  const float* sinks = nullptr;   // [num_heads] or nullptr
+  int64_t window = 0;            // 0: full attention
+  const float* sinks = nullptr;  // [num_heads] or nullptr
   KvCacheView cache;
 };
 

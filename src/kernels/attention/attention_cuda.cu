@@ -34,7 +34,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
   int lo = 0, hi = static_cast<int>(a.num_seqs) - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) / 2;
-    if (a.query_start[mid] <= t) lo = mid; else hi = mid - 1;
+    if (a.query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int s = lo;
   const int64_t q_begin = a.query_start[s], q_len = a.query_start[s + 1] - q_begin, ctx = a.context_lens[s];
@@ -53,7 +56,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
   }
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = first + warp; j <= pos; j += kWarps) {
-    int64_t off = (static_cast<int64_t>(table[j / c.block_size]) * c.block_size + j % c.block_size) * kv_row + kvh * d;
+    int64_t off =
+        (static_cast<int64_t>(table[j / c.block_size]) * c.block_size + j % c.block_size) * kv_row + kvh * d;
     const float* k = c.k + off;
     const float* v = c.v + off;
     float kr[R], vr[R];
@@ -113,21 +117,40 @@ void write_kv(const KvWriteArgs& a, const CudaContext& ctx) {
 }
 
 void attention(const AttentionArgs& a, const CudaContext& ctx) {
-  if (a.num_seqs == 0 || a.num_tokens == 0) return;
-  KERNEL_CHECK(a.cache.head_dim >= 1 && a.cache.head_dim <= kMaxHeadDim, "attention: head_dim must be in 1..256");
-  KERNEL_CHECK(a.num_heads % a.cache.num_kv_heads == 0, "attention: num_heads must be a multiple of num_kv_heads");
+  if (a.num_seqs == 0) return;
+  KERNEL_CHECK(a.num_tokens > 0, "attention: AttentionArgs::num_tokens (query_start[num_seqs]) must be set");
+  KERNEL_CHECK(a.cache.head_dim >= 1 && a.cache.head_dim <= kMaxHeadDim,
+               "attention: head_dim must be in 1..256");
+  KERNEL_CHECK(a.num_heads % a.cache.num_kv_heads == 0,
+               "attention: num_heads must be a multiple of num_kv_heads");
   KERNEL_CHECK(a.num_heads <= 65535, "attention: too many heads");
   dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
   cudaStream_t st = cuda_util::stream(ctx);
   switch ((a.cache.head_dim + 31) / 32) {
-    case 1: attention_kernel<1><<<grid, kWarps * 32, 0, st>>>(a); break;
-    case 2: attention_kernel<2><<<grid, kWarps * 32, 0, st>>>(a); break;
-    case 3: attention_kernel<3><<<grid, kWarps * 32, 0, st>>>(a); break;
-    case 4: attention_kernel<4><<<grid, kWarps * 32, 0, st>>>(a); break;
-    case 5: attention_kernel<5><<<grid, kWarps * 32, 0, st>>>(a); break;
-    case 6: attention_kernel<6><<<grid, kWarps * 32, 0, st>>>(a); break;
-    case 7: attention_kernel<7><<<grid, kWarps * 32, 0, st>>>(a); break;
-    case 8: attention_kernel<8><<<grid, kWarps * 32, 0, st>>>(a); break;
+    case 1:
+      attention_kernel<1><<<grid, kWarps * 32, 0, st>>>(a);
+      break;
+    case 2:
+      attention_kernel<2><<<grid, kWarps * 32, 0, st>>>(a);
+      break;
+    case 3:
+      attention_kernel<3><<<grid, kWarps * 32, 0, st>>>(a);
+      break;
+    case 4:
+      attention_kernel<4><<<grid, kWarps * 32, 0, st>>>(a);
+      break;
+    case 5:
+      attention_kernel<5><<<grid, kWarps * 32, 0, st>>>(a);
+      break;
+    case 6:
+      attention_kernel<6><<<grid, kWarps * 32, 0, st>>>(a);
+      break;
+    case 7:
+      attention_kernel<7><<<grid, kWarps * 32, 0, st>>>(a);
+      break;
+    case 8:
+      attention_kernel<8><<<grid, kWarps * 32, 0, st>>>(a);
+      break;
   }
   CUDA_CHECK_LAUNCH();
 }

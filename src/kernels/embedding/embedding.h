@@ -14,7 +14,7 @@ namespace polylora::kernels {
 struct EmbeddingArgs {
   const int32_t* ids = nullptr;  // [m]
   int64_t m = 0;
-  WeightView table;  // [vocab, hidden]
+  WeightView table;      // [vocab, hidden]
   float* out = nullptr;  // [m, hidden], row stride ld_out
   int64_t ld_out = 0;
 };

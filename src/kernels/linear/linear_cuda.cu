@@ -8,10 +8,10 @@
 #include "kernels/cuda_util.cuh"
 #include "kernels/linear/linear.h"
 
-#define CUBLAS_CHECK(expr)                                                                   \
-  do {                                                                                       \
-    cublasStatus_t cublas_check_st_ = (expr);                                                \
-    if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                           \
+#define CUBLAS_CHECK(expr)                                                                          \
+  do {                                                                                              \
+    cublasStatus_t cublas_check_st_ = (expr);                                                       \
+    if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                                  \
       ::polylora::check_failed(__FILE__, __LINE__, #expr, cublasGetStatusString(cublas_check_st_)); \
   } while (0)
 
@@ -45,7 +45,8 @@ size_t linear_workspace_bytes(const LinearArgs& a) {
 void linear(const LinearArgs& a, const CudaContext& ctx) {
   const int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m == 0 || n == 0) return;
-  KERNEL_CHECK(m < (1LL << 31) && n < (1LL << 31) && k < (1LL << 31), "linear: dimension too large for cuBLAS");
+  KERNEL_CHECK(m < (1LL << 31) && n < (1LL << 31) && k < (1LL << 31),
+               "linear: dimension too large for cuBLAS");
   cudaStream_t st = cuda_util::stream(ctx);
   auto handle = static_cast<cublasHandle_t>(ctx.cublas);
   const float one = 1.0f, zero = 0.0f;
@@ -56,15 +57,16 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
       cast_rows_bf16_kernel<<<cuda_util::blocks_for(m * k, 256, 8192), 256, 0, st>>>(a.x, a.ldx, m, k, xb);
       CUDA_CHECK_LAUNCH();
       CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                static_cast<int>(k), &one, a.w.data, CUDA_R_16BF, static_cast<int>(k), xb, CUDA_R_16BF,
-                                static_cast<int>(k), &zero, a.y, CUDA_R_32F, static_cast<int>(a.ldy),
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                static_cast<int>(k), &one, a.w.data, CUDA_R_16BF, static_cast<int>(k), xb,
+                                CUDA_R_16BF, static_cast<int>(k), &zero, a.y, CUDA_R_32F,
+                                static_cast<int>(a.ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       break;
     }
     case DType::kF32:
       CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                               static_cast<int>(k), &one, static_cast<const float*>(a.w.data), static_cast<int>(k),
-                               a.x, static_cast<int>(a.ldx), &zero, a.y, static_cast<int>(a.ldy)));
+                               static_cast<int>(k), &one, static_cast<const float*>(a.w.data),
+                               static_cast<int>(k), a.x, static_cast<int>(a.ldx), &zero, a.y,
+                               static_cast<int>(a.ldy)));
       break;
     case DType::kF16:
     case DType::kI32:

@@ -28,15 +28,15 @@ struct RouteArgs {
   int64_t top_k = 0;
   RouterScoring scoring = RouterScoring::kSoftmaxTopK;
   bool renormalize = false;  // kSoftmaxTopK only
-  int32_t* ids = nullptr;     // [m, top_k] out
-  float* weights = nullptr;   // [m, top_k] out
+  int32_t* ids = nullptr;    // [m, top_k] out
+  float* weights = nullptr;  // [m, top_k] out
 };
 
 struct ExpertView {
-  WeightView gate_up;  // [2I, H], or empty when gate and up are separate
-  WeightView gate;     // [I, H] (when gate_up is empty)
-  WeightView up;       // [I, H]
-  WeightView down;     // [H, I]
+  WeightView gate_up;                   // [2I, H], or empty when gate and up are separate
+  WeightView gate;                      // [I, H] (when gate_up is empty)
+  WeightView up;                        // [I, H]
+  WeightView down;                      // [H, I]
   const float* gate_up_bias = nullptr;  // [2I] or nullptr
   const float* down_bias = nullptr;     // [H] or nullptr
 };
@@ -58,8 +58,8 @@ struct MoeExpertsArgs {
   int64_t inter = 0;  // I
   int64_t num_experts = 0;
   int64_t top_k = 0;
-  const int32_t* ids = nullptr;    // [m, top_k]
-  const float* weights = nullptr;  // [m, top_k]
+  const int32_t* ids = nullptr;         // [m, top_k]
+  const float* weights = nullptr;       // [m, top_k]
   const ExpertView* experts = nullptr;  // [num_experts]
   ExpertAct act = ExpertAct::kSiluGate;
   float swiglu_alpha = 1.702f;

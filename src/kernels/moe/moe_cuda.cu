@@ -23,7 +23,9 @@ using cuda_util::load_as_f32;
 constexpr int kTileM = 64;  // rows of a GEMM tile = the padding unit of the per-expert row ranges
 constexpr int kTileN = 64;
 
-int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+int64_t round_up(int64_t v, int64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // Workspace layout (each part 256-byte aligned).
 struct MoeWorkspace {
@@ -160,8 +162,8 @@ __global__ void offsets_kernel(const int32_t* counts, int64_t E, int32_t* offset
   *num_tiles = tile;
 }
 
-__global__ void scatter_kernel(const int32_t* ids, int64_t pairs, int64_t E, const int32_t* offsets, int32_t* fill,
-                               int32_t* sorted) {
+__global__ void scatter_kernel(const int32_t* ids, int64_t pairs, int64_t E, const int32_t* offsets,
+                               int32_t* fill, int32_t* sorted) {
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int32_t e = ids[p];
@@ -221,7 +223,8 @@ __device__ bool setup_tile(const GemmParams& p, int64_t K, int64_t N, int64_t n0
     brow[j] = ptr;
   }
   if (threadIdx.x == 0) {
-    *bdtype = P == Phase::kDown ? ex.down.dtype : (ex.gate_up.data != nullptr ? ex.gate_up.dtype : ex.gate.dtype);
+    *bdtype =
+        P == Phase::kDown ? ex.down.dtype : (ex.gate_up.data != nullptr ? ex.gate_up.dtype : ex.gate.dtype);
     *bias = P == Phase::kDown ? ex.down_bias : (ex.gate_up.data != nullptr ? ex.gate_up_bias : nullptr);
   }
   __syncthreads();
@@ -229,7 +232,8 @@ __device__ bool setup_tile(const GemmParams& p, int64_t K, int64_t N, int64_t n0
 }
 
 template <Phase P>
-__device__ void store_tile_value(const GemmParams& p, int32_t pair, int64_t r, int64_t n, int64_t N, float v) {
+__device__ void store_tile_value(const GemmParams& p, int32_t pair, int64_t r, int64_t n, int64_t N,
+                                 float v) {
   if (P == Phase::kGateUp) {
     p.out[r * N + n] = v;
   } else {
@@ -292,7 +296,8 @@ __global__ void __launch_bounds__(128) moe_gemm_tc(GemmParams p) {
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kTileN + 4, wmma::mem_row_major);
+      wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kTileN + 4,
+                              wmma::mem_row_major);
   __syncthreads();
   for (int idx = threadIdx.x; idx < kTileM * kTileN; idx += blockDim.x) {
     int r = idx / kTileN, c = idx % kTileN;
@@ -364,8 +369,8 @@ __global__ void __launch_bounds__(256) moe_gemm_f32(GemmParams p) {
 
 // One block per sorted row: the LoRA of (its token's slot, its expert), on gate_up (down == false, input
 // the token's x, output the gu row) or on down (input the act row, output the pair's y row).
-__global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const int32_t* num_tiles, const float* gu_in,
-                                float* gu, const float* act, float* y, bool down) {
+__global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const int32_t* num_tiles,
+                                const float* gu_in, float* gu, const float* act, float* y, bool down) {
   __shared__ float s_mid[cuda_util::kLoraRankChunk];
   const int64_t r = blockIdx.x;
   if (r >= static_cast<int64_t>(*num_tiles) * kTileM) return;
@@ -377,7 +382,8 @@ __global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const i
   const ExpertLoraView& lv = a.lora[slot * a.num_experts + a.ids[pr]];
   const int64_t I = a.inter;
   if (down) {
-    if (lv.down.a != nullptr) cuda_util::lora_row(lv.down, act + r * I, y + static_cast<int64_t>(pr) * a.hidden, s_mid);
+    if (lv.down.a != nullptr)
+      cuda_util::lora_row(lv.down, act + r * I, y + static_cast<int64_t>(pr) * a.hidden, s_mid);
     return;
   }
   const float* x = a.x + t * a.ldx;
@@ -441,7 +447,9 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
 }
 
-size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a) { return MoeWorkspace(a, nullptr).bytes; }
+size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a) {
+  return MoeWorkspace(a, nullptr).bytes;
+}
 
 void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
   if (a.m == 0) return;
@@ -486,8 +494,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   const bool lora = a.token_slots && a.lora && a.num_slots > 0;
   // 3. gate_up LoRA
   if (lora) {
-    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, ws.gu, ws.gu,
-                                                                        ws.act, ws.y, false);
+    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, ws.gu,
+                                                                        ws.gu, ws.act, ws.y, false);
     CUDA_CHECK_LAUNCH();
   }
   // 4. activation
@@ -507,13 +515,13 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   CUDA_CHECK_LAUNCH();
   // 6. down LoRA
   if (lora) {
-    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, ws.gu, ws.gu,
-                                                                        ws.act, ws.y, true);
+    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, ws.gu,
+                                                                        ws.gu, ws.act, ws.y, true);
     CUDA_CHECK_LAUNCH();
   }
   // 7. combine
   moe_combine_kernel<<<static_cast<unsigned>(a.m), 256, 0, st>>>(ws.y, a.ids, a.weights, a.top_k, H, E, a.out,
-                                                                  a.ldo);
+                                                                 a.ldo);
   CUDA_CHECK_LAUNCH();
 }
 

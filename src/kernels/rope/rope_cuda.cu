@@ -7,8 +7,8 @@
 namespace polylora::kernels::cuda {
 namespace {
 
-__global__ void rope_kernel(float* x, int64_t ldx, int64_t num_heads, int64_t head_dim, const int32_t* positions,
-                            const float* inv_freq, float scaling) {
+__global__ void rope_kernel(float* x, int64_t ldx, int64_t num_heads, int64_t head_dim,
+                            const int32_t* positions, const float* inv_freq, float scaling) {
   int64_t t = blockIdx.x;
   int64_t half = head_dim / 2;
   float pos = static_cast<float>(positions[t]);
@@ -29,9 +29,8 @@ __global__ void rope_kernel(float* x, int64_t ldx, int64_t num_heads, int64_t he
 
 void rope(const RopeArgs& a, const CudaContext& ctx) {
   if (a.m == 0) return;
-  rope_kernel<<<static_cast<unsigned>(a.m), 128, 0, cuda_util::stream(ctx)>>>(a.x, a.ldx, a.num_heads, a.head_dim,
-                                                                               a.positions, a.inv_freq,
-                                                                               a.attention_scaling);
+  rope_kernel<<<static_cast<unsigned>(a.m), 128, 0, cuda_util::stream(ctx)>>>(
+      a.x, a.ldx, a.num_heads, a.head_dim, a.positions, a.inv_freq, a.attention_scaling);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On the GPU machine (see docs/gpu-machine.md): polylora vs Hugging Face transformers on full-size
+# configs with dummy weights, same GPU, same run. Writes $OUT_DIR/{polylora,hf}-<model>.json and prints
+# the ratios. Usage: scripts/gpu_bench.sh BUILD_DIR OUT_DIR [config-dir ...]
+set -uo pipefail
+BUILD=$1; OUT_DIR=$2; shift 2
+CONFIGS=("$@")
+[ ${#CONFIGS[@]} -eq 0 ] && CONFIGS=(tests/data/configs/qwen3-30b-a3b tests/data/configs/gpt-oss-20b)
+mkdir -p "$OUT_DIR"
+for cfg in "${CONFIGS[@]}"; do
+  name=$(basename "$cfg")
+  "$BUILD/bench/polylora_bench" device --config "$cfg" --device cuda --batches 1,32 --json-out "$OUT_DIR/polylora-$name.json" >/dev/null
+  PYTHONUNBUFFERED=1 python3 bench/hf_compare.py --config "$cfg" --batches 1,32 --json-out "$OUT_DIR/hf-$name.json" >/dev/null
+  python3 - "$OUT_DIR/polylora-$name.json" "$OUT_DIR/hf-$name.json" "$name" <<'PY'
+import json, sys
+p, h, name = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+print(f"== {name}: load polylora {p['load_seconds']:.1f}s / HF {h['load_seconds']:.1f}s; "
+      f"memory polylora {p['backend_allocated_bytes_peak']/1e9:.1f} GB / HF {h['peak_memory_bytes']/1e9:.1f} GB")
+for pr, hr in zip(p["runs"], h["runs"]):
+    print(f"   batch {pr['batch']:>3}: prefill {pr['prefill_tok_per_s']:9.0f} vs {hr['prefill_tok_per_s']:9.0f} tok/s "
+          f"(x{pr['prefill_tok_per_s']/hr['prefill_tok_per_s']:.2f}); decode {pr['decode_tok_per_s']:8.1f} vs "
+          f"{hr['decode_tok_per_s']:8.1f} tok/s (x{pr['decode_tok_per_s']/hr['decode_tok_per_s']:.2f})")
+PY
+done

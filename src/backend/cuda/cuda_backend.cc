@@ -1,0 +1,245 @@
+// backend/cuda/cuda_backend.cc: the CUDA backend: cudaMalloc'd memory, one stream, one cuBLAS handle, a
+// growable workspace, and the kernels' cuda:: entry points. Plain C++ (g++) against the CUDA runtime and
+// cuBLAS headers: fmt (common/error.h) does not compile under nvcc, so the kernels live in *.cu files.
+// Numerics: activations stay f32 throughout (the residual stream, norms, attention, the KV cache and all
+// intermediates); weights are stored in weight_dtype() (BF16 by default, F32 for --dtype float32). In BF16
+// mode the inputs of the weight products (dense and expert GEMMs) are cast to bf16 on the way in and the
+// products accumulate and write f32; in F32 mode every product is exact fp32 (no TF32).
+// Must not: know about models, adapters or requests.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "backend/backend.h"
+#include "backend/cuda/device_ops.h"
+#include "common/error.h"
+#include "kernels/cuda_context.h"
+
+#define CUDA_CHECK(expr)                                                                        \
+  do {                                                                                          \
+    cudaError_t cuda_check_err_ = (expr);                                                       \
+    if (cuda_check_err_ != cudaSuccess)                                                         \
+      ::polylora::check_failed(__FILE__, __LINE__, #expr, cudaGetErrorString(cuda_check_err_)); \
+  } while (0)
+#define CUBLAS_CHECK(expr)                                                                          \
+  do {                                                                                              \
+    cublasStatus_t cublas_check_st_ = (expr);                                                       \
+    if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                                  \
+      ::polylora::check_failed(__FILE__, __LINE__, #expr, cublasGetStatusString(cublas_check_st_)); \
+  } while (0)
+
+namespace polylora {
+namespace {
+
+namespace k = kernels;
+
+// Host -> device weight conversion goes through the workspace in chunks of at most this many bytes.
+constexpr size_t kStagingBytes = size_t{64} << 20;
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, DType weight_dtype) : device_(device), weight_dtype_(weight_dtype) {
+    CUDA_CHECK(cudaSetDevice(device_));
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    name_ = fmt::format("cuda:{} ({})", device_, prop.name);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // No TF32 for fp32 products; bf16 GemmEx with CUBLAS_COMPUTE_32F uses tensor cores regardless.
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  }
+  ~CudaBackend() override {
+    // Errors are ignored here: a destructor must not throw, and the process may be shutting down.
+    cudaStreamSynchronize(stream_);
+    for (auto& [p, n] : blocks_) cudaFree(p);
+    if (workspace_) cudaFree(workspace_);
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return name_; }
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  DType weight_dtype() const override { return weight_dtype_; }
+
+  void* alloc(size_t bytes) override {
+    size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, rounded);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail("out of GPU memory on {} allocating {} bytes ({} bytes allocated so far): {}", name_, bytes,
+           allocated_, cudaGetErrorString(err));
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, rounded, stream_));
+    blocks_.emplace(p, rounded);
+    allocated_ += rounded;
+    return p;
+  }
+  void free(void* ptr) override {
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) return;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaFree(ptr));
+    allocated_ -= it->second;
+    blocks_.erase(it);
+  }
+  // Synchronous: the host buffer may be reused as soon as this returns.
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  k::WeightView matrix_from_host(const k::WeightView& host) override {
+    switch (host.dtype) {
+      case DType::kF32:
+      case DType::kF16:
+      case DType::kBF16:
+        break;
+      case DType::kI32:
+      case DType::kI64:
+      case DType::kU8:
+        fail("weight matrix of dtype {} cannot be used on {} (expected F32, F16 or BF16)",
+             dtype_name(host.dtype), name_);
+    }
+    const size_t n = static_cast<size_t>(host.rows * host.cols);
+    void* dst = alloc(n * dtype_size(weight_dtype_));
+    if (host.dtype == weight_dtype_) {
+      copy_to_device(dst, host.data, n * dtype_size(weight_dtype_));
+    } else {
+      const size_t src_size = dtype_size(host.dtype), dst_size = dtype_size(weight_dtype_);
+      const size_t chunk = kStagingBytes / src_size;
+      ensure_workspace(std::min(n, chunk) * src_size);
+      for (size_t off = 0; off < n; off += chunk) {
+        size_t count = std::min(chunk, n - off);
+        // Stream order: this copy waits for the previous chunk's conversion to finish reading the workspace.
+        CUDA_CHECK(cudaMemcpyAsync(workspace_, static_cast<const char*>(host.data) + off * src_size,
+                                   count * src_size, cudaMemcpyHostToDevice, stream_));
+        cuda_backend::convert(workspace_, host.dtype, static_cast<char*>(dst) + off * dst_size, weight_dtype_,
+                              count, stream_);
+      }
+      synchronize();
+    }
+    return {dst, weight_dtype_, host.rows, host.cols};
+  }
+  k::WeightView random_matrix(int64_t rows, int64_t cols, float stddev, uint64_t seed) override {
+    const size_t n = static_cast<size_t>(rows * cols);
+    void* dst = alloc(n * dtype_size(weight_dtype_));
+    cuda_backend::fill_random(dst, weight_dtype_, n, stddev, seed, stream_);
+    return {dst, weight_dtype_, rows, cols};
+  }
+  const float* vector_from_host(const float* host, size_t n) override {
+    auto* p = static_cast<float*>(alloc(n * sizeof(float)));
+    copy_to_device(p, host, n * sizeof(float));
+    return p;
+  }
+  size_t allocated_bytes() const override { return allocated_ + workspace_bytes_; }
+
+  void embedding(const k::EmbeddingArgs& a) override { k::cuda::embedding(a, ctx()); }
+  void linear(const k::LinearArgs& a) override {
+    ensure_workspace(k::cuda::linear_workspace_bytes(a));
+    k::cuda::linear(a, ctx());
+  }
+  void rms_norm(const k::RmsNormArgs& a) override { k::cuda::rms_norm(a, ctx()); }
+  void rope(const k::RopeArgs& a) override { k::cuda::rope(a, ctx()); }
+  void write_kv(const k::KvWriteArgs& a) override { k::cuda::write_kv(a, ctx()); }
+  void attention(const k::AttentionArgs& a) override { k::cuda::attention(a, ctx()); }
+  void silu_and_mul(const k::SiluAndMulArgs& a) override { k::cuda::silu_and_mul(a, ctx()); }
+  void gpt_oss_swiglu(const k::GptOssSwigluArgs& a) override { k::cuda::gpt_oss_swiglu(a, ctx()); }
+  void lora_apply(const k::LoraApplyArgs& a) override { k::cuda::lora_apply(a, ctx()); }
+  void route(const k::RouteArgs& a) override { k::cuda::route(a, ctx()); }
+  void moe_experts(const k::MoeExpertsArgs& a) override {
+    ensure_workspace(k::cuda::moe_experts_workspace_bytes(a));
+    k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx());
+  }
+  void add_inplace(float* y, const float* x, int64_t n) override {
+    cuda_backend::add_inplace(y, x, n, stream_);
+  }
+  void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols,
+                   float* dst) override {
+    cuda_backend::gather_rows(src, rows, num_rows, cols, dst, stream_);
+  }
+
+ private:
+  k::CudaContext ctx() const { return {stream_, cublas_, workspace_, workspace_bytes_}; }
+
+  // Grows the workspace (after the stream drains, since queued kernels may still use the old one). The
+  // largest step sizes it once; later steps of that size or smaller reuse it without allocating.
+  void ensure_workspace(size_t bytes) {
+    if (bytes <= workspace_bytes_) return;
+    size_t grown = std::max(bytes, workspace_bytes_ + workspace_bytes_ / 2);
+    grown = (grown + 255) / 256 * 256;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (workspace_) CUDA_CHECK(cudaFree(workspace_));
+    workspace_ = nullptr;
+    workspace_bytes_ = 0;
+    cudaError_t err = cudaMalloc(&workspace_, grown);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      workspace_ = nullptr;
+      fail("out of GPU memory on {} allocating a {}-byte workspace: {}", name_, grown,
+           cudaGetErrorString(err));
+    }
+    workspace_bytes_ = grown;
+  }
+
+  int device_;
+  DType weight_dtype_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::unordered_map<void*, size_t> blocks_;
+  size_t allocated_ = 0;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail(
+        "--device cuda: no usable CUDA GPU ({}: {}); check the NVIDIA driver and CUDA_VISIBLE_DEVICES, or "
+        "use "
+        "--device cpu",
+        cudaGetErrorName(err), cudaGetErrorString(err));
+  }
+  if (n == 0) fail("--device cuda: no CUDA GPU found; use --device cpu");
+  if (options.device_index < 0 || options.device_index >= n)
+    fail("--device cuda: GPU index {} does not exist ({} GPU(s) visible)", options.device_index, n);
+  switch (options.weight_dtype) {
+    case DType::kBF16:
+    case DType::kF32:
+      break;
+    case DType::kF16:
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      fail("--dtype {}: the CUDA backend stores weights as bfloat16 or float32",
+           dtype_name(options.weight_dtype));
+  }
+  return std::make_unique<CudaBackend>(options.device_index, options.weight_dtype);
+}
+
+}  // namespace polylora

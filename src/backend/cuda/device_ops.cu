@@ -1,0 +1,89 @@
+// backend/cuda/device_ops.cu: elementwise device helpers of the CUDA backend (grid-stride kernels).
+#include "backend/cuda/device_ops.h"
+#include "kernels/cuda_util.cuh"
+
+namespace polylora::cuda_backend {
+namespace {
+
+using kernels::cuda_util::blocks_for;
+
+__global__ void convert_kernel(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    float v = kernels::cuda_util::load_as_f32(src, src_dtype, static_cast<int64_t>(i));
+    if (dst_dtype == DType::kBF16) {
+      static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16_rn(v);
+    } else {
+      static_cast<float*>(dst)[i] = v;
+    }
+  }
+}
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_random_kernel(void* dst, DType dtype, size_t n, float stddev, uint64_t seed) {
+  const uint64_t key = splitmix64(seed * 0x2545f4914f6cdd1dull + 1);
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint64_t h = splitmix64(key ^ static_cast<uint64_t>(i));
+    float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    float v = (2.0f * u - 1.0f) * 1.7320508f * stddev;
+    if (dtype == DType::kBF16) {
+      static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16_rn(v);
+    } else {
+      static_cast<float*>(dst)[i] = v;
+    }
+  }
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+__global__ void gather_kernel(const float* src, const int32_t* rows, int64_t cols, float* dst) {
+  const float* s = src + static_cast<int64_t>(rows[blockIdx.x]) * cols;
+  float* d = dst + static_cast<int64_t>(blockIdx.x) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+}
+
+cudaStream_t as_stream(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
+
+}  // namespace
+
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream) {
+  if (n == 0) return;
+  convert_kernel<<<blocks_for(static_cast<int64_t>(n), 256, 8192), 256, 0, as_stream(stream)>>>(
+      src, src_dtype, dst, dst_dtype, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fill_random(void* dst, DType dtype, size_t n, float stddev, uint64_t seed, void* stream) {
+  if (n == 0) return;
+  fill_random_kernel<<<blocks_for(static_cast<int64_t>(n), 256, 8192), 256, 0, as_stream(stream)>>>(
+      dst, dtype, n, stddev, seed);
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_inplace(float* y, const float* x, int64_t n, void* stream) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n, 256, 8192), 256, 0, as_stream(stream)>>>(y, x, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst,
+                 void* stream) {
+  if (num_rows == 0) return;
+  gather_kernel<<<static_cast<unsigned>(num_rows), 256, 0, as_stream(stream)>>>(src, rows, cols, dst);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace polylora::cuda_backend

@@ -1,0 +1,21 @@
+// backend/cuda/device_ops.h: the CUDA backend's own device helpers (weight conversion, random fill,
+// residual add, row gather), declared without CUDA headers so cuda_backend.cc stays plain C++.
+// Must not: know about models; be used outside backend/cuda/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace polylora::cuda_backend {
+
+// dst[i] = src[i] converted (F32/F16/BF16 -> F32/BF16, bf16 rounding to nearest even), i < n.
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream);
+// n values uniform in [−√3·stddev, √3·stddev] (standard deviation `stddev`) from a counter hash of (seed, i).
+void fill_random(void* dst, DType dtype, size_t n, float stddev, uint64_t seed, void* stream);
+void add_inplace(float* y, const float* x, int64_t n, void* stream);
+void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst,
+                 void* stream);
+
+}  // namespace polylora::cuda_backend

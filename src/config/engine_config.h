@@ -1,0 +1,43 @@
+// config/engine_config.h: the engine's settings, one aggregate per concern, with vLLM's flag names and
+// defaults in one place. Parsed from flags by apps/ only; validate() names the first bad value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace polylora {
+
+enum class SchedulingPolicy { kFcfs, kPriority };
+
+struct CacheConfig {
+  int64_t block_size = 16;                  // --block-size
+  bool enable_prefix_caching = true;        // --enable-prefix-caching / --no-enable-prefix-caching
+  int64_t num_kv_blocks = 0;                // --num-kv-blocks (0: from memory)
+  int64_t kv_cache_memory = int64_t{2} << 30;  // --kv-cache-memory (CPU backend, bytes)
+  double gpu_memory_utilization = 0.9;      // --gpu-memory-utilization (CUDA backend)
+};
+
+struct SchedulerConfig {
+  int64_t max_num_seqs = 256;             // --max-num-seqs
+  int64_t max_num_batched_tokens = 8192;  // --max-num-batched-tokens (token budget per step)
+  int64_t max_model_len = 0;              // --max-model-len (0: the model's max_position_embeddings)
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;  // --scheduling-policy fcfs|priority
+  bool enable_chunked_prefill = true;
+  int64_t max_waiting = 4096;  // bounded waiting queue (the server answers 503 beyond it)
+};
+
+struct LoraConfig {
+  int64_t max_loras = 8;        // --max-loras: distinct adapters in one step
+  int64_t max_lora_rank = 64;   // --max-lora-rank
+  int64_t max_cpu_loras = 64;   // --max-cpu-loras: adapters kept loaded
+};
+
+struct EngineConfig {
+  CacheConfig cache;
+  SchedulerConfig scheduler;
+  LoraConfig lora;
+  // Throws polylora::Error naming the flag.
+  void validate() const;
+};
+
+}  // namespace polylora

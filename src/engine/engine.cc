@@ -1,0 +1,364 @@
+// engine/engine.cc: request validation, n > 1 fan-out, the step loop, stop conditions and outputs.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <random>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace polylora {
+
+struct Engine::Sequence {
+  RequestId id = 0;
+  Group* group = nullptr;
+  int64_t index = 0;
+  std::vector<int32_t> output_ids;
+  std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
+  std::string text;          // detokenized output so far (stop strings applied)
+  size_t emitted_text = 0;   // bytes of `text` already returned
+  size_t emitted_tokens = 0;
+  std::vector<LogprobEntry> logprobs;  // one per output token when asked
+  std::optional<FinishReason> finish_reason;
+  std::optional<std::string> stop_reason;
+  bool reported_finish = false;
+};
+
+struct Engine::Group {
+  EngineRequest request;
+  std::string adapter_key;  // "name#generation", empty for the base model
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  std::vector<std::optional<LogprobEntry>> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
+  int64_t num_cached_tokens = 0;
+  bool counted_prompt = false;
+  size_t max_stop_len = 0;
+  bool aborted = false;
+};
+
+namespace {
+
+// Largest position <= pos that starts a UTF-8 character.
+size_t utf8_boundary(const std::string& s, size_t pos) {
+  while (pos > 0 && pos < s.size() && (static_cast<unsigned char>(s[pos]) & 0xC0) == 0x80) --pos;
+  return pos;
+}
+
+}  // namespace
+
+Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
+               std::shared_ptr<const tokenizer::Tokenizer> tokenizer)
+    : model_(std::move(model)), config_(config), tokenizer_(std::move(tokenizer)) {
+  config_.validate();
+  const ModelConfig& mc = model_->config();
+  max_model_len_ = config_.scheduler.max_model_len > 0 ? config_.scheduler.max_model_len : mc.max_position_embeddings;
+  if (config_.scheduler.max_model_len > mc.max_position_embeddings)
+    spdlog::warn("--max-model-len {} exceeds the model's max_position_embeddings {}", max_model_len_,
+                 mc.max_position_embeddings);
+  int64_t bs = config_.cache.block_size;
+  int64_t per_block = KvStorage::bytes_per_block(mc, bs);
+  if (config_.cache.num_kv_blocks > 0) {
+    num_kv_blocks_ = config_.cache.num_kv_blocks;
+  } else if (model_->backend().kind() == DeviceKind::kCpu) {
+    num_kv_blocks_ = config_.cache.kv_cache_memory / per_block;
+  } else {
+    auto [free_bytes, total] = model_->backend().memory_info();
+    double budget = static_cast<double>(total) * config_.cache.gpu_memory_utilization -
+                    static_cast<double>(total - free_bytes) - 512.0 * (1 << 20);  // headroom for workspaces
+    num_kv_blocks_ = budget > 0 ? static_cast<int64_t>(budget) / per_block : 0;
+  }
+  int64_t blocks_per_seq = (max_model_len_ + bs - 1) / bs;
+  if (num_kv_blocks_ < 1)
+    fail("no memory is left for the KV cache (one block of {} tokens takes {} bytes); raise --kv-cache-memory or "
+         "--gpu-memory-utilization, or set --num-kv-blocks",
+         bs, per_block);
+  if (config_.cache.num_kv_blocks == 0 && num_kv_blocks_ < blocks_per_seq)
+    fail("the KV cache ({} blocks of {} tokens) cannot hold one sequence of --max-model-len {} tokens; raise "
+         "--kv-cache-memory / --gpu-memory-utilization or lower --max-model-len",
+         num_kv_blocks_, bs, max_model_len_);
+  spdlog::info("KV cache: {} blocks of {} tokens ({:.1f} MiB); maximum concurrency for {} tokens per request: {:.2f}x",
+               num_kv_blocks_, bs, static_cast<double>(num_kv_blocks_ * per_block) / (1 << 20), max_model_len_,
+               static_cast<double>(num_kv_blocks_) / static_cast<double>(blocks_per_seq));
+  auto kv = std::make_unique<KvCacheManager>(num_kv_blocks_, bs, config_.cache.enable_prefix_caching);
+  scheduler_ = std::make_unique<Scheduler>(config_.scheduler, config_.lora, std::move(kv));
+  runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs);
+  for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+  if (tokenizer_ && tokenizer_->eos_id() &&
+      std::find(eos_ids_.begin(), eos_ids_.end(), *tokenizer_->eos_id()) == eos_ids_.end())
+    eos_ids_.push_back(*tokenizer_->eos_id());
+}
+
+Engine::~Engine() = default;
+
+void Engine::add_adapter(std::shared_ptr<LoraAdapter> adapter) {
+  if (adapters_.count(adapter->name)) fail("an adapter named '{}' is already loaded", adapter->name);
+  if (static_cast<int64_t>(adapters_.size()) >= config_.lora.max_cpu_loras)
+    fail_with(ErrorKind::kOverloaded,
+              "cannot load adapter '{}': {} adapters are loaded, the maximum (--max-cpu-loras); unload one first",
+              adapter->name, adapters_.size());
+  if (adapter->max_rank > config_.lora.max_lora_rank)
+    fail("adapter '{}' has rank {}, above --max-lora-rank {}", adapter->name, adapter->max_rank,
+         config_.lora.max_lora_rank);
+  adapters_[adapter->name] = std::move(adapter);
+}
+
+bool Engine::remove_adapter(const std::string& name) {
+  auto it = adapters_.find(name);
+  if (it == adapters_.end()) return false;
+  std::string key = name + "#" + std::to_string(it->second->generation);
+  if (!pinned_uses_.count(key)) model_->release_adapter(it->second->generation);
+  adapters_.erase(it);
+  return true;
+}
+
+std::vector<std::shared_ptr<LoraAdapter>> Engine::adapters() const {
+  std::vector<std::shared_ptr<LoraAdapter>> out;
+  for (const auto& [name, a] : adapters_) out.push_back(a);
+  return out;
+}
+
+bool Engine::has_adapter(const std::string& name) const { return adapters_.count(name) > 0; }
+
+const LoraAdapter* Engine::adapter_by_key(const std::string& key) const {
+  auto it = pinned_adapters_.find(key);
+  CHECK_MSG(it != pinned_adapters_.end(), "adapter {} is not pinned", key);
+  return it->second.get();
+}
+
+void Engine::add_request(EngineRequest request) {
+  const ModelConfig& mc = model_->config();
+  if (request.request_id.empty()) fail("request_id must not be empty");
+  if (groups_.count(request.request_id)) fail("request id '{}' is already in use", request.request_id);
+  if (request.prompt_ids.empty()) fail("the prompt is empty");
+  for (int32_t id : request.prompt_ids)
+    if (id < 0 || id >= mc.vocab_size) fail("prompt token id {} is outside the vocabulary (size {})", id, mc.vocab_size);
+  int64_t prompt_len = static_cast<int64_t>(request.prompt_ids.size());
+  if (prompt_len >= max_model_len_)
+    fail("This model's maximum context length is {} tokens. However, your request has {} input tokens. Please "
+         "reduce the length of the input messages.",
+         max_model_len_, prompt_len);
+  SamplingParams& sp = request.sampling;
+  sp.validate(mc.vocab_size);
+  if (!sp.stop.empty() && !tokenizer_) fail("stop strings need a tokenizer, and this model was loaded without one");
+  std::shared_ptr<LoraAdapter> adapter;
+  if (!request.adapter.empty()) {
+    auto it = adapters_.find(request.adapter);
+    if (it == adapters_.end()) fail_with(ErrorKind::kNotFound, "The model `{}` does not exist.", request.adapter);
+    adapter = it->second;
+  }
+  int64_t waiting = scheduler_->stats().num_waiting;
+  if (waiting + sp.n > config_.scheduler.max_waiting)
+    fail_with(ErrorKind::kOverloaded, "the server is overloaded: {} requests are waiting (the limit is {}); retry later",
+              waiting, config_.scheduler.max_waiting);
+
+  auto group = std::make_unique<Group>();
+  group->request = std::move(request);
+  Group& g = *group;
+  if (adapter) {
+    g.adapter_key = adapter->name + "#" + std::to_string(adapter->generation);
+    pinned_adapters_[g.adapter_key] = adapter;
+    pinned_uses_[g.adapter_key] += sp.n;
+  }
+  for (const auto& s : sp.stop) g.max_stop_len = std::max(g.max_stop_len, s.size());
+  if (sp.prompt_logprobs) g.prompt_logprobs.assign(static_cast<size_t>(prompt_len), std::nullopt);
+  int64_t max_tokens = sp.max_tokens.value_or(max_model_len_ - prompt_len);
+  std::random_device rd;
+  RequestId first = 0;
+  for (int64_t i = 0; i < sp.n; ++i) {
+    auto seq = std::make_unique<Sequence>();
+    seq->id = next_id_++;
+    seq->group = &g;
+    seq->index = i;
+    if (tokenizer_) seq->detok = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_, sp.skip_special_tokens);
+    auto sr = std::make_unique<SchedRequest>();
+    sr->id = seq->id;
+    sr->tokens = g.request.prompt_ids;
+    sr->max_total_tokens = std::min(max_model_len_, prompt_len + max_tokens);
+    sr->cache_key = {adapter ? adapter->name : "", adapter ? adapter->generation : 0, g.request.cache_salt};
+    sr->adapter = g.adapter_key;
+    sr->priority = g.request.priority;
+    sr->prompt_logprobs = sp.prompt_logprobs.has_value() && i == 0;
+    if (i == 0) first = seq->id;
+    else if (config_.cache.enable_prefix_caching) sr->wait_for = first;  // share the prompt's blocks
+    RunnerRequestInfo info;
+    info.sampling = sp;
+    info.seed = sp.seed ? *sp.seed + static_cast<uint64_t>(i) : (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    if (!sp.ignore_eos) info.eos_ids = eos_ids_;
+    runner_->set_request_info(seq->id, std::move(info));
+    scheduler_->add(std::move(sr));
+    sequences_[seq->id] = seq.get();
+    g.seqs.push_back(std::move(seq));
+  }
+  AdapterCounters& ac = adapter_counters_[adapter ? adapter->name : ""];
+  ac.requests += 1;
+  groups_[g.request.request_id] = std::move(group);
+}
+
+void Engine::abort(const std::string& request_id) {
+  auto it = groups_.find(request_id);
+  if (it == groups_.end()) return;
+  it->second->aborted = true;
+  for (auto& seq : it->second->seqs)
+    if (!seq->finish_reason) finish_sequence(*seq, FinishReason::kAbort, std::nullopt);
+}
+
+void Engine::finish_sequence(Sequence& seq, FinishReason reason, std::optional<std::string> stop_reason) {
+  seq.finish_reason = reason;
+  seq.stop_reason = std::move(stop_reason);
+  scheduler_->finish(seq.id);
+  runner_->drop_request_info(seq.id);
+  if (seq.detok && reason != FinishReason::kStop) seq.text += seq.detok->flush();
+}
+
+bool Engine::has_unfinished() const { return !groups_.empty(); }
+
+std::vector<RequestOutput> Engine::step() {
+  StepPlan plan = scheduler_->schedule();
+  StepResult result = runner_->execute(plan, [&](const std::string& key) { return adapter_by_key(key); });
+  std::unordered_map<RequestId, int32_t> sampled;
+  for (const auto& [id, t] : result.sampled) sampled[id] = t.token;
+  scheduler_->update(plan, sampled);
+
+  std::map<std::string, Group*> changed;
+  for (const auto& [id, entries] : result.prompt_logprobs) {
+    Sequence& seq = *sequences_.at(id);
+    for (const auto& [index, entry] : entries) seq.group->prompt_logprobs[static_cast<size_t>(index)] = entry;
+  }
+  // Prompt tokens computed this step, for the counters.
+  auto count_prompt = [&](RequestId id, int64_t num) {
+    const SchedRequest* r = scheduler_->get(id);
+    auto it = sequences_.find(id);
+    if (!r || it == sequences_.end()) return;
+    int64_t before = r->num_computed_tokens - num;
+    int64_t in_prompt = std::max<int64_t>(0, std::min(r->num_prompt_tokens, r->num_computed_tokens) - before);
+    total_prompt_tokens_ += in_prompt;
+    adapter_counters_[it->second->group->request.adapter].prompt_tokens += in_prompt;
+  };
+  for (const auto& n : plan.new_requests) count_prompt(n.id, n.num_scheduled_tokens);
+  for (const auto& s : plan.running) count_prompt(s.id, s.num_scheduled_tokens);
+
+  for (const auto& [id, tok] : result.sampled) {
+    Sequence& seq = *sequences_.at(id);
+    Group& g = *seq.group;
+    const SamplingParams& sp = g.request.sampling;
+    changed[g.request.request_id] = &g;
+    if (seq.finish_reason) continue;
+    const SchedRequest* r = scheduler_->get(id);
+    if (!g.counted_prompt && r) {
+      g.num_cached_tokens = r->num_cached_tokens;
+      g.counted_prompt = true;
+    }
+    seq.output_ids.push_back(tok.token);
+    if (tok.logprob) seq.logprobs.push_back(*tok.logprob);
+    ++total_generation_tokens_;
+    ++adapter_counters_[g.request.adapter].generation_tokens;
+    if (seq.detok) seq.text += seq.detok->push(tok.token);
+    int64_t num_out = static_cast<int64_t>(seq.output_ids.size());
+    int64_t total = static_cast<int64_t>(g.request.prompt_ids.size()) + num_out;
+    bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), tok.token) != eos_ids_.end();
+    bool is_stop_id = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok.token) != sp.stop_token_ids.end();
+    if (num_out >= sp.min_tokens && ((is_eos && !sp.ignore_eos) || is_stop_id)) {
+      finish_sequence(seq, FinishReason::kStop,
+                      is_stop_id ? std::optional<std::string>(std::to_string(tok.token)) : std::nullopt);
+      continue;
+    }
+    if (!sp.stop.empty() && num_out >= sp.min_tokens) {
+      // Search only where a new match can be: the new text plus the longest stop string's tail.
+      size_t new_len = seq.text.size() - std::min(seq.text.size(), seq.emitted_text);
+      size_t from = seq.text.size() > new_len + g.max_stop_len ? seq.text.size() - new_len - g.max_stop_len : 0;
+      size_t best = std::string::npos;
+      const std::string* hit = nullptr;
+      for (const auto& s : sp.stop) {
+        size_t pos = seq.text.find(s, from);
+        if (pos != std::string::npos && pos < best) {
+          best = pos;
+          hit = &s;
+        }
+      }
+      if (hit) {
+        seq.text.resize(sp.include_stop_str_in_output ? best + hit->size() : best);
+        seq.emitted_text = std::min(seq.emitted_text, seq.text.size());
+        finish_sequence(seq, FinishReason::kStop, *hit);
+        continue;
+      }
+    }
+    if ((sp.max_tokens && num_out >= *sp.max_tokens) || total >= max_model_len_)
+      finish_sequence(seq, FinishReason::kLength, std::nullopt);
+  }
+  for (auto& [rid, group] : groups_)
+    if (group->aborted) changed[rid] = group.get();
+
+  std::vector<RequestOutput> outputs;
+  for (auto& [rid, gp] : changed) {
+    Group& g = *gp;
+    RequestOutput out;
+    out.request_id = rid;
+    out.num_prompt_tokens = static_cast<int64_t>(g.request.prompt_ids.size());
+    out.num_cached_tokens = g.num_cached_tokens;
+    if (g.request.sampling.prompt_logprobs && !g.prompt_logprobs_sent) {
+      out.prompt_logprobs = g.prompt_logprobs;
+      g.prompt_logprobs_sent = true;
+    }
+    bool all_finished = true;
+    for (auto& sp : g.seqs) {
+      Sequence& seq = *sp;
+      all_finished &= seq.finish_reason.has_value();
+      size_t text_end = seq.text.size();
+      if (!seq.finish_reason && g.max_stop_len > 1)  // hold back what could still become a stop string
+        text_end = utf8_boundary(seq.text, seq.text.size() > g.max_stop_len - 1 ? seq.text.size() - (g.max_stop_len - 1) : 0);
+      bool has_new = seq.emitted_tokens < seq.output_ids.size() || text_end > seq.emitted_text ||
+                     (seq.finish_reason && !seq.reported_finish);
+      if (!has_new) continue;
+      SequenceOutput so;
+      so.index = seq.index;
+      so.new_token_ids.assign(seq.output_ids.begin() + static_cast<long>(seq.emitted_tokens), seq.output_ids.end());
+      if (seq.logprobs.size() >= seq.output_ids.size())
+        so.new_logprobs.assign(seq.logprobs.begin() + static_cast<long>(seq.emitted_tokens), seq.logprobs.end());
+      if (text_end > seq.emitted_text) so.new_text = seq.text.substr(seq.emitted_text, text_end - seq.emitted_text);
+      seq.emitted_text = std::max(seq.emitted_text, text_end);
+      seq.emitted_tokens = seq.output_ids.size();
+      so.finish_reason = seq.finish_reason;
+      so.stop_reason = seq.stop_reason;
+      so.num_output_tokens = static_cast<int64_t>(seq.output_ids.size());
+      if (seq.finish_reason) seq.reported_finish = true;
+      out.sequences.push_back(std::move(so));
+    }
+    out.finished = all_finished;
+    outputs.push_back(std::move(out));
+    if (all_finished) {
+      if (!g.adapter_key.empty()) {
+        int64_t& uses = pinned_uses_[g.adapter_key];
+        uses -= static_cast<int64_t>(g.seqs.size());
+        if (uses <= 0) {
+          pinned_uses_.erase(g.adapter_key);
+          auto pinned = pinned_adapters_.find(g.adapter_key);
+          bool still_registered = adapters_.count(pinned->second->name) &&
+                                  adapters_.at(pinned->second->name)->generation == pinned->second->generation;
+          if (!still_registered) model_->release_adapter(pinned->second->generation);
+          pinned_adapters_.erase(pinned);
+        }
+      }
+      for (auto& seq : g.seqs) sequences_.erase(seq->id);
+      groups_.erase(rid);
+    }
+  }
+  return outputs;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  SchedulerStats ss = scheduler_->stats();
+  s.num_running = ss.num_running;
+  s.num_waiting = ss.num_waiting;
+  s.kv_usage = ss.kv_usage;
+  s.num_kv_blocks = num_kv_blocks_;
+  s.prefix_queries = ss.prefix.queries;
+  s.prefix_hits = ss.prefix.hits;
+  s.num_preemptions = ss.num_preemptions;
+  s.prompt_tokens = total_prompt_tokens_;
+  s.generation_tokens = total_generation_tokens_;
+  s.adapters = adapter_counters_;
+  return s;
+}
+
+}  // namespace polylora

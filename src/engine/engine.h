@@ -1,0 +1,105 @@
+// engine/engine.h: the serving engine: one loop of schedule -> execute -> update over many requests,
+// each with its own adapter, arriving at any time.
+// Owns: the scheduler (and through it the KV-cache manager), the model runner, the adapter registry,
+// request validation, n > 1 fan-out, stop conditions (EOS, stop ids, max_tokens, max_model_len, stop
+// strings on the detokenized text) and the per-request outputs. Used directly by the offline CLI, and
+// from one engine thread by the server (engine/engine_thread.h).
+// Must not: parse JSON or talk HTTP; be called from two threads at once.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "api/request.h"
+#include "config/engine_config.h"
+#include "lora/adapter.h"
+#include "model/model.h"
+#include "sched/scheduler.h"
+#include "tokenizer/detokenizer.h"
+#include "tokenizer/tokenizer.h"
+#include "worker/model_runner.h"
+
+namespace polylora {
+
+struct AdapterCounters {
+  int64_t requests = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generation_tokens = 0;
+};
+
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  double kv_usage = 0;
+  int64_t num_kv_blocks = 0;
+  int64_t prefix_queries = 0;
+  int64_t prefix_hits = 0;
+  int64_t num_preemptions = 0;
+  int64_t prompt_tokens = 0;      // total computed prompt tokens of finished + running requests
+  int64_t generation_tokens = 0;  // total generated tokens
+  std::map<std::string, AdapterCounters> adapters;  // "" = base model
+};
+
+class Engine {
+ public:
+  // tokenizer may be nullptr (then outputs carry no text and stop strings are refused).
+  Engine(std::shared_ptr<Model> model, const EngineConfig& config,
+         std::shared_ptr<const tokenizer::Tokenizer> tokenizer);
+  ~Engine();
+
+  // Validates and queues a request. Errors (polylora::Error): invalid sampling values (the field is
+  // named), a prompt longer than max_model_len, an unknown adapter (ErrorKind::kNotFound), a full waiting
+  // queue (ErrorKind::kOverloaded), a duplicate request id.
+  void add_request(EngineRequest request);
+  void abort(const std::string& request_id);
+  // Runs one step; returns the outputs of requests that changed (finished ones last time they appear).
+  std::vector<RequestOutput> step();
+  bool has_unfinished() const;
+
+  // Adapters. add_adapter replaces nothing: a name in use is an error; remove_adapter lets running
+  // requests of that adapter finish with it. Returns false when the name is unknown.
+  void add_adapter(std::shared_ptr<LoraAdapter> adapter);
+  bool remove_adapter(const std::string& name);
+  std::vector<std::shared_ptr<LoraAdapter>> adapters() const;
+  bool has_adapter(const std::string& name) const;
+
+  EngineStats stats() const;
+  int64_t max_model_len() const { return max_model_len_; }
+  int64_t num_kv_blocks() const { return num_kv_blocks_; }
+  const ModelConfig& model_config() const { return model_->config(); }
+  const EngineConfig& config() const { return config_; }
+  const std::shared_ptr<const tokenizer::Tokenizer>& tokenizer() const { return tokenizer_; }
+  // For tests: the scheduler's invariants (empty when all hold).
+  std::string check_invariants() const { return scheduler_->check_invariants(); }
+
+ private:
+  struct Sequence;
+  struct Group;
+  void finish_sequence(Sequence& seq, FinishReason reason, std::optional<std::string> stop_reason);
+  const LoraAdapter* adapter_by_key(const std::string& key) const;
+
+  std::shared_ptr<Model> model_;
+  EngineConfig config_;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
+  int64_t max_model_len_ = 0;
+  int64_t num_kv_blocks_ = 0;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::vector<int32_t> eos_ids_;
+  std::map<std::string, std::shared_ptr<LoraAdapter>> adapters_;        // by name
+  std::map<std::string, std::shared_ptr<LoraAdapter>> pinned_adapters_;  // by key, while requests use them
+  std::map<std::string, int64_t> pinned_uses_;
+  std::unordered_map<std::string, std::unique_ptr<Group>> groups_;  // by external request id
+  std::unordered_map<RequestId, Sequence*> sequences_;
+  RequestId next_id_ = 1;
+  int64_t total_prompt_tokens_ = 0, total_generation_tokens_ = 0;
+  std::map<std::string, AdapterCounters> adapter_counters_;
+};
+
+}  // namespace polylora

@@ -1,0 +1,237 @@
+// sched/scheduler.cc: continuous batching with chunked prefill, prefix-cache admission, preemption by
+// recompute, fcfs/priority order and the per-step adapter cap.
+#include "sched/scheduler.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace polylora {
+
+Scheduler::Scheduler(const SchedulerConfig& config, const LoraConfig& lora, std::unique_ptr<KvCacheManager> kv)
+    : config_(config), lora_(lora), kv_(std::move(kv)) {}
+
+bool Scheduler::before(const SchedRequest& a, const SchedRequest& b) const {
+  switch (config_.policy) {
+    case SchedulingPolicy::kFcfs: return a.arrival < b.arrival;
+    case SchedulingPolicy::kPriority:
+      return a.priority != b.priority ? a.priority < b.priority : a.arrival < b.arrival;
+  }
+  return false;
+}
+
+void Scheduler::insert_waiting(RequestId id, bool front) {
+  if (config_.policy == SchedulingPolicy::kFcfs) {
+    if (front) waiting_.push_front(id);
+    else waiting_.push_back(id);
+    return;
+  }
+  const SchedRequest& r = *requests_.at(id);
+  auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](RequestId other) { return before(r, *requests_.at(other)); });
+  waiting_.insert(it, id);
+}
+
+void Scheduler::add(std::unique_ptr<SchedRequest> request) {
+  CHECK(!request->tokens.empty());
+  request->arrival = next_arrival_++;
+  request->num_prompt_tokens = static_cast<int64_t>(request->tokens.size());
+  RequestId id = request->id;
+  CHECK_MSG(!requests_.count(id), "duplicate request id {}", id);
+  requests_.emplace(id, std::move(request));
+  insert_waiting(id, false);
+}
+
+void Scheduler::finish(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  if (it->second->running) {
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+    finished_since_plan_.push_back(id);
+  } else {
+    auto w = std::find(waiting_.begin(), waiting_.end(), id);
+    if (w != waiting_.end()) waiting_.erase(w);
+  }
+  kv_->free(id);
+  // Siblings waiting on this one no longer need to.
+  for (auto& [other_id, other] : requests_)
+    if (other->wait_for == id) other->wait_for.reset();
+  requests_.erase(it);
+}
+
+void Scheduler::preempt(SchedRequest& r) {
+  kv_->free(r.id);
+  r.num_computed_tokens = 0;
+  r.running = false;
+  r.needs_fresh_plan = true;
+  ++r.num_preemptions;
+  ++num_preemptions_;
+  running_.erase(std::find(running_.begin(), running_.end(), r.id));
+  preempted_since_plan_.push_back(r.id);
+  insert_waiting(r.id, true);
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  plan.finished_ids = std::move(finished_since_plan_);
+  finished_since_plan_.clear();
+  int64_t budget = config_.max_num_batched_tokens;
+  std::set<RequestId> scheduled;
+  std::set<std::string> step_adapters;
+  bool preempted_this_step = false;
+
+  auto emit = [&](SchedRequest& r, int64_t num_new, size_t blocks_before) {
+    const auto& table = kv_->block_table(r.id);
+    if (r.needs_fresh_plan) {
+      ScheduledNew n;
+      n.id = r.id;
+      n.token_ids = r.tokens;
+      n.num_prompt_tokens = r.num_prompt_tokens;
+      n.block_ids = table;
+      n.num_computed_tokens = r.num_computed_tokens;
+      n.num_scheduled_tokens = num_new;
+      n.adapter = r.adapter;
+      n.prompt_logprobs = r.prompt_logprobs;
+      plan.new_requests.push_back(std::move(n));
+      r.needs_fresh_plan = false;
+    } else {
+      ScheduledRunning s;
+      s.id = r.id;
+      s.new_block_ids.assign(table.begin() + static_cast<long>(blocks_before), table.end());
+      s.num_computed_tokens = r.num_computed_tokens;
+      s.num_scheduled_tokens = num_new;
+      plan.running.push_back(std::move(s));
+    }
+    plan.num_scheduled_tokens += num_new;
+    budget -= num_new;
+    scheduled.insert(r.id);
+    if (!r.adapter.empty()) step_adapters.insert(r.adapter);
+  };
+
+  // 1. Running requests, in order: decodes and the next chunks of unfinished prefills.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    SchedRequest& r = *requests_.at(running_[i]);
+    int64_t num_new = std::min<int64_t>(static_cast<int64_t>(r.tokens.size()) - r.num_computed_tokens, budget);
+    if (num_new <= 0) {
+      ++i;
+      continue;
+    }
+    size_t blocks_before = kv_->block_table(r.id).size();
+    bool self_preempted = false;
+    while (!kv_->allocate(r.id, r.tokens, r.num_computed_tokens, num_new, r.cache_key)) {
+      // Out of blocks: preempt a request not yet scheduled this step (the lowest-priority one, or the
+      // most recently admitted under fcfs); possibly this one.
+      SchedRequest* victim = nullptr;
+      for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+        if (scheduled.count(*it)) continue;
+        SchedRequest& cand = *requests_.at(*it);
+        if (!victim) victim = &cand;
+        else if (config_.policy == SchedulingPolicy::kPriority && before(*victim, cand)) victim = &cand;
+        if (config_.policy == SchedulingPolicy::kFcfs) break;
+      }
+      CHECK(victim != nullptr);
+      preempted_this_step = true;
+      bool is_self = victim == &r;
+      preempt(*victim);
+      if (is_self) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) continue;  // running_[i] now holds the next request
+    emit(r, num_new, r.needs_fresh_plan ? 0 : blocks_before);
+    ++i;
+  }
+
+  // 2. Waiting requests, unless this step already had to preempt.
+  if (!preempted_this_step) {
+    std::set<std::string> held_adapters = step_adapters;
+    for (RequestId id : running_)
+      if (!requests_.at(id)->adapter.empty()) held_adapters.insert(requests_.at(id)->adapter);
+    for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0;) {
+      if (static_cast<int64_t>(running_.size()) >= config_.max_num_seqs) break;
+      SchedRequest& r = *requests_.at(*it);
+      if (r.wait_for || (!r.adapter.empty() && !held_adapters.count(r.adapter) &&
+                         static_cast<int64_t>(held_adapters.size()) >= lora_.max_loras)) {
+        ++it;  // waits for a sibling's prompt, or for an adapter slot
+        continue;
+      }
+      KvCacheManager::CachedPrefix prefix;
+      bool first_admission = r.num_preemptions == 0;
+      if (!r.prompt_logprobs) prefix = kv_->find_cached_prefix(r.tokens, r.cache_key);
+      int64_t remaining = static_cast<int64_t>(r.tokens.size()) - prefix.num_tokens;
+      if (!config_.enable_chunked_prefill && remaining > budget) break;
+      int64_t num_new = std::min(remaining, budget);
+      if (!kv_->allocate(r.id, r.tokens, prefix.num_tokens, num_new, r.cache_key, &prefix)) break;
+      r.num_computed_tokens = prefix.num_tokens;
+      if (first_admission) r.num_cached_tokens = prefix.num_tokens;
+      r.running = true;
+      running_.push_back(r.id);
+      if (!r.adapter.empty()) held_adapters.insert(r.adapter);
+      it = waiting_.erase(it);
+      emit(r, num_new, 0);
+    }
+  }
+  plan.preempted_ids = std::move(preempted_since_plan_);
+  preempted_since_plan_.clear();
+  return plan;
+}
+
+void Scheduler::update(const StepPlan& plan, const std::unordered_map<RequestId, int32_t>& sampled) {
+  auto advance = [&](RequestId id, int64_t num_scheduled) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    SchedRequest& r = *it->second;
+    r.num_computed_tokens += num_scheduled;
+    if (r.num_computed_tokens >= static_cast<int64_t>(r.tokens.size())) {
+      auto s = sampled.find(id);
+      if (s != sampled.end()) r.tokens.push_back(s->second);
+    }
+    // A sibling waiting on this request's prompt may start once the prompt is in the cache.
+    if (r.num_computed_tokens >= r.num_prompt_tokens)
+      for (auto& [other_id, other] : requests_)
+        if (other->wait_for == id) other->wait_for.reset();
+  };
+  for (const auto& n : plan.new_requests) advance(n.id, n.num_scheduled_tokens);
+  for (const auto& s : plan.running) advance(s.id, s.num_scheduled_tokens);
+}
+
+const SchedRequest* Scheduler::get(RequestId id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.num_running = static_cast<int64_t>(running_.size());
+  s.num_waiting = static_cast<int64_t>(waiting_.size());
+  s.num_preemptions = num_preemptions_;
+  s.kv_usage = kv_->usage();
+  s.prefix = kv_->stats();
+  return s;
+}
+
+std::string Scheduler::check_invariants() const {
+  std::string kv_problem = kv_->check_invariants();
+  if (!kv_problem.empty()) return kv_problem;
+  std::set<RequestId> seen;
+  for (RequestId id : running_) {
+    if (!seen.insert(id).second) return "request " + std::to_string(id) + " is running twice";
+    const SchedRequest& r = *requests_.at(id);
+    if (!r.running) return "request " + std::to_string(id) + " in the running list is not marked running";
+    int64_t capacity = static_cast<int64_t>(kv_->block_table(id).size()) * kv_->block_size();
+    if (capacity < r.num_computed_tokens)
+      return "request " + std::to_string(id) + " has computed tokens beyond its block table";
+  }
+  for (RequestId id : waiting_) {
+    if (!seen.insert(id).second) return "request " + std::to_string(id) + " is both waiting and running";
+    const SchedRequest& r = *requests_.at(id);
+    if (r.running) return "waiting request " + std::to_string(id) + " is marked running";
+    if (kv_->has_request(id) && !kv_->block_table(id).empty())
+      return "waiting request " + std::to_string(id) + " holds blocks";
+  }
+  if (seen.size() != requests_.size()) return "a request is neither waiting nor running";
+  return "";
+}
+
+}  // namespace polylora

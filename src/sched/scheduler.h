@@ -1,0 +1,91 @@
+// sched/scheduler.h: continuous batching (host code only).
+// Owns: request states (waiting / running), the KV-cache manager, the token budget per step, chunked
+// prefill, preemption by recompute, the fcfs and priority policies, and the cap on distinct adapters
+// per step. Each step: running requests first (decodes and unfinished prefill chunks, in order), then
+// waiting ones while the token budget, --max-num-seqs, --max-loras and free blocks allow. When blocks
+// run out a running request is preempted (its blocks freed; it returns to the front of the waiting queue
+// with every token it generated, and is recomputed later), never lost.
+// Must not: include CUDA headers, touch tensors, or sample (it receives sampled tokens in update()).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/kv_cache_manager.h"
+#include "config/engine_config.h"
+#include "sched/step_plan.h"
+
+namespace polylora {
+
+struct SchedRequest {
+  RequestId id = 0;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t num_prompt_tokens = 0;
+  int64_t num_computed_tokens = 0;
+  int64_t max_total_tokens = 0;  // prompt + max_tokens, capped by max_model_len
+  CacheKeyExtra cache_key;
+  std::string adapter;
+  int64_t priority = 0;
+  uint64_t arrival = 0;
+  bool prompt_logprobs = false;
+  std::optional<RequestId> wait_for;  // a sibling (n > 1) whose prompt must be computed first
+  int64_t num_cached_tokens = 0;      // prefix-cache hit at first admission
+  int64_t num_preemptions = 0;
+  bool running = false;
+  bool needs_fresh_plan = true;  // the runner does not hold it (new or preempted)
+};
+
+struct SchedulerStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t num_preemptions = 0;  // total
+  double kv_usage = 0;
+  PrefixCacheStats prefix;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, const LoraConfig& lora, std::unique_ptr<KvCacheManager> kv);
+
+  // Takes a new request (tokens = its prompt). The caller validated it.
+  void add(std::unique_ptr<SchedRequest> request);
+  // Removes a request wherever it is and frees its blocks (no-op if unknown).
+  void finish(RequestId id);
+  StepPlan schedule();
+  // After the step ran: advance computed counts; appends each sampled token (requests whose prefill
+  // is not complete sample nothing). sampled[id] = token.
+  void update(const StepPlan& plan, const std::unordered_map<RequestId, int32_t>& sampled);
+
+  const SchedRequest* get(RequestId id) const;
+  bool has_unfinished() const { return !requests_.empty(); }
+  SchedulerStats stats() const;
+  const KvCacheManager& kv() const { return *kv_; }
+  KvCacheManager& kv() { return *kv_; }
+  // Invariant checks for tests: the cache's own, plus each running request's table covering its computed
+  // tokens and waiting/running sets being disjoint. Empty when all hold.
+  std::string check_invariants() const;
+
+ private:
+  void preempt(SchedRequest& r);
+  bool before(const SchedRequest& a, const SchedRequest& b) const;  // waiting-queue order
+  void insert_waiting(RequestId id, bool front);
+
+  SchedulerConfig config_;
+  LoraConfig lora_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unordered_map<RequestId, std::unique_ptr<SchedRequest>> requests_;
+  std::vector<RequestId> running_;  // in scheduling order
+  std::deque<RequestId> waiting_;
+  std::vector<RequestId> finished_since_plan_, preempted_since_plan_;
+  uint64_t next_arrival_ = 0;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace polylora

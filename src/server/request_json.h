@@ -1,0 +1,22 @@
+// server/request_json.h: JSON <-> api types (the one place request JSON is interpreted), shared by the
+// HTTP server and the offline CLI's --requests files. Field names and meanings follow vLLM's sampling
+// parameters. Errors (polylora::Error) name the field and say what was expected.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "api/request.h"
+#include "api/sampling_params.h"
+
+namespace polylora::server {
+
+// Reads every sampling field present in `body` into `params` (fields absent keep their value). Unknown
+// fields are ignored unless listed in `strict_unknown` handling by the caller. Type errors name the field.
+void read_sampling_fields(const nlohmann::json& body, SamplingParams& params);
+
+// JSON of a LogprobEntry as {"id", "logprob", "rank", "top": [{"id", "logprob"}]}.
+nlohmann::json logprob_entry_json(const LogprobEntry& entry);
+
+}  // namespace polylora::server

@@ -1,0 +1,146 @@
+// worker/model_runner.cc: StepPlan -> ForwardBatch -> forward -> sample -> StepResult.
+#include "worker/model_runner.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace polylora {
+
+ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size)
+    : model_(model), kv_(model.config(), model.backend(), num_blocks, block_size), sampler_(model.config().vocab_size) {}
+
+void ModelRunner::set_request_info(RequestId id, RunnerRequestInfo info) { infos_[id] = std::move(info); }
+void ModelRunner::drop_request_info(RequestId id) { infos_.erase(id); }
+
+StepResult ModelRunner::execute(const StepPlan& plan,
+                                const std::function<const LoraAdapter*(const std::string&)>& adapter_of) {
+  for (RequestId id : plan.finished_ids) states_.erase(id);
+  for (RequestId id : plan.preempted_ids) states_.erase(id);
+  for (const auto& n : plan.new_requests) {
+    State s;
+    s.tokens = n.token_ids;
+    s.num_prompt_tokens = n.num_prompt_tokens;
+    s.blocks = n.block_ids;
+    s.num_computed_tokens = n.num_computed_tokens;
+    s.adapter = n.adapter;
+    s.prompt_logprobs = n.prompt_logprobs;
+    states_[n.id] = std::move(s);
+  }
+  for (const auto& r : plan.running) {
+    State& s = states_.at(r.id);
+    s.blocks.insert(s.blocks.end(), r.new_block_ids.begin(), r.new_block_ids.end());
+    CHECK_MSG(s.num_computed_tokens == r.num_computed_tokens, "runner and scheduler disagree on request {}", r.id);
+  }
+  StepResult result;
+  if (plan.empty()) return result;
+
+  // The step's requests in plan order, with the number of tokens each computes.
+  std::vector<std::pair<RequestId, int64_t>> order;
+  for (const auto& n : plan.new_requests) order.emplace_back(n.id, n.num_scheduled_tokens);
+  for (const auto& r : plan.running) order.emplace_back(r.id, r.num_scheduled_tokens);
+
+  const int64_t bs = kv_.block_size();
+  ForwardBatch b;
+  b.query_start.push_back(0);
+  std::vector<std::string> step_adapters;
+  std::vector<const LoraAdapter*> slots;
+  struct RowOwner {
+    RequestId id;
+    int64_t position;  // token position whose next-token logits this row holds
+    bool sample;
+  };
+  std::vector<RowOwner> rows;
+  for (const auto& [id, num] : order) {
+    State& s = states_.at(id);
+    b.max_blocks_per_seq = std::max<int64_t>(b.max_blocks_per_seq, static_cast<int64_t>(s.blocks.size()));
+    int64_t begin = s.num_computed_tokens, end = begin + num;
+    CHECK_MSG(end <= static_cast<int64_t>(s.tokens.size()), "request {} scheduled past its tokens", id);
+    CHECK_MSG(end <= static_cast<int64_t>(s.blocks.size()) * bs, "request {} lacks KV blocks", id);
+    for (int64_t p = begin; p < end; ++p) {
+      b.token_ids.push_back(s.tokens[p]);
+      b.positions.push_back(static_cast<int32_t>(p));
+      b.slot_mapping.push_back(static_cast<int64_t>(s.blocks[p / bs]) * bs + p % bs);
+      bool sample = p == static_cast<int64_t>(s.tokens.size()) - 1;
+      bool prompt_row = s.prompt_logprobs && p + 1 < s.num_prompt_tokens;
+      if (sample || prompt_row) {
+        b.logits_rows.push_back(static_cast<int32_t>(b.token_ids.size() - 1));
+        rows.push_back({id, p, sample});
+      }
+    }
+    b.query_start.push_back(static_cast<int32_t>(b.token_ids.size()));
+    b.context_lens.push_back(static_cast<int32_t>(end));
+    int32_t slot = -1;
+    if (!s.adapter.empty()) {
+      auto it = std::find(step_adapters.begin(), step_adapters.end(), s.adapter);
+      if (it == step_adapters.end()) {
+        step_adapters.push_back(s.adapter);
+        slots.push_back(adapter_of(s.adapter));
+        slot = static_cast<int32_t>(slots.size() - 1);
+      } else {
+        slot = static_cast<int32_t>(it - step_adapters.begin());
+      }
+    }
+    b.adapter_slots.push_back(slot);
+  }
+  b.block_tables.assign(order.size() * static_cast<size_t>(b.max_blocks_per_seq), 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto& blocks = states_.at(order[i].first).blocks;
+    std::copy(blocks.begin(), blocks.end(), b.block_tables.begin() + static_cast<long>(i) * b.max_blocks_per_seq);
+  }
+
+  const int64_t vocab = model_.config().vocab_size;
+  logits_.resize(rows.size() * static_cast<size_t>(vocab));
+  model_.forward(b, kv_.views(), slots, logits_.data());
+
+  // Prompt logprobs first (sampling modifies rows in place), then one sampling call for the batch.
+  std::vector<SamplerRow> sample_rows;
+  std::vector<RequestId> sample_ids;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowOwner& o = rows[r];
+    State& s = states_.at(o.id);
+    float* row = logits_.data() + r * vocab;
+    if (s.prompt_logprobs && o.position + 1 < s.num_prompt_tokens) {
+      const RunnerRequestInfo& info = infos_.at(o.id);
+      int64_t k = info.sampling.prompt_logprobs.value_or(0);
+      SampleResult pl = Sampler::prompt_logprob(row, vocab, s.tokens[o.position + 1], k);
+      LogprobEntry e{pl.token, pl.logprob, pl.rank, {}};
+      for (const auto& t : pl.top) e.top.push_back({t.id, t.logprob});
+      result.prompt_logprobs[o.id].emplace_back(o.position + 1, std::move(e));
+    }
+    if (o.sample) {
+      const RunnerRequestInfo& info = infos_.at(o.id);
+      SamplerRow sr;
+      sr.logits = row;
+      sr.params = &info.sampling;
+      sr.prompt_ids = std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(s.num_prompt_tokens));
+      sr.output_ids = std::span<const int32_t>(s.tokens.data() + s.num_prompt_tokens,
+                                               s.tokens.size() - static_cast<size_t>(s.num_prompt_tokens));
+      sr.eos_ids = info.eos_ids;
+      sr.seed = info.seed;
+      sample_rows.push_back(sr);
+      sample_ids.push_back(o.id);
+    }
+  }
+  std::vector<SampleResult> sampled = sampler_.sample(sample_rows);
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    SampledToken t;
+    t.token = sampled[i].token;
+    if (infos_.at(sample_ids[i]).sampling.logprobs) {
+      LogprobEntry e{sampled[i].token, sampled[i].logprob, sampled[i].rank, {}};
+      for (const auto& tk : sampled[i].top) e.top.push_back({tk.id, tk.logprob});
+      t.logprob = std::move(e);
+    }
+    result.sampled[sample_ids[i]] = std::move(t);
+  }
+  // Advance the runner's own copy of each request.
+  for (const auto& [id, num] : order) {
+    State& s = states_.at(id);
+    s.num_computed_tokens += num;
+    auto it = result.sampled.find(id);
+    if (it != result.sampled.end()) s.tokens.push_back(it->second.token);
+  }
+  return result;
+}
+
+}  // namespace polylora

@@ -1,0 +1,71 @@
+// worker/model_runner.h: executes a StepPlan: keeps the persistent per-request state the runner needs
+// (tokens, block table, adapter, sampling settings), builds the packed ForwardBatch (prefill chunks and
+// decode tokens of different requests with different adapters), runs the model, samples, and returns a
+// StepResult. Must not: make scheduling decisions (what runs, and when, comes from the plan).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "api/request.h"
+#include "api/sampling_params.h"
+#include "lora/adapter.h"
+#include "model/model.h"
+#include "sched/step_plan.h"
+#include "worker/kv_storage.h"
+#include "worker/sampler.h"
+
+namespace polylora {
+
+// What the runner needs to sample for a request, given by the engine when the request arrives.
+struct RunnerRequestInfo {
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  std::vector<int32_t> eos_ids;  // masked until min_tokens, and (unless ignore_eos) a reason to stop
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  std::optional<LogprobEntry> logprob;  // when sampling.logprobs is set
+};
+
+struct StepResult {
+  std::unordered_map<RequestId, SampledToken> sampled;
+  // Prompt logprobs computed this step: (prompt index ≥ 1, entry for the token at that index).
+  std::unordered_map<RequestId, std::vector<std::pair<int64_t, LogprobEntry>>> prompt_logprobs;
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(Model& model, int64_t num_blocks, int64_t block_size);
+
+  void set_request_info(RequestId id, RunnerRequestInfo info);
+  void drop_request_info(RequestId id);
+  // adapter_of(name) returns the loaded adapter (never nullptr for a name in the plan).
+  StepResult execute(const StepPlan& plan, const std::function<const LoraAdapter*(const std::string&)>& adapter_of);
+
+  const KvStorage& kv() const { return kv_; }
+
+ private:
+  struct State {
+    std::vector<int32_t> tokens;
+    int64_t num_prompt_tokens = 0;
+    std::vector<int32_t> blocks;
+    int64_t num_computed_tokens = 0;
+    std::string adapter;
+    bool prompt_logprobs = false;
+  };
+  Model& model_;
+  KvStorage kv_;
+  Sampler sampler_;
+  std::unordered_map<RequestId, State> states_;
+  std::unordered_map<RequestId, RunnerRequestInfo> infos_;
+  std::vector<float> logits_;
+};
+
+}  // namespace polylora

@@ -1,0 +1,147 @@
+// tests/gpu/attention_gpu_test.cc: the CUDA write_kv and paged attention against the references: block
+// sizes 1 and 16, ragged contexts mixing decode rows, a prefill and a chunked prefill, sequences with no
+// query rows, one head, GQA groups, head_dim 3/64/128/256, sliding window and sinks on and off, shuffled
+// block tables; write_kv with padding slots. Tolerance: attention 1e-5 + 1e-4·|ref| (online softmax, fp32,
+// another order); write_kv exact.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "gpu_test_util.h"
+
+namespace polylora::gpu_test {
+namespace {
+
+namespace k = kernels;
+
+struct Case {
+  int64_t block_size, num_heads, num_kv_heads, head_dim;
+  std::vector<int32_t> q_lens, ctx_lens;
+  int64_t window;
+  bool sinks;
+};
+
+void run_case(const Case& cs) {
+  Arena ar(backend());
+  int64_t num_seqs = static_cast<int64_t>(cs.q_lens.size());
+  int64_t bs = cs.block_size, d = cs.head_dim;
+  int64_t max_ctx = *std::max_element(cs.ctx_lens.begin(), cs.ctx_lens.end());
+  int64_t max_blocks = (max_ctx + bs - 1) / bs;
+  int64_t num_blocks = max_blocks * num_seqs + 3;
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(42));
+  std::vector<int32_t> tables(static_cast<size_t>(num_seqs * max_blocks));
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = perm[i];
+  int64_t kv_row = cs.num_kv_heads * d;
+  std::vector<float> kc = k::test::random_vec(static_cast<size_t>(num_blocks * bs * kv_row), 1);
+  std::vector<float> vc = k::test::random_vec(static_cast<size_t>(num_blocks * bs * kv_row), 2);
+  std::vector<int32_t> qs(static_cast<size_t>(num_seqs + 1), 0);
+  for (int64_t s = 0; s < num_seqs; ++s) qs[s + 1] = qs[s] + cs.q_lens[s];
+  int64_t tokens = qs[num_seqs];
+  int64_t ldq = cs.num_heads * d + 3;
+  std::vector<float> q =
+      k::test::random_vec(static_cast<size_t>(std::max<int64_t>(tokens, 1) * ldq), 3, -2.0f, 2.0f);
+  std::vector<float> sinks = k::test::random_vec(static_cast<size_t>(cs.num_heads), 4, -1.0f, 3.0f);
+  k::AttentionArgs a{.q = q.data(),
+                     .ldq = ldq,
+                     .out = nullptr,
+                     .ldo = ldq,
+                     .num_seqs = num_seqs,
+                     .num_tokens = tokens,
+                     .query_start = qs.data(),
+                     .context_lens = cs.ctx_lens.data(),
+                     .block_tables = tables.data(),
+                     .max_blocks_per_seq = max_blocks,
+                     .num_heads = cs.num_heads,
+                     .scale = 1.0f / std::sqrt(float(d)),
+                     .window = cs.window,
+                     .sinks = cs.sinks ? sinks.data() : nullptr,
+                     .cache = {.k = kc.data(),
+                               .v = vc.data(),
+                               .num_blocks = num_blocks,
+                               .block_size = bs,
+                               .num_kv_heads = cs.num_kv_heads,
+                               .head_dim = d}};
+  std::vector<float> ref(q.size(), 9.0f);
+  a.out = ref.data();
+  k::ref::attention(a);
+  std::string what = "bs=" + std::to_string(bs) + " heads=" + std::to_string(cs.num_heads) + "/" +
+                     std::to_string(cs.num_kv_heads) + " d=" + std::to_string(d) +
+                     " window=" + std::to_string(cs.window) + (cs.sinks ? " sinks" : "");
+  std::vector<float> init(q.size(), 9.0f);
+  float* out = ar.up(init);
+  a.q = ar.up(q);
+  a.out = out;
+  a.query_start = ar.up(qs);
+  a.context_lens = ar.up(cs.ctx_lens);
+  a.block_tables = ar.up(tables);
+  a.sinks = cs.sinks ? ar.up(sinks) : nullptr;
+  a.cache.k = ar.up(kc);
+  a.cache.v = ar.up(vc);
+  ar.be().attention(a);
+  k::test::expect_close(ar.down(out, init.size()), ref, 1e-5f, 1e-4f, what);
+}
+
+TEST(GpuAttention, PagedShapes) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t bs : {1, 16}) {
+    for (auto [h, kvh] : {std::pair<int64_t, int64_t>{1, 1}, {4, 4}, {8, 2}, {6, 1}}) {
+      for (int64_t d : {3, 64, 128}) {
+        for (int64_t window : {0, 5}) {
+          for (bool sinks : {false, true}) {
+            run_case({bs, h, kvh, d, {1, 1, 23, 7, 1}, {1, 40, 23, 30, 17}, window, sinks});
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuAttention, EmptySequenceRowsLongContextAndBigHeads) {
+  SKIP_WITHOUT_GPU();
+  run_case({16, 8, 2, 128, {0, 3, 0}, {5, 3, 9}, 0, false});
+  run_case({16, 8, 8, 128, {1}, {1}, 0, true});
+  run_case({16, 4, 2, 256, {2, 1}, {9, 33}, 0, true});
+  run_case({16, 64, 8, 64, {1, 1, 130}, {3000, 129, 400}, 128, true});
+  run_case({16, 32, 4, 128, {1, 64}, {4097, 64}, 0, false});
+}
+
+TEST(GpuWriteKv, SlotsAndPadding) {
+  SKIP_WITHOUT_GPU();
+  Arena ar(backend());
+  int64_t kvh = 2, d = 5, bs = 4, nb = 6, m = 9, ld = kvh * d + 2;
+  std::vector<float> kk = k::test::random_vec(static_cast<size_t>(m * ld), 1),
+                     v = k::test::random_vec(kk.size(), 2);
+  std::vector<int64_t> slots = {0, 5, -1, 23, 7, 8, -1, 12, 1};
+  std::vector<float> kc_ref(static_cast<size_t>(nb * bs * kvh * d), 0.5f), vc_ref = kc_ref;
+  k::KvWriteArgs a{.k = kk.data(),
+                   .ldk = ld,
+                   .v = v.data(),
+                   .ldv = ld,
+                   .m = m,
+                   .slot_mapping = slots.data(),
+                   .cache = {.k = kc_ref.data(),
+                             .v = vc_ref.data(),
+                             .num_blocks = nb,
+                             .block_size = bs,
+                             .num_kv_heads = kvh,
+                             .head_dim = d}};
+  k::ref::write_kv(a);
+  std::vector<float> init(kc_ref.size(), 0.5f);
+  float* dk = ar.up(init);
+  float* dv = ar.up(init);
+  a.k = ar.up(kk);
+  a.v = ar.up(v);
+  a.slot_mapping = ar.up(slots);
+  a.cache.k = dk;
+  a.cache.v = dv;
+  ar.be().write_kv(a);
+  EXPECT_EQ(ar.down(dk, init.size()), kc_ref);
+  EXPECT_EQ(ar.down(dv, init.size()), vc_ref);
+}
+
+}  // namespace
+}  // namespace polylora::gpu_test

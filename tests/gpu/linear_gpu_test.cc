@@ -1,0 +1,55 @@
+// tests/gpu/linear_gpu_test.cc: the CUDA linear (cuBLAS) against ref::linear on odd shapes (1×1×1, one
+// row, k = 4096, n = 3001), row strides ldx/ldy wider than the matrix, bias on and off, F32 and BF16
+// backends. Weights scaled by 1/√k so outputs are O(1). Tolerances: gpu_test_util.h (F32 1e-4 + 1e-4·|ref|,
+// BF16 2e-2·max(1, rms(ref)) + 2e-2·|ref|; the reference sees the same bf16 weights).
+#include <cmath>
+#include <string>
+
+#include "gpu_test_util.h"
+
+namespace polylora::gpu_test {
+namespace {
+
+namespace k = kernels;
+
+TEST(GpuLinear, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t m, kk, n;
+  };
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Arena ar(backend(dt));
+    for (Shape s : {Shape{1, 1, 1}, Shape{1, 33, 17}, Shape{7, 64, 129}, Shape{130, 257, 65},
+                    Shape{3, 4096, 5}, Shape{2, 64, 3001}}) {
+      for (bool bias : {false, true}) {
+        int64_t ldx = s.kk + 3, ldy = s.n + 5;
+        k::test::TestWeight w =
+            k::test::make_weight(s.n, s.kk, dt, 61, 1.0f / std::sqrt(static_cast<float>(s.kk)));
+        std::vector<float> x = k::test::random_vec(static_cast<size_t>(s.m * ldx), 62);
+        std::vector<float> b = k::test::random_vec(static_cast<size_t>(s.n), 63);
+        std::vector<float> ref(static_cast<size_t>(s.m * ldy), 0.0f);
+        k::ref::linear({.x = x.data(),
+                        .m = s.m,
+                        .ldx = ldx,
+                        .w = w.view,
+                        .bias = bias ? b.data() : nullptr,
+                        .y = ref.data(),
+                        .ldy = ldy});
+        float* y = ar.zeros<float>(ref.size());
+        ar.be().linear({.x = ar.up(x),
+                        .m = s.m,
+                        .ldx = ldx,
+                        .w = ar.weight(w.view),
+                        .bias = bias ? ar.up(b) : nullptr,
+                        .y = y,
+                        .ldy = ldy});
+        expect_close_for(dt, ar.down(y, ref.size()), ref,
+                         std::string(k::test::dtype_str(dt)) + " m=" + std::to_string(s.m) +
+                             " k=" + std::to_string(s.kk) + " n=" + std::to_string(s.n));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace polylora::gpu_test

@@ -1,0 +1,250 @@
+// tests/gpu/moe_gpu_test.cc: the CUDA route and moe_experts against the references: an expert with no
+// token and one with every token, top_k 1 and E, one token and many (300), adapter slots −1 mixed with two
+// adapters of different ranks (gate_up/gate/up/down LoRA, some views empty), both activations, fused
+// gate_up vs separate gate/up, biases on and off, F32 (fp32 FMA GEMM) and BF16 (tensor-core GEMM) backends.
+// Tolerances: route 1e-6 + 1e-5·|ref| with identical ids; experts per gpu_test_util.h (F32 1e-4 + 1e-4·|ref|,
+// BF16 2e-2·max(1, rms(ref)) + 2e-2·|ref|, the reference seeing the same bf16 weights).
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "gpu_test_util.h"
+
+namespace polylora::gpu_test {
+namespace {
+
+namespace k = kernels;
+
+struct MoeCase {
+  int64_t m = 1, hidden = 64, inter = 48, num_experts = 6, top_k = 2;
+  DType dtype = DType::kF32;  // the backend's weight dtype
+  bool fused = true;
+  bool biases = false;
+  k::ExpertAct act = k::ExpertAct::kSiluGate;
+  bool lora = false;
+  bool every_token_to_expert_2 = false;
+};
+
+void run_moe(const MoeCase& c) {
+  Arena ar(backend(c.dtype));
+  int64_t H = c.hidden, I = c.inter, E = c.num_experts, K = c.top_k, m = c.m;
+  std::vector<k::test::TestWeight> weights;
+  weights.reserve(static_cast<size_t>(4 * E));
+  std::vector<std::vector<float>> biases;
+  std::vector<k::ExpertView> experts(static_cast<size_t>(E)), dexperts(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    uint32_t seed = static_cast<uint32_t>(100 + e * 10);
+    k::ExpertView& ex = experts[e];
+    k::ExpertView& dx = dexperts[e];
+    float s = 0.2f;
+    if (c.fused) {
+      weights.push_back(k::test::make_weight(2 * I, H, c.dtype, seed, s));
+      ex.gate_up = weights.back().view;
+      dx.gate_up = ar.weight(ex.gate_up);
+    } else {
+      weights.push_back(k::test::make_weight(I, H, c.dtype, seed + 1, s));
+      ex.gate = weights.back().view;
+      dx.gate = ar.weight(ex.gate);
+      weights.push_back(k::test::make_weight(I, H, c.dtype, seed + 2, s));
+      ex.up = weights.back().view;
+      dx.up = ar.weight(ex.up);
+    }
+    weights.push_back(k::test::make_weight(H, I, c.dtype, seed + 3, s));
+    ex.down = weights.back().view;
+    dx.down = ar.weight(ex.down);
+    if (c.biases) {
+      biases.push_back(k::test::random_vec(static_cast<size_t>(2 * I), seed + 4));
+      ex.gate_up_bias = biases.back().data();
+      if (c.fused) dx.gate_up_bias = ar.up(biases.back());
+      biases.push_back(k::test::random_vec(static_cast<size_t>(H), seed + 5));
+      ex.down_bias = biases.back().data();
+      dx.down_bias = ar.up(biases.back());
+    }
+  }
+  std::vector<float> x = k::test::random_vec(static_cast<size_t>(m * (H + 2)), 1, -2.0f, 2.0f);
+  std::vector<int32_t> ids(static_cast<size_t>(m * K));
+  std::vector<float> w = k::test::random_vec(static_cast<size_t>(m * K), 2, 0.0f, 1.0f);
+  std::mt19937 rng(3);
+  for (int64_t t = 0; t < m; ++t) {
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    if (K < E) order.erase(std::find(order.begin(), order.end(), 0));  // expert 0 gets no token
+    if (c.every_token_to_expert_2) {
+      order.erase(std::find(order.begin(), order.end(), 2));
+      order.insert(order.begin(), 2);
+    }
+    for (int64_t kk = 0; kk < K; ++kk) ids[t * K + kk] = order[kk];
+  }
+  // Two adapter slots: slot 0 rank 1 on gate_up (fused) or gate, and down on even experts; slot 1 rank 5
+  // on up (silu only, not expert 3) and down.
+  std::vector<std::vector<float>> mats;
+  mats.reserve(static_cast<size_t>(8 * E));
+  std::vector<k::ExpertLoraView> lviews(static_cast<size_t>(2 * E)), dlviews(static_cast<size_t>(2 * E));
+  std::vector<int32_t> slots(static_cast<size_t>(m), -1);
+  auto make = [&](k::LoraView& host, k::LoraView& dev, int64_t rank, int64_t in, int64_t out, uint32_t seed) {
+    mats.push_back(k::test::random_vec(static_cast<size_t>(rank * in), seed));
+    const std::vector<float>& a = mats.back();
+    mats.push_back(k::test::random_vec(static_cast<size_t>(out * rank), seed + 1));
+    const std::vector<float>& b = mats.back();
+    host = {.a = a.data(), .b = b.data(), .rank = rank, .in = in, .out = out, .scale = 0.5f};
+    dev = host;
+    dev.a = ar.up(a);
+    dev.b = ar.up(b);
+  };
+  if (c.lora) {
+    for (int64_t e = 0; e < E; ++e) {
+      uint32_t seed = static_cast<uint32_t>(500 + 7 * e);
+      if (c.fused) {
+        make(lviews[e].gate_up, dlviews[e].gate_up, 1, H, 2 * I, seed);
+      } else {
+        make(lviews[e].gate, dlviews[e].gate, 1, H, I, seed);
+      }
+      if (e % 2 == 0) make(lviews[e].down, dlviews[e].down, 1, I, H, seed + 2);
+      if (c.act == k::ExpertAct::kSiluGate && e != 3)
+        make(lviews[E + e].up, dlviews[E + e].up, 5, H, I, seed + 4);
+      make(lviews[E + e].down, dlviews[E + e].down, 5, I, H, seed + 6);
+    }
+    for (int64_t t = 0; t < m; ++t) slots[t] = static_cast<int32_t>(t % 3) - 1;  // −1, 0, 1, −1, ...
+  }
+  int64_t ldo = H + 1;
+  k::MoeExpertsArgs a{.x = x.data(),
+                      .ldx = H + 2,
+                      .m = m,
+                      .hidden = H,
+                      .inter = I,
+                      .num_experts = E,
+                      .top_k = K,
+                      .ids = ids.data(),
+                      .weights = w.data(),
+                      .experts = experts.data(),
+                      .act = c.act,
+                      .token_slots = c.lora ? slots.data() : nullptr,
+                      .lora = c.lora ? lviews.data() : nullptr,
+                      .num_slots = c.lora ? 2 : 0,
+                      .out = nullptr,
+                      .ldo = ldo};
+  std::vector<float> ref(static_cast<size_t>(m * ldo), 3.0f);
+  a.out = ref.data();
+  k::ref::moe_experts(a);
+  std::string what = "m=" + std::to_string(m) + " E=" + std::to_string(E) + " K=" + std::to_string(K) + " " +
+                     k::test::dtype_str(c.dtype) + (c.fused ? " fused" : " separate") +
+                     (c.biases ? " bias" : "") + (c.act == k::ExpertAct::kSiluGate ? " silu" : " swiglu") +
+                     (c.lora ? " lora" : "") + (c.every_token_to_expert_2 ? " all->2" : "");
+  std::vector<float> init(ref.size(), 3.0f);
+  float* out = ar.up(init);
+  a.x = ar.up(x);
+  a.ids = ar.up(ids);
+  a.weights = ar.up(w);
+  a.experts = ar.up(dexperts);
+  a.token_slots = c.lora ? ar.up(slots) : nullptr;
+  a.lora = c.lora ? ar.up(dlviews) : nullptr;
+  a.out = out;
+  ar.be().moe_experts(a);
+  expect_close_for(c.dtype, ar.down(out, init.size()), ref, what);  // incl. the untouched padding column
+}
+
+TEST(GpuMoe, ExpertsAwkwardRouting) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t m : {1, 13, 40}) {
+      for (k::ExpertAct act : {k::ExpertAct::kSiluGate, k::ExpertAct::kGptOssSwiglu}) {
+        for (bool fused : {true, false}) {
+          for (bool lora : {false, true}) {
+            run_moe({.m = m,
+                     .dtype = dtype,
+                     .fused = fused,
+                     .biases = (m % 2) == 1,
+                     .act = act,
+                     .lora = lora,
+                     .every_token_to_expert_2 = m == 13});
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuMoe, TopKOneAndTopKAll) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t kk : {1, 6}) {
+      for (int64_t m : {1, 9, 20}) {
+        run_moe(
+            {.m = m, .hidden = 33, .inter = 17, .num_experts = 6, .top_k = kk, .dtype = dtype, .lora = true});
+      }
+    }
+  }
+}
+
+TEST(GpuMoe, LargeBatchManyTiles) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    run_moe({.m = 300,
+             .hidden = 136,
+             .inter = 72,
+             .num_experts = 8,
+             .top_k = 3,
+             .dtype = dtype,
+             .fused = true,
+             .biases = true,
+             .lora = true,
+             .every_token_to_expert_2 = true});
+    run_moe({.m = 150,
+             .hidden = 130,
+             .inter = 40,
+             .num_experts = 5,
+             .top_k = 2,
+             .dtype = dtype,
+             .fused = false,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .lora = true});
+    run_moe({.m = 70,
+             .hidden = 256,
+             .inter = 192,
+             .num_experts = 32,
+             .top_k = 4,
+             .dtype = dtype,
+             .fused = true,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .lora = true});
+  }
+}
+
+TEST(GpuMoe, RouteBothScorings) {
+  SKIP_WITHOUT_GPU();
+  Arena ar(backend());
+  for (k::RouterScoring scoring : {k::RouterScoring::kSoftmaxTopK, k::RouterScoring::kTopKSoftmax}) {
+    for (bool renorm : {false, true}) {
+      for (auto [E, K] : {std::pair<int64_t, int64_t>{1, 1}, {8, 1}, {8, 8}, {32, 4}, {128, 8}, {40, 40}}) {
+        int64_t m = 37;
+        std::vector<float> logits = k::test::random_vec(static_cast<size_t>(m * E), 9, -4.0f, 4.0f);
+        for (int64_t e = 0; e < E; e += 3) logits[e] = logits[0];  // ties in the first token
+        std::vector<int32_t> ids_ref(static_cast<size_t>(m * K));
+        std::vector<float> w_ref(ids_ref.size());
+        k::RouteArgs a{.logits = logits.data(),
+                       .m = m,
+                       .num_experts = E,
+                       .top_k = K,
+                       .scoring = scoring,
+                       .renormalize = renorm,
+                       .ids = ids_ref.data(),
+                       .weights = w_ref.data()};
+        k::ref::route(a);
+        int32_t* ids = ar.zeros<int32_t>(ids_ref.size());
+        float* wts = ar.zeros<float>(w_ref.size());
+        a.logits = ar.up(logits);
+        a.ids = ids;
+        a.weights = wts;
+        ar.be().route(a);
+        std::string what = "route E=" + std::to_string(E) + " K=" + std::to_string(K);
+        EXPECT_EQ(ar.down(ids, ids_ref.size()), ids_ref) << what;
+        k::test::expect_close(ar.down(wts, w_ref.size()), w_ref, 1e-6f, 1e-5f, what);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace polylora::gpu_test
