@@ -7,6 +7,20 @@ BUILD=$1; OUT_DIR=$2; shift 2
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -eq 0 ] && CONFIGS=(tests/data/configs/qwen3-30b-a3b tests/data/configs/gpt-oss-20b)
 mkdir -p "$OUT_DIR"
+# Tokenizer: single-thread o200k encode, polylora vs HF tokenizers vs tiktoken, on the same text.
+TEXT="$OUT_DIR/bench_text.txt"
+for i in 1 2 3; do cat tests/data/bench_text/*.txt; done > "$TEXT"
+"$BUILD/src/apps/polylora" tokenize --tokenizer tests/data/tokenizers/o200k --bench "$TEXT" > "$OUT_DIR/tok-polylora.json"
+python3 bench/tokenizer_compare.py --tokenizer-json tests/data/tokenizers/o200k/tokenizer.json.gz \
+  --tiktoken-ranks "${TIKTOKEN_RANKS:-.device-carry/o200k_base.tiktoken}" --text "$TEXT" > "$OUT_DIR/tok-others.json"
+python3 - "$OUT_DIR/tok-polylora.json" "$OUT_DIR/tok-others.json" <<'PY'
+import json, sys
+p, o = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+mb = p.get("mb_per_s") or p.get("MB_per_s") or p.get("throughput_mb_per_s")
+print(f"== tokenizer o200k single-thread encode: polylora {mb:.1f} MB/s, HF tokenizers {o['hf_tokenizers']['mb_per_s']:.1f} MB/s "
+      f"(x{mb/o['hf_tokenizers']['mb_per_s']:.2f}), tiktoken {o['tiktoken']['mb_per_s']:.1f} MB/s (x{mb/o['tiktoken']['mb_per_s']:.2f}); "
+      f"token counts polylora {p.get('tokens')} HF {o['hf_tokenizers']['tokens']} tiktoken {o['tiktoken']['tokens']}")
+PY
 for cfg in "${CONFIGS[@]}"; do
   name=$(basename "$cfg")
   "$BUILD/bench/polylora_bench" device --config "$cfg" --device cuda --batches 1,32 --json-out "$OUT_DIR/polylora-$name.json" >/dev/null

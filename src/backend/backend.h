@@ -49,7 +49,10 @@ class Backend {
   virtual void synchronize() = 0;
   // A weight matrix from host memory (any float dtype); the CPU backend returns the host pointer as is
   // (zero-copy from a mapping), others copy (and convert to weight_dtype()).
-  virtual kernels::WeightView matrix_from_host(const kernels::WeightView& host) = 0;
+  kernels::WeightView matrix_from_host(const kernels::WeightView& host) { return matrix_from_host_as(host, weight_dtype()); }
+  // The same, stored as `target` on devices that convert (the CPU backend keeps the host view: it computes
+  // in f32 from any dtype). Used to keep MoE router weights in f32 on the GPU.
+  virtual kernels::WeightView matrix_from_host_as(const kernels::WeightView& host, DType target) = 0;
   // A [rows, cols] matrix of random values (uniform, standard deviation `stddev`) in weight_dtype(),
   // made on the device (--load-format dummy).
   virtual kernels::WeightView random_matrix(int64_t rows, int64_t cols, float stddev, uint64_t seed) = 0;

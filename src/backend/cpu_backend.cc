@@ -74,7 +74,7 @@ class CpuBackend final : public Backend {
   void copy_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
-  kernels::WeightView matrix_from_host(const kernels::WeightView& host) override { return host; }
+  kernels::WeightView matrix_from_host_as(const kernels::WeightView& host, DType) override { return host; }
   kernels::WeightView random_matrix(int64_t rows, int64_t cols, float stddev, uint64_t seed) override {
     size_t n = static_cast<size_t>(rows * cols);
     auto* p = static_cast<uint16_t*>(alloc(n * 2));

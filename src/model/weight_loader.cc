@@ -48,13 +48,14 @@ const float* WeightLoader::upload(const std::vector<float>& v) {
   return backend_.vector_from_host(v.data(), v.size());
 }
 
-kernels::WeightView WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols) {
+kernels::WeightView WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, bool keep_f32) {
   kernels::WeightView view;
   if (dummy()) {
     view = backend_.random_matrix(rows, cols, kDummyStddev, seed_++);
   } else {
     const TensorInfo& t = tensor(name, {rows, cols});
-    view = backend_.matrix_from_host({t.data, t.dtype, rows, cols});
+    view = keep_f32 ? backend_.matrix_from_host_as({t.data, t.dtype, rows, cols}, DType::kF32)
+                    : backend_.matrix_from_host({t.data, t.dtype, rows, cols});
   }
   weights_.num_bytes += static_cast<size_t>(rows * cols) * dtype_size(view.dtype);
   return view;

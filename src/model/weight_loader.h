@@ -24,7 +24,9 @@ class WeightLoader {
   bool dummy() const { return checkpoint_ == nullptr; }
   bool has(const std::string& name) const;
   // A 2-D matrix [rows, cols].
-  kernels::WeightView matrix(const std::string& name, int64_t rows, int64_t cols);
+  // keep_f32: store as f32 on devices that otherwise convert to bf16 (MoE routers: near-tied router
+  // scores should not flip through weight rounding).
+  kernels::WeightView matrix(const std::string& name, int64_t rows, int64_t cols, bool keep_f32 = false);
   // A 1-D f32 vector. In dummy mode: `fill` plus small noise.
   const float* vector(const std::string& name, int64_t n, float fill);
   // Expert e of a 3-D tensor [E, a, b] stored (in, out): returned transposed as [b, a] (out, in).

@@ -76,7 +76,7 @@ StepPlan Scheduler::schedule() {
   plan.finished_ids = std::move(finished_since_plan_);
   finished_since_plan_.clear();
   int64_t budget = config_.max_num_batched_tokens;
-  std::set<RequestId> scheduled;
+  ++step_number_;
   std::set<std::string> step_adapters;
   bool preempted_this_step = false;
 
@@ -104,7 +104,7 @@ StepPlan Scheduler::schedule() {
     }
     plan.num_scheduled_tokens += num_new;
     budget -= num_new;
-    scheduled.insert(r.id);
+    r.scheduled_step = step_number_;
     if (!r.adapter.empty()) step_adapters.insert(r.adapter);
   };
 
@@ -123,7 +123,7 @@ StepPlan Scheduler::schedule() {
       // most recently admitted under fcfs); possibly this one.
       SchedRequest* victim = nullptr;
       for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-        if (scheduled.count(*it)) continue;
+        if (requests_.at(*it)->scheduled_step == step_number_) continue;
         SchedRequest& cand = *requests_.at(*it);
         if (!victim) victim = &cand;
         else if (config_.policy == SchedulingPolicy::kPriority && before(*victim, cand)) victim = &cand;
@@ -144,7 +144,7 @@ StepPlan Scheduler::schedule() {
   }
 
   // 2. Waiting requests, unless this step already had to preempt.
-  if (!preempted_this_step) {
+  if (!preempted_this_step && !waiting_.empty()) {
     std::set<std::string> held_adapters = step_adapters;
     for (RequestId id : running_)
       if (!requests_.at(id)->adapter.empty()) held_adapters.insert(requests_.at(id)->adapter);
@@ -188,12 +188,20 @@ void Scheduler::update(const StepPlan& plan, const std::unordered_map<RequestId,
       if (s != sampled.end()) r.tokens.push_back(s->second);
     }
     // A sibling waiting on this request's prompt may start once the prompt is in the cache.
-    if (r.num_computed_tokens >= r.num_prompt_tokens)
+    bool prompt_done_now = r.num_computed_tokens >= r.num_prompt_tokens &&
+                           r.num_computed_tokens - num_scheduled < r.num_prompt_tokens;
+    if (prompt_done_now && any_waiting_for_sibling())
       for (auto& [other_id, other] : requests_)
         if (other->wait_for == id) other->wait_for.reset();
   };
   for (const auto& n : plan.new_requests) advance(n.id, n.num_scheduled_tokens);
   for (const auto& s : plan.running) advance(s.id, s.num_scheduled_tokens);
+}
+
+bool Scheduler::any_waiting_for_sibling() const {
+  for (RequestId id : waiting_)
+    if (requests_.at(id)->wait_for) return true;
+  return false;
 }
 
 const SchedRequest* Scheduler::get(RequestId id) const {

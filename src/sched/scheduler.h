@@ -40,6 +40,7 @@ struct SchedRequest {
   int64_t num_preemptions = 0;
   bool running = false;
   bool needs_fresh_plan = true;  // the runner does not hold it (new or preempted)
+  uint64_t scheduled_step = 0;   // the last step that scheduled it
 };
 
 struct SchedulerStats {
@@ -76,6 +77,7 @@ class Scheduler {
   void preempt(SchedRequest& r);
   bool before(const SchedRequest& a, const SchedRequest& b) const;  // waiting-queue order
   void insert_waiting(RequestId id, bool front);
+  bool any_waiting_for_sibling() const;
 
   SchedulerConfig config_;
   LoraConfig lora_;
@@ -85,6 +87,7 @@ class Scheduler {
   std::deque<RequestId> waiting_;
   std::vector<RequestId> finished_since_plan_, preempted_since_plan_;
   uint64_t next_arrival_ = 0;
+  uint64_t step_number_ = 0;
   int64_t num_preemptions_ = 0;
 };
 

@@ -523,7 +523,7 @@ Value Renderer::eval_slice(const Expr& e, const ScopePtr& scope) {
   } else {
     fail("'{}' object is not subscriptable", obj.type_name());
   }
-  auto clamp = [&](std::optional<int64_t> b, int64_t def, bool is_start) -> int64_t {
+  auto clamp = [&](std::optional<int64_t> b, int64_t def) -> int64_t {
     if (!b) return def;
     int64_t v = *b;
     if (v < 0) {
@@ -532,11 +532,10 @@ Value Renderer::eval_slice(const Expr& e, const ScopePtr& scope) {
     } else if (v >= size) {
       v = step < 0 ? size - 1 : size;
     }
-    (void)is_start;
     return v;
   };
-  int64_t start = clamp(bounds[0], step < 0 ? size - 1 : 0, true);
-  int64_t stop = clamp(bounds[1], step < 0 ? -1 : size, false);
+  int64_t start = clamp(bounds[0], step < 0 ? size - 1 : 0);
+  int64_t stop = clamp(bounds[1], step < 0 ? -1 : size);
   std::vector<int64_t> picks;
   for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) picks.push_back(i);
   if (obj.is_string()) {

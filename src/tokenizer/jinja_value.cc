@@ -306,11 +306,7 @@ bool values_equal(const Value& a, const Value& b) {
     if (a.kind() == ValueKind::kFloat || b.kind() == ValueKind::kFloat) return a.as_float() == b.as_float();
     return a.as_int() == b.as_int();
   }
-  if (a.kind() != b.kind()) {
-    if (a.is_sequence() || b.is_sequence()) return false;
-    if (a.has_entries() && b.has_entries()) return false;
-    return false;
-  }
+  if (a.kind() != b.kind()) return false;  // also list != tuple, as in Python
   switch (a.kind()) {
     case ValueKind::kUndefined:
     case ValueKind::kNone:

@@ -13,8 +13,7 @@ ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size)
 void ModelRunner::set_request_info(RequestId id, RunnerRequestInfo info) { infos_[id] = std::move(info); }
 void ModelRunner::drop_request_info(RequestId id) { infos_.erase(id); }
 
-StepResult ModelRunner::execute(const StepPlan& plan,
-                                const std::function<const LoraAdapter*(const std::string&)>& adapter_of) {
+void ModelRunner::apply_plan(const StepPlan& plan) {
   for (RequestId id : plan.finished_ids) states_.erase(id);
   for (RequestId id : plan.preempted_ids) states_.erase(id);
   for (const auto& n : plan.new_requests) {
@@ -32,26 +31,28 @@ StepResult ModelRunner::execute(const StepPlan& plan,
     s.blocks.insert(s.blocks.end(), r.new_block_ids.begin(), r.new_block_ids.end());
     CHECK_MSG(s.num_computed_tokens == r.num_computed_tokens, "runner and scheduler disagree on request {}", r.id);
   }
-  StepResult result;
-  if (plan.empty()) return result;
+}
 
-  // The step's requests in plan order, with the number of tokens each computes.
-  std::vector<std::pair<RequestId, int64_t>> order;
-  for (const auto& n : plan.new_requests) order.emplace_back(n.id, n.num_scheduled_tokens);
-  for (const auto& r : plan.running) order.emplace_back(r.id, r.num_scheduled_tokens);
-
+void ModelRunner::prepare(const StepPlan& plan,
+                          const std::function<const LoraAdapter*(const std::string&)>& adapter_of,
+                          PreparedStep& out) {
+  ForwardBatch& b = out.batch;
+  b.token_ids.clear();
+  b.positions.clear();
+  b.query_start.assign(1, 0);
+  b.context_lens.clear();
+  b.slot_mapping.clear();
+  b.adapter_slots.clear();
+  b.logits_rows.clear();
+  b.max_blocks_per_seq = 0;
+  out.rows.clear();
+  out.slots.clear();
+  out.order.clear();
+  for (const auto& n : plan.new_requests) out.order.emplace_back(n.id, n.num_scheduled_tokens);
+  for (const auto& r : plan.running) out.order.emplace_back(r.id, r.num_scheduled_tokens);
   const int64_t bs = kv_.block_size();
-  ForwardBatch b;
-  b.query_start.push_back(0);
   std::vector<std::string> step_adapters;
-  std::vector<const LoraAdapter*> slots;
-  struct RowOwner {
-    RequestId id;
-    int64_t position;  // token position whose next-token logits this row holds
-    bool sample;
-  };
-  std::vector<RowOwner> rows;
-  for (const auto& [id, num] : order) {
+  for (const auto& [id, num] : out.order) {
     State& s = states_.at(id);
     b.max_blocks_per_seq = std::max<int64_t>(b.max_blocks_per_seq, static_cast<int64_t>(s.blocks.size()));
     int64_t begin = s.num_computed_tokens, end = begin + num;
@@ -65,7 +66,7 @@ StepResult ModelRunner::execute(const StepPlan& plan,
       bool prompt_row = s.prompt_logprobs && p + 1 < s.num_prompt_tokens;
       if (sample || prompt_row) {
         b.logits_rows.push_back(static_cast<int32_t>(b.token_ids.size() - 1));
-        rows.push_back({id, p, sample});
+        out.rows.push_back({id, p, sample});
       }
     }
     b.query_start.push_back(static_cast<int32_t>(b.token_ids.size()));
@@ -75,19 +76,41 @@ StepResult ModelRunner::execute(const StepPlan& plan,
       auto it = std::find(step_adapters.begin(), step_adapters.end(), s.adapter);
       if (it == step_adapters.end()) {
         step_adapters.push_back(s.adapter);
-        slots.push_back(adapter_of(s.adapter));
-        slot = static_cast<int32_t>(slots.size() - 1);
+        out.slots.push_back(adapter_of(s.adapter));
+        slot = static_cast<int32_t>(out.slots.size() - 1);
       } else {
         slot = static_cast<int32_t>(it - step_adapters.begin());
       }
     }
     b.adapter_slots.push_back(slot);
   }
-  b.block_tables.assign(order.size() * static_cast<size_t>(b.max_blocks_per_seq), 0);
-  for (size_t i = 0; i < order.size(); ++i) {
-    const auto& blocks = states_.at(order[i].first).blocks;
+  b.block_tables.assign(out.order.size() * static_cast<size_t>(b.max_blocks_per_seq), 0);
+  for (size_t i = 0; i < out.order.size(); ++i) {
+    const auto& blocks = states_.at(out.order[i].first).blocks;
     std::copy(blocks.begin(), blocks.end(), b.block_tables.begin() + static_cast<long>(i) * b.max_blocks_per_seq);
   }
+}
+
+void ModelRunner::advance_for_benchmark(const PreparedStep& step,
+                                        const std::unordered_map<RequestId, int32_t>& sampled) {
+  for (const auto& [id, num] : step.order) {
+    State& s = states_.at(id);
+    s.num_computed_tokens += num;
+    auto it = sampled.find(id);
+    if (it != sampled.end()) s.tokens.push_back(it->second);
+  }
+}
+
+StepResult ModelRunner::execute(const StepPlan& plan,
+                                const std::function<const LoraAdapter*(const std::string&)>& adapter_of) {
+  apply_plan(plan);
+  StepResult result;
+  if (plan.empty()) return result;
+  prepare(plan, adapter_of, step_);
+  const ForwardBatch& b = step_.batch;
+  const auto& rows = step_.rows;
+  const auto& slots = step_.slots;
+  const auto& order = step_.order;
 
   const int64_t vocab = model_.config().vocab_size;
   logits_.resize(rows.size() * static_cast<size_t>(vocab));

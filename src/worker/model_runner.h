@@ -51,6 +51,25 @@ class ModelRunner {
 
   const KvStorage& kv() const { return kv_; }
 
+  // The two halves of execute() before the forward pass, public for the scheduler benchmark:
+  // apply the plan's deltas to the runner's request states, then pack the step's inputs.
+  struct RowOwner {
+    RequestId id;
+    int64_t position;  // token position whose next-token logits this row holds
+    bool sample;
+  };
+  struct PreparedStep {
+    ForwardBatch batch;
+    std::vector<RowOwner> rows;
+    std::vector<const LoraAdapter*> slots;
+    std::vector<std::pair<RequestId, int64_t>> order;  // (request, tokens computed this step)
+  };
+  void apply_plan(const StepPlan& plan);
+  void prepare(const StepPlan& plan, const std::function<const LoraAdapter*(const std::string&)>& adapter_of,
+               PreparedStep& out);
+  // Advances request states as execute() does after sampling (for benchmarks that skip the forward).
+  void advance_for_benchmark(const PreparedStep& step, const std::unordered_map<RequestId, int32_t>& sampled);
+
  private:
   struct State {
     std::vector<int32_t> tokens;
@@ -66,6 +85,7 @@ class ModelRunner {
   std::unordered_map<RequestId, State> states_;
   std::unordered_map<RequestId, RunnerRequestInfo> infos_;
   std::vector<float> logits_;
+  PreparedStep step_;
 };
 
 }  // namespace polylora

@@ -122,13 +122,15 @@ inline double check_against_reference(const Fixture& f, const std::string& varia
 // side's top-5, after which the sequence is not compared further. ref_top: the reference's top-5 ids at
 // each step of its greedy continuation.
 inline void check_close_logprobs(const std::string& what, const std::vector<int32_t>& ref_tokens,
-                                 const std::vector<std::vector<int32_t>>& ref_top, const GenerateResult& ours) {
+                                 const std::vector<std::vector<int32_t>>& ref_top, const GenerateResult& ours,
+                                 const float* ref_margins = nullptr) {
   ASSERT_EQ(ours.step_top_ids.size(), ours.output.size()) << what;
   for (size_t s = 0; s < ref_tokens.size() && s < ours.output.size(); ++s) {
     if (ours.output[s] == ref_tokens[s]) continue;
     auto in = [](int32_t id, const std::vector<int32_t>& v) { return std::find(v.begin(), v.end(), id) != v.end(); };
     EXPECT_TRUE(in(ours.output[s], ref_top[s]) && in(ref_tokens[s], ours.step_top_ids[s]))
-        << what << " step " << s << ": ours " << ours.output[s] << ", reference " << ref_tokens[s];
+        << what << " step " << s << ": ours " << ours.output[s] << " (margin " << ours.margins[s] << "), reference "
+        << ref_tokens[s] << " (margin " << (ref_margins ? ref_margins[s] : -1.0f) << ")";
     return;
   }
 }

@@ -83,7 +83,8 @@ TEST_P(GoldenGpuTest, Bfloat16CloseLogprobs) {
         ref_top.emplace_back(idx.begin(), idx.begin() + 5);
       }
       check_close_logprobs(GetParam() + " " + variant + " prompt " + std::to_string(i) + (mixed ? " (mixed)" : ""),
-                           ref_tokens, ref_top, results[j]);
+                           ref_tokens, ref_top, results[j],
+                           static_cast<const float*>(f.ref->find(variant + ".margin." + std::to_string(i))->data));
     }
   }
 }

@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
-  k::WeightView matrix_from_host(const k::WeightView& host) override {
+  k::WeightView matrix_from_host_as(const k::WeightView& host, DType target) override {
     switch (host.dtype) {
       case DType::kF32:
       case DType::kF16:
@@ -112,11 +112,11 @@ class CudaBackend final : public Backend {
              dtype_name(host.dtype), name_);
     }
     const size_t n = static_cast<size_t>(host.rows * host.cols);
-    void* dst = alloc(n * dtype_size(weight_dtype_));
-    if (host.dtype == weight_dtype_) {
-      copy_to_device(dst, host.data, n * dtype_size(weight_dtype_));
+    void* dst = alloc(n * dtype_size(target));
+    if (host.dtype == target) {
+      copy_to_device(dst, host.data, n * dtype_size(target));
     } else {
-      const size_t src_size = dtype_size(host.dtype), dst_size = dtype_size(weight_dtype_);
+      const size_t src_size = dtype_size(host.dtype), dst_size = dtype_size(target);
       const size_t chunk = kStagingBytes / src_size;
       ensure_workspace(std::min(n, chunk) * src_size);
       for (size_t off = 0; off < n; off += chunk) {
@@ -124,12 +124,12 @@ class CudaBackend final : public Backend {
         // Stream order: this copy waits for the previous chunk's conversion to finish reading the workspace.
         CUDA_CHECK(cudaMemcpyAsync(workspace_, static_cast<const char*>(host.data) + off * src_size,
                                    count * src_size, cudaMemcpyHostToDevice, stream_));
-        cuda_backend::convert(workspace_, host.dtype, static_cast<char*>(dst) + off * dst_size, weight_dtype_,
+        cuda_backend::convert(workspace_, host.dtype, static_cast<char*>(dst) + off * dst_size, target,
                               count, stream_);
       }
       synchronize();
     }
-    return {dst, weight_dtype_, host.rows, host.cols};
+    return {dst, target, host.rows, host.cols};
   }
   k::WeightView random_matrix(int64_t rows, int64_t cols, float stddev, uint64_t seed) override {
     const size_t n = static_cast<size_t>(rows * cols);
@@ -143,6 +143,11 @@ class CudaBackend final : public Backend {
     return p;
   }
   size_t allocated_bytes() const override { return allocated_ + workspace_bytes_; }
+  std::pair<size_t, size_t> memory_info() const override {
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return {free_bytes, total};
+  }
 
   void embedding(const k::EmbeddingArgs& a) override { k::cuda::embedding(a, ctx()); }
   void linear(const k::LinearArgs& a) override {

@@ -19,7 +19,7 @@ void bind_gpt_oss(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w)
     bind_attention(cfg, loader, l, lw);
     lw.is_moe = true;
     std::string p = layer_prefix(l) + "mlp.";
-    lw.moe.router.w = loader.matrix(p + "router.weight", num_experts, h);
+    lw.moe.router.w = loader.matrix(p + "router.weight", num_experts, h, /*keep_f32=*/true);
     lw.moe.router.bias = loader.vector(p + "router.bias", num_experts, 0.0f);
     lw.moe.experts.resize(static_cast<size_t>(num_experts));
     

@@ -12,7 +12,7 @@ void bind_mixtral(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w)
     bind_attention(cfg, loader, l, lw);
     lw.is_moe = true;
     std::string p = layer_prefix(l) + "block_sparse_moe.";
-    lw.moe.router.w = loader.matrix(p + "gate.weight", num_experts, h);
+    lw.moe.router.w = loader.matrix(p + "gate.weight", num_experts, h, /*keep_f32=*/true);
     lw.moe.experts.resize(static_cast<size_t>(num_experts));
     for (int64_t e = 0; e < num_experts; ++e) {
       std::string ep = p + "experts." + std::to_string(e) + ".";

@@ -17,7 +17,7 @@ void bind_qwen3_moe(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& 
     }
     lw.is_moe = true;
     std::string p = layer_prefix(l) + "mlp.";
-    lw.moe.router.w = loader.matrix(p + "gate.weight", num_experts, h);
+    lw.moe.router.w = loader.matrix(p + "gate.weight", num_experts, h, /*keep_f32=*/true);
     lw.moe.experts.resize(static_cast<size_t>(num_experts));
     for (int64_t e = 0; e < num_experts; ++e) {
       std::string ep = p + "experts." + std::to_string(e) + ".";
