@@ -7,6 +7,7 @@ BUILD=$1; OUT_DIR=$2; shift 2
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -eq 0 ] && CONFIGS=(tests/data/configs/qwen3-30b-a3b tests/data/configs/gpt-oss-20b)
 mkdir -p "$OUT_DIR"
+if [ "${SKIP_TOKENIZER:-0}" != 1 ]; then
 # Tokenizer: single-thread o200k encode, polylora vs HF tokenizers vs tiktoken, on the same text.
 TEXT="$OUT_DIR/bench_text.txt"
 for i in 1 2 3; do cat tests/data/bench_text/*.txt; done > "$TEXT"
@@ -21,6 +22,8 @@ print(f"== tokenizer o200k single-thread encode: polylora {mb:.1f} MB/s, HF toke
       f"(x{mb/o['hf_tokenizers']['mb_per_s']:.2f}), tiktoken {o['tiktoken']['mb_per_s']:.1f} MB/s (x{mb/o['tiktoken']['mb_per_s']:.2f}); "
       f"token counts polylora {p.get('tokens')} HF {o['hf_tokenizers']['tokens']} tiktoken {o['tiktoken']['tokens']}")
 PY
+fi
+[ "${SKIP_MODELS:-0}" = 1 ] && exit 0
 for cfg in "${CONFIGS[@]}"; do
   name=$(basename "$cfg")
   "$BUILD/bench/polylora_bench" device --config "$cfg" --device cuda --batches 1,32 --json-out "$OUT_DIR/polylora-$name.json" >/dev/null

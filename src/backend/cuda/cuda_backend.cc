@@ -9,6 +9,11 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
 #include <algorithm>
 #include <unordered_map>
 
@@ -52,6 +57,7 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   }
   ~CudaBackend() override {
+    print_profile();
     // Errors are ignored here: a destructor must not throw, and the process may be shutting down.
     cudaStreamSynchronize(stream_);
     for (auto& [p, n] : blocks_) cudaFree(p);
@@ -149,25 +155,44 @@ class CudaBackend final : public Backend {
     return {free_bytes, total};
   }
 
-  void embedding(const k::EmbeddingArgs& a) override { k::cuda::embedding(a, ctx()); }
+  void embedding(const k::EmbeddingArgs& a) override {
+    timed("embedding", [&] { k::cuda::embedding(a, ctx()); });
+  }
   void linear(const k::LinearArgs& a) override {
     ensure_workspace(k::cuda::linear_workspace_bytes(a));
-    k::cuda::linear(a, ctx());
+    timed(a.m <= 64 ? "linear (m<=64)" : "linear (m>64)", [&] { k::cuda::linear(a, ctx()); });
   }
-  void rms_norm(const k::RmsNormArgs& a) override { k::cuda::rms_norm(a, ctx()); }
-  void rope(const k::RopeArgs& a) override { k::cuda::rope(a, ctx()); }
-  void write_kv(const k::KvWriteArgs& a) override { k::cuda::write_kv(a, ctx()); }
-  void attention(const k::AttentionArgs& a) override { k::cuda::attention(a, ctx()); }
-  void silu_and_mul(const k::SiluAndMulArgs& a) override { k::cuda::silu_and_mul(a, ctx()); }
-  void gpt_oss_swiglu(const k::GptOssSwigluArgs& a) override { k::cuda::gpt_oss_swiglu(a, ctx()); }
-  void lora_apply(const k::LoraApplyArgs& a) override { k::cuda::lora_apply(a, ctx()); }
-  void route(const k::RouteArgs& a) override { k::cuda::route(a, ctx()); }
+  void rms_norm(const k::RmsNormArgs& a) override {
+    timed("rms_norm", [&] { k::cuda::rms_norm(a, ctx()); });
+  }
+  void rope(const k::RopeArgs& a) override {
+    timed("rope", [&] { k::cuda::rope(a, ctx()); });
+  }
+  void write_kv(const k::KvWriteArgs& a) override {
+    timed("write_kv", [&] { k::cuda::write_kv(a, ctx()); });
+  }
+  void attention(const k::AttentionArgs& a) override {
+    timed("attention", [&] { k::cuda::attention(a, ctx()); });
+  }
+  void silu_and_mul(const k::SiluAndMulArgs& a) override {
+    timed("silu_and_mul", [&] { k::cuda::silu_and_mul(a, ctx()); });
+  }
+  void gpt_oss_swiglu(const k::GptOssSwigluArgs& a) override {
+    timed("gpt_oss_swiglu", [&] { k::cuda::gpt_oss_swiglu(a, ctx()); });
+  }
+  void lora_apply(const k::LoraApplyArgs& a) override {
+    timed("lora_apply", [&] { k::cuda::lora_apply(a, ctx()); });
+  }
+  void route(const k::RouteArgs& a) override {
+    timed("route", [&] { k::cuda::route(a, ctx()); });
+  }
   void moe_experts(const k::MoeExpertsArgs& a) override {
     ensure_workspace(k::cuda::moe_experts_workspace_bytes(a));
-    k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx());
+    timed(a.m <= 64 ? "moe_experts (m<=64)" : "moe_experts (m>64)",
+          [&] { k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx()); });
   }
   void add_inplace(float* y, const float* x, int64_t n) override {
-    cuda_backend::add_inplace(y, x, n, stream_);
+    timed("add_inplace", [&] { cuda_backend::add_inplace(y, x, n, stream_); });
   }
   void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols,
                    float* dst) override {
@@ -175,6 +200,34 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // POLYLORA_CUDA_PROFILE=1: each op is bracketed by stream synchronizations and its wall time summed per
+  // op name; the totals are printed to stderr when the backend is destroyed (a diagnostic, not for serving).
+  template <typename Fn>
+  void timed(const char* op, Fn&& fn) {
+    if (!profile_) {
+      fn();
+      return;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    auto& [seconds, calls] = profile_totals_[op];
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++calls;
+  }
+  void print_profile() const {
+    if (!profile_) return;
+    double total = 0;
+    for (const auto& [op, v] : profile_totals_) total += v.first;
+    std::fprintf(stderr, "polylora CUDA op profile (%s):\n", name_.c_str());
+    for (const auto& [op, v] : profile_totals_)
+      std::fprintf(stderr, "  %-22s %9.3f s  %5.1f%%  %8ld calls\n", op.c_str(), v.first, 100 * v.first / total,
+                   static_cast<long>(v.second));
+  }
+  bool profile_ = std::getenv("POLYLORA_CUDA_PROFILE") != nullptr;
+  std::map<std::string, std::pair<double, int64_t>> profile_totals_;
+
   k::CudaContext ctx() const { return {stream_, cublas_, workspace_, workspace_bytes_}; }
 
   // Grows the workspace (after the stream drains, since queued kernels may still use the old one). The

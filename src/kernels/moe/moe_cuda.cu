@@ -1,50 +1,92 @@
 // kernels/moe/moe_cuda.cu: CUDA routing and MoE experts, entirely on the device (no host sync, no
-// per-expert host loop), in the manner of vLLM's fused MoE:
-//   1. align: count token-expert pairs per expert, offsets padded to the GEMM tile (kTileM), a tile ->
-//      expert map, and the pairs scattered into expert order (padding slots hold −1);
+// per-expert host loop). Two paths, chosen on the host from the number of token-expert pairs m·top_k:
+// - small (pairs <= kSmallPairs, e.g. decode): one block sorts the pairs by expert in shared memory
+//   (compact offsets and the list of active experts), then GEMV-style kernels (moe_gemv.cuh) stream each
+//   active expert's weights once for all of its routed rows: gate_up, [LoRA], activation, down, [LoRA];
+// - large (prefill), in the manner of vLLM's fused MoE:
+//   1. align: count pairs per expert, offsets padded to the GEMM row tile, a tile -> expert map, the
+//      pairs scattered into expert order (padding slots hold −1);
 //   2. gate_up grouped GEMM over all experts in one launch (grid: worst-case tiles × column tiles; tiles
 //      past the device-side count exit at once), bias in the epilogue;
 //   3. expert LoRA on gate_up rows (per sorted row: its token's slot and the row's expert);
-//   4. activation; 5. down grouped GEMM (bias in the epilogue) into per-pair rows; 6. down LoRA;
-//   7. weighted combine per token in k order (deterministic).
-// GEMMs: BF16/F16 weights run bf16 WMMA tensor cores (activations cast to bf16 as tiles are loaded, fp32
-// accumulation); F32 weights run an fp32 FMA kernel. Intermediates are f32 in the workspace.
-#include <mma.h>
+//   4. activation; 5. down grouped GEMM (bias in the epilogue) into per-pair rows; 6. down LoRA.
+//   BF16/F16 weights run the bf16 tensor-core GEMM of moe_gemm_mma.cuh (x cast to bf16 once, the
+//   activation written in bf16 by step 4, fp32 accumulation); F32 weights an fp32 FMA GEMM.
+// Both end with a weighted combine per token in k order (deterministic). Intermediates are f32 in the
+// workspace.
+#include <algorithm>
 
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/moe/moe.h"
+#include "kernels/moe/moe_gemm_mma.cuh"
+#include "kernels/moe/moe_gemv.cuh"
 
 namespace polylora::kernels::cuda {
 namespace {
 
-using cuda_util::load_as_bf16;
 using cuda_util::load_as_f32;
+using moe_detail::Phase;
 
-constexpr int kTileM = 64;  // rows of a GEMM tile = the padding unit of the per-expert row ranges
-constexpr int kTileN = 64;
+constexpr int64_t kSmallPairs = 512;  // at most this many token-expert pairs: the GEMV path
+constexpr int kAlignSmallThreads = 512;
+constexpr int kF32TileM = 64;  // rows of an fp32 GEMM tile
+constexpr int kF32TileN = 64;
 
 int64_t round_up(int64_t v, int64_t a) {
   return (v + a - 1) / a * a;
 }
 
-// Workspace layout (each part 256-byte aligned).
+enum class Path { kGemv, kMma, kF32 };
+
+Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
+  if (a.m * a.top_k <= kSmallPairs) return Path::kGemv;
+  return tensor_cores ? Path::kMma : Path::kF32;
+}
+
+// Row tile of the tensor-core GEMM: 128 when experts average at least 256 rows, else 64 (less padding).
+int mma_tile_m(const MoeExpertsArgs& a) {
+  return a.m * a.top_k >= 256 * a.num_experts ? 128 : 64;
+}
+
+// Workspace layout of a path (each part 256-byte aligned).
 struct MoeWorkspace {
-  int64_t pairs = 0, max_tiles = 0, max_rows = 0;
+  int64_t pairs = 0, tile_m = 1, max_tiles = 0, max_rows = 0, lda_h = 0, lda_i = 0;
   int32_t* counts = nullptr;       // [E] pairs per expert
   int32_t* fill = nullptr;         // [E] scatter cursors
-  int32_t* offsets = nullptr;      // [E] first sorted row of each expert (padded)
-  int32_t* num_tiles = nullptr;    // [1]
-  int32_t* tile_expert = nullptr;  // [max_tiles]
+  int32_t* offsets = nullptr;      // [E] first sorted row of each expert (padded to tile_m)
+  int32_t* active = nullptr;       // [E] GEMV path: experts with pairs
+  int32_t* num_active = nullptr;   // [1]
+  int32_t* num_tiles = nullptr;    // [1] tiles (GEMV path: sorted rows, tile_m = 1)
+  int32_t* tile_expert = nullptr;  // [max_tiles] (GEMM paths)
   int32_t* sorted = nullptr;       // [max_rows] pair index t·top_k + k, or −1 (padding)
   float* gu = nullptr;             // [max_rows, 2I]
   float* act = nullptr;            // [max_rows, I]
   float* y = nullptr;              // [pairs, H]
+  __nv_bfloat16* x_bf16 = nullptr;    // [m, lda_h] (tensor-core path)
+  __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, lda_i] (tensor-core path)
   size_t bytes = 0;
 
-  MoeWorkspace(const MoeExpertsArgs& a, void* base) {
+  MoeWorkspace(const MoeExpertsArgs& a, void* base, Path path) {
     pairs = a.m * a.top_k;
-    max_tiles = (pairs + kTileM - 1) / kTileM + a.num_experts;
-    max_rows = max_tiles * kTileM;
+    switch (path) {
+      case Path::kGemv:
+        tile_m = 1;
+        max_tiles = 0;
+        max_rows = pairs;
+        break;
+      case Path::kMma:
+        tile_m = mma_tile_m(a);
+        max_tiles = (pairs + tile_m - 1) / tile_m + a.num_experts;
+        max_rows = max_tiles * tile_m;
+        lda_h = round_up(a.hidden, moe_detail::kMmaBK);
+        lda_i = round_up(a.inter, moe_detail::kMmaBK);
+        break;
+      case Path::kF32:
+        tile_m = kF32TileM;
+        max_tiles = (pairs + tile_m - 1) / tile_m + a.num_experts;
+        max_rows = max_tiles * tile_m;
+        break;
+    }
     auto* p = static_cast<char*>(base);
     auto take = [&](size_t n) {
       char* r = p ? p + bytes : nullptr;
@@ -54,12 +96,16 @@ struct MoeWorkspace {
     counts = reinterpret_cast<int32_t*>(take(4 * a.num_experts));
     fill = reinterpret_cast<int32_t*>(take(4 * a.num_experts));
     offsets = reinterpret_cast<int32_t*>(take(4 * a.num_experts));
+    active = reinterpret_cast<int32_t*>(take(4 * a.num_experts));
+    num_active = reinterpret_cast<int32_t*>(take(4));
     num_tiles = reinterpret_cast<int32_t*>(take(4));
     tile_expert = reinterpret_cast<int32_t*>(take(4 * max_tiles));
     sorted = reinterpret_cast<int32_t*>(take(4 * max_rows));
     gu = reinterpret_cast<float*>(take(4 * max_rows * 2 * a.inter));
     act = reinterpret_cast<float*>(take(4 * max_rows * a.inter));
     y = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
+    x_bf16 = reinterpret_cast<__nv_bfloat16*>(take(2 * a.m * lda_h));
+    act_bf16 = reinterpret_cast<__nv_bfloat16*>(take(2 * max_rows * lda_i));
   }
 };
 
@@ -141,6 +187,58 @@ __global__ void route_kernel(RouteArgs a) {
 
 // ---- align ----
 
+// GEMV path, one block: counts per expert, compact offsets, the active experts in expert order and the
+// pairs in expert order (within an expert in any order: each pair's result is computed on its own).
+__global__ void align_small_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32_t* counts,
+                                   int32_t* offsets, int32_t* active, int32_t* num_active, int32_t* num_rows,
+                                   int32_t* sorted) {
+  extern __shared__ int32_t align_smem[];
+  int32_t* cnt = align_smem;       // [E]
+  int32_t* cursor = cnt + E;       // [E]
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    int32_t e = ids[p];
+    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    // Warp 0: exclusive scans of the counts and of (count > 0) over lane-contiguous ranges of experts.
+    const int lane = threadIdx.x;
+    const int64_t per = (E + 31) / 32, b = lane * per, en = b + per < E ? b + per : E;
+    int32_t sum = 0, nact = 0;
+    for (int64_t e = b; e < en; ++e) {
+      sum += cnt[e];
+      nact += cnt[e] > 0;
+    }
+    int32_t isum = sum, iact = nact;
+    for (int o = 1; o < 32; o <<= 1) {
+      int32_t vs = __shfl_up_sync(0xffffffffu, isum, o), va = __shfl_up_sync(0xffffffffu, iact, o);
+      if (lane >= o) {
+        isum += vs;
+        iact += va;
+      }
+    }
+    int32_t run = isum - sum, ra = iact - nact;
+    for (int64_t e = b; e < en; ++e) {
+      cursor[e] = run;
+      offsets[e] = run;
+      counts[e] = cnt[e];
+      if (cnt[e] > 0) active[ra++] = static_cast<int32_t>(e);
+      run += cnt[e];
+    }
+    if (lane == 31) {
+      *num_active = iact;
+      *num_rows = isum;
+    }
+  }
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    int32_t e = ids[p];
+    if (e >= 0 && e < E) sorted[atomicAdd(&cursor[e], 1)] = static_cast<int32_t>(p);
+  }
+}
+
 __global__ void count_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32_t* counts) {
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -149,17 +247,27 @@ __global__ void count_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32
   }
 }
 
-__global__ void offsets_kernel(const int32_t* counts, int64_t E, int32_t* offsets, int32_t* tile_expert,
-                               int32_t* num_tiles) {
-  if (threadIdx.x != 0) return;
-  int32_t tile = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    offsets[e] = tile * kTileM;
-    int32_t n = (counts[e] + kTileM - 1) / kTileM;
-    for (int32_t i = 0; i < n; ++i) tile_expert[tile + i] = static_cast<int32_t>(e);
-    tile += n;
+// One block: tiles per expert scanned in shared memory, then the tile -> expert map filled in parallel.
+__global__ void offsets_kernel(const int32_t* counts, int64_t E, int tile_m, int32_t* offsets,
+                               int32_t* tile_expert, int32_t* num_tiles) {
+  extern __shared__ int32_t offsets_smem[];  // [E] first tile of each expert, then [E] tiles
+  int32_t* first = offsets_smem;
+  int32_t* ntiles = offsets_smem + E;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) ntiles[e] = (counts[e] + tile_m - 1) / tile_m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t tile = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      first[e] = tile;
+      tile += ntiles[e];
+    }
+    *num_tiles = tile;
   }
-  *num_tiles = tile;
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    offsets[e] = first[e] * tile_m;
+    for (int32_t i = 0; i < ntiles[e]; ++i) tile_expert[first[e] + i] = static_cast<int32_t>(e);
+  }
 }
 
 __global__ void scatter_kernel(const int32_t* ids, int64_t pairs, int64_t E, const int32_t* offsets,
@@ -171,9 +279,27 @@ __global__ void scatter_kernel(const int32_t* ids, int64_t pairs, int64_t E, con
   }
 }
 
-// ---- grouped GEMM ----
+// x [m, H] (row stride ldx) -> bf16 [m, lda], columns past H zero; 8 columns per thread.
+__global__ void cast_x_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64_t H, int64_t lda,
+                                   __nv_bfloat16* out) {
+  const int64_t per_row = lda / 8, total = m * per_row;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / per_row, k0 = (idx % per_row) * 8;
+    const float* src = x + t * ldx;
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float lo = k0 + 2 * j < H ? src[k0 + 2 * j] : 0.0f;
+      float hi = k0 + 2 * j + 1 < H ? src[k0 + 2 * j + 1] : 0.0f;
+      w[j] = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+             (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+    }
+    *reinterpret_cast<uint4*>(out + t * lda + k0) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
 
-enum class Phase { kGateUp, kDown };
+// ---- fp32 grouped GEMM (F32 weights, large batches) ----
 
 struct GemmParams {
   const float* x = nullptr;  // kGateUp: token rows [m, H] (stride ldx); kDown: act rows [max_rows, I]
@@ -186,154 +312,44 @@ struct GemmParams {
   float* out = nullptr;  // kGateUp: gu [max_rows, 2I]; kDown: y [pairs, H]
 };
 
-// Per-tile setup shared by both GEMM kernels: row pointers of A (nullptr: padding), weight row pointers
-// of B (nullptr: past N), the pair of each row; returns false when the tile is past the device count.
-template <Phase P>
-__device__ bool setup_tile(const GemmParams& p, int64_t K, int64_t N, int64_t n0, const float** arow,
-                           const char** brow, int32_t* pair, DType* bdtype, const float** bias) {
-  const int tile = blockIdx.x;
-  if (tile >= *p.num_tiles || n0 >= N) return false;
-  const ExpertView& ex = p.experts[p.tile_expert[tile]];
-  for (int i = threadIdx.x; i < kTileM; i += blockDim.x) {
-    int64_t r = static_cast<int64_t>(tile) * kTileM + i;
-    int32_t pr = p.sorted[r];
-    pair[i] = pr;
-    if (pr < 0) {
-      arow[i] = nullptr;
-    } else if (P == Phase::kGateUp) {
-      arow[i] = p.x + (pr / p.top_k) * p.ldx;
-    } else {
-      arow[i] = p.x + r * p.inter;
-    }
-  }
-  for (int j = threadIdx.x; j < kTileN; j += blockDim.x) {
-    int64_t n = n0 + j;
-    const char* ptr = nullptr;
-    if (n < N) {
-      if (P == Phase::kDown) {
-        ptr = static_cast<const char*>(ex.down.data) + n * K * dtype_size(ex.down.dtype);
-      } else if (ex.gate_up.data != nullptr) {
-        ptr = static_cast<const char*>(ex.gate_up.data) + n * K * dtype_size(ex.gate_up.dtype);
-      } else if (n < p.inter) {
-        ptr = static_cast<const char*>(ex.gate.data) + n * K * dtype_size(ex.gate.dtype);
-      } else {
-        ptr = static_cast<const char*>(ex.up.data) + (n - p.inter) * K * dtype_size(ex.up.dtype);
-      }
-    }
-    brow[j] = ptr;
-  }
-  if (threadIdx.x == 0) {
-    *bdtype =
-        P == Phase::kDown ? ex.down.dtype : (ex.gate_up.data != nullptr ? ex.gate_up.dtype : ex.gate.dtype);
-    *bias = P == Phase::kDown ? ex.down_bias : (ex.gate_up.data != nullptr ? ex.gate_up_bias : nullptr);
-  }
-  __syncthreads();
-  return true;
-}
-
-template <Phase P>
-__device__ void store_tile_value(const GemmParams& p, int32_t pair, int64_t r, int64_t n, int64_t N,
-                                 float v) {
-  if (P == Phase::kGateUp) {
-    p.out[r * N + n] = v;
-  } else {
-    p.out[static_cast<int64_t>(pair) * N + n] = v;
-  }
-}
-
-// bf16 tensor cores: 4 warps, each a 32×32 quarter of the 64×64 tile as 2×2 WMMA 16×16×16 fragments.
-constexpr int kTcK = 32;
-constexpr int kTcPad = 8;
-
-template <Phase P>
-__global__ void __launch_bounds__(128) moe_gemm_tc(GemmParams p) {
-  using namespace nvcuda;
-  __shared__ __align__(32) __nv_bfloat16 As[kTileM][kTcK + kTcPad];
-  __shared__ __align__(32) __nv_bfloat16 Bs[kTileN][kTcK + kTcPad];
-  __shared__ __align__(32) float Cs[kTileM][kTileN + 4];
-  __shared__ const float* arow[kTileM];
-  __shared__ const char* brow[kTileN];
-  __shared__ int32_t pair[kTileM];
-  __shared__ DType bdtype;
-  __shared__ const float* bias;
-  const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
-  const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTileN;
-  if (!setup_tile<P>(p, K, N, n0, arow, brow, pair, &bdtype, &bias)) return;
-  const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-  const DType dt = bdtype;
-  for (int64_t k0 = 0; k0 < K; k0 += kTcK) {
-    for (int idx = threadIdx.x; idx < kTileM * kTcK; idx += blockDim.x) {
-      int r = idx / kTcK, kk = idx % kTcK;
-      int64_t k = k0 + kk;
-      const float* ar = arow[r];
-      As[r][kk] = __float2bfloat16_rn(ar && k < K ? ar[k] : 0.0f);
-      const char* br = brow[r];  // kTileN == kTileM
-      Bs[r][kk] = br && k < K ? load_as_bf16(br, dt, k) : __float2bfloat16_rn(0.0f);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kTcK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &As[wm * 32 + i * 16][kk], kTcK + kTcPad);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &Bs[wn * 32 + j * 16][kk], kTcK + kTcPad);
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kTileN + 4,
-                              wmma::mem_row_major);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < kTileM * kTileN; idx += blockDim.x) {
-    int r = idx / kTileN, c = idx % kTileN;
-    int64_t n = n0 + c;
-    if (n >= N || pair[r] < 0) continue;
-    float v = Cs[r][c] + (bias ? bias[n] : 0.0f);
-    store_tile_value<P>(p, pair[r], static_cast<int64_t>(blockIdx.x) * kTileM + r, n, N, v);
-  }
-}
-
-// fp32 FMA: 256 threads, each 4×4 outputs (rows ty + 16i, columns tx + 16j).
+// fp32 FMA: 256 threads, each 4×4 outputs (rows ty + 16i, columns tx + 16j) of a 64×64 tile.
 constexpr int kF32K = 16;
 
 template <Phase P>
 __global__ void __launch_bounds__(256) moe_gemm_f32(GemmParams p) {
-  __shared__ float As[kTileM][kF32K + 1];
-  __shared__ float Bs[kTileN][kF32K + 1];
-  __shared__ const float* arow[kTileM];
-  __shared__ const char* brow[kTileN];
-  __shared__ int32_t pair[kTileM];
-  __shared__ DType bdtype;
-  __shared__ const float* bias;
+  __shared__ float As[kF32TileM][kF32K + 1];
+  __shared__ float Bs[kF32TileN][kF32K + 1];
+  __shared__ const float* arow[kF32TileM];
+  __shared__ const char* brow[kF32TileN];
+  __shared__ int32_t pair[kF32TileM];
+  const int tile = blockIdx.x;
   const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
   const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kTileN;
-  if (!setup_tile<P>(p, K, N, n0, arow, brow, pair, &bdtype, &bias)) return;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kF32TileN;
+  if (tile >= *p.num_tiles || n0 >= N) return;
+  const ExpertView& ex = p.experts[p.tile_expert[tile]];
+  for (int i = threadIdx.x; i < kF32TileM; i += blockDim.x) {
+    int64_t r = static_cast<int64_t>(tile) * kF32TileM + i;
+    int32_t pr = p.sorted[r];
+    pair[i] = pr;
+    arow[i] = pr < 0 ? nullptr : (P == Phase::kGateUp ? p.x + (pr / p.top_k) * p.ldx : p.x + r * p.inter);
+  }
+  for (int j = threadIdx.x; j < kF32TileN; j += blockDim.x) {
+    int64_t n = n0 + j;
+    brow[j] = n < N ? moe_detail::weight_row<P>(ex, n, K, p.inter) : nullptr;
+  }
+  const DType dt = moe_detail::weight_dtype<P>(ex);
+  const float* bias = moe_detail::weight_bias<P>(ex);
+  __syncthreads();
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   float acc[4][4] = {};
-  const DType dt = bdtype;
   for (int64_t k0 = 0; k0 < K; k0 += kF32K) {
-    for (int idx = threadIdx.x; idx < kTileM * kF32K; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < kF32TileM * kF32K; idx += blockDim.x) {
       int r = idx / kF32K, kk = idx % kF32K;
       int64_t k = k0 + kk;
       const float* ar = arow[r];
       As[r][kk] = ar && k < K ? ar[k] : 0.0f;
-      const char* br = brow[r];
+      const char* br = brow[r];  // kF32TileN == kF32TileM
       Bs[r][kk] = br && k < K ? load_as_f32(br, dt, k) : 0.0f;
     }
     __syncthreads();
@@ -359,21 +375,26 @@ __global__ void __launch_bounds__(256) moe_gemm_f32(GemmParams p) {
     for (int j = 0; j < 4; ++j) {
       int64_t n = n0 + tx + 16 * j;
       if (n >= N) continue;
-      store_tile_value<P>(p, pair[r], static_cast<int64_t>(blockIdx.x) * kTileM + r, n, N,
-                          acc[i][j] + (bias ? bias[n] : 0.0f));
+      float v = acc[i][j] + (bias ? bias[n] : 0.0f);
+      if (P == Phase::kGateUp) {
+        p.out[(static_cast<int64_t>(tile) * kF32TileM + r) * N + n] = v;
+      } else {
+        p.out[static_cast<int64_t>(pair[r]) * N + n] = v;
+      }
     }
   }
 }
 
 // ---- LoRA, activation, combine ----
 
-// One block per sorted row: the LoRA of (its token's slot, its expert), on gate_up (down == false, input
-// the token's x, output the gu row) or on down (input the act row, output the pair's y row).
-__global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const int32_t* num_tiles,
-                                const float* gu_in, float* gu, const float* act, float* y, bool down) {
+// One block per sorted row (rows past num_tiles · tile_m exit): the LoRA of (its token's slot, its
+// expert), on gate_up (down == false, input the token's x, output the gu row) or on down (input the act
+// row, output the pair's y row).
+__global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const int32_t* num_tiles, int tile_m,
+                                float* gu, const float* act, float* y, bool down) {
   __shared__ float s_mid[cuda_util::kLoraRankChunk];
   const int64_t r = blockIdx.x;
-  if (r >= static_cast<int64_t>(*num_tiles) * kTileM) return;
+  if (r >= static_cast<int64_t>(*num_tiles) * tile_m) return;
   const int32_t pr = sorted[r];
   if (pr < 0) return;
   const int64_t t = pr / a.top_k;
@@ -393,14 +414,23 @@ __global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const i
   if (lv.up.a != nullptr) cuda_util::lora_row(lv.up, x, g + I, s_mid);
 }
 
-__global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, const float* gu, float* act,
-                               int64_t max_rows, int64_t I, ExpertAct kind, float alpha, float limit) {
-  const int64_t rows = static_cast<int64_t>(*num_tiles) * kTileM;
-  const int64_t total = (rows < max_rows ? rows : max_rows) * I;
+// act = act_fn(gu) for sorted rows below num_tiles · tile_m that hold a pair: into act (f32, [rows, I],
+// when not nullptr) and act_bf16 ([rows, lda_bf16], columns past I zero, when not nullptr).
+__global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, int tile_m, const float* gu,
+                               float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t max_rows,
+                               int64_t I, ExpertAct kind, float alpha, float limit) {
+  const int64_t rows_dev = static_cast<int64_t>(*num_tiles) * tile_m;
+  const int64_t rows = rows_dev < max_rows ? rows_dev : max_rows;
+  const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
+  const int64_t total = rows * width;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t r = idx / I, j = idx % I;
+    int64_t r = idx / width, j = idx % width;
     if (sorted[r] < 0) continue;
+    if (j >= I) {
+      act_bf16[r * lda_bf16 + j] = __float2bfloat16_rn(0.0f);
+      continue;
+    }
     const float* g = gu + r * 2 * I;
     float v;
     switch (kind) {
@@ -416,7 +446,8 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
         break;
       }
     }
-    act[idx] = v;
+    if (act != nullptr) act[r * I + j] = v;
+    if (act_bf16 != nullptr) act_bf16[r * lda_bf16 + j] = __float2bfloat16_rn(v);
   }
 }
 
@@ -435,6 +466,27 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* ids, const flo
   }
 }
 
+template <Phase P, int BM>
+void launch_mma(dim3 grid, const moe_detail::MmaParams& mp, cudaStream_t st) {
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemm_mma<P, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    moe_detail::MmaCfg<BM>::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  moe_detail::moe_gemm_mma<P, BM><<<grid, moe_detail::kMmaThreads, moe_detail::MmaCfg<BM>::kSmemBytes, st>>>(mp);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <Phase P>
+void launch_mma_tile(int tile_m, dim3 grid, const moe_detail::MmaParams& mp, cudaStream_t st) {
+  if (tile_m == 128) {
+    launch_mma<P, 128>(grid, mp, st);
+  } else {
+    launch_mma<P, 64>(grid, mp, st);
+  }
+}
+
 }  // namespace
 
 void route(const RouteArgs& a, const CudaContext& ctx) {
@@ -448,75 +500,146 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
 }
 
 size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a) {
-  return MoeWorkspace(a, nullptr).bytes;
+  if (a.m * a.top_k <= kSmallPairs) return MoeWorkspace(a, nullptr, Path::kGemv).bytes;
+  return std::max(MoeWorkspace(a, nullptr, Path::kMma).bytes, MoeWorkspace(a, nullptr, Path::kF32).bytes);
 }
 
 void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
   if (a.m == 0) return;
-  MoeWorkspace ws(a, ctx.workspace);
+  const Path path = choose_path(a, tensor_cores);
+  MoeWorkspace ws(a, ctx.workspace, path);
   KERNEL_CHECK(ws.bytes <= ctx.workspace_bytes, "moe_experts: workspace too small");
-  KERNEL_CHECK(ws.max_tiles < (1LL << 31) && (2 * a.inter + kTileN - 1) / kTileN <= 65535 &&
-                   (a.hidden + kTileN - 1) / kTileN <= 65535,
-               "moe_experts: shape too large for the grid");
   cudaStream_t st = cuda_util::stream(ctx);
   const int64_t E = a.num_experts, I = a.inter, H = a.hidden;
-  // 1. align
-  CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, static_cast<size_t>(4 * E), st));
-  CUDA_CHECK(cudaMemsetAsync(ws.fill, 0, static_cast<size_t>(4 * E), st));
-  CUDA_CHECK(cudaMemsetAsync(ws.sorted, 0xff, static_cast<size_t>(4 * ws.max_rows), st));
-  unsigned pair_blocks = cuda_util::blocks_for(ws.pairs, 256, 4096);
-  count_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.counts);
-  CUDA_CHECK_LAUNCH();
-  offsets_kernel<<<1, 32, 0, st>>>(ws.counts, E, ws.offsets, ws.tile_expert, ws.num_tiles);
-  CUDA_CHECK_LAUNCH();
-  scatter_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.offsets, ws.fill, ws.sorted);
-  CUDA_CHECK_LAUNCH();
-
-  GemmParams gp;
-  gp.experts = a.experts;
-  gp.sorted = ws.sorted;
-  gp.tile_expert = ws.tile_expert;
-  gp.num_tiles = ws.num_tiles;
-  gp.top_k = a.top_k;
-  gp.hidden = H;
-  gp.inter = I;
-  // 2. gate_up
-  gp.x = a.x;
-  gp.ldx = a.ldx;
-  gp.out = ws.gu;
-  dim3 grid_gu(static_cast<unsigned>(ws.max_tiles), static_cast<unsigned>((2 * I + kTileN - 1) / kTileN));
-  if (tensor_cores) {
-    moe_gemm_tc<Phase::kGateUp><<<grid_gu, 128, 0, st>>>(gp);
-  } else {
-    moe_gemm_f32<Phase::kGateUp><<<grid_gu, 256, 0, st>>>(gp);
-  }
-  CUDA_CHECK_LAUNCH();
+  KERNEL_CHECK(E <= 65535 && ws.max_rows < (1LL << 31), "moe_experts: shape too large for the grid");
   const bool lora = a.token_slots && a.lora && a.num_slots > 0;
-  // 3. gate_up LoRA
-  if (lora) {
-    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, ws.gu,
-                                                                        ws.gu, ws.act, ws.y, false);
+  const int tile_m = static_cast<int>(ws.tile_m);
+
+  if (path == Path::kGemv) {
+    // 1. sort the pairs by expert (one block)
+    const size_t smem = static_cast<size_t>(8 * E);
+    KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
+    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(a.ids, ws.pairs, E, ws.counts, ws.offsets, ws.active,
+                                                            ws.num_active, ws.num_tiles, ws.sorted);
     CUDA_CHECK_LAUNCH();
-  }
-  // 4. activation
-  moe_act_kernel<<<cuda_util::blocks_for(ws.max_rows * I, 256, 8192), 256, 0, st>>>(
-      ws.sorted, ws.num_tiles, ws.gu, ws.act, ws.max_rows, I, a.act, a.swiglu_alpha, a.swiglu_limit);
-  CUDA_CHECK_LAUNCH();
-  // 5. down
-  gp.x = ws.act;
-  gp.ldx = I;
-  gp.out = ws.y;
-  dim3 grid_down(static_cast<unsigned>(ws.max_tiles), static_cast<unsigned>((H + kTileN - 1) / kTileN));
-  if (tensor_cores) {
-    moe_gemm_tc<Phase::kDown><<<grid_down, 128, 0, st>>>(gp);
+    moe_detail::GemvParams gp;
+    gp.experts = a.experts;
+    gp.counts = ws.counts;
+    gp.offsets = ws.offsets;
+    gp.active = ws.active;
+    gp.num_active = ws.num_active;
+    gp.sorted = ws.sorted;
+    gp.top_k = a.top_k;
+    gp.hidden = H;
+    gp.inter = I;
+    const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(E, ws.pairs));
+    // 2. gate_up
+    gp.x = a.x;
+    gp.ldx = a.ldx;
+    gp.out = ws.gu;
+    dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kGemvRows - 1) / moe_detail::kGemvRows), max_active);
+    moe_detail::moe_gemv_kernel<Phase::kGateUp><<<grid_gu, moe_detail::kGemvThreads, 0, st>>>(gp);
+    CUDA_CHECK_LAUNCH();
+    // 3. gate_up LoRA
+    if (lora) {
+      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, 1, ws.gu,
+                                                                          ws.act, ws.y, false);
+      CUDA_CHECK_LAUNCH();
+    }
+    // 4. activation
+    moe_act_kernel<<<cuda_util::blocks_for(ws.max_rows * I, 256, 8192), 256, 0, st>>>(
+        ws.sorted, ws.num_tiles, 1, ws.gu, ws.act, nullptr, 0, ws.max_rows, I, a.act, a.swiglu_alpha,
+        a.swiglu_limit);
+    CUDA_CHECK_LAUNCH();
+    // 5. down
+    gp.x = ws.act;
+    gp.ldx = I;
+    gp.out = ws.y;
+    dim3 grid_down(static_cast<unsigned>((H + moe_detail::kGemvRows - 1) / moe_detail::kGemvRows), max_active);
+    moe_detail::moe_gemv_kernel<Phase::kDown><<<grid_down, moe_detail::kGemvThreads, 0, st>>>(gp);
+    CUDA_CHECK_LAUNCH();
   } else {
-    moe_gemm_f32<Phase::kDown><<<grid_down, 256, 0, st>>>(gp);
+    // 1. align
+    CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, static_cast<size_t>(4 * E), st));
+    CUDA_CHECK(cudaMemsetAsync(ws.fill, 0, static_cast<size_t>(4 * E), st));
+    CUDA_CHECK(cudaMemsetAsync(ws.sorted, 0xff, static_cast<size_t>(4 * ws.max_rows), st));
+    unsigned pair_blocks = cuda_util::blocks_for(ws.pairs, 256, 4096);
+    count_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.counts);
+    CUDA_CHECK_LAUNCH();
+    const size_t smem = static_cast<size_t>(8 * E);
+    KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the offsets kernel");
+    offsets_kernel<<<1, 1024, smem, st>>>(ws.counts, E, tile_m, ws.offsets, ws.tile_expert, ws.num_tiles);
+    CUDA_CHECK_LAUNCH();
+    scatter_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.offsets, ws.fill, ws.sorted);
+    CUDA_CHECK_LAUNCH();
+    const bool mma = path == Path::kMma;
+    const int64_t tile_n = mma ? moe_detail::kMmaBN : kF32TileN;
+    KERNEL_CHECK((2 * I + tile_n - 1) / tile_n <= 65535 && (H + tile_n - 1) / tile_n <= 65535,
+                 "moe_experts: shape too large for the grid");
+    dim3 grid_gu(static_cast<unsigned>(ws.max_tiles), static_cast<unsigned>((2 * I + tile_n - 1) / tile_n));
+    dim3 grid_down(static_cast<unsigned>(ws.max_tiles), static_cast<unsigned>((H + tile_n - 1) / tile_n));
+    moe_detail::MmaParams mp;
+    GemmParams gp;
+    // 2. gate_up
+    if (mma) {
+      cast_x_bf16_kernel<<<cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0, st>>>(
+          a.x, a.ldx, a.m, H, ws.lda_h, ws.x_bf16);
+      CUDA_CHECK_LAUNCH();
+      mp.a = ws.x_bf16;
+      mp.lda = ws.lda_h;
+      mp.experts = a.experts;
+      mp.sorted = ws.sorted;
+      mp.tile_expert = ws.tile_expert;
+      mp.num_tiles = ws.num_tiles;
+      mp.top_k = a.top_k;
+      mp.hidden = H;
+      mp.inter = I;
+      mp.out = ws.gu;
+      launch_mma_tile<Phase::kGateUp>(tile_m, grid_gu, mp, st);
+    } else {
+      gp.x = a.x;
+      gp.ldx = a.ldx;
+      gp.experts = a.experts;
+      gp.sorted = ws.sorted;
+      gp.tile_expert = ws.tile_expert;
+      gp.num_tiles = ws.num_tiles;
+      gp.top_k = a.top_k;
+      gp.hidden = H;
+      gp.inter = I;
+      gp.out = ws.gu;
+      moe_gemm_f32<Phase::kGateUp><<<grid_gu, 256, 0, st>>>(gp);
+      CUDA_CHECK_LAUNCH();
+    }
+    // 3. gate_up LoRA
+    if (lora) {
+      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m,
+                                                                          ws.gu, ws.act, ws.y, false);
+      CUDA_CHECK_LAUNCH();
+    }
+    // 4. activation (f32 for the fp32 GEMM and the down LoRA, bf16 for the tensor-core GEMM)
+    const int64_t width = mma ? ws.lda_i : I;
+    moe_act_kernel<<<cuda_util::blocks_for(ws.max_rows * width, 256, 16384), 256, 0, st>>>(
+        ws.sorted, ws.num_tiles, tile_m, ws.gu, (!mma || lora) ? ws.act : nullptr, mma ? ws.act_bf16 : nullptr,
+        ws.lda_i, ws.max_rows, I, a.act, a.swiglu_alpha, a.swiglu_limit);
+    CUDA_CHECK_LAUNCH();
+    // 5. down
+    if (mma) {
+      mp.a = ws.act_bf16;
+      mp.lda = ws.lda_i;
+      mp.out = ws.y;
+      launch_mma_tile<Phase::kDown>(tile_m, grid_down, mp, st);
+    } else {
+      gp.x = ws.act;
+      gp.ldx = I;
+      gp.out = ws.y;
+      moe_gemm_f32<Phase::kDown><<<grid_down, 256, 0, st>>>(gp);
+      CUDA_CHECK_LAUNCH();
+    }
   }
-  CUDA_CHECK_LAUNCH();
   // 6. down LoRA
   if (lora) {
-    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, ws.gu,
-                                                                        ws.gu, ws.act, ws.y, true);
+    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m, ws.gu,
+                                                                        ws.act, ws.y, true);
     CUDA_CHECK_LAUNCH();
   }
   // 7. combine

@@ -1,0 +1,200 @@
+// bench_client/runner.cc: see runner.h.
+#include "bench_client/runner.h"
+
+#include <sys/resource.h>
+
+#include <fmt/format.h>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <ctime>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common/error.h"
+
+namespace polylora::bench_client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One socket per in-flight request: lift the soft open-file limit to the hard one.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+std::string now_date() {
+  std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y%m%d-%H%M%S", &local);
+  return buffer;
+}
+
+// Distinct token ids of the random word list, as the server's tokenizer encodes them; empty when the
+// server has no /tokenize.
+std::vector<int32_t> probe_token_pool(OpenAiClient& client, const std::string& model) {
+  std::string text;
+  for (const auto& word : random_words()) text += (text.empty() ? "" : " ") + word;
+  auto ids = client.tokenize(model, text);
+  if (!ids) return {};
+  std::set<int32_t> unique(ids->begin(), ids->end());
+  return {unique.begin(), unique.end()};
+}
+
+}  // namespace
+
+std::vector<RequestOutcome> run_requests(const ClientOptions& client,
+                                         const std::vector<BenchRequest>& requests,
+                                         const std::vector<double>& arrivals, int64_t max_concurrency,
+                                         double& duration_s,
+                                         const std::function<void(size_t num_done)>& on_done) {
+  CHECK(requests.size() == arrivals.size());
+  raise_open_file_limit();
+  std::vector<RequestOutcome> outcomes(requests.size());
+  std::mutex mutex;
+  std::condition_variable work_ready, slot_free;
+  std::deque<size_t> queue;
+  size_t num_idle = 0, num_in_flight = 0, num_done = 0;
+  bool closing = false;
+  std::vector<std::thread> workers;
+  auto start = Clock::now();
+
+  auto worker = [&] {
+    OpenAiClient connection(client);
+    std::unique_lock lock(mutex);
+    while (true) {
+      ++num_idle;
+      work_ready.wait(lock, [&] { return closing || !queue.empty(); });
+      --num_idle;
+      if (queue.empty()) return;
+      size_t idx = queue.front();
+      queue.pop_front();
+      lock.unlock();
+      double sent_at = std::chrono::duration<double>(Clock::now() - start).count();
+      RequestOutcome outcome = connection.send(requests[idx]);
+      outcome.start_time = sent_at;
+      lock.lock();
+      outcomes[idx] = std::move(outcome);
+      --num_in_flight;
+      ++num_done;
+      if (on_done) on_done(num_done);
+      slot_free.notify_one();
+    }
+  };
+
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::this_thread::sleep_until(
+        start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+    std::unique_lock lock(mutex);
+    if (max_concurrency > 0) {
+      slot_free.wait(lock, [&] { return num_in_flight < static_cast<size_t>(max_concurrency); });
+    }
+    ++num_in_flight;
+    queue.push_back(i);
+    if (queue.size() > num_idle) workers.emplace_back(worker);
+    work_ready.notify_one();
+  }
+  {
+    std::unique_lock lock(mutex);
+    slot_free.wait(lock, [&] { return num_in_flight == 0; });
+    closing = true;
+  }
+  work_ready.notify_all();
+  for (auto& thread : workers) thread.join();
+  duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return outcomes;
+}
+
+BenchReport run_benchmark(const BenchConfig& config, const LogFn& log) {
+  for (const auto& metric : config.selected_metrics) {
+    if (!is_known_metric(metric))
+      fail("--percentile-metrics: unknown metric '{}' (use ttft,tpot,itl,e2el)", metric);
+  }
+  for (double p : config.percentiles) {
+    if (!(p > 0 && p < 100)) fail("--metric-percentiles: {} is not in (0, 100)", p);
+  }
+  if (config.max_concurrency < 0)
+    fail("--max-concurrency must not be negative (got {})", config.max_concurrency);
+  auto kind = endpoint_kind(config.client.endpoint);
+  if (!kind)
+    fail("--endpoint '{}' is not supported: use /v1/completions or /v1/chat/completions",
+         config.client.endpoint);
+
+  OpenAiClient client(config.client);
+  std::string model = config.model;
+  if (model.empty()) {
+    auto ids = client.list_models();
+    if (ids.empty()) fail("GET /v1/models listed no model; pass --model");
+    model = ids.front();
+  }
+  std::vector<int32_t> token_pool;
+  if (config.use_tokenize && *kind == EndpointKind::kCompletions)
+    token_pool = probe_token_pool(client, model);
+  log(token_pool.empty() ? "Prompts: random words (no POST /tokenize, or a chat endpoint)"
+                         : fmt::format("Prompts: random token ids ({} distinct ids from POST /tokenize)",
+                                       token_pool.size()));
+
+  std::vector<BenchRequest> requests = make_random_requests(config.dataset, token_pool, model);
+  assign_adapters(requests, config.lora_modules, config.lora_assignment, config.dataset.seed);
+  std::vector<double> arrivals = arrival_times(static_cast<int64_t>(requests.size()), config.request_rate,
+                                               config.burstiness, config.dataset.seed);
+
+  if (config.initial_test) {
+    log("Starting initial single prompt test run...");
+    RequestOutcome test = client.send(requests.front());
+    if (!test.success) {
+      fail(
+          "the initial test request to {}{} failed: {}. Check the arguments (--model, --endpoint, "
+          "--lora-modules, --api-key).",
+          config.client.base_url, config.client.endpoint, test.error);
+    }
+    log("Initial test run completed. Starting main benchmark run...");
+  }
+  log(fmt::format("Traffic request rate: {}",
+                  std::isinf(config.request_rate) ? "inf" : fmt::format("{}", config.request_rate)));
+  log(fmt::format("Burstiness factor: {} ({})", config.burstiness,
+                  config.burstiness == 1.0 ? "Poisson process" : "Gamma distribution"));
+  log(fmt::format("Maximum request concurrency: {}",
+                  config.max_concurrency > 0 ? std::to_string(config.max_concurrency) : "None"));
+
+  BenchReport report;
+  size_t num_requests = requests.size();
+  size_t report_every = std::max<size_t>(1, num_requests / 10);
+  report.outcomes = run_requests(config.client, requests, arrivals, config.max_concurrency, report.duration_s,
+                                 [&](size_t num_done) {
+                                   if (num_done % report_every == 0 || num_done == num_requests) {
+                                     log(fmt::format("  {}/{} requests done", num_done, num_requests));
+                                   }
+                                 });
+  report.metrics = compute_metrics(report.outcomes, report.duration_s, config.percentiles);
+
+  auto& d = report.description;
+  d.backend = *kind == EndpointKind::kChatCompletions ? "openai-chat" : "openai";
+  d.model_id = model;
+  d.endpoint = config.client.endpoint;
+  d.num_prompts = static_cast<int64_t>(num_requests);
+  d.request_rate = config.request_rate;
+  d.burstiness = config.burstiness;
+  d.max_concurrency = config.max_concurrency;
+  d.lora_modules = config.lora_modules;
+  switch (config.lora_assignment) {
+    case AdapterAssignment::kRoundRobin:
+      d.lora_assignment = "round-robin";
+      break;
+    case AdapterAssignment::kRandom:
+      d.lora_assignment = "random";
+      break;
+  }
+  d.date = now_date();
+  return report;
+}
+
+}  // namespace polylora::bench_client

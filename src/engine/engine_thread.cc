@@ -1,0 +1,219 @@
+// engine/engine_thread.cc: the engine loop on its own thread and its thread-safe handle.
+#include "engine/engine_thread.h"
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace polylora {
+
+using Clock = std::chrono::steady_clock;
+
+std::optional<RequestOutput> OutputStream::next(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || finished_; });
+  if (queue_.empty()) return std::nullopt;
+  RequestOutput out = std::move(queue_.front());
+  queue_.pop_front();
+  return out;
+}
+
+void OutputStream::push(RequestOutput output) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (output.finished) finished_ = true;
+    queue_.push_back(std::move(output));
+  }
+  cv_.notify_all();
+}
+
+bool OutputStream::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_ && queue_.empty();
+}
+
+EngineThread::EngineThread(std::unique_ptr<Engine> engine)
+    : engine_(std::move(engine)),
+      model_config_(engine_->model_config()),
+      max_model_len_(engine_->max_model_len()) {
+  publish();
+  thread_ = std::thread([this] { loop(); });
+}
+
+EngineThread::~EngineThread() { shutdown(std::chrono::milliseconds(0)); }
+
+template <typename T>
+T EngineThread::call(std::function<T()> fn) {
+  auto task = std::make_shared<std::packaged_task<T()>>(std::move(fn));
+  std::future<T> result = task->get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (exit_) fail_with(ErrorKind::kOverloaded, "the server is shutting down");
+    commands_.push_back([task] { (*task)(); });
+  }
+  cv_.notify_all();
+  return result.get();
+}
+
+std::shared_ptr<OutputStream> EngineThread::add_request(EngineRequest request) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) fail_with(ErrorKind::kOverloaded, "the server is shutting down and accepts no new requests");
+  }
+  return call<std::shared_ptr<OutputStream>>([this, r = std::move(request)]() mutable {
+    std::string id = r.request_id;
+    engine_->add_request(std::move(r));  // throws on invalid input; nothing is registered then
+    auto stream = std::make_shared<OutputStream>();
+    streams_[id] = stream;
+    timings_[id] = {Clock::now(), Clock::now(), false};
+    return stream;
+  });
+}
+
+void EngineThread::abort(const std::string& request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (exit_) return;
+    commands_.push_back([this, request_id] { engine_->abort(request_id); });
+  }
+  cv_.notify_all();
+}
+
+void EngineThread::add_adapter(std::shared_ptr<LoraAdapter> adapter) {
+  call<int>([this, a = std::move(adapter)]() mutable {
+    engine_->add_adapter(std::move(a));
+    publish();
+    return 0;
+  });
+}
+
+bool EngineThread::remove_adapter(const std::string& name) {
+  return call<bool>([this, name] {
+    bool removed = engine_->remove_adapter(name);
+    publish();
+    return removed;
+  });
+}
+
+bool EngineThread::has_adapter(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  for (const auto& a : snapshot_.adapters)
+    if (a.name == name) return true;
+  return false;
+}
+
+EngineSnapshot EngineThread::snapshot() const {
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  return snapshot_;
+}
+
+void EngineThread::publish() {
+  EngineSnapshot s;
+  s.stats = engine_->stats();
+  for (const auto& a : engine_->adapters()) s.adapters.push_back({a->name, a->path, a->generation, a->max_rank});
+  s.metrics = metrics_.snapshot();
+  std::lock_guard<std::mutex> lock(snapshot_mu_);
+  snapshot_ = std::move(s);
+}
+
+void EngineThread::shutdown(std::chrono::milliseconds grace) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    stopping_ = true;
+  }
+  auto deadline = Clock::now() + grace;
+  while (Clock::now() < deadline) {
+    if (snapshot().stats.num_running + snapshot().stats.num_waiting == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exit_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void EngineThread::loop() {
+  while (true) {
+    std::deque<Command> commands;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return exit_ || !commands_.empty() || engine_->has_unfinished(); });
+      commands.swap(commands_);
+      if (exit_) break;
+    }
+    for (auto& c : commands) c();
+    if (!engine_->has_unfinished()) {
+      publish();
+      continue;
+    }
+    std::vector<RequestOutput> outputs;
+    try {
+      outputs = engine_->step();
+    } catch (const std::exception& e) {
+      // A failed step must not take the server down: fail the requests in flight, keep serving.
+      spdlog::error("engine step failed: {}; aborting the requests in flight", e.what());
+      for (auto& [id, stream] : streams_) {
+        RequestOutput out;
+        out.request_id = id;
+        out.finished = true;
+        out.error = std::string("internal error: ") + e.what();
+        engine_->abort(id);
+        stream->push(std::move(out));
+      }
+      try {
+        engine_->step();  // drains the aborted requests
+      } catch (const std::exception& e2) {
+        spdlog::error("engine step failed again: {}", e2.what());
+      }
+      streams_.clear();
+      timings_.clear();
+      publish();
+      continue;
+    }
+    auto now = Clock::now();
+    for (auto& out : outputs) {
+      const std::string rid = out.request_id;
+      auto it = streams_.find(rid);
+      if (it == streams_.end()) continue;
+      Timing& t = timings_[rid];
+      int64_t new_tokens = 0;
+      for (const auto& s : out.sequences) new_tokens += static_cast<int64_t>(s.new_token_ids.size());
+      if (new_tokens > 0) {
+        double since = std::chrono::duration<double>(now - (t.first_token ? t.last_token : t.arrival)).count();
+        if (!t.first_token) metrics_.ttft.observe(since);
+        else metrics_.itl.observe(since);
+        t.first_token = true;
+        t.last_token = now;
+      }
+      if (out.finished) {
+        metrics_.e2e.observe(std::chrono::duration<double>(now - t.arrival).count());
+        metrics_.prompt_tokens.observe(static_cast<double>(out.num_prompt_tokens));
+        int64_t generated = 0;
+        for (const auto& s : out.sequences) {
+          generated = std::max(generated, s.num_output_tokens);
+          if (s.finish_reason) ++metrics_.finished_by_reason[finish_reason_name(*s.finish_reason)];
+        }
+        metrics_.generation_tokens.observe(static_cast<double>(generated));
+        it->second->push(std::move(out));
+        streams_.erase(it);
+        timings_.erase(rid);
+      } else {
+        it->second->push(std::move(out));
+      }
+    }
+    publish();
+  }
+  // Exit: abort whatever is left so readers see a final output.
+  for (auto& [id, stream] : streams_) {
+    RequestOutput out;
+    out.request_id = id;
+    out.finished = true;
+    out.error = "the server shut down before the request finished";
+    stream->push(std::move(out));
+  }
+  streams_.clear();
+}
+
+}  // namespace polylora

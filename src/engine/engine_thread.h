@@ -1,0 +1,107 @@
+// engine/engine_thread.h: the engine on its own thread, and the thread-safe handle the HTTP layer uses.
+// Owns: the one engine thread (which alone touches the Engine: scheduler, cache, runner), a command queue
+// in (add / abort / adapters / shutdown), one OutputStream per request out, request timing metrics, and
+// a stats snapshot refreshed after every step. HTTP threads never wait on the engine loop beyond the
+// short hand-off of a command; the engine thread never waits on an HTTP thread.
+// Must not: parse JSON or know about HTTP.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/metrics.h"
+
+namespace polylora {
+
+// The outputs of one request, produced by the engine thread and consumed by one reader.
+class OutputStream {
+ public:
+  // Waits up to `timeout` for the next output; nullopt on timeout. After the final output (finished),
+  // returns nullopt immediately.
+  std::optional<RequestOutput> next(std::chrono::milliseconds timeout);
+  void push(RequestOutput output);
+  bool done() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RequestOutput> queue_;
+  bool finished_ = false;  // the final output has been pushed
+};
+
+struct AdapterInfo {
+  std::string name;
+  std::string path;
+  uint64_t generation = 0;
+  int64_t rank = 0;
+};
+
+struct EngineSnapshot {
+  EngineStats stats;
+  std::vector<AdapterInfo> adapters;
+  MetricsSnapshot metrics;
+};
+
+class EngineThread {
+ public:
+  explicit EngineThread(std::unique_ptr<Engine> engine);
+  ~EngineThread();
+
+  // Thread-safe. Hands the request to the engine thread and waits for it to be accepted; throws the
+  // engine's polylora::Error when it is not (invalid, unknown adapter, overloaded, shutting down).
+  std::shared_ptr<OutputStream> add_request(EngineRequest request);
+  void abort(const std::string& request_id);
+  void add_adapter(std::shared_ptr<LoraAdapter> adapter);  // throws
+  bool remove_adapter(const std::string& name);
+  bool has_adapter(const std::string& name) const;
+  EngineSnapshot snapshot() const;
+  // Stops accepting requests; waits up to `grace` for running ones to finish, then aborts the rest and
+  // stops the thread.
+  void shutdown(std::chrono::milliseconds grace);
+
+  const ModelConfig& model_config() const { return model_config_; }
+  int64_t max_model_len() const { return max_model_len_; }
+
+ private:
+  using Command = std::function<void()>;
+  void loop();
+  // Runs `fn` on the engine thread and waits for its result (rethrowing its exception).
+  template <typename T>
+  T call(std::function<T()> fn);
+  void publish();
+
+  std::unique_ptr<Engine> engine_;
+  ModelConfig model_config_;
+  int64_t max_model_len_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Command> commands_;
+  bool stopping_ = false;   // no new requests
+  bool exit_ = false;       // leave the loop
+  std::thread thread_;
+  // Engine-thread state.
+  std::map<std::string, std::shared_ptr<OutputStream>> streams_;
+  struct Timing {
+    std::chrono::steady_clock::time_point arrival, last_token;
+    bool first_token = false;
+  };
+  std::map<std::string, Timing> timings_;
+  Metrics metrics_;
+  // Published snapshot.
+  mutable std::mutex snapshot_mu_;
+  EngineSnapshot snapshot_;
+};
+
+}  // namespace polylora

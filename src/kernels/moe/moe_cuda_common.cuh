@@ -1,0 +1,44 @@
+// kernels/moe/moe_cuda_common.cuh: what moe_cuda.cu's GEMM and GEMV kernels share: the phase (gate_up or
+// down) and, per phase, an expert's weight row pointer, weight dtype and bias. Only included from
+// moe_cuda.cu and its kernel headers. Must not: depend on anything above common/.
+#pragma once
+
+#include "kernels/cuda_util.cuh"
+#include "kernels/moe/moe.h"
+
+namespace polylora::kernels::cuda::moe_detail {
+
+enum class Phase { kGateUp, kDown };
+
+// Row n of the phase's weight ([2I, H] gate_up, or gate rows then up rows; [H, I] down), K = row length.
+template <Phase P>
+__device__ __forceinline__ const char* weight_row(const ExpertView& ex, int64_t n, int64_t K, int64_t I) {
+  if (P == Phase::kDown) return static_cast<const char*>(ex.down.data) + n * K * dtype_size(ex.down.dtype);
+  if (ex.gate_up.data != nullptr)
+    return static_cast<const char*>(ex.gate_up.data) + n * K * dtype_size(ex.gate_up.dtype);
+  if (n < I) return static_cast<const char*>(ex.gate.data) + n * K * dtype_size(ex.gate.dtype);
+  return static_cast<const char*>(ex.up.data) + (n - I) * K * dtype_size(ex.up.dtype);
+}
+
+template <Phase P>
+__device__ __forceinline__ DType weight_dtype(const ExpertView& ex) {
+  return P == Phase::kDown ? ex.down.dtype : (ex.gate_up.data != nullptr ? ex.gate_up.dtype : ex.gate.dtype);
+}
+
+template <Phase P>
+__device__ __forceinline__ const float* weight_bias(const ExpertView& ex) {
+  return P == Phase::kDown ? ex.down_bias : (ex.gate_up.data != nullptr ? ex.gate_up_bias : nullptr);
+}
+
+// Are all of the phase's weight matrices 16-byte aligned with rows of a multiple of 16 bytes?
+template <Phase P>
+__device__ __forceinline__ bool weight_rows_aligned16(const ExpertView& ex, int64_t K) {
+  auto ok = [&](const WeightView& w) {
+    return w.data == nullptr ||
+           ((reinterpret_cast<uintptr_t>(w.data) & 15) == 0 && (K * dtype_size(w.dtype)) % 16 == 0);
+  };
+  if (P == Phase::kDown) return ok(ex.down);
+  return ok(ex.gate_up) && ok(ex.gate) && ok(ex.up);
+}
+
+}  // namespace polylora::kernels::cuda::moe_detail

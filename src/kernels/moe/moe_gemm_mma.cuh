@@ -1,0 +1,227 @@
+// kernels/moe/moe_gemm_mma.cuh: the large-batch MoE grouped GEMM on bf16 tensor cores. One CTA (8 warps,
+// 2×4, each a (BM/2)×32 warp tile) per (row tile of one expert, 128 output columns); mma.sync m16n8k16
+// bf16 with f32 accumulation fed by ldmatrix from XOR-swizzled shared memory; a kStages-deep cp.async
+// pipeline of BK = 32 slices. A rows are gathered from a bf16 activation buffer cast once (gate_up: x by
+// token; down: act by sorted row) whose rows are zero-padded to a multiple of BK; B is the expert's
+// weight [N, K] read with 16-byte cp.async when it is BF16 with 16-byte rows, else converted element by
+// element (odd shapes, F16). Tiles past the device-side tile count exit at once.
+// Only included from moe_cuda.cu. Must not: depend on anything above common/.
+#pragma once
+
+#include "kernels/moe/moe_cuda_common.cuh"
+
+namespace polylora::kernels::cuda::moe_detail {
+
+constexpr int kMmaThreads = 256;
+constexpr int kMmaBN = 128;
+constexpr int kMmaBK = 32;  // one 64-byte row of a shared-memory tile = 4 chunks of 16 bytes
+constexpr int kMmaStages = 4;
+
+template <int BM>
+struct MmaCfg {
+  static constexpr int kWM = BM / 2;    // warp tile rows (warps 2 × 4)
+  static constexpr int kMI = kWM / 16;  // m16 fragments per warp
+  static constexpr int kNI = 4;         // n8 fragments per warp (32 columns)
+  static constexpr int kABytes = BM * kMmaBK * 2;
+  static constexpr int kBBytes = kMmaBN * kMmaBK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kSmemBytes = kMmaStages * kStageBytes;
+};
+
+struct MmaParams {
+  const __nv_bfloat16* a = nullptr;  // kGateUp: x as bf16 [m, lda]; kDown: act as bf16 [max_rows, lda]
+  int64_t lda = 0;                   // multiple of kMmaBK; columns past K are zero
+  const ExpertView* experts = nullptr;
+  const int32_t* sorted = nullptr;       // [max_rows] pair per sorted row, −1 for padding
+  const int32_t* tile_expert = nullptr;  // [max_tiles]
+  const int32_t* num_tiles = nullptr;    // [1]
+  int64_t top_k = 0, hidden = 0, inter = 0;
+  float* out = nullptr;  // kGateUp: gu [max_rows, 2I] by sorted row; kDown: y [pairs, H] by pair
+};
+
+// Byte offset of 16-byte chunk c (0..3) of row r in a [rows][kMmaBK] bf16 tile (XOR swizzle: the 8 rows
+// an ldmatrix phase reads land in 8 distinct bank groups).
+__device__ __forceinline__ uint32_t mma_swz(int r, int c) {
+  return static_cast<uint32_t>(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <Phase P, int BM>
+__global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
+  using C = MmaCfg<BM>;
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  __shared__ int32_t s_pair[BM];
+  __shared__ int64_t s_arow[BM];  // A row (−1: padding, zero-filled)
+  const int tile = blockIdx.x;
+  if (tile >= *p.num_tiles) return;
+  const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
+  const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kMmaBN;
+  if (n0 >= N) return;
+  const ExpertView& ex = p.experts[p.tile_expert[tile]];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int i = tid; i < BM; i += kMmaThreads) {
+    const int64_t r = static_cast<int64_t>(tile) * BM + i;
+    const int32_t pr = p.sorted[r];
+    s_pair[i] = pr;
+    s_arow[i] = pr < 0 ? -1 : (P == Phase::kGateUp ? pr / p.top_k : r);
+  }
+  const DType bdt = weight_dtype<P>(ex);
+  const float* bias = weight_bias<P>(ex);
+  const bool b_fast = bdt == DType::kBF16 && weight_rows_aligned16<P>(ex, K);
+  // Each thread copies chunk (tid % 4) of rows tid / 4 + 64·i of the A and B tiles.
+  const int ld_chunk = tid & 3, ld_row = tid >> 2;
+  constexpr int kARowsPerThread = BM / 64;
+  const char* b_src[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t n = n0 + ld_row + 64 * i;
+    b_src[i] = n < N ? weight_row<P>(ex, n, K, p.inter) : nullptr;
+  }
+  __syncthreads();
+  const __nv_bfloat16* a_src[kARowsPerThread];
+#pragma unroll
+  for (int i = 0; i < kARowsPerThread; ++i) {
+    const int64_t ar = s_arow[ld_row + 64 * i];
+    a_src[i] = ar < 0 ? nullptr : p.a + ar * p.lda;
+  }
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
+  const int num_kt = static_cast<int>(p.lda / kMmaBK);
+
+  auto load_stage = [&](int stage, int kt) {
+    const uint32_t sa = smem_base + stage * C::kStageBytes;
+    const uint32_t sb = sa + C::kABytes;
+    const int64_t k = static_cast<int64_t>(kt) * kMmaBK + ld_chunk * 8;
+#pragma unroll
+    for (int i = 0; i < kARowsPerThread; ++i) {
+      const int r = ld_row + 64 * i;
+      cp_async16(sa + mma_swz(r, ld_chunk), a_src[i] != nullptr ? a_src[i] + k : p.a, a_src[i] != nullptr ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = ld_row + 64 * i;
+      if (b_fast) {
+        const bool ok = b_src[i] != nullptr && k < K;
+        cp_async16(sb + mma_swz(r, ld_chunk), ok ? b_src[i] + k * 2 : static_cast<const void*>(p.a), ok ? 16 : 0);
+      } else {
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t lo = 0, hi = 0;
+          if (b_src[i] != nullptr && k + 2 * j < K)
+            lo = __bfloat16_as_ushort(cuda_util::load_as_bf16(b_src[i], bdt, k + 2 * j));
+          if (b_src[i] != nullptr && k + 2 * j + 1 < K)
+            hi = __bfloat16_as_ushort(cuda_util::load_as_bf16(b_src[i], bdt, k + 2 * j + 1));
+          w[j] = lo | (hi << 16);
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sb + mma_swz(r, ld_chunk)), "r"(w[0]),
+                     "r"(w[1]), "r"(w[2]), "r"(w[3]));
+      }
+    }
+  };
+
+  float acc[C::kMI][C::kNI][4];
+#pragma unroll
+  for (int i = 0; i < C::kMI; ++i)
+#pragma unroll
+    for (int j = 0; j < C::kNI; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kMmaStages - 1; ++s) {
+    if (s < num_kt) load_stage(s, s);
+    cp_async_commit();
+  }
+  const int wm = warp >> 2, wn = warp & 3;
+  for (int kt = 0; kt < num_kt; ++kt) {
+    cp_async_wait<kMmaStages - 2>();
+    __syncthreads();  // stage kt is visible to all; stage kt − 1 is no longer read
+    const int nk = kt + kMmaStages - 1;
+    if (nk < num_kt) load_stage(nk % kMmaStages, nk);
+    cp_async_commit();
+    const uint32_t sa = smem_base + (kt % kMmaStages) * C::kStageBytes;
+    const uint32_t sb = sa + C::kABytes;
+#pragma unroll
+    for (int ks = 0; ks < kMmaBK / 16; ++ks) {
+      uint32_t af[C::kMI][4];
+      uint32_t bf[C::kNI][2];
+#pragma unroll
+      for (int mi = 0; mi < C::kMI; ++mi) {
+        const int r = wm * C::kWM + mi * 16 + (lane & 15);
+        ldmatrix_x4(af[mi], sa + mma_swz(r, ks * 2 + (lane >> 4)));
+      }
+#pragma unroll
+      for (int nj = 0; nj < C::kNI / 2; ++nj) {
+        const int r = wn * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+        uint32_t t[4];
+        ldmatrix_x4(t, sb + mma_swz(r, ks * 2 + ((lane >> 3) & 1)));
+        bf[2 * nj][0] = t[0];
+        bf[2 * nj][1] = t[1];
+        bf[2 * nj + 1][0] = t[2];
+        bf[2 * nj + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < C::kMI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < C::kNI; ++ni) mma_bf16(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: c0,c1 at (row g, columns 2t, 2t+1), c2,c3 at row g + 8 (g = lane / 4, t = lane % 4).
+#pragma unroll
+  for (int mi = 0; mi < C::kMI; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * C::kWM + mi * 16 + (lane >> 2) + h * 8;
+      const int32_t pr = s_pair[r];
+      if (pr < 0) continue;
+      float* orow = P == Phase::kGateUp ? p.out + (static_cast<int64_t>(tile) * BM + r) * N
+                                        : p.out + static_cast<int64_t>(pr) * N;
+#pragma unroll
+      for (int ni = 0; ni < C::kNI; ++ni) {
+        const int64_t n = n0 + wn * 32 + ni * 8 + (lane & 3) * 2;
+        float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+        if (n + 1 < N) {
+          if (bias != nullptr) {
+            v0 += bias[n];
+            v1 += bias[n + 1];
+          }
+          if ((N & 1) == 0) {
+            *reinterpret_cast<float2*>(orow + n) = make_float2(v0, v1);
+          } else {
+            orow[n] = v0;
+            orow[n + 1] = v1;
+          }
+        } else if (n < N) {
+          orow[n] = v0 + (bias != nullptr ? bias[n] : 0.0f);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace polylora::kernels::cuda::moe_detail

@@ -1,0 +1,104 @@
+// server/metrics_text.cc: the Prometheus text exposition of the engine's state, with vLLM's metric names
+// (so existing dashboards work) plus per-adapter counters.
+#include <sstream>
+
+#include "server/http_server.h"
+
+namespace polylora::server {
+namespace {
+
+std::string escape_label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+void header(std::ostringstream& o, const std::string& name, const char* type, const char* help) {
+  o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+}
+
+void histogram(std::ostringstream& o, const std::string& name, const char* help, const HistogramSnapshot& h,
+               const std::string& labels) {
+  header(o, name, "histogram", help);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cumulative += h.bucket_counts[i];
+    o << name << "_bucket{" << labels << ",le=\"" << h.bounds[i] << "\"} " << cumulative << "\n";
+  }
+  cumulative += h.bucket_counts.back();
+  o << name << "_bucket{" << labels << ",le=\"+Inf\"} " << cumulative << "\n";
+  o << name << "_sum{" << labels << "} " << h.sum << "\n";
+  o << name << "_count{" << labels << "} " << h.count << "\n";
+}
+
+}  // namespace
+
+std::string prometheus_text(const EngineSnapshot& snap, const std::string& model_name) {
+  std::ostringstream o;
+  o.precision(10);
+  const std::string labels = "model_name=\"" + escape_label(model_name) + "\"";
+  const EngineStats& s = snap.stats;
+  auto gauge = [&](const std::string& name, const char* help, double v) {
+    header(o, name, "gauge", help);
+    o << name << "{" << labels << "} " << v << "\n";
+  };
+  auto counter = [&](const std::string& name, const char* help, double v) {
+    header(o, name, "counter", help);
+    o << name << "{" << labels << "} " << v << "\n";
+  };
+  gauge("vllm:num_requests_running", "Number of requests in model execution batches.", static_cast<double>(s.num_running));
+  gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", static_cast<double>(s.num_waiting));
+  gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage);
+  gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (legacy name). 1 means 100 percent usage.", s.kv_usage);
+  gauge("polylora:kv_cache_blocks", "KV-cache blocks in total.", static_cast<double>(s.num_kv_blocks));
+  counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+          static_cast<double>(s.prefix_queries));
+  counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
+          static_cast<double>(s.prefix_hits));
+  counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
+          static_cast<double>(s.num_preemptions));
+  counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens));
+  counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
+          static_cast<double>(s.generation_tokens));
+  header(o, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
+  for (const char* reason : {"stop", "length", "abort"}) {
+    auto it = snap.metrics.finished_by_reason.find(reason);
+    o << "vllm:request_success_total{" << labels << ",finished_reason=\"" << reason << "\"} "
+      << (it == snap.metrics.finished_by_reason.end() ? 0 : it->second) << "\n";
+  }
+  const MetricsSnapshot& m = snap.metrics;
+  histogram(o, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m.ttft, labels);
+  histogram(o, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", m.itl, labels);
+  histogram(o, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", m.itl, labels);
+  histogram(o, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", m.e2e,
+            labels);
+  histogram(o, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens, labels);
+  histogram(o, "vllm:request_generation_tokens", "Number of generation tokens processed.", m.generation_tokens, labels);
+  // Adapters: which are loaded, and per-adapter request and token counters ("base" for the base model).
+  header(o, "vllm:lora_requests_info", "gauge", "Running stats on LoRA requests.");
+  std::string loaded;
+  for (const auto& a : snap.adapters) loaded += (loaded.empty() ? "" : ",") + a.name;
+  o << "vllm:lora_requests_info{" << labels << ",loaded_lora_adapters=\"" << escape_label(loaded) << "\"} 1\n";
+  const char* names[] = {"polylora:adapter_requests_total", "polylora:adapter_prompt_tokens_total",
+                         "polylora:adapter_generation_tokens_total"};
+  const char* helps[] = {"Requests received per adapter.", "Prompt tokens computed per adapter.",
+                         "Tokens generated per adapter."};
+  for (int k = 0; k < 3; ++k) {
+    header(o, names[k], "counter", helps[k]);
+    for (const auto& [adapter, c] : s.adapters) {
+      int64_t v = k == 0 ? c.requests : k == 1 ? c.prompt_tokens : c.generation_tokens;
+      o << names[k] << "{" << labels << ",adapter=\"" << escape_label(adapter.empty() ? "base" : adapter) << "\"} " << v
+        << "\n";
+    }
+  }
+  return o.str();
+}
+
+}  // namespace polylora::server

@@ -1,0 +1,318 @@
+// server/openai_api.cc: completion / chat request parsing and response pieces (OpenAI + vLLM fields).
+#include "server/openai_api.h"
+
+#include "common/error.h"
+#include "server/request_json.h"
+
+namespace polylora::server {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+namespace {
+
+const json* get(const json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+bool bool_field(const json& body, const char* name, bool fallback) {
+  const json* f = get(body, name);
+  if (!f) return fallback;
+  if (!f->is_boolean()) fail("'{}' must be a boolean, got {}", name, f->type_name());
+  return f->get<bool>();
+}
+
+// Resolves `model` to the base model or an adapter; 404 when it is neither.
+void resolve_model(const json& body, const ParseContext& ctx, ParsedRequest& out) {
+  const json* m = get(body, "model");
+  if (!m) {
+    out.model = ctx.served_model_names.empty() ? "" : ctx.served_model_names.front();
+    return;
+  }
+  if (!m->is_string()) fail("'model' must be a string");
+  out.model = m->get<std::string>();
+  for (const auto& name : ctx.served_model_names)
+    if (name == out.model) return;
+  if (ctx.has_adapter && ctx.has_adapter(out.model)) {
+    out.adapter = out.model;
+    return;
+  }
+  fail_with(ErrorKind::kNotFound, "The model `{}` does not exist.", out.model);
+}
+
+void read_common(const json& body, ParsedRequest& out, SamplingParams& sp) {
+  read_sampling_fields(body, sp);
+  out.stream = bool_field(body, "stream", false);
+  if (const json* so = get(body, "stream_options")) {
+    if (!so->is_object()) fail("'stream_options' must be an object");
+    if (!out.stream) fail("'stream_options' is only allowed when 'stream' is true");
+    out.include_usage = bool_field(*so, "include_usage", false);
+    out.continuous_usage = bool_field(*so, "continuous_usage_stats", false);
+  }
+  out.return_tokens_as_token_ids = bool_field(body, "return_tokens_as_token_ids", false);
+  out.n = sp.n;
+  if (const json* bo = get(body, "best_of")) {
+    if (!bo->is_number_integer() || bo->get<int64_t>() != sp.n)
+      fail("'best_of' other than n is not supported (got {}, n = {})", bo->dump(), sp.n);
+  }
+}
+
+EngineRequest base_request(const json& body, const ParsedRequest& out, const SamplingParams& sp) {
+  EngineRequest r;
+  r.sampling = sp;
+  r.adapter = out.adapter;
+  if (const json* cs = get(body, "cache_salt")) {
+    if (!cs->is_string() || cs->get<std::string>().empty()) fail("'cache_salt' must be a non-empty string");
+    r.cache_salt = cs->get<std::string>();
+  }
+  if (const json* pr = get(body, "priority")) {
+    if (!pr->is_number_integer()) fail("'priority' must be an integer");
+    r.priority = pr->get<int64_t>();
+  }
+  return r;
+}
+
+void check_length(const EngineRequest& r, const ParseContext& ctx) {
+  int64_t prompt = static_cast<int64_t>(r.prompt_ids.size());
+  if (prompt == 0) fail("the prompt is empty");
+  if (prompt >= ctx.max_model_len)
+    fail("This model's maximum context length is {} tokens. However, your request has {} input tokens. Please "
+         "reduce the length of the input messages.",
+         ctx.max_model_len, prompt);
+  if (r.sampling.max_tokens && prompt + *r.sampling.max_tokens > ctx.max_model_len)
+    fail("'max_tokens' is too large: {}. This model's maximum context length is {} tokens and your request has {} "
+         "input tokens ({} > {} - {}).",
+         *r.sampling.max_tokens, ctx.max_model_len, prompt, *r.sampling.max_tokens, ctx.max_model_len, prompt);
+}
+
+std::vector<int32_t> ids_of(const json& list) {
+  std::vector<int32_t> ids;
+  for (const auto& v : list) {
+    if (!v.is_number_integer()) fail("'prompt': a token-id prompt must hold only integers");
+    int64_t x = v.get<int64_t>();
+    if (x < 0 || x > INT32_MAX) fail("'prompt': token id {} is out of range", x);
+    ids.push_back(static_cast<int32_t>(x));
+  }
+  return ids;
+}
+
+}  // namespace
+
+ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
+  if (!body.is_object()) fail("the request body must be a JSON object");
+  ParsedRequest out;
+  out.kind = ApiKind::kCompletion;
+  resolve_model(body, ctx, out);
+  SamplingParams sp;  // completions default: max_tokens 16, temperature 1
+  read_common(body, out, sp);
+  out.echo = bool_field(body, "echo", false);
+  if (sp.logprobs) out.logprobs = sp.logprobs;
+  if (const json* suffix = get(body, "suffix")) fail("'suffix' is not supported (got {})", suffix->dump());
+  const json* prompt = get(body, "prompt");
+  if (!prompt) fail("'prompt' is required");
+  auto add_text = [&](const std::string& text) {
+    if (!ctx.tokenizer) fail("this server has no tokenizer: send the prompt as token ids");
+    EngineRequest r = base_request(body, out, sp);
+    r.prompt_ids = ctx.tokenizer->encode(text, bool_field(body, "add_special_tokens", true));
+    check_length(r, ctx);
+    out.prompts.push_back(std::move(r));
+    out.prompt_texts.push_back(text);
+  };
+  auto add_ids = [&](const json& list) {
+    EngineRequest r = base_request(body, out, sp);
+    r.prompt_ids = ids_of(list);
+    check_length(r, ctx);
+    out.prompt_texts.push_back(ctx.tokenizer ? ctx.tokenizer->decode(r.prompt_ids) : "");
+    out.prompts.push_back(std::move(r));
+  };
+  if (prompt->is_string()) {
+    add_text(prompt->get<std::string>());
+  } else if (prompt->is_array()) {
+    if (prompt->empty()) fail("'prompt' must not be empty");
+    if ((*prompt)[0].is_number_integer()) {
+      add_ids(*prompt);
+    } else {
+      for (const auto& p : *prompt) {
+        if (p.is_string()) add_text(p.get<std::string>());
+        else if (p.is_array()) add_ids(p);
+        else fail("'prompt' must be a string, a list of strings, a list of token ids, or a list of lists of token ids");
+      }
+    }
+  } else {
+    fail("'prompt' must be a string, a list of strings, a list of token ids, or a list of lists of token ids");
+  }
+  return out;
+}
+
+ParsedRequest parse_chat(const ordered_json& obody, const ParseContext& ctx) {
+  json body = json::parse(obody.dump());  // for the shared field readers (order does not matter there)
+  if (!body.is_object()) fail("the request body must be a JSON object");
+  ParsedRequest out;
+  out.kind = ApiKind::kChat;
+  resolve_model(body, ctx, out);
+  SamplingParams sp;
+  sp.max_tokens.reset();  // chat: up to the context length unless max_tokens / max_completion_tokens
+  read_common(body, out, sp);
+  if (const json* lp = get(body, "logprobs")) {
+    if (!lp->is_boolean()) fail("'logprobs' must be a boolean for chat completions");
+    if (lp->get<bool>()) out.logprobs = sp.logprobs.value_or(0);
+    else sp.logprobs.reset();
+  } else if (get(body, "top_logprobs")) {
+    fail("'top_logprobs' requires 'logprobs': true");
+  }
+  if (!ctx.tokenizer) fail("this server has no tokenizer, which chat completions need");
+  const ordered_json* messages = nullptr;
+  if (obody.contains("messages")) messages = &obody.at("messages");
+  if (!messages || !messages->is_array() || messages->empty()) fail("'messages' must be a non-empty list");
+  ChatTemplateInputs in;
+  in.messages = ordered_json::array();
+  for (const auto& m : *messages) {
+    if (!m.is_object()) fail("'messages': each message must be an object");
+    if (!m.contains("role") || !m["role"].is_string()) fail("'messages': each message needs a string 'role'");
+    ordered_json msg = m;
+    if (m.contains("content") && m["content"].is_array()) {  // content parts: join the text parts
+      std::string text;
+      for (const auto& part : m["content"]) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          fail("'messages': only text content parts are supported");
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      msg["content"] = text;
+    } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
+      fail("'messages': 'content' must be a string, a list of content parts, or null");
+    }
+    in.messages.push_back(std::move(msg));
+  }
+  bool add_generation_prompt = bool_field(body, "add_generation_prompt", true);
+  bool continue_final = bool_field(body, "continue_final_message", false);
+  if (continue_final && add_generation_prompt && get(body, "add_generation_prompt"))
+    fail("'continue_final_message' and 'add_generation_prompt' cannot both be true");
+  if (continue_final) add_generation_prompt = false;
+  in.add_generation_prompt = add_generation_prompt;
+  if (obody.contains("tools") && !obody["tools"].is_null()) {
+    if (!obody["tools"].is_array()) fail("'tools' must be a list");
+    in.tools = obody["tools"];
+  }
+  if (obody.contains("chat_template_kwargs") && !obody["chat_template_kwargs"].is_null()) {
+    if (!obody["chat_template_kwargs"].is_object()) fail("'chat_template_kwargs' must be an object");
+    in.kwargs = obody["chat_template_kwargs"];
+  }
+  const tokenizer::Tokenizer& tok = *ctx.tokenizer;
+  if (tok.bos_id()) in.bos_token = tok.id_to_token(*tok.bos_id());
+  in.eos_token = tok.eos_token();
+  std::optional<ChatTemplate> request_template;
+  const ChatTemplate* tmpl = ctx.chat_template;
+  if (const json* ct = get(body, "chat_template")) {
+    if (!ct->is_string()) fail("'chat_template' must be a string");
+    request_template = ChatTemplate::compile(ct->get<std::string>());
+    tmpl = &*request_template;
+  }
+  if (!tmpl) fail("the model has no chat template; pass 'chat_template' in the request or start the server with --chat-template");
+  std::string rendered;
+  try {
+    rendered = tmpl->render(in);
+  } catch (const TemplateRaisedError& e) {
+    fail("{}", e.what());
+  }
+  if (continue_final) {
+    // Keep the final message open: cut the rendering right after its content.
+    const ordered_json& last = in.messages.back();
+    std::string content = last.contains("content") && last["content"].is_string() ? last["content"].get<std::string>() : "";
+    size_t pos = content.empty() ? std::string::npos : rendered.rfind(content);
+    if (pos == std::string::npos) fail("'continue_final_message': the final message's content was not found in the rendered prompt");
+    rendered.resize(pos + content.size());
+  }
+  EngineRequest r = base_request(body, out, sp);
+  r.prompt_ids = tok.encode(rendered, bool_field(body, "add_special_tokens", false));
+  check_length(r, ctx);
+  out.prompt_texts.push_back(rendered);
+  out.prompts.push_back(std::move(r));
+  return out;
+}
+
+std::string token_text(int32_t id, const ParsedRequest& req, const tokenizer::Tokenizer* tok) {
+  if (req.return_tokens_as_token_ids || !tok) return "token_id:" + std::to_string(id);
+  std::vector<int32_t> one{id};
+  return tok->decode(one, false);
+}
+
+json completion_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
+                              const tokenizer::Tokenizer* tok, size_t text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  for (const auto& e : entries) {
+    std::string t = token_text(e.id, req, tok);
+    tokens.push_back(t);
+    token_logprobs.push_back(e.logprob);
+    offsets.push_back(text_offset);
+    text_offset += t.size();
+    json alts = json::object();
+    for (const auto& a : e.top) alts[token_text(a.id, req, tok)] = a.logprob;
+    alts[t] = e.logprob;
+    top.push_back(alts);
+  }
+  return {{"text_offset", offsets}, {"token_logprobs", token_logprobs}, {"tokens", tokens}, {"top_logprobs", top}};
+}
+
+json chat_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
+                        const tokenizer::Tokenizer* tok) {
+  json content = json::array();
+  auto bytes_of = [](const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  for (const auto& e : entries) {
+    std::string t = token_text(e.id, req, tok);
+    json alts = json::array();
+    for (const auto& a : e.top) {
+      std::string at = token_text(a.id, req, tok);
+      alts.push_back({{"token", at}, {"logprob", a.logprob}, {"bytes", bytes_of(at)}});
+    }
+    content.push_back({{"token", t}, {"logprob", e.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", alts}});
+  }
+  return {{"content", content}};
+}
+
+json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entries, const tokenizer::Tokenizer* tok) {
+  json out = json::array();
+  for (const auto& e : entries) {
+    if (!e) {
+      out.push_back(nullptr);
+      continue;
+    }
+    auto dec = [&](int32_t id) {
+      std::vector<int32_t> one{id};
+      return tok ? tok->decode(one, false) : std::string();
+    };
+    json m = json::object();
+    m[std::to_string(e->id)] = {{"logprob", e->logprob}, {"rank", e->rank}, {"decoded_token", dec(e->id)}};
+    int64_t rank = 1;
+    for (const auto& a : e->top) {
+      if (!m.contains(std::to_string(a.id)))
+        m[std::to_string(a.id)] = {{"logprob", a.logprob}, {"rank", rank}, {"decoded_token", dec(a.id)}};
+      ++rank;
+    }
+    out.push_back(m);
+  }
+  return out;
+}
+
+json stop_reason_json(const std::optional<std::string>& reason) {
+  if (!reason) return nullptr;
+  // A stop token id is reported as a number (as vLLM does), a stop string as a string.
+  const std::string& r = *reason;
+  if (!r.empty() && r.find_first_not_of("0123456789") == std::string::npos) return std::stoll(r);
+  return r;
+}
+
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
+  json u = {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens}};
+  u["prompt_tokens_details"] = cached_tokens > 0 ? json{{"cached_tokens", cached_tokens}} : json(nullptr);
+  return u;
+}
+
+}  // namespace polylora::server

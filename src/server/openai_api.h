@@ -1,0 +1,69 @@
+// server/openai_api.h: the OpenAI / vLLM request and response formats of /v1/completions and
+// /v1/chat/completions: JSON body -> engine requests (validated, fields named in errors), and engine
+// outputs -> response objects and streamed chunks. The only place completion JSON is built.
+// Must not: talk to sockets or the engine (http_server.cc does).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api/request.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace polylora::server {
+
+enum class ApiKind { kCompletion, kChat };
+
+// A parsed completion or chat request: one engine request per prompt (the engine fans out n).
+struct ParsedRequest {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string model;             // as the client named it (base model name or adapter)
+  std::string adapter;           // empty: base model
+  std::vector<EngineRequest> prompts;
+  std::vector<std::string> prompt_texts;  // for echo
+  bool stream = false;
+  bool include_usage = false;
+  bool continuous_usage = false;
+  bool echo = false;
+  bool return_tokens_as_token_ids = false;
+  int64_t n = 1;
+  std::optional<int64_t> logprobs;  // completions: top-N; chat: top_logprobs when logprobs is true
+};
+
+struct ParseContext {
+  const tokenizer::Tokenizer* tokenizer = nullptr;  // may be null (token-id prompts only)
+  const ChatTemplate* chat_template = nullptr;      // the default template (may be null)
+  std::vector<std::string> served_model_names;
+  std::function<bool(const std::string&)> has_adapter;
+  int64_t max_model_len = 0;
+};
+
+// Throws polylora::Error (kInvalid -> 400, kNotFound -> 404) naming the offending field.
+ParsedRequest parse_completion(const nlohmann::json& body, const ParseContext& ctx);
+ParsedRequest parse_chat(const nlohmann::ordered_json& body, const ParseContext& ctx);
+
+// Accumulated state of one choice while streaming or collecting.
+struct ChoiceState {
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::vector<LogprobEntry> logprobs;
+  std::optional<FinishReason> finish_reason;
+  std::optional<std::string> stop_reason;
+  bool role_sent = false;
+};
+
+// Builders. `token_text(id)` renders one token for logprobs.
+nlohmann::json completion_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
+                                        const tokenizer::Tokenizer* tok, size_t text_offset_start);
+nlohmann::json chat_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
+                                  const tokenizer::Tokenizer* tok);
+nlohmann::json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entries,
+                                    const tokenizer::Tokenizer* tok);
+nlohmann::json stop_reason_json(const std::optional<std::string>& reason);
+nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
+std::string token_text(int32_t id, const ParsedRequest& req, const tokenizer::Tokenizer* tok);
+
+}  // namespace polylora::server

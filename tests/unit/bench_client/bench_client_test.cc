@@ -1,0 +1,455 @@
+// tests/unit/bench_client/bench_client_test.cc: `polylora bench serve`'s library against an in-process fake
+// OpenAI server (httplib::Server on an ephemeral port streaming SSE chunks with known delays), plus the
+// pure parts: SSE parsing, percentiles, metrics, arrivals, adapter assignment, dataset, JSON keys.
+// Must not: assert tight timings (the machine is shared); bounds are generous.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "bench_client/metrics.h"
+#include "bench_client/openai_client.h"
+#include "bench_client/runner.h"
+#include "bench_client/sse_parser.h"
+#include "bench_client/workload.h"
+
+namespace polylora::bench_client {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kNumChunks = 5;
+constexpr int kFirstDelayMs = 60;
+constexpr int kGapMs = 25;
+
+// A fake OpenAI-compatible server. /v1/completions streams kNumChunks text chunks (first after
+// kFirstDelayMs, then every kGapMs) and a usage chunk; /v1/chat/completions streams a role-only chunk then
+// kNumChunks content chunks and no usage; model "broken-adapter" gets a 404; /v1/fail always answers 500.
+class FakeOpenAiServer {
+ public:
+  FakeOpenAiServer() {
+    server_.new_task_queue = [] { return new httplib::ThreadPool(32); };
+    server_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(json{{"object", "list"}, {"data", {{{"id", "fake-model"}}, {{"id", "other"}}}}}.dump(),
+                      "application/json");
+    });
+    server_.Post("/tokenize", [](const httplib::Request& req, httplib::Response& res) {
+      auto body = json::parse(req.body);
+      std::string text = body["prompt"];
+      json tokens = json::array();
+      size_t word = 0;
+      for (size_t i = 0; i <= text.size(); ++i) {
+        if (i == text.size() || text[i] == ' ') tokens.push_back(100 + static_cast<int>(word++ % 40));
+      }
+      res.set_content(json{{"tokens", tokens}, {"count", tokens.size()}}.dump(), "application/json");
+    });
+    server_.Post("/v1/fail", [](const httplib::Request&, httplib::Response& res) {
+      res.status = 500;
+      res.set_content(R"({"error": {"message": "boom", "type": "server_error"}})", "application/json");
+    });
+    server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      stream(req, res, /*chat=*/false);
+    });
+    server_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      stream(req, res, /*chat=*/true);
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~FakeOpenAiServer() {
+    server_.stop();
+    thread_.join();
+  }
+
+  std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::vector<json> bodies() {
+    std::lock_guard lock(mutex_);
+    return bodies_;
+  }
+
+ private:
+  void stream(const httplib::Request& req, httplib::Response& res, bool chat) {
+    json body = json::parse(req.body);
+    {
+      std::lock_guard lock(mutex_);
+      bodies_.push_back(body);
+    }
+    if (body["model"] == "broken-adapter") {
+      res.status = 404;
+      res.set_content(R"({"error": {"message": "The model `broken-adapter` does not exist."}})",
+                      "application/json");
+      return;
+    }
+    int64_t prompt_tokens = 0;
+    if (body.contains("prompt") && body["prompt"].is_array())
+      prompt_tokens = static_cast<int64_t>(body["prompt"].size());
+    res.set_chunked_content_provider(
+        "text/event-stream", [chat, prompt_tokens](size_t, httplib::DataSink& sink) {
+          auto send = [&](const json& chunk) {
+            std::string line = "data: " + chunk.dump() + "\n\n";
+            sink.write(line.data(), line.size());
+          };
+          std::this_thread::sleep_for(std::chrono::milliseconds(kFirstDelayMs));
+          if (chat)
+            send({{"choices", {{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}}}}});
+          for (int i = 0; i < kNumChunks; ++i) {
+            if (i) std::this_thread::sleep_for(std::chrono::milliseconds(kGapMs));
+            if (chat) {
+              send({{"choices", {{{"index", 0}, {"delta", {{"content", " tok"}}}}}}});
+            } else {
+              send({{"choices", {{{"index", 0}, {"text", " tok"}}}}});
+            }
+          }
+          if (!chat) {
+            send({{"choices", json::array()},
+                  {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", kNumChunks}}}});
+          }
+          const std::string done = "data: [DONE]\n\n";
+          sink.write(done.data(), done.size());
+          sink.done();
+          return true;
+        });
+  }
+
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::vector<json> bodies_;
+};
+
+BenchConfig fake_config(const FakeOpenAiServer& server) {
+  BenchConfig config;
+  config.client.base_url = server.base_url();
+  config.dataset.num_prompts = 8;
+  config.dataset.input_len = 16;
+  config.dataset.output_len = kNumChunks;
+  config.max_concurrency = 4;
+  config.percentiles = {50, 99};
+  return config;
+}
+
+void quiet(const std::string&) {}
+
+TEST(SseParser, SplitsDataLinesAcrossChunkBoundaries) {
+  std::vector<std::string> payloads;
+  SseParser parser([&](std::string_view data) {
+    payloads.emplace_back(data);
+    return true;
+  });
+  std::string stream = ": comment\r\nevent: x\ndata: {\"a\":1}\r\n\ndata:{\"b\":2}\n\ndata: [DONE]";
+  for (char c : stream) ASSERT_TRUE(parser.feed(std::string_view(&c, 1)));
+  ASSERT_TRUE(parser.finish());
+  EXPECT_EQ(payloads, (std::vector<std::string>{"{\"a\":1}", "{\"b\":2}", "[DONE]"}));
+}
+
+TEST(Percentile, MatchesNumpyLinearInterpolation) {
+  EXPECT_DOUBLE_EQ(percentile({}, 99), 0.0);
+  EXPECT_DOUBLE_EQ(percentile({7}, 99), 7.0);
+  EXPECT_DOUBLE_EQ(percentile({4, 1, 3, 2}, 50), 2.5);
+  std::vector<double> hundred(100);
+  std::iota(hundred.begin(), hundred.end(), 1.0);
+  EXPECT_NEAR(percentile(hundred, 99), 99.01, 1e-9);  // numpy.percentile(range(1, 101), 99)
+  EXPECT_NEAR(percentile(hundred, 90), 90.1, 1e-9);
+  EXPECT_DOUBLE_EQ(percentile(hundred, 0), 1.0);
+  EXPECT_DOUBLE_EQ(percentile(hundred, 100), 100.0);
+  LatencyStats stats = latency_stats({0.001, 0.002, 0.003}, {99});
+  EXPECT_NEAR(stats.mean_ms, 2.0, 1e-9);
+  EXPECT_NEAR(stats.median_ms, 2.0, 1e-9);
+  EXPECT_NEAR(stats.std_ms, std::sqrt(2.0 / 3.0), 1e-9);
+  ASSERT_EQ(stats.percentiles_ms.size(), 1u);
+  EXPECT_NEAR(stats.percentiles_ms[0].second, 2.98, 1e-9);
+  EXPECT_EQ(percentile_word(99), "99");
+  EXPECT_EQ(percentile_word(99.9), "99.9");
+}
+
+TEST(Metrics, FollowVllmDefinitions) {
+  std::vector<RequestOutcome> outcomes(3);
+  outcomes[0] = {.success = true,
+                 .prompt_len = 10,
+                 .output_tokens = 5,
+                 .start_time = 0.0,
+                 .ttft = 0.1,
+                 .latency = 0.5,
+                 .itl = {0.1, 0.1, 0.1, 0.1}};
+  outcomes[1] = {.success = true,
+                 .prompt_len = 20,
+                 .output_tokens = 1,
+                 .start_time = 0.2,
+                 .ttft = 0.3,
+                 .latency = 0.3,
+                 .itl = {}};
+  outcomes[2] = {.success = false, .error = "HTTP 500: boom", .prompt_len = 30};
+  BenchMetrics m = compute_metrics(outcomes, 2.0, {99});
+  EXPECT_EQ(m.completed, 2);
+  EXPECT_EQ(m.failed, 1);
+  EXPECT_EQ(m.total_input, 30);
+  EXPECT_EQ(m.total_output, 6);
+  EXPECT_DOUBLE_EQ(m.request_throughput, 1.0);
+  EXPECT_DOUBLE_EQ(m.output_throughput, 3.0);
+  EXPECT_DOUBLE_EQ(m.total_token_throughput, 18.0);
+  EXPECT_NEAR(m.ttft.mean_ms, 200.0, 1e-9);
+  EXPECT_NEAR(m.tpot.mean_ms, 100.0, 1e-9);  // (0.5 - 0.1) / 4; the 1-token request has no TPOT
+  EXPECT_NEAR(m.itl.mean_ms, 100.0, 1e-9);
+  EXPECT_NEAR(m.e2el.mean_ms, 400.0, 1e-9);
+  EXPECT_NEAR(m.e2el.median_ms, 400.0, 1e-9);
+  EXPECT_DOUBLE_EQ(m.max_output_tokens_per_s, 6.0);  // every chunk lands in the first second
+  EXPECT_DOUBLE_EQ(m.max_concurrent_requests, 2.0);
+}
+
+TEST(Arrivals, PoissonMeanGapIsOneOverRate) {
+  constexpr int64_t kNum = 20000;
+  for (double burstiness : {1.0, 0.5, 4.0}) {
+    auto times = arrival_times(kNum, 10.0, burstiness, 7);
+    ASSERT_EQ(times.size(), static_cast<size_t>(kNum));
+    EXPECT_EQ(times[0], 0.0);
+    for (size_t i = 1; i < times.size(); ++i) ASSERT_GE(times[i], times[i - 1]);
+    double mean_gap = times.back() / static_cast<double>(kNum - 1);
+    EXPECT_NEAR(mean_gap, 0.1, 0.1 * 0.05) << "burstiness " << burstiness;
+  }
+  // Exponential gaps: the standard deviation equals the mean.
+  auto times = arrival_times(kNum, 10.0, 1.0, 3);
+  double squares = 0;
+  for (size_t i = 1; i < times.size(); ++i) squares += std::pow(times[i] - times[i - 1] - 0.1, 2);
+  EXPECT_NEAR(std::sqrt(squares / (kNum - 1)), 0.1, 0.1 * 0.05);
+  EXPECT_EQ(arrival_times(100, 10.0, 1.0, 7), arrival_times(100, 10.0, 1.0, 7));
+  for (double t : arrival_times(50, INFINITY, 1.0, 7)) EXPECT_EQ(t, 0.0);
+  EXPECT_THROW(arrival_times(5, 0.0, 1.0, 7), Error);
+}
+
+TEST(Adapters, RoundRobinAndRandomAssignment) {
+  RandomDatasetConfig dataset{.num_prompts = 3000, .input_len = 4, .output_len = 2};
+  auto requests = make_random_requests(dataset, {}, "base");
+  const std::vector<std::string> adapters = {"a", "b", "c"};
+  EXPECT_FALSE(parse_adapter_assignment("sometimes"));
+  EXPECT_EQ(parse_adapter_assignment("round-robin"), AdapterAssignment::kRoundRobin);
+
+  assign_adapters(requests, {}, AdapterAssignment::kRoundRobin, 0);
+  for (const auto& r : requests) ASSERT_EQ(r.model, "base");
+  assign_adapters(requests, adapters, AdapterAssignment::kRoundRobin, 0);
+  for (size_t i = 0; i < requests.size(); ++i) ASSERT_EQ(requests[i].model, adapters[i % 3]);
+
+  assign_adapters(requests, adapters, AdapterAssignment::kRandom, 11);
+  std::map<std::string, int> counts;
+  for (const auto& r : requests) ++counts[r.model];
+  ASSERT_EQ(counts.size(), 3u);
+  for (const auto& [name, count] : counts) EXPECT_NEAR(count, 1000, 150) << name;
+  auto again = requests;
+  assign_adapters(again, adapters, AdapterAssignment::kRandom, 11);
+  for (size_t i = 0; i < requests.size(); ++i) ASSERT_EQ(again[i].model, requests[i].model);
+  bool differs_from_round_robin = false;
+  for (size_t i = 0; i < requests.size(); ++i)
+    differs_from_round_robin |= requests[i].model != adapters[i % 3];
+  EXPECT_TRUE(differs_from_round_robin);
+}
+
+TEST(Dataset, RandomLengthsAndPrompts) {
+  RandomDatasetConfig exact{.num_prompts = 20, .input_len = 32, .output_len = 8, .seed = 1};
+  std::vector<int32_t> pool = {5, 6, 7};
+  for (const auto& r : make_random_requests(exact, pool, "m")) {
+    EXPECT_EQ(r.prompt_len, 32);
+    EXPECT_EQ(r.output_len, 8);
+    ASSERT_EQ(r.prompt_token_ids.size(), 32u);
+    EXPECT_TRUE(r.prompt_text.empty());
+    for (int32_t id : r.prompt_token_ids) EXPECT_TRUE(id >= 5 && id <= 7);
+  }
+  RandomDatasetConfig ranged{.num_prompts = 500, .input_len = 100, .output_len = 10, .range_ratio = 0.5};
+  std::set<int64_t> input_lens;
+  for (const auto& r : make_random_requests(ranged, {}, "m")) {
+    EXPECT_TRUE(r.prompt_len >= 50 && r.prompt_len <= 150) << r.prompt_len;
+    EXPECT_TRUE(r.output_len >= 5 && r.output_len <= 15) << r.output_len;
+    EXPECT_EQ(std::count(r.prompt_text.begin(), r.prompt_text.end(), ' ') + 1, r.prompt_len);
+    input_lens.insert(r.prompt_len);
+  }
+  EXPECT_GT(input_lens.size(), 50u);
+  ranged.range_ratio = 1.0;
+  EXPECT_THROW(make_random_requests(ranged, {}, "m"), Error);
+}
+
+TEST(BaseUrl, SplitsHostAndPrefix) {
+  auto a = parse_base_url("http://127.0.0.1:8000");
+  EXPECT_EQ(a.scheme_host_port, "http://127.0.0.1:8000");
+  EXPECT_EQ(a.path_prefix, "");
+  auto b = parse_base_url("https://example.com/proxy/");
+  EXPECT_EQ(b.scheme_host_port, "https://example.com");
+  EXPECT_EQ(b.path_prefix, "/proxy");
+  EXPECT_THROW(parse_base_url("127.0.0.1:8000"), Error);
+  EXPECT_EQ(endpoint_kind("/v1/chat/completions"), EndpointKind::kChatCompletions);
+  EXPECT_EQ(endpoint_kind("/v1/completions"), EndpointKind::kCompletions);
+  EXPECT_FALSE(endpoint_kind("/v1/embeddings"));
+}
+
+TEST(FakeServer, CompletionsMetricsMatchTheStream) {
+  FakeOpenAiServer server;
+  BenchConfig config = fake_config(server);
+  BenchReport report = run_benchmark(config, quiet);
+  const BenchMetrics& m = report.metrics;
+  EXPECT_EQ(m.completed, 8);
+  EXPECT_EQ(m.failed, 0);
+  EXPECT_EQ(m.total_output, 8 * kNumChunks);
+  EXPECT_EQ(m.total_input, 8 * 16);  // token-id prompts via /tokenize: exact input lengths
+  EXPECT_EQ(report.description.model_id, "fake-model");
+  for (const auto& o : report.outcomes) {
+    ASSERT_TRUE(o.success) << o.error;
+    EXPECT_EQ(o.itl.size(), static_cast<size_t>(kNumChunks - 1));
+    EXPECT_EQ(o.generated_text, " tok tok tok tok tok");
+    EXPECT_GE(o.latency, o.ttft);
+  }
+  // Generous bounds around the server's delays (60 ms to the first chunk, 25 ms between chunks).
+  EXPECT_GE(m.ttft.mean_ms, kFirstDelayMs * 0.8);
+  EXPECT_LT(m.ttft.mean_ms, 3000);
+  EXPECT_GE(m.itl.mean_ms, kGapMs * 0.5);
+  EXPECT_LT(m.itl.mean_ms, 1000);
+  EXPECT_GE(m.tpot.mean_ms, kGapMs * 0.5);
+  EXPECT_NEAR(m.tpot.mean_ms, m.itl.mean_ms, 1e-6);  // evenly spaced chunks: TPOT is the mean ITL
+  EXPECT_GE(m.e2el.mean_ms, kFirstDelayMs + (kNumChunks - 1) * kGapMs * 0.8);
+  EXPECT_LE(m.max_concurrent_requests, 8);
+  EXPECT_GT(m.request_throughput, 0);
+  EXPECT_NEAR(m.output_throughput, m.request_throughput * kNumChunks, 1e-9);
+
+  auto bodies = server.bodies();
+  ASSERT_EQ(bodies.size(), 9u);  // the initial test request and the 8 of the run
+  for (const auto& body : bodies) {
+    EXPECT_EQ(body["model"], "fake-model");
+    EXPECT_EQ(body["stream"], true);
+    EXPECT_EQ(body["stream_options"]["include_usage"], true);
+    EXPECT_EQ(body["max_tokens"], kNumChunks);
+    EXPECT_EQ(body["ignore_eos"], true);
+    ASSERT_TRUE(body["prompt"].is_array());
+    EXPECT_EQ(body["prompt"].size(), 16u);
+  }
+}
+
+TEST(FakeServer, ChatWithoutUsageCountsContentChunks) {
+  FakeOpenAiServer server;
+  BenchConfig config = fake_config(server);
+  config.client.endpoint = "/v1/chat/completions";
+  config.client.ignore_eos = false;
+  config.initial_test = false;
+  BenchReport report = run_benchmark(config, quiet);
+  EXPECT_EQ(report.metrics.completed, 8);
+  EXPECT_EQ(report.metrics.total_output, 8 * kNumChunks);
+  EXPECT_EQ(report.description.backend, "openai-chat");
+  for (const auto& o : report.outcomes) EXPECT_EQ(o.itl.size(), static_cast<size_t>(kNumChunks - 1));
+  for (const auto& body : server.bodies()) {
+    EXPECT_FALSE(body.contains("ignore_eos"));
+    ASSERT_TRUE(body["messages"].is_array());
+    EXPECT_TRUE(body["messages"][0]["content"].is_string());
+  }
+}
+
+TEST(FakeServer, ErrorsAreCountedWithTheirMessage) {
+  FakeOpenAiServer server;
+  ClientOptions client{.base_url = server.base_url(), .endpoint = "/v1/fail"};
+  auto requests = make_random_requests({.num_prompts = 6, .input_len = 4, .output_len = 2}, {}, "fake-model");
+  double duration_s = 0;
+  auto outcomes = run_requests(client, requests, arrival_times(6, INFINITY, 1.0, 0), 0, duration_s);
+  ASSERT_EQ(outcomes.size(), 6u);
+  for (const auto& o : outcomes) {
+    EXPECT_FALSE(o.success);
+    EXPECT_NE(o.error.find("HTTP 500"), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("boom"), std::string::npos) << o.error;
+  }
+  BenchMetrics m = compute_metrics(outcomes, duration_s, {99});
+  EXPECT_EQ(m.completed, 0);
+  EXPECT_EQ(m.failed, 6);
+  EXPECT_EQ(m.ttft.mean_ms, 0.0);
+
+  ClientOptions unreachable{.base_url = "http://127.0.0.1:1"};
+  RequestOutcome o = OpenAiClient(unreachable).send(requests[0]);
+  EXPECT_FALSE(o.success);
+  EXPECT_NE(o.error.find("transport error"), std::string::npos) << o.error;
+}
+
+TEST(FakeServer, LoraModulesRoundRobinWithAFailingAdapter) {
+  FakeOpenAiServer server;
+  BenchConfig config = fake_config(server);
+  config.lora_modules = {"good-adapter", "broken-adapter"};
+  config.initial_test = false;
+  config.request_rate = 200;  // Poisson arrivals
+  BenchReport report = run_benchmark(config, quiet);
+  EXPECT_EQ(report.metrics.completed, 4);
+  EXPECT_EQ(report.metrics.failed, 4);
+  for (size_t i = 0; i < report.outcomes.size(); ++i) {
+    const auto& o = report.outcomes[i];
+    EXPECT_EQ(o.model, i % 2 == 0 ? "good-adapter" : "broken-adapter");
+    EXPECT_EQ(o.success, i % 2 == 0) << o.error;
+    if (!o.success) EXPECT_NE(o.error.find("HTTP 404"), std::string::npos) << o.error;
+  }
+}
+
+TEST(Report, SummaryAndJsonUseVllmKeys) {
+  FakeOpenAiServer server;
+  BenchConfig config = fake_config(server);
+  config.dataset.num_prompts = 4;
+  config.initial_test = false;
+  BenchReport report = run_benchmark(config, quiet);
+  std::vector<std::string> selected = {"ttft", "tpot", "itl", "e2el"};
+  std::string summary = format_summary(report.description, report.metrics, report.duration_s, selected);
+  EXPECT_EQ(summary.rfind("============ Serving Benchmark Result ============\n", 0), 0u) << summary;
+  for (const char* line :
+       {"Successful requests:", "Benchmark duration (s):", "Total input tokens:", "Total generated tokens:",
+        "Request throughput (req/s):", "Output token throughput (tok/s):", "Total Token throughput (tok/s):",
+        "Mean TTFT (ms):", "Median TPOT (ms):", "P99 ITL (ms):", "P50 E2EL (ms):",
+        "---------------Time to First Token----------------"}) {
+    EXPECT_NE(summary.find(line), std::string::npos) << line << "\n" << summary;
+  }
+  EXPECT_EQ(summary.substr(summary.size() - 51), std::string(50, '=') + "\n");
+
+  json result =
+      result_json(report.description, report.metrics, report.duration_s, report.outcomes, selected, false);
+  for (const char* key : {"date",
+                          "backend",
+                          "model_id",
+                          "num_prompts",
+                          "request_rate",
+                          "max_concurrency",
+                          "duration",
+                          "completed",
+                          "total_input_tokens",
+                          "total_output_tokens",
+                          "request_throughput",
+                          "output_throughput",
+                          "total_token_throughput",
+                          "mean_ttft_ms",
+                          "median_ttft_ms",
+                          "std_ttft_ms",
+                          "p99_ttft_ms",
+                          "p50_ttft_ms",
+                          "mean_tpot_ms",
+                          "median_tpot_ms",
+                          "p99_tpot_ms",
+                          "mean_itl_ms",
+                          "median_itl_ms",
+                          "p99_itl_ms",
+                          "mean_e2el_ms",
+                          "median_e2el_ms",
+                          "p99_e2el_ms"}) {
+    EXPECT_TRUE(result.contains(key)) << key;
+  }
+  EXPECT_EQ(result["completed"], 4);
+  EXPECT_EQ(result["total_output_tokens"], 4 * kNumChunks);
+  EXPECT_EQ(result["request_rate"], "inf");
+  EXPECT_EQ(result["max_concurrency"], 4);
+  EXPECT_FALSE(result.contains("itls"));
+
+  json only_ttft =
+      result_json(report.description, report.metrics, report.duration_s, report.outcomes, {"ttft"}, true);
+  EXPECT_TRUE(only_ttft.contains("p99_ttft_ms"));
+  EXPECT_FALSE(only_ttft.contains("mean_itl_ms"));
+  for (const char* key : {"input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"}) {
+    ASSERT_TRUE(only_ttft.contains(key)) << key;
+    EXPECT_EQ(only_ttft[key].size(), 4u) << key;
+  }
+}
+
+}  // namespace
+}  // namespace polylora::bench_client
