@@ -1,0 +1,98 @@
+// tests/unit/apps/generate_cli_test.cc: `polylora generate` end to end (the real binary): token-id prompts
+// print the reference greedy ids; --requests JSONL gives one JSON line per request, in input order, with
+// output_ids, text, finish_reason, logprobs when asked, and an error line for a bad request.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string run(const std::string& args, int* status) {
+  std::string cmd = std::string(POLYLORA_BINARY) + " " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  *status = pclose(p);
+  return out;
+}
+
+const std::string kModel = std::string(POLYLORA_TEST_DATA) + "/models/llama-tiny";
+
+// Reads an I32 tensor from reference.safetensors (8-byte header length, JSON header, data).
+std::vector<int> read_i32(const std::string& path, const std::string& name) {
+  std::ifstream f(path, std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  auto h = nlohmann::json::parse(header);
+  auto offsets = h[name]["data_offsets"];
+  size_t begin = offsets[0].get<size_t>(), end = offsets[1].get<size_t>();
+  std::vector<int> out((end - begin) / 4);
+  f.seekg(static_cast<std::streamoff>(8 + n + begin));
+  f.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(end - begin));
+  return out;
+}
+
+TEST(GenerateCli, PromptIdsPrintGreedyIds) {
+  int status = 0;
+  nlohmann::json ref;
+  std::ifstream(kModel + "/reference.json") >> ref;
+  std::string ids = std::to_string(ref["prompts"][1][0].get<int>());
+  for (size_t i = 1; i < ref["prompts"][1].size(); ++i) ids += "," + std::to_string(ref["prompts"][1][i].get<int>());
+  std::string out = run("generate --model " + kModel + " --prompt-ids " + ids + " --max-tokens 5", &status);
+  ASSERT_EQ(status, 0);
+  std::vector<int> got;
+  std::stringstream ss(out);
+  for (std::string item; std::getline(ss, item, ',');) got.push_back(std::stoi(item));
+  std::vector<int> greedy = read_i32(kModel + "/reference.safetensors", "base.greedy.1");
+  EXPECT_EQ(got, std::vector<int>(greedy.begin(), greedy.begin() + 5)) << out;
+}
+
+TEST(GenerateCli, RequestsFile) {
+  std::string path = ::testing::TempDir() + "/requests.jsonl";
+  {
+    std::ofstream f(path);
+    f << R"({"prompt_ids": [1, 2, 3], "max_tokens": 4, "temperature": 0, "ignore_eos": true})" << "\n";
+    f << R"({"prompt": "Hello world", "adapter": "rs", "max_tokens": 3, "temperature": 0, "logprobs": 2, "ignore_eos": true})" << "\n";
+    f << R"({"prompt_ids": [1, 2], "temperature": -1})" << "\n";
+    f << R"({"prompt_ids": [4, 5], "max_tokens": 2, "n": 2, "temperature": 1.0, "seed": 3, "ignore_eos": true})" << "\n";
+    f << "not json\n";
+  }
+  int status = 0;
+  std::string out = run("generate --model " + kModel + " --lora rs=" + kModel + "/adapters/qv-r4-rslora --requests " + path,
+                        &status);
+  ASSERT_EQ(status, 0) << out;
+  std::vector<nlohmann::json> lines;
+  std::stringstream ss(out);
+  for (std::string line; std::getline(ss, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 5u) << out;
+  EXPECT_EQ(lines[0]["output_ids"].size(), 4u);
+  EXPECT_EQ(lines[0]["finish_reason"], "length");
+  EXPECT_TRUE(lines[0]["text"].is_string());
+  EXPECT_EQ(lines[1]["output_ids"].size(), 3u);
+  ASSERT_EQ(lines[1]["logprobs"].size(), 3u);
+  EXPECT_EQ(lines[1]["logprobs"][0]["top"].size(), 2u);
+  EXPECT_NE(lines[2]["error"].get<std::string>().find("temperature"), std::string::npos) << lines[2].dump();
+  ASSERT_EQ(lines[3]["outputs"].size(), 2u);
+  EXPECT_TRUE(lines[4].contains("error"));
+}
+
+TEST(GenerateCli, BadFlagsAreClearErrors) {
+  int status = 0;
+  run("generate --model /nonexistent --prompt-ids 1", &status);
+  EXPECT_NE(status, 0);
+  run("generate --model " + kModel + " --prompt-ids 1,x", &status);
+  EXPECT_NE(status, 0);
+  run("generate --model " + kModel + " --adapter nope --prompt-ids 1", &status);
+  EXPECT_NE(status, 0);
+}
+
+}  // namespace
