@@ -57,6 +57,7 @@ std::vector<RequestOutcome> run_requests(const ClientOptions& client,
                                          double& duration_s,
                                          const std::function<void(size_t num_done)>& on_done) {
   CHECK(requests.size() == arrivals.size());
+  OpenAiClient validate(client);  // bad options fail here, not inside a worker thread
   raise_open_file_limit();
   std::vector<RequestOutcome> outcomes(requests.size());
   std::mutex mutex;
@@ -79,7 +80,13 @@ std::vector<RequestOutcome> run_requests(const ClientOptions& client,
       queue.pop_front();
       lock.unlock();
       double sent_at = std::chrono::duration<double>(Clock::now() - start).count();
-      RequestOutcome outcome = connection.send(requests[idx]);
+      RequestOutcome outcome;
+      try {
+        outcome = connection.send(requests[idx]);
+      } catch (const std::exception& e) {
+        outcome.model = requests[idx].model;
+        outcome.error = e.what();
+      }
       outcome.start_time = sent_at;
       lock.lock();
       outcomes[idx] = std::move(outcome);
@@ -152,8 +159,8 @@ BenchReport run_benchmark(const BenchConfig& config, const LogFn& log) {
     RequestOutcome test = client.send(requests.front());
     if (!test.success) {
       fail(
-          "the initial test request to {}{} failed: {}. Check the arguments (--model, --endpoint, "
-          "--lora-modules, --api-key).",
+          "the initial test request to {}{} failed ({}); check --model, --endpoint, --lora-modules and "
+          "--api-key",
           config.client.base_url, config.client.endpoint, test.error);
     }
     log("Initial test run completed. Starting main benchmark run...");

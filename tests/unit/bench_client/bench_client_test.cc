@@ -19,6 +19,7 @@
 #include "bench_client/runner.h"
 #include "bench_client/sse_parser.h"
 #include "bench_client/workload.h"
+#include "common/error.h"
 
 namespace polylora::bench_client {
 namespace {
@@ -31,7 +32,8 @@ constexpr int kGapMs = 25;
 
 // A fake OpenAI-compatible server. /v1/completions streams kNumChunks text chunks (first after
 // kFirstDelayMs, then every kGapMs) and a usage chunk; /v1/chat/completions streams a role-only chunk then
-// kNumChunks content chunks and no usage; model "broken-adapter" gets a 404; /v1/fail always answers 500.
+// kNumChunks content chunks and no usage; model "broken-adapter" gets a 404; /fail/v1/completions always
+// answers 500.
 class FakeOpenAiServer {
  public:
   FakeOpenAiServer() {
@@ -50,7 +52,7 @@ class FakeOpenAiServer {
       }
       res.set_content(json{{"tokens", tokens}, {"count", tokens.size()}}.dump(), "application/json");
     });
-    server_.Post("/v1/fail", [](const httplib::Request&, httplib::Response& res) {
+    server_.Post("/fail/v1/completions", [](const httplib::Request&, httplib::Response& res) {
       res.status = 500;
       res.set_content(R"({"error": {"message": "boom", "type": "server_error"}})", "application/json");
     });
@@ -139,6 +141,17 @@ BenchConfig fake_config(const FakeOpenAiServer& server) {
 
 void quiet(const std::string&) {}
 
+RandomDatasetConfig dataset_of(int64_t num_prompts, int64_t input_len, int64_t output_len,
+                               double range_ratio = 0, uint64_t seed = 0) {
+  RandomDatasetConfig config;
+  config.num_prompts = num_prompts;
+  config.input_len = input_len;
+  config.output_len = output_len;
+  config.range_ratio = range_ratio;
+  config.seed = seed;
+  return config;
+}
+
 TEST(SseParser, SplitsDataLinesAcrossChunkBoundaries) {
   std::vector<std::string> payloads;
   SseParser parser([&](std::string_view data) {
@@ -173,21 +186,20 @@ TEST(Percentile, MatchesNumpyLinearInterpolation) {
 
 TEST(Metrics, FollowVllmDefinitions) {
   std::vector<RequestOutcome> outcomes(3);
-  outcomes[0] = {.success = true,
-                 .prompt_len = 10,
-                 .output_tokens = 5,
-                 .start_time = 0.0,
-                 .ttft = 0.1,
-                 .latency = 0.5,
-                 .itl = {0.1, 0.1, 0.1, 0.1}};
-  outcomes[1] = {.success = true,
-                 .prompt_len = 20,
-                 .output_tokens = 1,
-                 .start_time = 0.2,
-                 .ttft = 0.3,
-                 .latency = 0.3,
-                 .itl = {}};
-  outcomes[2] = {.success = false, .error = "HTTP 500: boom", .prompt_len = 30};
+  outcomes[0].success = true;
+  outcomes[0].prompt_len = 10;
+  outcomes[0].output_tokens = 5;
+  outcomes[0].ttft = 0.1;
+  outcomes[0].latency = 0.5;
+  outcomes[0].itl = {0.1, 0.1, 0.1, 0.1};
+  outcomes[1].success = true;
+  outcomes[1].prompt_len = 20;
+  outcomes[1].output_tokens = 1;
+  outcomes[1].start_time = 0.2;
+  outcomes[1].ttft = 0.3;
+  outcomes[1].latency = 0.3;
+  outcomes[2].error = "HTTP 500: boom";
+  outcomes[2].prompt_len = 30;
   BenchMetrics m = compute_metrics(outcomes, 2.0, {99});
   EXPECT_EQ(m.completed, 2);
   EXPECT_EQ(m.failed, 1);
@@ -226,7 +238,7 @@ TEST(Arrivals, PoissonMeanGapIsOneOverRate) {
 }
 
 TEST(Adapters, RoundRobinAndRandomAssignment) {
-  RandomDatasetConfig dataset{.num_prompts = 3000, .input_len = 4, .output_len = 2};
+  RandomDatasetConfig dataset = dataset_of(3000, 4, 2);
   auto requests = make_random_requests(dataset, {}, "base");
   const std::vector<std::string> adapters = {"a", "b", "c"};
   EXPECT_FALSE(parse_adapter_assignment("sometimes"));
@@ -252,7 +264,7 @@ TEST(Adapters, RoundRobinAndRandomAssignment) {
 }
 
 TEST(Dataset, RandomLengthsAndPrompts) {
-  RandomDatasetConfig exact{.num_prompts = 20, .input_len = 32, .output_len = 8, .seed = 1};
+  RandomDatasetConfig exact = dataset_of(20, 32, 8, 0.0, 1);
   std::vector<int32_t> pool = {5, 6, 7};
   for (const auto& r : make_random_requests(exact, pool, "m")) {
     EXPECT_EQ(r.prompt_len, 32);
@@ -261,7 +273,7 @@ TEST(Dataset, RandomLengthsAndPrompts) {
     EXPECT_TRUE(r.prompt_text.empty());
     for (int32_t id : r.prompt_token_ids) EXPECT_TRUE(id >= 5 && id <= 7);
   }
-  RandomDatasetConfig ranged{.num_prompts = 500, .input_len = 100, .output_len = 10, .range_ratio = 0.5};
+  RandomDatasetConfig ranged = dataset_of(500, 100, 10, 0.5);
   std::set<int64_t> input_lens;
   for (const auto& r : make_random_requests(ranged, {}, "m")) {
     EXPECT_TRUE(r.prompt_len >= 50 && r.prompt_len <= 150) << r.prompt_len;
@@ -348,8 +360,10 @@ TEST(FakeServer, ChatWithoutUsageCountsContentChunks) {
 
 TEST(FakeServer, ErrorsAreCountedWithTheirMessage) {
   FakeOpenAiServer server;
-  ClientOptions client{.base_url = server.base_url(), .endpoint = "/v1/fail"};
-  auto requests = make_random_requests({.num_prompts = 6, .input_len = 4, .output_len = 2}, {}, "fake-model");
+  ClientOptions client;
+  client.base_url = server.base_url();
+  client.endpoint = "/fail/v1/completions";
+  auto requests = make_random_requests(dataset_of(6, 4, 2), {}, "fake-model");
   double duration_s = 0;
   auto outcomes = run_requests(client, requests, arrival_times(6, INFINITY, 1.0, 0), 0, duration_s);
   ASSERT_EQ(outcomes.size(), 6u);
@@ -363,7 +377,8 @@ TEST(FakeServer, ErrorsAreCountedWithTheirMessage) {
   EXPECT_EQ(m.failed, 6);
   EXPECT_EQ(m.ttft.mean_ms, 0.0);
 
-  ClientOptions unreachable{.base_url = "http://127.0.0.1:1"};
+  ClientOptions unreachable;
+  unreachable.base_url = "http://127.0.0.1:1";
   RequestOutcome o = OpenAiClient(unreachable).send(requests[0]);
   EXPECT_FALSE(o.success);
   EXPECT_NE(o.error.find("transport error"), std::string::npos) << o.error;
@@ -382,7 +397,9 @@ TEST(FakeServer, LoraModulesRoundRobinWithAFailingAdapter) {
     const auto& o = report.outcomes[i];
     EXPECT_EQ(o.model, i % 2 == 0 ? "good-adapter" : "broken-adapter");
     EXPECT_EQ(o.success, i % 2 == 0) << o.error;
-    if (!o.success) EXPECT_NE(o.error.find("HTTP 404"), std::string::npos) << o.error;
+    if (!o.success) {
+      EXPECT_NE(o.error.find("HTTP 404"), std::string::npos) << o.error;
+    }
   }
 }
 
