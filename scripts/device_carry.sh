@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares .device-carry/ (git-ignored): headers and static libraries of Debian packages the GPU machine's
 # image lacks (PCRE2, xxHash, utf8proc), with pkg-config files relative to that folder. A GPU run names
-# .device-carry in `carry` and exports PKG_CONFIG_PATH=$PWD/.device-carry/lib/pkgconfig before cmake.
+# .device-carry in `carry` and exports PKG_CONFIG_PATH=$PWD/.device-carry/lib/pkgconfig (and
+# LD_LIBRARY_PATH=$PWD/.device-carry/lib) before cmake.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=.device-carry
@@ -11,13 +12,21 @@ ML=/usr/lib/x86_64-linux-gnu
 cp /usr/include/pcre2.h /usr/include/xxhash.h /usr/include/xxh3.h "$D/include/"
 [ -f /usr/include/utf8proc.h ] && cp /usr/include/utf8proc.h "$D/include/"
 cp $ML/libpcre2-8.a "$D/lib/"
+# cpp-httplib is compiled as a shared library in Debian: carry it (its own deps, OpenSSL 3, zlib and brotli,
+# are on the image); binaries find it through LD_LIBRARY_PATH=$PWD/.device-carry/lib.
+cp /usr/include/httplib.h "$D/include/"
+cp -P $ML/libcpp-httplib.so* "$D/lib/"
+# httplib.h includes the OpenSSL and brotli headers (the library was built with them; the defines in its
+# .pc keep the class layout identical), which the image may lack.
+cp -r /usr/include/openssl /usr/include/brotli "$D/include/"
+cp /usr/include/x86_64-linux-gnu/openssl/* "$D/include/openssl/"
 [ -f $ML/libutf8proc.a ] && cp $ML/libutf8proc.a "$D/lib/"
 [ -f $ML/libxxhash.a ] && cp $ML/libxxhash.a "$D/lib/"
-for name in libpcre2-8 libxxhash libutf8proc; do
+for name in libpcre2-8 libxxhash libutf8proc cpp-httplib; do
   src=$ML/pkgconfig/$name.pc
   [ -f "$src" ] || continue
   sed -e 's|^prefix=.*|prefix=${pcfiledir}/../..|' -e 's|^libdir=.*|libdir=${prefix}/lib|' \
       -e 's|^includedir=.*|includedir=${prefix}/include|' -e 's|^exec_prefix=.*|exec_prefix=${prefix}|' \
-      "$src" > "$D/lib/pkgconfig/$name.pc"
+      -e '/^Requires.private:/d' "$src" > "$D/lib/pkgconfig/$name.pc"
 done
 du -sh "$D"

@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sys/socket.h>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -98,6 +99,12 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
   http_->set_keep_alive_max_count(1000);
   http_->set_read_timeout(std::chrono::seconds(600));
   http_->set_write_timeout(std::chrono::seconds(600));
+  // cpp-httplib listens with a backlog of 5: a burst of connections overflows it and the kernel drops
+  // SYNs, which clients retry after 1, 3, 7, 15... s. Keep the listening socket to raise the backlog.
+  http_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_socket_ = static_cast<int>(sock);
+  });
   register_routes();
 }
 
@@ -111,6 +118,7 @@ bool HttpServer::listen() {
   } else if (!http_->bind_to_port(config_.host, config_.port)) {
     return false;
   }
+  if (listen_socket_ >= 0) ::listen(listen_socket_, SOMAXCONN);  // a larger backlog (see the constructor)
   spdlog::info("serving the OpenAI API on http://{}:{} (models: {})", config_.host, bound_port_,
                config_.served_model_names.front());
   return http_->listen_after_bind();

@@ -43,6 +43,7 @@ class HttpServer {
   std::unique_ptr<httplib::Server> http_;
   std::atomic<uint64_t> next_id_{1};
   int bound_port_ = 0;
+  int listen_socket_ = -1;  // recorded by the socket-options hook, to raise the listen backlog
 };
 
 // Renders the engine's snapshot in the Prometheus text format, with vLLM's metric names.

@@ -1,8 +1,8 @@
 // tests/gpu/attention_gpu_test.cc: the CUDA write_kv and paged attention against the references: block
 // sizes 1 and 16, ragged contexts mixing decode rows, a prefill and a chunked prefill, sequences with no
-// query rows, one head, GQA groups, head_dim 3/64/128/256, sliding window and sinks on and off, shuffled
-// block tables; write_kv with padding slots. Tolerance: attention 1e-5 + 1e-4·|ref| (online softmax, fp32,
-// another order); write_kv exact.
+// query rows, one head, GQA groups, head_dim 3/64/96/128/256, sliding window and sinks on and off, shuffled
+// block tables; each kernel (flash prefill, split decode, generic) over these; write_kv with padding slots.
+// Tolerance: attention 1e-5 + 1e-4·|ref| (online softmax, fp32, another order); write_kv exact.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -93,6 +93,8 @@ TEST(GpuAttention, PagedShapes) {
         for (int64_t window : {0, 5}) {
           for (bool sinks : {false, true}) {
             run_case({bs, h, kvh, d, {1, 1, 23, 7, 1}, {1, 40, 23, 30, 17}, window, sinks});
+            run_case(
+                {bs, h, kvh, d, {1, 1, 1, 0, 1}, {1, 40, 23, 30, 17}, window, sinks});  // decode rows only
           }
         }
       }
@@ -107,6 +109,14 @@ TEST(GpuAttention, EmptySequenceRowsLongContextAndBigHeads) {
   run_case({16, 4, 2, 256, {2, 1}, {9, 33}, 0, true});
   run_case({16, 64, 8, 64, {1, 1, 130}, {3000, 129, 400}, 128, true});
   run_case({16, 32, 4, 128, {1, 64}, {4097, 64}, 0, false});
+  // Flash prefill: several query blocks per sequence, chunked prefill, window, sinks.
+  run_case({16, 32, 4, 128, {200, 70, 1}, {700, 70, 33}, 100, true});
+  run_case({16, 8, 1, 64, {129, 64}, {129, 300}, 0, false});
+  // Split decode (flash decoding): long contexts, few rows, head_dim 64/96/128/256.
+  run_case({16, 32, 4, 128, {1, 1, 1}, {3000, 129, 4097}, 0, false});
+  run_case({16, 64, 8, 64, {1, 1, 0, 1}, {3000, 2, 5, 700}, 128, true});
+  run_case({16, 4, 2, 256, {1, 2}, {1500, 999}, 0, true});
+  run_case({16, 6, 3, 96, {1, 1}, {777, 64}, 300, false});
 }
 
 TEST(GpuWriteKv, SlotsAndPadding) {

@@ -24,6 +24,7 @@ struct MoeCase {
   k::ExpertAct act = k::ExpertAct::kSiluGate;
   bool lora = false;
   bool every_token_to_expert_2 = false;
+  float weight_scale = 0.2f;  // weights uniform in ±weight_scale (smaller keeps long-K F32 sums in tolerance)
 };
 
 void run_moe(const MoeCase& c) {
@@ -37,7 +38,7 @@ void run_moe(const MoeCase& c) {
     uint32_t seed = static_cast<uint32_t>(100 + e * 10);
     k::ExpertView& ex = experts[e];
     k::ExpertView& dx = dexperts[e];
-    float s = 0.2f;
+    float s = c.weight_scale;
     if (c.fused) {
       weights.push_back(k::test::make_weight(2 * I, H, c.dtype, seed, s));
       ex.gate_up = weights.back().view;
@@ -209,6 +210,50 @@ TEST(GpuMoe, LargeBatchManyTiles) {
              .fused = true,
              .act = k::ExpertAct::kGptOssSwiglu,
              .lora = true});
+  }
+}
+
+// The large-batch path (more than 512 token-expert pairs) with 128-row tiles (pairs >= 256·E), once with
+// 16-byte weight rows and once with odd K (element-wise weight loads); the small-batch GEMV path with K
+// past one shared-memory chunk (1024) and experts with more than 8 routed rows. (Every case above also runs
+// through the other path with POLYLORA_MOE_SMALL_PAIRS=0 or a large value, see moe_cuda.cu.)
+TEST(GpuMoe, PathsAndTiles) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    run_moe({.m = 700,
+             .hidden = 64,
+             .inter = 40,
+             .num_experts = 4,
+             .top_k = 2,
+             .dtype = dtype,
+             .fused = false,
+             .biases = false});
+    run_moe({.m = 400,
+             .hidden = 33,
+             .inter = 17,
+             .num_experts = 3,
+             .top_k = 2,
+             .dtype = dtype,
+             .fused = true,
+             .biases = true,
+             .act = k::ExpertAct::kGptOssSwiglu});
+    run_moe({.m = 5,
+             .hidden = 1544,
+             .inter = 96,
+             .num_experts = 8,
+             .top_k = 2,
+             .dtype = dtype,
+             .fused = true,
+             .biases = true,
+             .weight_scale = 0.05f});
+    run_moe({.m = 100,
+             .hidden = 128,
+             .inter = 64,
+             .num_experts = 8,
+             .top_k = 4,
+             .dtype = dtype,
+             .fused = false,
+             .every_token_to_expert_2 = true});
   }
 }
 

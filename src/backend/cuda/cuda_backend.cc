@@ -172,6 +172,7 @@ class CudaBackend final : public Backend {
     timed("write_kv", [&] { k::cuda::write_kv(a, ctx()); });
   }
   void attention(const k::AttentionArgs& a) override {
+    ensure_workspace(k::cuda::attention_workspace_bytes(a));
     timed("attention", [&] { k::cuda::attention(a, ctx()); });
   }
   void silu_and_mul(const k::SiluAndMulArgs& a) override {

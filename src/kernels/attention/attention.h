@@ -64,9 +64,10 @@ void write_kv(const KvWriteArgs& args);
 void attention(const AttentionArgs& args);
 }  // namespace cpu
 namespace cuda {
-// head_dim <= 256.
+// head_dim <= 256. attention needs attention_workspace_bytes(args) of ctx.workspace (split decode partials).
 void write_kv(const KvWriteArgs& args, const CudaContext& ctx);
 void attention(const AttentionArgs& args, const CudaContext& ctx);
+size_t attention_workspace_bytes(const AttentionArgs& args);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

@@ -1,9 +1,18 @@
-// kernels/attention/attention_cuda.cu: CUDA KV-cache write and paged attention.
-// attention: one block of 4 warps per (query token, head); the token finds its sequence by binary search
-// over query_start; the warps take interleaved keys of the visible range [first, pos] through the block
-// table and keep an online softmax (running max, sum, f32 accumulator; each lane owns head_dim/32
-// elements), then the warps' partial states merge in shared memory with the sink logit joining the
-// denominator. The same kernel serves prefill (many rows per sequence) and decode (one row).
+// kernels/attention/attention_cuda.cu: CUDA KV-cache write and paged attention (f32 queries and cache).
+// Three kernels, chosen on the host from the shape (no sync):
+// - prefill (num_tokens > 4·num_seqs, head_dim 64 or 128): flash attention. A CTA of 4 warps per (block of
+//   64 query rows of one sequence, head); K/V tiles of 32 keys gathered through the block table into
+//   shared memory; each warp owns 16 query rows, each lane a 4×4 block of the score tile and a 4-row ×
+//   head_dim/8 slice of the output; online softmax; causal + sliding window masks; the sink logit joins
+//   the denominator. Query rows are the last q_len positions of the context (chunked prefill).
+// - decode (otherwise, head_dim a multiple of 32 up to 256): flash decoding. A CTA of 4 warps per (query
+//   row, head, split of the visible keys); 8 lanes per key with 128-bit loads (4 keys per warp at a time),
+//   online softmax per lane group, merged across lanes, warps and then splits (a combine kernel, when the
+//   context is split for parallelism).
+// - anything else (odd head_dim): a generic kernel, one CTA of 4 warps per (query row, head), one key per
+//   warp at a time.
+#include <algorithm>
+
 #include "kernels/attention/attention.h"
 #include "kernels/cuda_util.cuh"
 
@@ -24,13 +33,8 @@ __global__ void write_kv_kernel(KvWriteArgs a) {
   }
 }
 
-// R = ceil(head_dim / 32) elements per lane.
-template <int R>
-__global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a) {
-  const KvCacheView& c = a.cache;
-  const int64_t d = c.head_dim, t = blockIdx.x, h = blockIdx.y;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // Sequence of row t: the last s with query_start[s] <= t.
+// Sequence of query row t: the last s with query_start[s] <= t.
+__device__ __forceinline__ int seq_of_row(const AttentionArgs& a, int64_t t) {
   int lo = 0, hi = static_cast<int>(a.num_seqs) - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) / 2;
@@ -39,11 +43,30 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
     else
       hi = mid - 1;
   }
-  const int s = lo;
+  return lo;
+}
+
+// Offset (in floats) of key j's head kvh in the cache.
+__device__ __forceinline__ int64_t kv_offset(const KvCacheView& c, const int32_t* table, int64_t j,
+                                             int64_t kvh) {
+  return (static_cast<int64_t>(table[j / c.block_size]) * c.block_size + j % c.block_size) *
+             (c.num_kv_heads * c.head_dim) +
+         kvh * c.head_dim;
+}
+
+// ---- generic: one key per warp at a time ----
+
+// R = ceil(head_dim / 32) elements per lane.
+template <int R>
+__global__ void __launch_bounds__(kWarps * 32) attention_generic_kernel(AttentionArgs a) {
+  const KvCacheView& c = a.cache;
+  const int64_t d = c.head_dim, t = blockIdx.x, h = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int s = seq_of_row(a, t);
   const int64_t q_begin = a.query_start[s], q_len = a.query_start[s + 1] - q_begin, ctx = a.context_lens[s];
   const int64_t pos = ctx - q_len + (t - q_begin);
   const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
-  const int64_t group = a.num_heads / c.num_kv_heads, kvh = h / group, kv_row = c.num_kv_heads * d;
+  const int64_t group = a.num_heads / c.num_kv_heads, kvh = h / group;
   const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
 
   float qv[R], acc[R];
@@ -56,8 +79,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
   }
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = first + warp; j <= pos; j += kWarps) {
-    int64_t off =
-        (static_cast<int64_t>(table[j / c.block_size]) * c.block_size + j % c.block_size) * kv_row + kvh * d;
+    const int64_t off = kv_offset(c, table, j, kvh);
     const float* k = c.k + off;
     const float* v = c.v + off;
     float kr[R], vr[R];
@@ -108,12 +130,468 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
   }
 }
 
+// ---- prefill: flash attention ----
+
+constexpr int kFaBQ = 64;   // query rows per CTA (16 per warp)
+constexpr int kFaBKV = 32;  // keys per tile
+constexpr int kFaThreads = kWarps * 32;
+
+template <int D>
+struct FaCfg {
+  static constexpr int kQS = D + 4;  // Q and K row stride in floats (bank-conflict-free float4 reads)
+  static constexpr int kQFloats = kFaBQ * kQS;
+  static constexpr int kKFloats = kFaBKV * kQS;
+  static constexpr int kVFloats = kFaBKV * D;
+  static constexpr int kPFloats = kWarps * kFaBKV * 16;  // per warp [key][16 row slots]
+  static constexpr int kSmemBytes = 4 * (kQFloats + kKFloats + kVFloats + kPFloats);
+  static constexpr int kNV = D / 32;  // float4 output columns per lane
+};
+
+// Which (sequence, block of kFaBQ query rows) is CTA `b`? Blocks are numbered sequence by sequence.
+// Warp 0 scans ceil(q_len / kFaBQ) over the sequences, 32 at a time; s_seq = −1 past the last block.
+__device__ __forceinline__ void fa_find_block(const AttentionArgs& a, int b, int* s_seq, int* s_blk) {
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x >= 32) return;
+  int run = 0;
+  if (lane == 0) *s_seq = -1;
+  __syncwarp();
+  for (int base = 0; base < a.num_seqs; base += 32) {
+    const int s = base + lane;
+    int nb = 0;
+    if (s < a.num_seqs) nb = (a.query_start[s + 1] - a.query_start[s] + kFaBQ - 1) / kFaBQ;
+    int incl = nb;
+    for (int o = 1; o < 32; o <<= 1) {
+      int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (nb > 0 && b >= run + incl - nb && b < run + incl) {
+      *s_seq = s;
+      *s_blk = b - (run + incl - nb);
+    }
+    run += __shfl_sync(0xffffffffu, incl, 31);
+    if (b < run) break;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(AttentionArgs a, bool vec4) {
+  using C = FaCfg<D>;
+  extern __shared__ __align__(16) float fa_smem[];
+  float* Qs = fa_smem;
+  float* Ks = Qs + C::kQFloats;
+  float* Vs = Ks + C::kKFloats;
+  float* Ps = Vs + C::kVFloats;
+  __shared__ int s_seq, s_blk;
+  fa_find_block(a, blockIdx.x, &s_seq, &s_blk);
+  __syncthreads();
+  if (s_seq < 0) return;
+  const KvCacheView& c = a.cache;
+  const int s = s_seq, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t h = blockIdx.y, kvh = h / (a.num_heads / c.num_kv_heads);
+  const int64_t q_begin = a.query_start[s], q_len = a.query_start[s + 1] - q_begin, ctx = a.context_lens[s];
+  const int row0 = s_blk * kFaBQ;
+  const int nrows = static_cast<int>(q_len - row0 < kFaBQ ? q_len - row0 : kFaBQ);
+  const int64_t pos0 = ctx - q_len + row0;  // position of the block's first row
+  const int64_t klast = pos0 + nrows - 1;
+  const int64_t kfirst = a.window > 0 ? max(static_cast<int64_t>(0), pos0 - a.window + 1) : 0;
+  const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
+
+  for (int idx = tid; idx < kFaBQ * D; idx += kFaThreads) {
+    const int r = idx / D, d = idx % D;
+    Qs[r * C::kQS + d] = r < nrows ? a.q[(q_begin + row0 + r) * a.ldq + h * D + d] : 0.0f;
+  }
+  // Lane (rg, kg): rows warp·16 + rg + 4i (i < 4), keys kg + 8cc (cc < 4) of a tile, output columns
+  // kg·4 + 32jj + (0..3) (jj < kNV).
+  const int rg = lane >> 3, kg = lane & 7;
+  int64_t pos[4];
+  bool valid[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = warp * 16 + rg + 4 * i;
+    valid[i] = r < nrows;
+    pos[i] = pos0 + r;
+  }
+  const int64_t warp_pos_last = pos0 + min(warp * 16 + 15, nrows - 1);
+  const int64_t warp_first = a.window > 0 ? max(static_cast<int64_t>(0), pos0 + warp * 16 - a.window + 1) : 0;
+  const bool warp_active = warp * 16 < nrows;
+  const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+  float m[4], l[4], o[4][C::kNV][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    m[i] = sink;
+    l[i] = a.sinks != nullptr ? 1.0f : 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < C::kNV; ++jj)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) o[i][jj][q] = 0.0f;
+  }
+  float* Pw = Ps + warp * kFaBKV * 16;
+
+  for (int64_t kt0 = kfirst; kt0 <= klast; kt0 += kFaBKV) {
+    __syncthreads();  // the previous tile is no longer read
+    if (vec4) {
+      constexpr int kRowV = D / 4;
+      for (int idx = tid; idx < kFaBKV * kRowV; idx += kFaThreads) {
+        const int kk = idx / kRowV, d4 = idx % kRowV;
+        const int64_t j = kt0 + kk;
+        float4 kv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv4 = kv4;
+        if (j <= klast) {
+          const int64_t off = kv_offset(c, table, j, kvh) + d4 * 4;
+          kv4 = *reinterpret_cast<const float4*>(c.k + off);
+          vv4 = *reinterpret_cast<const float4*>(c.v + off);
+        }
+        *reinterpret_cast<float4*>(Ks + kk * C::kQS + d4 * 4) = kv4;
+        *reinterpret_cast<float4*>(Vs + kk * D + d4 * 4) = vv4;
+      }
+    } else {
+      for (int idx = tid; idx < kFaBKV * D; idx += kFaThreads) {
+        const int kk = idx / D, d = idx % D;
+        const int64_t j = kt0 + kk;
+        float kv = 0.0f, vv = 0.0f;
+        if (j <= klast) {
+          const int64_t off = kv_offset(c, table, j, kvh) + d;
+          kv = c.k[off];
+          vv = c.v[off];
+        }
+        Ks[kk * C::kQS + d] = kv;
+        Vs[kk * D + d] = vv;
+      }
+    }
+    __syncthreads();
+    if (!warp_active || kt0 > warp_pos_last || kt0 + kFaBKV - 1 < warp_first) continue;
+    float sc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) sc[i][cc] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < D; d += 4) {
+      float4 qv[4], kv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        qv[i] = *reinterpret_cast<const float4*>(Qs + (warp * 16 + rg + 4 * i) * C::kQS + d);
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc)
+        kv[cc] = *reinterpret_cast<const float4*>(Ks + (kg + 8 * cc) * C::kQS + d);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          sc[i][cc] = fmaf(qv[i].x, kv[cc].x, sc[i][cc]);
+          sc[i][cc] = fmaf(qv[i].y, kv[cc].y, sc[i][cc]);
+          sc[i][cc] = fmaf(qv[i].z, kv[cc].z, sc[i][cc]);
+          sc[i][cc] = fmaf(qv[i].w, kv[cc].w, sc[i][cc]);
+        }
+    }
+    float corr[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        const int64_t j = kt0 + kg + 8 * cc;
+        const bool ok = valid[i] && j <= pos[i] && (a.window <= 0 || pos[i] - j < a.window);
+        sc[i][cc] = ok ? sc[i][cc] * a.scale : -INFINITY;
+        mx = fmaxf(mx, sc[i][cc]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      const float m_new = fmaxf(m[i], mx);
+      corr[i] = m_new == -INFINITY ? 1.0f : expf(m[i] - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        sc[i][cc] = sc[i][cc] == -INFINITY ? 0.0f : expf(sc[i][cc] - m_new);
+        sum += sc[i][cc];
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      l[i] = l[i] * corr[i] + sum;
+      m[i] = m_new;
+    }
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc)
+      *reinterpret_cast<float4*>(Pw + (kg + 8 * cc) * 16 + rg * 4) =
+          make_float4(sc[0][cc], sc[1][cc], sc[2][cc], sc[3][cc]);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int jj = 0; jj < C::kNV; ++jj)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) o[i][jj][q] *= corr[i];
+#pragma unroll 4
+    for (int kk = 0; kk < kFaBKV; ++kk) {
+      const float4 pv = *reinterpret_cast<const float4*>(Pw + kk * 16 + rg * 4);
+      const float p4[4] = {pv.x, pv.y, pv.z, pv.w};
+#pragma unroll
+      for (int jj = 0; jj < C::kNV; ++jj) {
+        const float4 vv = *reinterpret_cast<const float4*>(Vs + kk * D + kg * 4 + 32 * jj);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          o[i][jj][0] = fmaf(p4[i], vv.x, o[i][jj][0]);
+          o[i][jj][1] = fmaf(p4[i], vv.y, o[i][jj][1]);
+          o[i][jj][2] = fmaf(p4[i], vv.z, o[i][jj][2]);
+          o[i][jj][3] = fmaf(p4[i], vv.w, o[i][jj][3]);
+        }
+      }
+    }
+    __syncwarp();  // Pw is rewritten by the next tile
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (!valid[i]) continue;
+    const float inv = 1.0f / l[i];
+    float* out = a.out + (q_begin + row0 + warp * 16 + rg + 4 * i) * a.ldo + h * D;
+#pragma unroll
+    for (int jj = 0; jj < C::kNV; ++jj)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) out[kg * 4 + 32 * jj + q] = o[i][jj][q] * inv;
+  }
+}
+
+// ---- decode: flash decoding ----
+
+// NV = head_dim / 32: float4 per lane per key (8 lanes per key). The CTA takes the visible keys
+// [first + split·split_len, first + (split+1)·split_len) ∩ [first, pos] of its (row, head). part ==
+// nullptr: one split, the output is written; else the split's (unnormalised acc [D], m, l) go to
+// part[((t·num_heads + h)·splits + split)·(D + 2)].
+template <int NV>
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_decode_kernel(AttentionArgs a, int64_t split_len, float* part) {
+  constexpr int D = NV * 32;
+  const KvCacheView& c = a.cache;
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const int split = blockIdx.z, splits = gridDim.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 3, sub = lane & 7;
+  const int s = seq_of_row(a, t);
+  const int64_t q_begin = a.query_start[s], q_len = a.query_start[s + 1] - q_begin, ctx = a.context_lens[s];
+  const int64_t pos = ctx - q_len + (t - q_begin);
+  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
+  const int64_t kvh = h / (a.num_heads / c.num_kv_heads);
+  const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
+  const int64_t j_begin = first + split * split_len;
+  const int64_t j_end = min(pos + 1, j_begin + split_len);  // exclusive
+
+  float4 qv[NV], acc[NV];
+  const float* q = a.q + t * a.ldq + h * D;
+#pragma unroll
+  for (int jj = 0; jj < NV; ++jj) {
+    const int d = sub * 4 + 32 * jj;
+    qv[jj] = make_float4(q[d] * a.scale, q[d + 1] * a.scale, q[d + 2] * a.scale, q[d + 3] * a.scale);
+    acc[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  float m = -INFINITY, l = 0.0f;
+  // The warp's lanes stay together (the shuffles need all of them); a group past j_end skips the update.
+  for (int64_t jb = j_begin + warp * 4; jb < j_end; jb += kWarps * 4) {
+    const int64_t j = jb + grp;
+    const bool ok = j < j_end;
+    float4 kr[NV], vr[NV];
+    if (ok) {
+      const int64_t off = kv_offset(c, table, j, kvh);
+      const float4* k4 = reinterpret_cast<const float4*>(c.k + off);
+      const float4* v4 = reinterpret_cast<const float4*>(c.v + off);
+#pragma unroll
+      for (int jj = 0; jj < NV; ++jj) {
+        kr[jj] = k4[sub + 8 * jj];
+        vr[jj] = v4[sub + 8 * jj];
+      }
+    } else {
+#pragma unroll
+      for (int jj = 0; jj < NV; ++jj) kr[jj] = vr[jj] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float dot = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < NV; ++jj)
+      dot += qv[jj].x * kr[jj].x + qv[jj].y * kr[jj].y + qv[jj].z * kr[jj].z + qv[jj].w * kr[jj].w;
+    dot += __shfl_xor_sync(0xffffffffu, dot, 1, 8);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 2, 8);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 4, 8);
+    if (!ok) continue;
+    const float m_new = fmaxf(m, dot);
+    const float corr = expf(m - m_new), p = expf(dot - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int jj = 0; jj < NV; ++jj) {
+      acc[jj].x = acc[jj].x * corr + p * vr[jj].x;
+      acc[jj].y = acc[jj].y * corr + p * vr[jj].y;
+      acc[jj].z = acc[jj].z * corr + p * vr[jj].z;
+      acc[jj].w = acc[jj].w * corr + p * vr[jj].w;
+    }
+    m = m_new;
+  }
+  // Merge the 4 lane groups of the warp (lanes sub, sub + 8, sub + 16, sub + 24).
+#pragma unroll
+  for (int o = 8; o < 32; o <<= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o), ol = __shfl_xor_sync(0xffffffffu, l, o);
+    const float mn = fmaxf(m, om);
+    const float sa = m == -INFINITY ? 0.0f : expf(m - mn), sb = om == -INFINITY ? 0.0f : expf(om - mn);
+    l = l * sa + ol * sb;
+#pragma unroll
+    for (int jj = 0; jj < NV; ++jj) {
+      acc[jj].x = acc[jj].x * sa + __shfl_xor_sync(0xffffffffu, acc[jj].x, o) * sb;
+      acc[jj].y = acc[jj].y * sa + __shfl_xor_sync(0xffffffffu, acc[jj].y, o) * sb;
+      acc[jj].z = acc[jj].z * sa + __shfl_xor_sync(0xffffffffu, acc[jj].z, o) * sb;
+      acc[jj].w = acc[jj].w * sa + __shfl_xor_sync(0xffffffffu, acc[jj].w, o) * sb;
+    }
+    m = mn;
+  }
+  __shared__ float s_m[kWarps], s_l[kWarps];
+  __shared__ __align__(16) float s_acc[kWarps][D];
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_l[warp] = l;
+  }
+  if (grp == 0) {
+#pragma unroll
+    for (int jj = 0; jj < NV; ++jj) *reinterpret_cast<float4*>(&s_acc[warp][sub * 4 + 32 * jj]) = acc[jj];
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w]);
+  const bool with_sink = part == nullptr && a.sinks != nullptr;
+  if (with_sink) mx = fmaxf(mx, a.sinks[h]);
+  float scale_w[kWarps];
+  float denom = with_sink ? expf(a.sinks[h] - mx) : 0.0f;
+  for (int w = 0; w < kWarps; ++w) {
+    scale_w[w] = s_m[w] == -INFINITY ? 0.0f : expf(s_m[w] - mx);
+    denom += s_l[w] * scale_w[w];
+  }
+  if (part == nullptr) {
+    const float inv = 1.0f / denom;
+    float* out = a.out + t * a.ldo + h * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float sum = 0.0f;
+      for (int w = 0; w < kWarps; ++w) sum += s_acc[w][d] * scale_w[w];
+      out[d] = sum * inv;
+    }
+  } else {
+    float* dst = part + ((t * a.num_heads + h) * splits + split) * (D + 2);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float sum = 0.0f;
+      for (int w = 0; w < kWarps; ++w) sum += s_acc[w][d] * scale_w[w];
+      dst[d] = sum;
+    }
+    if (threadIdx.x == 0) {
+      dst[D] = mx;
+      dst[D + 1] = denom;
+    }
+  }
+}
+
+// One CTA per (row, head): merges the splits' partial states with the sink logit.
+__global__ void attention_combine_kernel(AttentionArgs a, int splits, const float* part) {
+  const int64_t t = blockIdx.x, h = blockIdx.y, D = a.cache.head_dim;
+  const float* src = part + (t * a.num_heads + h) * splits * (D + 2);
+  float mx = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+  for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, src[sp * (D + 2) + D]);
+  float denom = a.sinks != nullptr ? expf(a.sinks[h] - mx) : 0.0f;
+  for (int sp = 0; sp < splits; ++sp) {
+    const float ms = src[sp * (D + 2) + D];
+    if (ms != -INFINITY) denom += src[sp * (D + 2) + D + 1] * expf(ms - mx);
+  }
+  const float inv = 1.0f / denom;
+  float* out = a.out + t * a.ldo + h * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int sp = 0; sp < splits; ++sp) {
+      const float ms = src[sp * (D + 2) + D];
+      if (ms != -INFINITY) sum += src[sp * (D + 2) + d] * expf(ms - mx);
+    }
+    out[d] = sum * inv;
+  }
+}
+
+enum class AttnPath { kPrefill, kDecode, kGeneric };
+
+AttnPath choose_path(const AttentionArgs& a) {
+  const int64_t d = a.cache.head_dim;
+  if (a.num_tokens > 4 * a.num_seqs && (d == 64 || d == 128)) return AttnPath::kPrefill;
+  if (d % 32 == 0 && d <= kMaxHeadDim) return AttnPath::kDecode;
+  return AttnPath::kGeneric;
+}
+
+int num_sms() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+// Decode splits: enough CTAs for two per multiprocessor, each split at least 64 keys of the longest
+// possible context (max_blocks_per_seq · block_size).
+struct DecodeSplit {
+  int splits = 1;
+  int64_t split_len = 0;
+};
+DecodeSplit decode_split(const AttentionArgs& a) {
+  const int64_t max_ctx = std::max<int64_t>(1, a.max_blocks_per_seq * a.cache.block_size);
+  const int64_t visible = a.window > 0 ? std::min<int64_t>(max_ctx, a.window) : max_ctx;
+  const int64_t rows = a.num_tokens * a.num_heads;
+  const int64_t want = (2 * num_sms() + rows - 1) / rows;
+  const int64_t most = (visible + 63) / 64;
+  DecodeSplit ds;
+  ds.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, 64})));
+  ds.split_len = (visible + ds.splits - 1) / ds.splits;
+  return ds;
+}
+
 }  // namespace
+
+size_t attention_workspace_bytes(const AttentionArgs& a) {
+  if (a.num_seqs == 0 || a.num_tokens <= 0 || choose_path(a) != AttnPath::kDecode) return 0;
+  const DecodeSplit ds = decode_split(a);
+  if (ds.splits == 1) return 0;
+  return static_cast<size_t>(a.num_tokens * a.num_heads * ds.splits * (a.cache.head_dim + 2)) * sizeof(float);
+}
 
 void write_kv(const KvWriteArgs& a, const CudaContext& ctx) {
   if (a.m == 0) return;
   write_kv_kernel<<<static_cast<unsigned>(a.m), 128, 0, cuda_util::stream(ctx)>>>(a);
   CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_prefill(const AttentionArgs& a, cudaStream_t st) {
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    FaCfg<D>::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  const KvCacheView& c = a.cache;
+  const bool vec4 = (c.num_kv_heads * c.head_dim) % 4 == 0 && (reinterpret_cast<uintptr_t>(c.k) & 15) == 0 &&
+                    (reinterpret_cast<uintptr_t>(c.v) & 15) == 0;
+  const int64_t blocks = (a.num_tokens + kFaBQ - 1) / kFaBQ + a.num_seqs;
+  KERNEL_CHECK(blocks < (1LL << 31), "attention: too many query blocks");
+  dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.num_heads));
+  attention_prefill_kernel<D><<<grid, kFaThreads, FaCfg<D>::kSmemBytes, st>>>(a, vec4);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <int NV>
+void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
+  cudaStream_t st = cuda_util::stream(ctx);
+  const DecodeSplit ds = decode_split(a);
+  float* part = nullptr;
+  if (ds.splits > 1) {
+    KERNEL_CHECK(attention_workspace_bytes(a) <= ctx.workspace_bytes, "attention: workspace too small");
+    part = static_cast<float*>(ctx.workspace);
+  }
+  dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads),
+            static_cast<unsigned>(ds.splits));
+  attention_decode_kernel<NV><<<grid, kWarps * 32, 0, st>>>(a, ds.split_len, part);
+  CUDA_CHECK_LAUNCH();
+  if (part != nullptr) {
+    dim3 cgrid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
+    attention_combine_kernel<<<cgrid, 128, 0, st>>>(a, ds.splits, part);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 void attention(const AttentionArgs& a, const CudaContext& ctx) {
@@ -124,32 +602,79 @@ void attention(const AttentionArgs& a, const CudaContext& ctx) {
   KERNEL_CHECK(a.num_heads % a.cache.num_kv_heads == 0,
                "attention: num_heads must be a multiple of num_kv_heads");
   KERNEL_CHECK(a.num_heads <= 65535, "attention: too many heads");
-  dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
   cudaStream_t st = cuda_util::stream(ctx);
+  switch (choose_path(a)) {
+    case AttnPath::kPrefill:
+      if (a.cache.head_dim == 64) {
+        launch_prefill<64>(a, st);
+      } else {
+        launch_prefill<128>(a, st);
+      }
+      return;
+    case AttnPath::kDecode: {
+      // 128-bit loads need 16-byte aligned rows.
+      const KvCacheView& c = a.cache;
+      const bool aligned = (c.num_kv_heads * c.head_dim) % 4 == 0 &&
+                           (reinterpret_cast<uintptr_t>(c.k) & 15) == 0 &&
+                           (reinterpret_cast<uintptr_t>(c.v) & 15) == 0;
+      if (aligned) {
+        switch (a.cache.head_dim / 32) {
+          case 1:
+            launch_decode<1>(a, ctx);
+            return;
+          case 2:
+            launch_decode<2>(a, ctx);
+            return;
+          case 3:
+            launch_decode<3>(a, ctx);
+            return;
+          case 4:
+            launch_decode<4>(a, ctx);
+            return;
+          case 5:
+            launch_decode<5>(a, ctx);
+            return;
+          case 6:
+            launch_decode<6>(a, ctx);
+            return;
+          case 7:
+            launch_decode<7>(a, ctx);
+            return;
+          case 8:
+            launch_decode<8>(a, ctx);
+            return;
+        }
+      }
+      break;
+    }
+    case AttnPath::kGeneric:
+      break;
+  }
+  dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
   switch ((a.cache.head_dim + 31) / 32) {
     case 1:
-      attention_kernel<1><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<1><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 2:
-      attention_kernel<2><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<2><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 3:
-      attention_kernel<3><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<3><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 4:
-      attention_kernel<4><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<4><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 5:
-      attention_kernel<5><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<5><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 6:
-      attention_kernel<6><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<6><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 7:
-      attention_kernel<7><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<7><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 8:
-      attention_kernel<8><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<8><<<grid, kWarps * 32, 0, st>>>(a);
       break;
   }
   CUDA_CHECK_LAUNCH();

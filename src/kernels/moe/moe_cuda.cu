@@ -1,6 +1,7 @@
 // kernels/moe/moe_cuda.cu: CUDA routing and MoE experts, entirely on the device (no host sync, no
 // per-expert host loop). Two paths, chosen on the host from the number of token-expert pairs m·top_k:
-// - small (pairs <= kSmallPairs, e.g. decode): one block sorts the pairs by expert in shared memory
+// - small (pairs <= kSmallPairs, e.g. decode; POLYLORA_MOE_SMALL_PAIRS overrides the limit): one block sorts
+// the pairs by expert in shared memory
 //   (compact offsets and the list of active experts), then GEMV-style kernels (moe_gemv.cuh) stream each
 //   active expert's weights once for all of its routed rows: gate_up, [LoRA], activation, down, [LoRA];
 // - large (prefill), in the manner of vLLM's fused MoE:
@@ -15,6 +16,7 @@
 // Both end with a weighted combine per token in k order (deterministic). Intermediates are f32 in the
 // workspace.
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/moe/moe.h"
@@ -38,8 +40,18 @@ int64_t round_up(int64_t v, int64_t a) {
 
 enum class Path { kGemv, kMma, kF32 };
 
+// The GEMV path's pair limit: kSmallPairs, or POLYLORA_MOE_SMALL_PAIRS (a tuning and testing override:
+// 0 sends every call to the grouped GEMMs, a large value every call to the GEMV kernels).
+int64_t small_pairs_limit() {
+  static const int64_t limit = [] {
+    const char* v = std::getenv("POLYLORA_MOE_SMALL_PAIRS");
+    return v != nullptr ? static_cast<int64_t>(std::atoll(v)) : kSmallPairs;
+  }();
+  return limit;
+}
+
 Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
-  if (a.m * a.top_k <= kSmallPairs) return Path::kGemv;
+  if (a.m * a.top_k <= small_pairs_limit()) return Path::kGemv;
   return tensor_cores ? Path::kMma : Path::kF32;
 }
 
@@ -51,17 +63,17 @@ int mma_tile_m(const MoeExpertsArgs& a) {
 // Workspace layout of a path (each part 256-byte aligned).
 struct MoeWorkspace {
   int64_t pairs = 0, tile_m = 1, max_tiles = 0, max_rows = 0, lda_h = 0, lda_i = 0;
-  int32_t* counts = nullptr;       // [E] pairs per expert
-  int32_t* fill = nullptr;         // [E] scatter cursors
-  int32_t* offsets = nullptr;      // [E] first sorted row of each expert (padded to tile_m)
-  int32_t* active = nullptr;       // [E] GEMV path: experts with pairs
-  int32_t* num_active = nullptr;   // [1]
-  int32_t* num_tiles = nullptr;    // [1] tiles (GEMV path: sorted rows, tile_m = 1)
-  int32_t* tile_expert = nullptr;  // [max_tiles] (GEMM paths)
-  int32_t* sorted = nullptr;       // [max_rows] pair index t·top_k + k, or −1 (padding)
-  float* gu = nullptr;             // [max_rows, 2I]
-  float* act = nullptr;            // [max_rows, I]
-  float* y = nullptr;              // [pairs, H]
+  int32_t* counts = nullptr;          // [E] pairs per expert
+  int32_t* fill = nullptr;            // [E] scatter cursors
+  int32_t* offsets = nullptr;         // [E] first sorted row of each expert (padded to tile_m)
+  int32_t* active = nullptr;          // [E] GEMV path: experts with pairs
+  int32_t* num_active = nullptr;      // [1]
+  int32_t* num_tiles = nullptr;       // [1] tiles (GEMV path: sorted rows, tile_m = 1)
+  int32_t* tile_expert = nullptr;     // [max_tiles] (GEMM paths)
+  int32_t* sorted = nullptr;          // [max_rows] pair index t·top_k + k, or −1 (padding)
+  float* gu = nullptr;                // [max_rows, 2I]
+  float* act = nullptr;               // [max_rows, I]
+  float* y = nullptr;                 // [pairs, H]
   __nv_bfloat16* x_bf16 = nullptr;    // [m, lda_h] (tensor-core path)
   __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, lda_i] (tensor-core path)
   size_t bytes = 0;
@@ -193,8 +205,8 @@ __global__ void align_small_kernel(const int32_t* ids, int64_t pairs, int64_t E,
                                    int32_t* offsets, int32_t* active, int32_t* num_active, int32_t* num_rows,
                                    int32_t* sorted) {
   extern __shared__ int32_t align_smem[];
-  int32_t* cnt = align_smem;       // [E]
-  int32_t* cursor = cnt + E;       // [E]
+  int32_t* cnt = align_smem;  // [E]
+  int32_t* cursor = cnt + E;  // [E]
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -415,39 +427,39 @@ __global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const i
 }
 
 // act = act_fn(gu) for sorted rows below num_tiles · tile_m that hold a pair: into act (f32, [rows, I],
-// when not nullptr) and act_bf16 ([rows, lda_bf16], columns past I zero, when not nullptr).
+// when not nullptr) and act_bf16 ([rows, lda_bf16], columns past I zero, when not nullptr). Rows over
+// blocks (grid-stride), columns over threads.
 __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, int tile_m, const float* gu,
                                float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t max_rows,
                                int64_t I, ExpertAct kind, float alpha, float limit) {
   const int64_t rows_dev = static_cast<int64_t>(*num_tiles) * tile_m;
   const int64_t rows = rows_dev < max_rows ? rows_dev : max_rows;
   const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
-  const int64_t total = rows * width;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t r = idx / width, j = idx % width;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (sorted[r] < 0) continue;
-    if (j >= I) {
-      act_bf16[r * lda_bf16 + j] = __float2bfloat16_rn(0.0f);
-      continue;
-    }
     const float* g = gu + r * 2 * I;
-    float v;
-    switch (kind) {
-      case ExpertAct::kSiluGate: {
-        float x = g[j];
-        v = x / (1.0f + expf(-x)) * g[I + j];
-        break;
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
+      if (j >= I) {
+        act_bf16[r * lda_bf16 + j] = __float2bfloat16_rn(0.0f);
+        continue;
       }
-      case ExpertAct::kGptOssSwiglu: {
-        float x = fminf(g[2 * j], limit);
-        float u = fminf(fmaxf(g[2 * j + 1], -limit), limit);
-        v = (u + 1.0f) * (x * (1.0f / (1.0f + expf(-x * alpha))));
-        break;
+      float v;
+      switch (kind) {
+        case ExpertAct::kSiluGate: {
+          float x = g[j];
+          v = x / (1.0f + expf(-x)) * g[I + j];
+          break;
+        }
+        case ExpertAct::kGptOssSwiglu: {
+          float x = fminf(g[2 * j], limit);
+          float u = fminf(fmaxf(g[2 * j + 1], -limit), limit);
+          v = (u + 1.0f) * (x * (1.0f / (1.0f + expf(-x * alpha))));
+          break;
+        }
       }
+      if (act != nullptr) act[r * I + j] = v;
+      if (act_bf16 != nullptr) act_bf16[r * lda_bf16 + j] = __float2bfloat16_rn(v);
     }
-    if (act != nullptr) act[r * I + j] = v;
-    if (act_bf16 != nullptr) act_bf16[r * lda_bf16 + j] = __float2bfloat16_rn(v);
   }
 }
 
@@ -469,12 +481,14 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* ids, const flo
 template <Phase P, int BM>
 void launch_mma(dim3 grid, const moe_detail::MmaParams& mp, cudaStream_t st) {
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemm_mma<P, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemm_mma<P, BM>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     moe_detail::MmaCfg<BM>::kSmemBytes));
     return true;
   }();
   (void)configured;
-  moe_detail::moe_gemm_mma<P, BM><<<grid, moe_detail::kMmaThreads, moe_detail::MmaCfg<BM>::kSmemBytes, st>>>(mp);
+  moe_detail::moe_gemm_mma<P, BM>
+      <<<grid, moe_detail::kMmaThreads, moe_detail::MmaCfg<BM>::kSmemBytes, st>>>(mp);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -500,7 +514,7 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
 }
 
 size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a) {
-  if (a.m * a.top_k <= kSmallPairs) return MoeWorkspace(a, nullptr, Path::kGemv).bytes;
+  if (a.m * a.top_k <= small_pairs_limit()) return MoeWorkspace(a, nullptr, Path::kGemv).bytes;
   return std::max(MoeWorkspace(a, nullptr, Path::kMma).bytes, MoeWorkspace(a, nullptr, Path::kF32).bytes);
 }
 
@@ -519,8 +533,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // 1. sort the pairs by expert (one block)
     const size_t smem = static_cast<size_t>(8 * E);
     KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
-    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(a.ids, ws.pairs, E, ws.counts, ws.offsets, ws.active,
-                                                            ws.num_active, ws.num_tiles, ws.sorted);
+    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(
+        a.ids, ws.pairs, E, ws.counts, ws.offsets, ws.active, ws.num_active, ws.num_tiles, ws.sorted);
     CUDA_CHECK_LAUNCH();
     moe_detail::GemvParams gp;
     gp.experts = a.experts;
@@ -537,17 +551,18 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.x = a.x;
     gp.ldx = a.ldx;
     gp.out = ws.gu;
-    dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kGemvRows - 1) / moe_detail::kGemvRows), max_active);
+    dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kGemvRows - 1) / moe_detail::kGemvRows),
+                 max_active);
     moe_detail::moe_gemv_kernel<Phase::kGateUp><<<grid_gu, moe_detail::kGemvThreads, 0, st>>>(gp);
     CUDA_CHECK_LAUNCH();
     // 3. gate_up LoRA
     if (lora) {
-      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, 1, ws.gu,
-                                                                          ws.act, ws.y, false);
+      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, 1,
+                                                                          ws.gu, ws.act, ws.y, false);
       CUDA_CHECK_LAUNCH();
     }
     // 4. activation
-    moe_act_kernel<<<cuda_util::blocks_for(ws.max_rows * I, 256, 8192), 256, 0, st>>>(
+    moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
         ws.sorted, ws.num_tiles, 1, ws.gu, ws.act, nullptr, 0, ws.max_rows, I, a.act, a.swiglu_alpha,
         a.swiglu_limit);
     CUDA_CHECK_LAUNCH();
@@ -555,7 +570,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.x = ws.act;
     gp.ldx = I;
     gp.out = ws.y;
-    dim3 grid_down(static_cast<unsigned>((H + moe_detail::kGemvRows - 1) / moe_detail::kGemvRows), max_active);
+    dim3 grid_down(static_cast<unsigned>((H + moe_detail::kGemvRows - 1) / moe_detail::kGemvRows),
+                   max_active);
     moe_detail::moe_gemv_kernel<Phase::kDown><<<grid_down, moe_detail::kGemvThreads, 0, st>>>(gp);
     CUDA_CHECK_LAUNCH();
   } else {
@@ -617,10 +633,9 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       CUDA_CHECK_LAUNCH();
     }
     // 4. activation (f32 for the fp32 GEMM and the down LoRA, bf16 for the tensor-core GEMM)
-    const int64_t width = mma ? ws.lda_i : I;
-    moe_act_kernel<<<cuda_util::blocks_for(ws.max_rows * width, 256, 16384), 256, 0, st>>>(
-        ws.sorted, ws.num_tiles, tile_m, ws.gu, (!mma || lora) ? ws.act : nullptr, mma ? ws.act_bf16 : nullptr,
-        ws.lda_i, ws.max_rows, I, a.act, a.swiglu_alpha, a.swiglu_limit);
+    moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
+        ws.sorted, ws.num_tiles, tile_m, ws.gu, (!mma || lora) ? ws.act : nullptr,
+        mma ? ws.act_bf16 : nullptr, ws.lda_i, ws.max_rows, I, a.act, a.swiglu_alpha, a.swiglu_limit);
     CUDA_CHECK_LAUNCH();
     // 5. down
     if (mma) {
@@ -638,8 +653,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   }
   // 6. down LoRA
   if (lora) {
-    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m, ws.gu,
-                                                                        ws.act, ws.y, true);
+    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m,
+                                                                        ws.gu, ws.act, ws.y, true);
     CUDA_CHECK_LAUNCH();
   }
   // 7. combine

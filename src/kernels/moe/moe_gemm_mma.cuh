@@ -117,14 +117,16 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
 #pragma unroll
     for (int i = 0; i < kARowsPerThread; ++i) {
       const int r = ld_row + 64 * i;
-      cp_async16(sa + mma_swz(r, ld_chunk), a_src[i] != nullptr ? a_src[i] + k : p.a, a_src[i] != nullptr ? 16 : 0);
+      cp_async16(sa + mma_swz(r, ld_chunk), a_src[i] != nullptr ? a_src[i] + k : p.a,
+                 a_src[i] != nullptr ? 16 : 0);
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = ld_row + 64 * i;
       if (b_fast) {
         const bool ok = b_src[i] != nullptr && k < K;
-        cp_async16(sb + mma_swz(r, ld_chunk), ok ? b_src[i] + k * 2 : static_cast<const void*>(p.a), ok ? 16 : 0);
+        cp_async16(sb + mma_swz(r, ld_chunk), ok ? b_src[i] + k * 2 : static_cast<const void*>(p.a),
+                   ok ? 16 : 0);
       } else {
         uint32_t w[4];
 #pragma unroll

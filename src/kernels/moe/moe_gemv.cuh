@@ -14,10 +14,10 @@
 namespace polylora::kernels::cuda::moe_detail {
 
 constexpr int kGemvThreads = 256;
-constexpr int kGemvR = 4;                                    // rows per warp
-constexpr int kGemvRows = kGemvR * (kGemvThreads / 32);      // rows per CTA
-constexpr int kGemvMaxTok = 8;                               // routed rows per pass
-constexpr int kGemvKc = 1024;                                // K chunk staged in shared memory
+constexpr int kGemvR = 4;                                // rows per warp
+constexpr int kGemvRows = kGemvR * (kGemvThreads / 32);  // rows per CTA
+constexpr int kGemvMaxTok = 8;                           // routed rows per pass
+constexpr int kGemvKc = 1024;                            // K chunk staged in shared memory
 
 struct GemvParams {
   const float* x = nullptr;  // kGateUp: token rows [m, H] (stride ldx); kDown: act rows [rows, I]
@@ -62,8 +62,8 @@ struct GemvVec<float> {
 // garbage and are never stored). vec: 128-bit loads of W (W is BF16 or F32, rows 16-byte aligned, K a
 // multiple of the vector); otherwise scalar loads in any dtype.
 template <typename W, int TM>
-__device__ __forceinline__ void gemv_accumulate(const char* const (&rows)[kGemvR], bool vec, DType dt, int64_t K,
-                                                int nt, const float* const* s_src, float* xs,
+__device__ __forceinline__ void gemv_accumulate(const char* const (&rows)[kGemvR], bool vec, DType dt,
+                                                int64_t K, int nt, const float* const* s_src, float* xs,
                                                 float (&acc)[kGemvR][TM]) {
   const int lane = threadIdx.x & 31;
   for (int64_t kc0 = 0; kc0 < K; kc0 += kGemvKc) {
@@ -71,7 +71,13 @@ __device__ __forceinline__ void gemv_accumulate(const char* const (&rows)[kGemvR
     __syncthreads();  // the previous chunk's readers are done
     for (int t = 0; t < nt; ++t) {
       const float* src = s_src[t] + kc0;
-      for (int kk = threadIdx.x; kk < kcn; kk += blockDim.x) xs[t * kGemvKc + kk] = src[kk];
+      // With bf16 weights the activations are rounded to bf16 too, exactly as the tensor-core GEMM and
+      // cuBLAS paths do, so a token's numerics do not depend on the batch size that picked the path.
+      if (dt == DType::kBF16)
+        for (int kk = threadIdx.x; kk < kcn; kk += blockDim.x)
+          xs[t * kGemvKc + kk] = __bfloat162float(__float2bfloat16_rn(src[kk]));
+      else
+        for (int kk = threadIdx.x; kk < kcn; kk += blockDim.x) xs[t * kGemvKc + kk] = src[kk];
     }
     __syncthreads();
     if (vec) {
@@ -117,7 +123,8 @@ __device__ __forceinline__ void gemv_accumulate(const char* const (&rows)[kGemvR
       for (int kk = lane; kk < kcn; kk += 32) {
         float wf[kGemvR];
 #pragma unroll
-        for (int r = 0; r < kGemvR; ++r) wf[r] = rows[r] != nullptr ? cuda_util::load_as_f32(rows[r], dt, kc0 + kk) : 0.0f;
+        for (int r = 0; r < kGemvR; ++r)
+          wf[r] = rows[r] != nullptr ? cuda_util::load_as_f32(rows[r], dt, kc0 + kk) : 0.0f;
 #pragma unroll
         for (int t = 0; t < TM; ++t) {
           const float xv = xs[t * kGemvKc + kk];
@@ -161,8 +168,8 @@ __device__ __forceinline__ void gemv_pass(const GemvParams& p, const char* const
 }
 
 template <Phase P, typename W>
-__device__ __forceinline__ void gemv_pass_any(const GemvParams& p, const char* const (&rows)[kGemvR], bool vec,
-                                              DType dt, int64_t K, int64_t N, int64_t n_first,
+__device__ __forceinline__ void gemv_pass_any(const GemvParams& p, const char* const (&rows)[kGemvR],
+                                              bool vec, DType dt, int64_t K, int64_t N, int64_t n_first,
                                               const float* bias, int row0, int nt, const float* const* s_src,
                                               float* xs) {
   if (nt == 1) {
@@ -194,7 +201,8 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(GemvParams p) {
   const float* bias = weight_bias<P>(ex);
   const char* rows[kGemvR];
 #pragma unroll
-  for (int r = 0; r < kGemvR; ++r) rows[r] = n_first + r < N ? weight_row<P>(ex, n_first + r, K, p.inter) : nullptr;
+  for (int r = 0; r < kGemvR; ++r)
+    rows[r] = n_first + r < N ? weight_row<P>(ex, n_first + r, K, p.inter) : nullptr;
   const bool aligned = weight_rows_aligned16<P>(ex, K);
   for (int tok0 = 0; tok0 < count; tok0 += kGemvMaxTok) {
     const int nt = count - tok0 < kGemvMaxTok ? count - tok0 : kGemvMaxTok;
@@ -207,7 +215,8 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(GemvParams p) {
     // (published by the barrier at the start of gemv_accumulate's first chunk)
     switch (dt) {
       case DType::kBF16:
-        gemv_pass_any<P, __nv_bfloat16>(p, rows, aligned, dt, K, N, n_first, bias, base + tok0, nt, s_src, xs);
+        gemv_pass_any<P, __nv_bfloat16>(p, rows, aligned, dt, K, N, n_first, bias, base + tok0, nt, s_src,
+                                        xs);
         break;
       case DType::kF32:
         gemv_pass_any<P, float>(p, rows, aligned, dt, K, N, n_first, bias, base + tok0, nt, s_src, xs);
