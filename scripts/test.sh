@@ -12,5 +12,8 @@ LABELS=(-LE gpu)
 # Two test processes share two cores: OpenMP threads must sleep, not spin, while they wait.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 (cd "$BUILD_DIR" && ctest --output-on-failure -j2 "${LABELS[@]}")
+# Black-box HTTP tests of `polylora serve` (Node's test runner and the official openai client).
+npm ci --prefix tests/http --no-audit --no-fund
+POLYLORA_BIN="$(cd "$BUILD_DIR" && pwd)/src/apps/polylora" node --test tests/http/
 FUZZ_SECONDS=${FUZZ_SECONDS:-20} ./scripts/fuzz.sh
 echo "test.sh: all tests passed"
