@@ -8,6 +8,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3
+  chromium
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -37,6 +37,7 @@ int run_serve(int argc, char** argv) {
   ModelFlags mf;
   EngineConfig ec;
   ServerConfig sc;
+  sc.web_root = (fs::path(POLYLORA_SOURCE_DIR) / "web/dist").string();
   add_model_flags(app, mf, false);
   add_engine_flags(app, ec);
   app.add_option("--host", sc.host)->capture_default_str();
@@ -50,6 +51,8 @@ int run_serve(int argc, char** argv) {
   app.add_option("--max-connections", sc.max_connections, "Concurrent HTTP connections (worker threads)")
       ->capture_default_str();
   app.add_option("--shutdown-timeout", sc.shutdown_grace_seconds, "Seconds running requests get on SIGTERM")
+      ->capture_default_str();
+  app.add_option("--web-root", sc.web_root, "Built playground (npm run build in web/), served at /; '' disables it")
       ->capture_default_str();
   try {
     app.parse(argc, argv);

@@ -19,6 +19,7 @@ struct ServerConfig {
   int64_t max_connections = 2048;                // --max-connections: HTTP worker threads
   int64_t shutdown_grace_seconds = 30;           // SIGTERM: time given to running requests
   std::string model_root;                        // reported as `root` in /v1/models
+  std::string web_root;                          // --web-root: the playground's built files, served at / (web/dist)
 };
 
 }  // namespace polylora

@@ -496,6 +496,23 @@ void HttpServer::register_routes() {
     res.set_content(prometheus_text(engine_.snapshot(), config_.served_model_names.front()),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
+  // The browser playground (web/, built by `npm run build` into web/dist): static files at / from
+  // --web-root, without authentication (its API calls carry the key). Files are matched before the routes
+  // above; a path that is no file falls through to them. Without a built playground, / says how to build it.
+  bool playground = !config_.web_root.empty() && fs::exists(fs::path(config_.web_root) / "index.html") &&
+                    s.set_mount_point("/", config_.web_root);
+  if (playground) spdlog::info("playground: serving {} at /", config_.web_root);
+  s.Get("/", [this](const httplib::Request&, httplib::Response& res) {
+    std::string where = config_.web_root.empty() ? std::string("(disabled: --web-root '')") : config_.web_root;
+    res.set_content(
+        "<!doctype html><meta charset=utf-8><title>polylora</title><h1>polylora</h1>"
+        "<p>The browser playground is not built: no <code>index.html</code> in <code>" +
+            where +
+            "</code>.</p><p>Build it with <code>npm ci &amp;&amp; npm run build</code> in the repository's "
+            "<code>web/</code> folder (or <code>./scripts/build_web.sh</code>), or point "
+            "<code>--web-root</code> at a built copy. The OpenAI API is at <code>/v1</code>.</p>",
+        "text/html; charset=utf-8");
+  });
 }
 
 }  // namespace polylora::server
