@@ -1,6 +1,7 @@
 // tests/browser/playground.test.mjs: the playground page (web/, served by `polylora serve` at /) in
 // headless Chromium against the real server on the qwen3-moe-tiny fixture and its three adapters.
 import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
 import { ADAPTERS, MODEL, metric, metrics, startServer } from '../http/lib/server.mjs';
 import { WEB_ROOT, launch } from './lib/browser.mjs';
@@ -215,6 +216,34 @@ describe('without a built playground', () => {
       assert.equal((await fetch(server.url + '/assets/index.js')).status, 404);
       assert.equal((await fetch(server.base + '/models')).status, 200);
     } finally {
+      await server.stop();
+    }
+  });
+});
+
+describe('playground with the built-in demo model', () => {
+  test('side by side, two demo adapters give their own, different answers', async (t) => {
+    if (!existsSync(new URL('../../models/demo/config.json', import.meta.url))) {
+      t.skip('models/demo is not present');
+      return;
+    }
+    const server = await startServer(['--web-root', WEB_ROOT]);  // no --model: the demo model and its adapters
+    const browser = await launch();
+    try {
+      const page = await openPage(browser, server.url, []);
+      await page.locator('#tab-compare').click();
+      await setSampling(page, { temperature: 0, maxTokens: 32 });
+      const pickers = page.locator('#compare-pickers select');
+      await pickers.nth(0).selectOption('reverse');
+      await pickers.nth(1).selectOption('upper');
+      await page.locator('#compare-input').fill('the red fox sees 3 owls');
+      await page.locator('#compare-send').click();
+      const columns = page.locator('#compare-columns .column');
+      for (let i = 0; i < 2; ++i) await columns.nth(i).locator('.stats', { hasText: 'tok/s' }).waitFor();
+      const answers = (await columns.locator('.output').allTextContents()).map((a) => a.trim());
+      assert.deepEqual(answers, ['owls 3 sees fox red the', 'THE RED FOX SEES 3 OWLS']);
+    } finally {
+      await browser.close();
       await server.stop();
     }
   });

@@ -7,7 +7,7 @@ import { REPO, metric, metrics, startServer } from '../http/lib/server.mjs';
 import { WEB_ROOT, launch } from './lib/browser.mjs';
 
 const out = path.resolve(process.argv[2] ?? path.join(REPO, 'docs/playground.png'));
-const prompt = process.env.PROMPT ?? 'Write a short note to a friend about the weekend.';
+const prompt = process.env.PROMPT ?? 'the red fox sees 3 owls'; // in the demo model's domain (lowercase words, digits)
 const maxTokens = Number(process.env.MAX_TOKENS ?? 64);
 
 const server = await startServer(['--web-root', WEB_ROOT]);
