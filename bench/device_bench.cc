@@ -51,15 +51,12 @@ int run_device_bench(int argc, char** argv) {
   backend->synchronize();
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = model->config();
-  nlohmann::json out = {{"engine", "polylora"},
-                        {"backend", backend->name()},
-                        {"model", c.model_type},
-                        {"params_billions", static_cast<double>(c.num_parameters()) / 1e9},
-                        {"load_seconds", load_s},
-                        {"weight_bytes", model->weights().num_bytes},
-                        {"prompt_len", prompt_len},
-                        {"decode_tokens", decode_tokens},
-                        {"runs", nlohmann::json::array()}};
+  nlohmann::json out = {
+      {"engine", "polylora"},           {"backend", backend->name()},
+      {"model", c.model_type},          {"params_billions", static_cast<double>(c.num_parameters()) / 1e9},
+      {"load_seconds", load_s},         {"weight_bytes", model->weights().num_bytes},
+      {"prompt_len", prompt_len},       {"decode_tokens", decode_tokens},
+      {"runs", nlohmann::json::array()}};
   std::fprintf(stderr, "loaded %s on %s in %.1f s (%.2f GB of weights)\n", c.model_type.c_str(),
                backend->name().c_str(), load_s, static_cast<double>(model->weights().num_bytes) / 1e9);
   Generator gen(*model, {.block_size = 16, .max_batch_tokens = max_batch_tokens});
@@ -77,12 +74,14 @@ int run_device_bench(int argc, char** argv) {
     gen.run(reqs, {});
     double prefill_tps = static_cast<double>(b * prompt_len) / gen.last_prefill_seconds();
     double decode_tps = static_cast<double>(b * gen.last_decode_steps()) / gen.last_decode_seconds();
-    std::fprintf(stderr, "batch %ld: prefill %.0f tok/s, decode %.1f tok/s (%.2f ms/step)\n", static_cast<long>(b),
-                 prefill_tps, decode_tps, 1e3 * gen.last_decode_seconds() / static_cast<double>(gen.last_decode_steps()));
-    out["runs"].push_back({{"batch", b},
-                           {"prefill_tok_per_s", prefill_tps},
-                           {"decode_tok_per_s", decode_tps},
-                           {"decode_ms_per_step", 1e3 * gen.last_decode_seconds() / gen.last_decode_steps()}});
+    std::fprintf(stderr, "batch %ld: prefill %.0f tok/s, decode %.1f tok/s (%.2f ms/step)\n",
+                 static_cast<long>(b), prefill_tps, decode_tps,
+                 1e3 * gen.last_decode_seconds() / static_cast<double>(gen.last_decode_steps()));
+    out["runs"].push_back(
+        {{"batch", b},
+         {"prefill_tok_per_s", prefill_tps},
+         {"decode_tok_per_s", decode_tps},
+         {"decode_ms_per_step", 1e3 * gen.last_decode_seconds() / gen.last_decode_steps()}});
   }
   out["backend_allocated_bytes_peak"] = backend->allocated_bytes();
   std::printf("%s\n", out.dump(2).c_str());
@@ -90,7 +89,8 @@ int run_device_bench(int argc, char** argv) {
   return 0;
 }
 
-BenchRegistrar reg("device", "Full-size dummy-weight model on cpu or cuda: load, memory, prefill/decode tok/s",
+BenchRegistrar reg("device",
+                   "Full-size dummy-weight model on cpu or cuda: load, memory, prefill/decode tok/s",
                    run_device_bench);
 
 }  // namespace

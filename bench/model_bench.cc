@@ -30,7 +30,9 @@ int64_t peak_rss_bytes() {
     if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
   return -1;
 }
-void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+void reset_peak() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
 
 // Weight bytes one token reads at batch 1: everything but the embedding table (one row) and the experts
 // not routed to (top-k of E per MoE layer).
@@ -40,8 +42,8 @@ double active_weight_bytes(const ModelConfig& c, double bytes_per_param) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     params += h * static_cast<double>(c.q_size()) * 2 + h * static_cast<double>(c.kv_size()) * 2;
     if (c.moe_layers[l])
-      params += static_cast<double>(c.num_experts) * h +
-                static_cast<double>(c.num_experts_per_tok) * 3 * h * static_cast<double>(c.moe_intermediate_size);
+      params += static_cast<double>(c.num_experts) * h + static_cast<double>(c.num_experts_per_tok) * 3 * h *
+                                                             static_cast<double>(c.moe_intermediate_size);
     else
       params += 3 * h * static_cast<double>(c.intermediate_size);
   }
@@ -54,7 +56,8 @@ double prefill_flops(const ModelConfig& c, int64_t n) {
   double attn = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     int64_t w = c.layer_window(l);
-    double avg_ctx = w > 0 ? std::min<double>(static_cast<double>(w), static_cast<double>(n) / 2) : static_cast<double>(n) / 2;
+    double avg_ctx = w > 0 ? std::min<double>(static_cast<double>(w), static_cast<double>(n) / 2)
+                           : static_cast<double>(n) / 2;
     attn += 4.0 * static_cast<double>(c.num_heads * c.head_dim) * avg_ctx;
   }
   return (per_token + attn) * static_cast<double>(n);
@@ -67,7 +70,8 @@ struct Row {
   int64_t prefill_len = 0;
 };
 
-Row bench_model(const std::string& name, const std::string& dir, bool dummy, int64_t prefill_len, int64_t decode_len) {
+Row bench_model(const std::string& name, const std::string& dir, bool dummy, int64_t prefill_len,
+                int64_t decode_len) {
   reset_peak();
   Row row;
   row.name = name;
@@ -81,7 +85,8 @@ Row bench_model(const std::string& name, const std::string& dir, bool dummy, int
   Generator gen(*model, {.block_size = 16, .max_batch_tokens = 8192});
   auto prompt = [&](int64_t n, int64_t seed) {
     std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>((i * 7919 + seed * 104729 + 13) % c.vocab_size);
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = static_cast<int32_t>((i * 7919 + seed * 104729 + 13) % c.vocab_size);
     return p;
   };
   // Prefill: one prompt of prefill_len tokens, 1 generated token (its time counts as decode).
@@ -144,9 +149,11 @@ int run_model_bench(int argc, char** argv) {
   }
   if (!skip_big) {
     std::fprintf(stderr, "benchmarking %s (dummy weights)...\n", big.c_str());
-    rows.push_back(bench_model(fs::path(big).filename().string() + " (dummy)", big, true, big_prefill, decode_len));
+    rows.push_back(
+        bench_model(fs::path(big).filename().string() + " (dummy)", big, true, big_prefill, decode_len));
   }
-  nlohmann::json j = {{"machine", {{"sgemm_gflops", gflops}, {"memory_bandwidth_gbs", bandwidth}}}, {"models", {}}};
+  nlohmann::json j = {{"machine", {{"sgemm_gflops", gflops}, {"memory_bandwidth_gbs", bandwidth}}},
+                      {"models", {}}};
   for (const Row& r : rows) {
     j["models"].push_back({{"name", r.name},
                            {"params_millions", r.params_m},
@@ -167,12 +174,12 @@ int run_model_bench(int argc, char** argv) {
     return 0;
   }
   std::printf("machine: OpenBLAS sgemm %.1f GFLOP/s, memory bandwidth %.1f GB/s\n\n", gflops, bandwidth);
-  std::printf("%-26s %8s %7s %10s %9s %7s %10s %8s %7s %10s %8s\n", "model", "params M", "load s", "prefill t/s",
-              "GFLOP/s", "%sgemm", "decode t/s", "GB/s", "%bw", "dec8 t/s", "peak MB");
+  std::printf("%-26s %8s %7s %10s %9s %7s %10s %8s %7s %10s %8s\n", "model", "params M", "load s",
+              "prefill t/s", "GFLOP/s", "%sgemm", "decode t/s", "GB/s", "%bw", "dec8 t/s", "peak MB");
   for (const Row& r : rows)
-    std::printf("%-26s %8.1f %7.2f %10.0f %9.1f %6.1f%% %10.1f %8.2f %6.1f%% %10.1f %8.0f\n", r.name.c_str(), r.params_m,
-                r.load_s, r.prefill_tok_s, r.prefill_gflops, 100 * r.prefill_gflops / gflops, r.decode_tok_s, r.decode_gbs,
-                100 * r.decode_gbs / bandwidth, r.decode8_tok_s, r.peak_mb);
+    std::printf("%-26s %8.1f %7.2f %10.0f %9.1f %6.1f%% %10.1f %8.2f %6.1f%% %10.1f %8.0f\n", r.name.c_str(),
+                r.params_m, r.load_s, r.prefill_tok_s, r.prefill_gflops, 100 * r.prefill_gflops / gflops,
+                r.decode_tok_s, r.decode_gbs, 100 * r.decode_gbs / bandwidth, r.decode8_tok_s, r.peak_mb);
   return 0;
 }
 

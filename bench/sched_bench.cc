@@ -49,7 +49,9 @@ int run_sched_bench(int argc, char** argv) {
   Scheduler sched(sc, lc, std::make_unique<KvCacheManager>(blocks, block_size, true));
   ModelRunner runner(*model, 1, block_size);  // KV storage unused: no forward pass
   std::vector<LoraAdapter> fake(static_cast<size_t>(std::max<int64_t>(adapters, 1)));
-  auto adapter_of = [&](const std::string& key) { return &fake[static_cast<size_t>(key[1] - 'a') % fake.size()]; };
+  auto adapter_of = [&](const std::string& key) {
+    return &fake[static_cast<size_t>(key[1] - 'a') % fake.size()];
+  };
   for (int64_t i = 0; i < num_requests; ++i) {
     auto r = std::make_unique<SchedRequest>();
     r->id = static_cast<RequestId>(i + 1);
@@ -101,13 +103,19 @@ int run_sched_bench(int argc, char** argv) {
   for (double t : times) mean += t;
   mean /= static_cast<double>(times.size());
   double median = times[times.size() / 2], p99 = times[times.size() * 99 / 100];
-  nlohmann::json j = {{"running_requests", num_requests}, {"adapters", adapters}, {"steps", steps},
-                      {"mean_us", mean},  {"median_us", median},   {"p99_us", p99}};
-  if (json_out) std::printf("%s\n", j.dump(2).c_str());
+  nlohmann::json j = {{"running_requests", num_requests},
+                      {"adapters", adapters},
+                      {"steps", steps},
+                      {"mean_us", mean},
+                      {"median_us", median},
+                      {"p99_us", p99}};
+  if (json_out)
+    std::printf("%s\n", j.dump(2).c_str());
   else
-    std::printf("scheduler + input preparation with %ld running requests (%ld adapters): mean %.1f us, median "
-                "%.1f us, p99 %.1f us per step\n",
-                static_cast<long>(num_requests), static_cast<long>(adapters), mean, median, p99);
+    std::printf(
+        "scheduler + input preparation with %ld running requests (%ld adapters): mean %.1f us, median "
+        "%.1f us, p99 %.1f us per step\n",
+        static_cast<long>(num_requests), static_cast<long>(adapters), mean, median, p99);
   return 0;
 }
 

@@ -17,12 +17,12 @@ enum class FinishReason { kStop, kLength, kAbort };
 const char* finish_reason_name(FinishReason reason);
 
 struct EngineRequest {
-  std::string request_id;           // unique among live requests
+  std::string request_id;  // unique among live requests
   std::vector<int32_t> prompt_ids;
   SamplingParams sampling;
-  std::string adapter;              // empty: the base model
-  std::string cache_salt;           // optional prefix-cache isolation key
-  int64_t priority = 0;             // lower runs first under the priority policy (as vLLM)
+  std::string adapter;     // empty: the base model
+  std::string cache_salt;  // optional prefix-cache isolation key
+  int64_t priority = 0;    // lower runs first under the priority policy (as vLLM)
 };
 
 struct TokenLogprob {
@@ -52,10 +52,11 @@ struct SequenceOutput {
 struct RequestOutput {
   std::string request_id;
   std::vector<SequenceOutput> sequences;  // the sequences that changed
-  std::vector<std::optional<LogprobEntry>> prompt_logprobs;  // once, with the first output (first entry empty)
+  std::vector<std::optional<LogprobEntry>>
+      prompt_logprobs;  // once, with the first output (first entry empty)
   int64_t num_prompt_tokens = 0;
-  int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache
-  bool finished = false;          // every sequence has finished
+  int64_t num_cached_tokens = 0;     // prompt tokens served from the prefix cache
+  bool finished = false;             // every sequence has finished
   std::optional<std::string> error;  // set when the request failed (e.g. unknown adapter)
 };
 

@@ -9,7 +9,8 @@ namespace polylora {
 
 void SamplingParams::validate(int64_t vocab_size) const {
   if (n < 1) fail("n must be at least 1, got {}", n);
-  if (!(temperature >= 0.0) || !std::isfinite(temperature)) fail("temperature must be >= 0, got {}", temperature);
+  if (!(temperature >= 0.0) || !std::isfinite(temperature))
+    fail("temperature must be >= 0, got {}", temperature);
   if (!(top_p > 0.0 && top_p <= 1.0)) fail("top_p must be in (0, 1], got {}", top_p);
   if (top_k < -1) fail("top_k must be -1 (disable), or at least 1, got {}", top_k);
   if (!(min_p >= 0.0 && min_p <= 1.0)) fail("min_p must be in [0, 1], got {}", min_p);
@@ -20,15 +21,18 @@ void SamplingParams::validate(int64_t vocab_size) const {
   if (!(repetition_penalty > 0.0 && repetition_penalty <= 100.0))
     fail("repetition_penalty must be in (0, 100], got {}", repetition_penalty);
   for (const auto& [id, bias] : logit_bias) {
-    if (id < 0 || id >= vocab_size) fail("logit_bias: token id {} is outside the vocabulary (size {})", id, vocab_size);
-    if (!(bias >= -100.0 && bias <= 100.0)) fail("logit_bias: bias for token {} must be in [-100, 100], got {}", id, bias);
+    if (id < 0 || id >= vocab_size)
+      fail("logit_bias: token id {} is outside the vocabulary (size {})", id, vocab_size);
+    if (!(bias >= -100.0 && bias <= 100.0))
+      fail("logit_bias: bias for token {} must be in [-100, 100], got {}", id, bias);
   }
   if (min_tokens < 0) fail("min_tokens must be >= 0, got {}", min_tokens);
   if (max_tokens && *max_tokens < 1) fail("max_tokens must be at least 1, got {}", *max_tokens);
   if (max_tokens && min_tokens > *max_tokens)
     fail("min_tokens ({}) must be less than or equal to max_tokens ({})", min_tokens, *max_tokens);
   for (int32_t id : stop_token_ids)
-    if (id < 0 || id >= vocab_size) fail("stop_token_ids: token id {} is outside the vocabulary (size {})", id, vocab_size);
+    if (id < 0 || id >= vocab_size)
+      fail("stop_token_ids: token id {} is outside the vocabulary (size {})", id, vocab_size);
   for (const auto& s : stop)
     if (s.empty()) fail("stop: stop strings must not be empty");
   if (logprobs && (*logprobs < 0 || *logprobs > 20)) fail("logprobs must be in [0, 20], got {}", *logprobs);

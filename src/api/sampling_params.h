@@ -11,20 +11,20 @@
 namespace polylora {
 
 struct SamplingParams {
-  int64_t n = 1;                     // sequences per prompt (they share the prompt's KV blocks)
-  double temperature = 1.0;          // 0: greedy
-  double top_p = 1.0;                // (0, 1]
-  int64_t top_k = -1;                // -1 (or 0): all tokens
-  double min_p = 0.0;                // [0, 1]
-  std::optional<uint64_t> seed;      // per-request generator, reproducible whatever else is batched
-  double presence_penalty = 0.0;     // [-2, 2]
-  double frequency_penalty = 0.0;    // [-2, 2]
-  double repetition_penalty = 1.0;   // > 0
+  int64_t n = 1;                    // sequences per prompt (they share the prompt's KV blocks)
+  double temperature = 1.0;         // 0: greedy
+  double top_p = 1.0;               // (0, 1]
+  int64_t top_k = -1;               // -1 (or 0): all tokens
+  double min_p = 0.0;               // [0, 1]
+  std::optional<uint64_t> seed;     // per-request generator, reproducible whatever else is batched
+  double presence_penalty = 0.0;    // [-2, 2]
+  double frequency_penalty = 0.0;   // [-2, 2]
+  double repetition_penalty = 1.0;  // > 0
   std::vector<std::pair<int32_t, double>> logit_bias;  // token id -> bias added to its logit, [-100, 100]
   int64_t min_tokens = 0;
   std::optional<int64_t> max_tokens = 16;  // nullopt: up to the model's context length
   std::vector<int32_t> stop_token_ids;
-  std::vector<std::string> stop;     // stop strings, matched on the detokenized text
+  std::vector<std::string> stop;  // stop strings, matched on the detokenized text
   bool include_stop_str_in_output = false;
   bool ignore_eos = false;
   std::optional<int64_t> logprobs;         // top alternatives per generated token (0: the sampled one only)

@@ -69,7 +69,8 @@ int run_generate(int argc, char** argv) {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;
   int64_t seed = -1, logprobs = -1, prompt_logprobs = -1;
-  app.add_option("--adapter", adapter, "Adapter name for --prompt/--prompt-ids prompts (default: base model)");
+  app.add_option("--adapter", adapter,
+                 "Adapter name for --prompt/--prompt-ids prompts (default: base model)");
   app.add_option("--prompt-ids", prompt_ids, "Prompt token ids, comma-separated (repeatable)");
   app.add_option("--prompt", prompts, "Text prompt (repeatable; needs a tokenizer)");
   app.add_option("--requests", requests_path, "JSONL file of requests");
@@ -127,7 +128,8 @@ int run_generate(int argc, char** argv) {
     submit(std::move(r), 0);
   }
   for (const auto& p : prompts) {
-    if (!le.tokenizer) fail("--prompt needs a tokenizer (tokenizer.json in the model directory, or --tokenizer)");
+    if (!le.tokenizer)
+      fail("--prompt needs a tokenizer (tokenizer.json in the model directory, or --tokenizer)");
     EngineRequest r;
     r.prompt_ids = le.tokenizer->encode(p, true);
     r.sampling = sp;
@@ -167,8 +169,10 @@ int run_generate(int argc, char** argv) {
           if (!j["adapter"].is_string()) fail("'adapter' must be a string");
           r.adapter = j["adapter"].get<std::string>();
         }
-        if (j.contains("cache_salt") && j["cache_salt"].is_string()) r.cache_salt = j["cache_salt"].get<std::string>();
-        if (j.contains("priority") && j["priority"].is_number_integer()) r.priority = j["priority"].get<int64_t>();
+        if (j.contains("cache_salt") && j["cache_salt"].is_string())
+          r.cache_salt = j["cache_salt"].get<std::string>();
+        if (j.contains("priority") && j["priority"].is_number_integer())
+          r.priority = j["priority"].get<int64_t>();
       } catch (const json::exception& e) {
         problem = std::string("line is not valid JSON: ") + e.what();
       } catch (const Error& e) {
@@ -252,12 +256,13 @@ int run_generate(int argc, char** argv) {
     std::printf("%s\n", j.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   }
   auto st = engine.stats();
-  spdlog::info("done: {} prompt tokens, {} generated, prefix cache {}/{} tokens hit, {} preemptions", st.prompt_tokens,
-               st.generation_tokens, st.prefix_hits, st.prefix_queries, st.num_preemptions);
+  spdlog::info("done: {} prompt tokens, {} generated, prefix cache {}/{} tokens hit, {} preemptions",
+               st.prompt_tokens, st.generation_tokens, st.prefix_hits, st.prefix_queries, st.num_preemptions);
   return 0;
 }
 
-Registrar reg("generate", "Offline generation through the engine (token ids, text or a JSONL file of requests)",
+Registrar reg("generate",
+              "Offline generation through the engine (token ids, text or a JSONL file of requests)",
               run_generate);
 
 }  // namespace

@@ -2,9 +2,9 @@
 // built-in default model (models/demo when present, else the qwen3-moe-tiny fixture) with every adapter
 // found in its adapters/ folder registered. SIGTERM/SIGINT: stop accepting, let running requests finish
 // (up to --shutdown-timeout seconds), abort the rest, exit 0.
-#include <csignal>
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -22,7 +22,9 @@ namespace {
 
 namespace fs = std::filesystem;
 std::atomic<int> g_signal{0};
-extern "C" void on_signal(int sig) { g_signal.store(sig); }
+extern "C" void on_signal(int sig) {
+  g_signal.store(sig);
+}
 
 std::string default_model_dir() {
   for (const char* rel : {"models/demo", "tests/data/models/qwen3-moe-tiny"}) {
@@ -46,13 +48,15 @@ int run_serve(int argc, char** argv) {
   app.add_option("--served-model-name", sc.served_model_names, "Name(s) the base model answers to");
   app.add_flag("--enable-lora-runtime-updating", sc.allow_runtime_lora_updating,
                "Enable /v1/load_lora_adapter and /v1/unload_lora_adapter");
-  app.add_option("--lora-allowed-dirs", sc.lora_allowed_dirs, "Directories runtime adapter loads may read from");
+  app.add_option("--lora-allowed-dirs", sc.lora_allowed_dirs,
+                 "Directories runtime adapter loads may read from");
   app.add_option("--chat-template", sc.chat_template, "Jinja chat template file (default: the tokenizer's)");
   app.add_option("--max-connections", sc.max_connections, "Concurrent HTTP connections (worker threads)")
       ->capture_default_str();
   app.add_option("--shutdown-timeout", sc.shutdown_grace_seconds, "Seconds running requests get on SIGTERM")
       ->capture_default_str();
-  app.add_option("--web-root", sc.web_root, "Built playground (npm run build in web/), served at /; '' disables it")
+  app.add_option("--web-root", sc.web_root,
+                 "Built playground (npm run build in web/), served at /; '' disables it")
       ->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -63,7 +67,8 @@ int run_serve(int argc, char** argv) {
     for (const char* env : {"POLYLORA_API_KEY", "VLLM_API_KEY"})
       if (const char* v = std::getenv(env)) sc.api_key = v;
   if (const char* v = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
-    if (std::string(v) == "True" || std::string(v) == "true" || std::string(v) == "1") sc.allow_runtime_lora_updating = true;
+    if (std::string(v) == "True" || std::string(v) == "true" || std::string(v) == "1")
+      sc.allow_runtime_lora_updating = true;
   bool default_model = mf.model_dir.empty();
   if (default_model) {
     mf.model_dir = default_model_dir();
@@ -76,7 +81,8 @@ int run_serve(int argc, char** argv) {
     spdlog::info("no --model given: serving the built-in model {}", mf.model_dir);
   }
   if (sc.served_model_names.empty())
-    sc.served_model_names.push_back(default_model ? fs::path(mf.model_dir).filename().string() : mf.model_dir);
+    sc.served_model_names.push_back(default_model ? fs::path(mf.model_dir).filename().string()
+                                                  : mf.model_dir);
   sc.model_root = mf.model_dir;
   LoadedEngine le = load_engine(mf, ec);
   auto tokenizer = le.tokenizer;
@@ -88,8 +94,8 @@ int run_serve(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   std::thread watcher([&] {
     while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    spdlog::info("signal {} received: no new requests; finishing those in flight (up to {} s)", g_signal.load(),
-                 sc.shutdown_grace_seconds);
+    spdlog::info("signal {} received: no new requests; finishing those in flight (up to {} s)",
+                 g_signal.load(), sc.shutdown_grace_seconds);
     engine.shutdown(std::chrono::seconds(sc.shutdown_grace_seconds));
     http.stop();
   });

@@ -11,22 +11,26 @@
 namespace polylora::apps {
 
 void add_model_flags(CLI::App& app, ModelFlags& f, bool model_required) {
-  auto* m = app.add_option("--model", f.model_dir, "Hugging Face model directory (config.json + safetensors)");
+  auto* m =
+      app.add_option("--model", f.model_dir, "Hugging Face model directory (config.json + safetensors)");
   if (model_required) m->required();
   app.add_option("--tokenizer", f.tokenizer_dir, "Tokenizer directory (default: the model directory)");
   app.add_option("--device", f.device, "cpu | cuda | auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--dtype", f.dtype, "auto | bfloat16 | float32 (weights and GEMMs on the GPU; the CPU computes in "
-                                     "float32)")
+  app.add_option("--dtype", f.dtype,
+                 "auto | bfloat16 | float32 (weights and GEMMs on the GPU; the CPU computes in "
+                 "float32)")
       ->check(CLI::IsMember({"auto", "bfloat16", "float32"}));
-  app.add_option("--load-format", f.load_format, "auto | safetensors | dummy (random weights from config.json)")
+  app.add_option("--load-format", f.load_format,
+                 "auto | safetensors | dummy (random weights from config.json)")
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   app.add_option("--lora,--lora-modules", f.loras, "LoRA adapters to load, NAME=DIR (repeatable)");
 }
 
 void add_engine_flags(CLI::App& app, EngineConfig& c) {
   app.add_option("--block-size", c.cache.block_size, "Tokens per KV-cache block")->capture_default_str();
-  app.add_option("--num-kv-blocks", c.cache.num_kv_blocks, "KV-cache blocks (overrides the computed capacity)");
+  app.add_option("--num-kv-blocks", c.cache.num_kv_blocks,
+                 "KV-cache blocks (overrides the computed capacity)");
   app.add_option("--kv-cache-memory", c.cache.kv_cache_memory, "KV-cache bytes on the CPU backend")
       ->capture_default_str();
   app.add_option("--gpu-memory-utilization", c.cache.gpu_memory_utilization,
@@ -39,13 +43,14 @@ void add_engine_flags(CLI::App& app, EngineConfig& c) {
   app.add_option("--max-num-seqs", c.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
   app.add_option("--max-model-len", c.scheduler.max_model_len, "Context length (default: the model's)");
   app.add_option("--scheduling-policy", c.scheduler.policy, "fcfs | priority")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, SchedulingPolicy>{{"fcfs", SchedulingPolicy::kFcfs},
-                                                  {"priority", SchedulingPolicy::kPriority}}));
-  app.add_option("--max-waiting-requests", c.scheduler.max_waiting, "Waiting-queue bound (overload answers 503)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, SchedulingPolicy>{
+          {"fcfs", SchedulingPolicy::kFcfs}, {"priority", SchedulingPolicy::kPriority}}));
+  app.add_option("--max-waiting-requests", c.scheduler.max_waiting,
+                 "Waiting-queue bound (overload answers 503)")
       ->capture_default_str();
   app.add_option("--max-loras", c.lora.max_loras, "Distinct adapters in one step")->capture_default_str();
-  app.add_option("--max-lora-rank", c.lora.max_lora_rank, "Largest LoRA rank accepted")->capture_default_str();
+  app.add_option("--max-lora-rank", c.lora.max_lora_rank, "Largest LoRA rank accepted")
+      ->capture_default_str();
   app.add_option("--max-cpu-loras", c.lora.max_cpu_loras, "Adapters kept loaded")->capture_default_str();
 }
 
@@ -60,18 +65,25 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
                le.model->config().model_type, le.model->config().num_layers,
                static_cast<double>(le.model->weights().num_bytes) / 1e6, backend->name());
   std::string tok_dir = f.tokenizer_dir.empty() ? f.model_dir : f.tokenizer_dir;
-  bool has_tok = fs::exists(fs::path(tok_dir) / "tokenizer.json") || fs::exists(fs::path(tok_dir) / "tokenizer.json.gz");
+  bool has_tok =
+      fs::exists(fs::path(tok_dir) / "tokenizer.json") || fs::exists(fs::path(tok_dir) / "tokenizer.json.gz");
   if (!f.tokenizer_dir.empty() && !has_tok) fail("--tokenizer {}: no tokenizer.json there", f.tokenizer_dir);
-  if (has_tok) le.tokenizer = std::make_shared<const tokenizer::Tokenizer>(tokenizer::Tokenizer::load(tok_dir));
-  else spdlog::warn("no tokenizer.json in {}: text prompts, detokenized output and stop strings are unavailable", tok_dir);
+  if (has_tok)
+    le.tokenizer = std::make_shared<const tokenizer::Tokenizer>(tokenizer::Tokenizer::load(tok_dir));
+  else
+    spdlog::warn("no tokenizer.json in {}: text prompts, detokenized output and stop strings are unavailable",
+                 tok_dir);
   le.engine = std::make_unique<Engine>(le.model, config, le.tokenizer);
   for (const std::string& spec : f.loras) {
     size_t eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) fail("--lora '{}': expected NAME=DIR", spec);
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+      fail("--lora '{}': expected NAME=DIR", spec);
     std::string name = spec.substr(0, eq);
-    auto adapter = load_peft_adapter(spec.substr(eq + 1), name, le.model->config(), {config.lora.max_lora_rank});
+    auto adapter =
+        load_peft_adapter(spec.substr(eq + 1), name, le.model->config(), {config.lora.max_lora_rank});
     spdlog::info("loaded adapter '{}' (rank {}, {:.1f} MB){}", name, adapter->max_rank,
-                 static_cast<double>(adapter->num_bytes()) / 1e6, adapter->has_expert_lora ? " with expert LoRA" : "");
+                 static_cast<double>(adapter->num_bytes()) / 1e6,
+                 adapter->has_expert_lora ? " with expert LoRA" : "");
     le.engine->add_adapter(std::move(adapter));
   }
   return le;

@@ -43,13 +43,15 @@ class Backend {
 
   // Memory. alloc() returns zeroed memory aligned to 256 bytes.
   virtual void* alloc(size_t bytes) = 0;
-  virtual void free(void* ptr) = 0;  // memory from alloc()
+  virtual void free(void* ptr) = 0;                                           // memory from alloc()
   virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;  // host -> backend
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;    // backend -> host, waits
   virtual void synchronize() = 0;
   // A weight matrix from host memory (any float dtype); the CPU backend returns the host pointer as is
   // (zero-copy from a mapping), others copy (and convert to weight_dtype()).
-  kernels::WeightView matrix_from_host(const kernels::WeightView& host) { return matrix_from_host_as(host, weight_dtype()); }
+  kernels::WeightView matrix_from_host(const kernels::WeightView& host) {
+    return matrix_from_host_as(host, weight_dtype());
+  }
   // The same, stored as `target` on devices that convert (the CPU backend keeps the host view: it computes
   // in f32 from any dtype). Used to keep MoE router weights in f32 on the GPU.
   virtual kernels::WeightView matrix_from_host_as(const kernels::WeightView& host, DType target) = 0;
@@ -77,8 +79,10 @@ class Backend {
   virtual void moe_experts(const kernels::MoeExpertsArgs& args) = 0;
   // y[i] += x[i] for i < n (residual connections).
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
-  // dst[r] = src[rows[r]] for r < num_rows, rows of `cols` floats (gathering the rows whose logits are wanted).
-  virtual void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst) = 0;
+  // dst[r] = src[rows[r]] for r < num_rows, rows of `cols` floats (gathering the rows whose logits are
+  // wanted).
+  virtual void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols,
+                           float* dst) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -103,7 +103,8 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for simd if (n > 65536)
     for (int64_t i = 0; i < n; ++i) y[i] += x[i];
   }
-  void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst) override {
+  void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols,
+                   float* dst) override {
     for (int64_t r = 0; r < num_rows; ++r)
       std::memcpy(dst + r * cols, src + static_cast<int64_t>(rows[r]) * cols, static_cast<size_t>(cols) * 4);
   }
@@ -111,8 +112,10 @@ class CpuBackend final : public Backend {
  private:
   static constexpr size_t kMmapThreshold = size_t{1} << 20;
   static void release(void* p, size_t n) {
-    if (n >= kMmapThreshold) munmap(p, n);
-    else std::free(p);
+    if (n >= kMmapThreshold)
+      munmap(p, n);
+    else
+      std::free(p);
   }
   std::vector<std::pair<void*, size_t>> blocks_;
   size_t allocated_ = 0;
@@ -120,22 +123,30 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
   switch (options.device) {
-    case DeviceKind::kCpu: return make_cpu_backend();
-    case DeviceKind::kCuda: return make_cuda_backend(options);
+    case DeviceKind::kCpu:
+      return make_cpu_backend();
+    case DeviceKind::kCuda:
+      return make_cuda_backend(options);
   }
   return nullptr;
 }
 
 #ifndef POLYLORA_HAVE_CUDA
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
-  fail("--device cuda: this polylora build has no CUDA support (the CUDA toolkit was not found at build time); "
-       "use --device cpu");
+  fail(
+      "--device cuda: this polylora build has no CUDA support (the CUDA toolkit was not found at build "
+      "time); "
+      "use --device cpu");
 }
-int cuda_device_count() { return 0; }
+int cuda_device_count() {
+  return 0;
+}
 #endif
 
 }  // namespace polylora

@@ -7,7 +7,8 @@
 namespace polylora {
 
 [[noreturn]] void check_failed(const char* file, int line, const char* expr, const std::string& message) {
-  std::fprintf(stderr, "polylora: internal check failed at %s:%d: %s %s\n", file, line, expr, message.c_str());
+  std::fprintf(stderr, "polylora: internal check failed at %s:%d: %s %s\n", file, line, expr,
+               message.c_str());
   std::fflush(stderr);
   std::abort();
 }

@@ -39,11 +39,11 @@ template <typename... Args>
 }  // namespace polylora
 
 // Internal invariants: a violation is a bug in polylora, reported with file, line and expression.
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) ::polylora::check_failed(__FILE__, __LINE__, #cond, "");     \
+#define CHECK(cond)                                                       \
+  do {                                                                    \
+    if (!(cond)) ::polylora::check_failed(__FILE__, __LINE__, #cond, ""); \
   } while (0)
-#define CHECK_MSG(cond, ...)                                                              \
-  do {                                                                                    \
+#define CHECK_MSG(cond, ...)                                                                    \
+  do {                                                                                          \
     if (!(cond)) ::polylora::check_failed(__FILE__, __LINE__, #cond, fmt::format(__VA_ARGS__)); \
   } while (0)

@@ -6,7 +6,8 @@
 namespace polylora {
 
 void EngineConfig::validate() const {
-  if (cache.block_size < 1 || cache.block_size > 1024) fail("--block-size must be in [1, 1024], got {}", cache.block_size);
+  if (cache.block_size < 1 || cache.block_size > 1024)
+    fail("--block-size must be in [1, 1024], got {}", cache.block_size);
   if (cache.num_kv_blocks < 0) fail("--num-kv-blocks must be >= 0, got {}", cache.num_kv_blocks);
   if (cache.kv_cache_memory < 0) fail("--kv-cache-memory must be >= 0, got {}", cache.kv_cache_memory);
   if (!(cache.gpu_memory_utilization > 0 && cache.gpu_memory_utilization <= 1))

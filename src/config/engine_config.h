@@ -10,11 +10,11 @@ namespace polylora {
 enum class SchedulingPolicy { kFcfs, kPriority };
 
 struct CacheConfig {
-  int64_t block_size = 16;                  // --block-size
-  bool enable_prefix_caching = true;        // --enable-prefix-caching / --no-enable-prefix-caching
-  int64_t num_kv_blocks = 0;                // --num-kv-blocks (0: from memory)
+  int64_t block_size = 16;                     // --block-size
+  bool enable_prefix_caching = true;           // --enable-prefix-caching / --no-enable-prefix-caching
+  int64_t num_kv_blocks = 0;                   // --num-kv-blocks (0: from memory)
   int64_t kv_cache_memory = int64_t{2} << 30;  // --kv-cache-memory (CPU backend, bytes)
-  double gpu_memory_utilization = 0.9;      // --gpu-memory-utilization (CUDA backend)
+  double gpu_memory_utilization = 0.9;         // --gpu-memory-utilization (CUDA backend)
 };
 
 struct SchedulerConfig {
@@ -27,9 +27,9 @@ struct SchedulerConfig {
 };
 
 struct LoraConfig {
-  int64_t max_loras = 8;        // --max-loras: distinct adapters in one step
-  int64_t max_lora_rank = 64;   // --max-lora-rank
-  int64_t max_cpu_loras = 64;   // --max-cpu-loras: adapters kept loaded
+  int64_t max_loras = 8;       // --max-loras: distinct adapters in one step
+  int64_t max_lora_rank = 64;  // --max-lora-rank
+  int64_t max_cpu_loras = 64;  // --max-cpu-loras: adapters kept loaded
 };
 
 struct EngineConfig {

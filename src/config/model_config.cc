@@ -45,8 +45,10 @@ RopeConfig parse_rope(const json& j, const Reader& r, int64_t max_pos) {
   // transformers 5 writes rope_parameters (with rope_theta inside); published configs use rope_theta
   // plus an optional rope_scaling object.
   const json* params = nullptr;
-  if (r.has("rope_parameters")) params = &j.at("rope_parameters");
-  else if (r.has("rope_scaling")) params = &j.at("rope_scaling");
+  if (r.has("rope_parameters"))
+    params = &j.at("rope_parameters");
+  else if (r.has("rope_scaling"))
+    params = &j.at("rope_scaling");
   rope.theta = r.get<double>("rope_theta", 10000.0);
   rope.partial_rotary_factor = r.get<double>("partial_rotary_factor", 1.0);
   if (!params) return rope;
@@ -55,8 +57,10 @@ RopeConfig parse_rope(const json& j, const Reader& r, int64_t max_pos) {
   rope.theta = num(p, "rope_theta", rope.theta, r.source);
   rope.partial_rotary_factor = num(p, "partial_rotary_factor", rope.partial_rotary_factor, r.source);
   std::string type = "default";
-  if (p.contains("rope_type") && p.at("rope_type").is_string()) type = p.at("rope_type").get<std::string>();
-  else if (p.contains("type") && p.at("type").is_string()) type = p.at("type").get<std::string>();
+  if (p.contains("rope_type") && p.at("rope_type").is_string())
+    type = p.at("rope_type").get<std::string>();
+  else if (p.contains("type") && p.at("type").is_string())
+    type = p.at("type").get<std::string>();
   if (type == "default") {
     rope.type = RopeType::kDefault;
   } else if (type == "linear") {
@@ -77,7 +81,8 @@ RopeConfig parse_rope(const json& j, const Reader& r, int64_t max_pos) {
     rope.mscale = num(p, "mscale", 0.0, r.source);
     rope.mscale_all_dim = num(p, "mscale_all_dim", 0.0, r.source);
     if (p.contains("truncate") && p.at("truncate").is_boolean()) rope.truncate = p.at("truncate").get<bool>();
-    if (p.contains("original_max_position_embeddings") && p.at("original_max_position_embeddings").is_number()) {
+    if (p.contains("original_max_position_embeddings") &&
+        p.at("original_max_position_embeddings").is_number()) {
       // As transformers does: the ratio of the two context lengths is the effective scaling factor.
       rope.original_max_position_embeddings = p.at("original_max_position_embeddings").get<double>();
       rope.factor = static_cast<double>(max_pos) / rope.original_max_position_embeddings;
@@ -94,16 +99,23 @@ RopeConfig parse_rope(const json& j, const Reader& r, int64_t max_pos) {
 
 std::string_view architecture_name(Architecture arch) {
   switch (arch) {
-    case Architecture::kLlama: return "llama";
-    case Architecture::kQwen3: return "qwen3";
-    case Architecture::kQwen3Moe: return "qwen3_moe";
-    case Architecture::kMixtral: return "mixtral";
-    case Architecture::kGptOss: return "gpt_oss";
+    case Architecture::kLlama:
+      return "llama";
+    case Architecture::kQwen3:
+      return "qwen3";
+    case Architecture::kQwen3Moe:
+      return "qwen3_moe";
+    case Architecture::kMixtral:
+      return "mixtral";
+    case Architecture::kGptOss:
+      return "gpt_oss";
   }
   return "?";
 }
 
-std::string supported_architectures() { return "llama, qwen3, qwen3_moe, mixtral, gpt_oss"; }
+std::string supported_architectures() {
+  return "llama, qwen3, qwen3_moe, mixtral, gpt_oss";
+}
 
 ModelConfig ModelConfig::from_json(std::string_view json_text, const std::string& source) {
   json j;
@@ -116,13 +128,19 @@ ModelConfig ModelConfig::from_json(std::string_view json_text, const std::string
   Reader r{j, source};
   ModelConfig c;
   c.model_type = r.get<std::string>("model_type", "");
-  if (c.model_type == "llama") c.arch = Architecture::kLlama;
-  else if (c.model_type == "qwen3") c.arch = Architecture::kQwen3;
-  else if (c.model_type == "qwen3_moe") c.arch = Architecture::kQwen3Moe;
-  else if (c.model_type == "mixtral") c.arch = Architecture::kMixtral;
-  else if (c.model_type == "gpt_oss") c.arch = Architecture::kGptOss;
+  if (c.model_type == "llama")
+    c.arch = Architecture::kLlama;
+  else if (c.model_type == "qwen3")
+    c.arch = Architecture::kQwen3;
+  else if (c.model_type == "qwen3_moe")
+    c.arch = Architecture::kQwen3Moe;
+  else if (c.model_type == "mixtral")
+    c.arch = Architecture::kMixtral;
+  else if (c.model_type == "gpt_oss")
+    c.arch = Architecture::kGptOss;
   else
-    fail("{}: model_type '{}' is not supported (supported: {})", source, c.model_type, supported_architectures());
+    fail("{}: model_type '{}' is not supported (supported: {})", source, c.model_type,
+         supported_architectures());
 
   c.vocab_size = r.require<int64_t>("vocab_size");
   c.hidden_size = r.require<int64_t>("hidden_size");
@@ -161,17 +179,21 @@ ModelConfig ModelConfig::from_json(std::string_view json_text, const std::string
       fail("{}: layer_types must be a list of num_hidden_layers ({}) entries", source, c.num_layers);
     for (size_t i = 0; i < lt.size(); ++i) {
       std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
-      if (t == "full_attention") c.layer_types[i] = LayerAttention::kFull;
-      else if (t == "sliding_attention") c.layer_types[i] = LayerAttention::kSliding;
-      else fail("{}: layer_types[{}] is '{}' (expected full_attention or sliding_attention)", source, i, lt[i].dump());
+      if (t == "full_attention")
+        c.layer_types[i] = LayerAttention::kFull;
+      else if (t == "sliding_attention")
+        c.layer_types[i] = LayerAttention::kSliding;
+      else
+        fail("{}: layer_types[{}] is '{}' (expected full_attention or sliding_attention)", source, i,
+             lt[i].dump());
     }
     if (window > 0) c.sliding_window = window;
   } else if (c.arch == Architecture::kQwen3 || c.arch == Architecture::kQwen3Moe) {
     // max_window_layers: layers at or above it use the window (transformers' Qwen3 convention).
     int64_t max_window_layers = r.get<int64_t>("max_window_layers", c.num_layers);
     for (int64_t i = 0; i < c.num_layers; ++i)
-      c.layer_types[i] = (c.sliding_window > 0 && i >= max_window_layers) ? LayerAttention::kSliding
-                                                                         : LayerAttention::kFull;
+      c.layer_types[i] =
+          (c.sliding_window > 0 && i >= max_window_layers) ? LayerAttention::kSliding : LayerAttention::kFull;
   }
 
   c.moe_layers.assign(static_cast<size_t>(std::max<int64_t>(c.num_layers, 0)), false);
@@ -183,7 +205,8 @@ ModelConfig ModelConfig::from_json(std::string_view json_text, const std::string
       break;
     case Architecture::kQwen3Moe: {
       c.qk_norm = true;
-      c.num_experts = r.has("num_experts") ? r.get<int64_t>("num_experts", 0) : r.get<int64_t>("num_local_experts", 0);
+      c.num_experts =
+          r.has("num_experts") ? r.get<int64_t>("num_experts", 0) : r.get<int64_t>("num_local_experts", 0);
       c.num_experts_per_tok = r.require<int64_t>("num_experts_per_tok");
       c.moe_intermediate_size = r.require<int64_t>("moe_intermediate_size");
       c.norm_topk_prob = r.get<bool>("norm_topk_prob", false);
@@ -241,11 +264,12 @@ void ModelConfig::validate() const {
   positive("num_key_value_heads", num_kv_heads);
   positive("head_dim", head_dim);
   if (num_heads % num_kv_heads != 0)
-    fail("model config ({}): num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", model_type,
-         num_heads, num_kv_heads);
+    fail("model config ({}): num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+         model_type, num_heads, num_kv_heads);
   if (head_dim % 2 != 0) fail("model config ({}): head_dim ({}) must be even for RoPE", model_type, head_dim);
   if (rope.partial_rotary_factor != 1.0)
-    fail("model config ({}): partial_rotary_factor {} is not supported", model_type, rope.partial_rotary_factor);
+    fail("model config ({}): partial_rotary_factor {} is not supported", model_type,
+         rope.partial_rotary_factor);
   bool any_dense = false;
   for (bool m : moe_layers) any_dense |= !m;
   if (any_dense) positive("intermediate_size", intermediate_size);
@@ -266,8 +290,8 @@ int64_t ModelConfig::num_parameters() const {
   int64_t h = hidden_size;
   int64_t total = vocab_size * h * (tie_word_embeddings ? 1 : 2) + h;
   for (int64_t l = 0; l < num_layers; ++l) {
-    total += 2 * h;                                             // norms
-    total += h * q_size() * 2 + h * kv_size() * 2;              // q, o, k, v
+    total += 2 * h;                                 // norms
+    total += h * q_size() * 2 + h * kv_size() * 2;  // q, o, k, v
     if (qk_norm) total += 2 * head_dim;
     if (moe_layers[l]) {
       total += num_experts * h + num_experts * 3 * h * moe_intermediate_size;

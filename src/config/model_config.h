@@ -22,7 +22,7 @@ enum class RopeType { kDefault, kLinear, kLlama3, kYarn };
 struct RopeConfig {
   RopeType type = RopeType::kDefault;
   double theta = 10000.0;
-  double factor = 1.0;                         // linear, llama3, yarn
+  double factor = 1.0;                          // linear, llama3, yarn
   double original_max_position_embeddings = 0;  // llama3, yarn (0: max_position_embeddings)
   double low_freq_factor = 1.0;                 // llama3
   double high_freq_factor = 4.0;                // llama3
@@ -44,7 +44,7 @@ enum class RouterKind {
 };
 
 enum class ExpertActivation {
-  kSiluGate,        // down(silu(gate) * up); gate and up rows: gate first then up
+  kSiluGate,             // down(silu(gate) * up); gate and up rows: gate first then up
   kGptOssClampedSwiglu,  // interleaved gate/up (even = gate), clamp, gate*sigmoid(alpha*gate)*(up+1)
 };
 
@@ -64,11 +64,11 @@ struct ModelConfig {
   bool attention_bias = false;  // bias on q/k/v (and o for GPT-OSS)
   bool o_proj_bias = false;
   bool mlp_bias = false;
-  bool qk_norm = false;  // Qwen3: per-head RMSNorm on q and k before RoPE
+  bool qk_norm = false;          // Qwen3: per-head RMSNorm on q and k before RoPE
   bool attention_sinks = false;  // GPT-OSS
   RopeConfig rope;
-  int64_t sliding_window = 0;                 // 0: none
-  std::vector<LayerAttention> layer_types;    // [num_layers]
+  int64_t sliding_window = 0;               // 0: none
+  std::vector<LayerAttention> layer_types;  // [num_layers]
   // MoE
   int64_t num_experts = 0;  // 0: dense model
   int64_t num_experts_per_tok = 0;
@@ -78,8 +78,8 @@ struct ModelConfig {
   RouterKind router = RouterKind::kSoftmaxTopK;
   ExpertActivation expert_activation = ExpertActivation::kSiluGate;
   bool expert_bias = false;
-  double swiglu_limit = 7.0;    // GPT-OSS
-  double swiglu_alpha = 1.702;  // GPT-OSS
+  double swiglu_limit = 7.0;     // GPT-OSS
+  double swiglu_alpha = 1.702;   // GPT-OSS
   std::vector<bool> moe_layers;  // [num_layers]: true where the MLP is the MoE block
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;

@@ -15,8 +15,8 @@ struct Engine::Sequence {
   int64_t index = 0;
   std::vector<int32_t> output_ids;
   std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
-  std::string text;          // detokenized output so far (stop strings applied)
-  size_t emitted_text = 0;   // bytes of `text` already returned
+  std::string text;         // detokenized output so far (stop strings applied)
+  size_t emitted_text = 0;  // bytes of `text` already returned
   size_t emitted_tokens = 0;
   std::vector<LogprobEntry> logprobs;  // one per output token when asked
   std::optional<FinishReason> finish_reason;
@@ -51,7 +51,8 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
     : model_(std::move(model)), config_(config), tokenizer_(std::move(tokenizer)) {
   config_.validate();
   const ModelConfig& mc = model_->config();
-  max_model_len_ = config_.scheduler.max_model_len > 0 ? config_.scheduler.max_model_len : mc.max_position_embeddings;
+  max_model_len_ =
+      config_.scheduler.max_model_len > 0 ? config_.scheduler.max_model_len : mc.max_position_embeddings;
   if (config_.scheduler.max_model_len > mc.max_position_embeddings)
     spdlog::warn("--max-model-len {} exceeds the model's max_position_embeddings {}", max_model_len_,
                  mc.max_position_embeddings);
@@ -69,16 +70,20 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   }
   int64_t blocks_per_seq = (max_model_len_ + bs - 1) / bs;
   if (num_kv_blocks_ < 1)
-    fail("no memory is left for the KV cache (one block of {} tokens takes {} bytes); raise --kv-cache-memory or "
-         "--gpu-memory-utilization, or set --num-kv-blocks",
-         bs, per_block);
+    fail(
+        "no memory is left for the KV cache (one block of {} tokens takes {} bytes); raise --kv-cache-memory "
+        "or "
+        "--gpu-memory-utilization, or set --num-kv-blocks",
+        bs, per_block);
   if (config_.cache.num_kv_blocks == 0 && num_kv_blocks_ < blocks_per_seq)
-    fail("the KV cache ({} blocks of {} tokens) cannot hold one sequence of --max-model-len {} tokens; raise "
-         "--kv-cache-memory / --gpu-memory-utilization or lower --max-model-len",
-         num_kv_blocks_, bs, max_model_len_);
-  spdlog::info("KV cache: {} blocks of {} tokens ({:.1f} MiB); maximum concurrency for {} tokens per request: {:.2f}x",
-               num_kv_blocks_, bs, static_cast<double>(num_kv_blocks_ * per_block) / (1 << 20), max_model_len_,
-               static_cast<double>(num_kv_blocks_) / static_cast<double>(blocks_per_seq));
+    fail(
+        "the KV cache ({} blocks of {} tokens) cannot hold one sequence of --max-model-len {} tokens; raise "
+        "--kv-cache-memory / --gpu-memory-utilization or lower --max-model-len",
+        num_kv_blocks_, bs, max_model_len_);
+  spdlog::info(
+      "KV cache: {} blocks of {} tokens ({:.1f} MiB); maximum concurrency for {} tokens per request: {:.2f}x",
+      num_kv_blocks_, bs, static_cast<double>(num_kv_blocks_ * per_block) / (1 << 20), max_model_len_,
+      static_cast<double>(num_kv_blocks_) / static_cast<double>(blocks_per_seq));
   auto kv = std::make_unique<KvCacheManager>(num_kv_blocks_, bs, config_.cache.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, config_.lora, std::move(kv));
   runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs);
@@ -93,9 +98,10 @@ Engine::~Engine() = default;
 void Engine::add_adapter(std::shared_ptr<LoraAdapter> adapter) {
   if (adapters_.count(adapter->name)) fail("an adapter named '{}' is already loaded", adapter->name);
   if (static_cast<int64_t>(adapters_.size()) >= config_.lora.max_cpu_loras)
-    fail_with(ErrorKind::kOverloaded,
-              "cannot load adapter '{}': {} adapters are loaded, the maximum (--max-cpu-loras); unload one first",
-              adapter->name, adapters_.size());
+    fail_with(
+        ErrorKind::kOverloaded,
+        "cannot load adapter '{}': {} adapters are loaded, the maximum (--max-cpu-loras); unload one first",
+        adapter->name, adapters_.size());
   if (adapter->max_rank > config_.lora.max_lora_rank)
     fail("adapter '{}' has rank {}, above --max-lora-rank {}", adapter->name, adapter->max_rank,
          config_.lora.max_lora_rank);
@@ -117,7 +123,9 @@ std::vector<std::shared_ptr<LoraAdapter>> Engine::adapters() const {
   return out;
 }
 
-bool Engine::has_adapter(const std::string& name) const { return adapters_.count(name) > 0; }
+bool Engine::has_adapter(const std::string& name) const {
+  return adapters_.count(name) > 0;
+}
 
 const LoraAdapter* Engine::adapter_by_key(const std::string& key) const {
   auto it = pinned_adapters_.find(key);
@@ -131,25 +139,30 @@ void Engine::add_request(EngineRequest request) {
   if (groups_.count(request.request_id)) fail("request id '{}' is already in use", request.request_id);
   if (request.prompt_ids.empty()) fail("the prompt is empty");
   for (int32_t id : request.prompt_ids)
-    if (id < 0 || id >= mc.vocab_size) fail("prompt token id {} is outside the vocabulary (size {})", id, mc.vocab_size);
+    if (id < 0 || id >= mc.vocab_size)
+      fail("prompt token id {} is outside the vocabulary (size {})", id, mc.vocab_size);
   int64_t prompt_len = static_cast<int64_t>(request.prompt_ids.size());
   if (prompt_len >= max_model_len_)
-    fail("This model's maximum context length is {} tokens. However, your request has {} input tokens. Please "
-         "reduce the length of the input messages.",
-         max_model_len_, prompt_len);
+    fail(
+        "This model's maximum context length is {} tokens. However, your request has {} input tokens. Please "
+        "reduce the length of the input messages.",
+        max_model_len_, prompt_len);
   SamplingParams& sp = request.sampling;
   sp.validate(mc.vocab_size);
-  if (!sp.stop.empty() && !tokenizer_) fail("stop strings need a tokenizer, and this model was loaded without one");
+  if (!sp.stop.empty() && !tokenizer_)
+    fail("stop strings need a tokenizer, and this model was loaded without one");
   std::shared_ptr<LoraAdapter> adapter;
   if (!request.adapter.empty()) {
     auto it = adapters_.find(request.adapter);
-    if (it == adapters_.end()) fail_with(ErrorKind::kNotFound, "The model `{}` does not exist.", request.adapter);
+    if (it == adapters_.end())
+      fail_with(ErrorKind::kNotFound, "The model `{}` does not exist.", request.adapter);
     adapter = it->second;
   }
   int64_t waiting = scheduler_->stats().num_waiting;
   if (waiting + sp.n > config_.scheduler.max_waiting)
-    fail_with(ErrorKind::kOverloaded, "the server is overloaded: {} requests are waiting (the limit is {}); retry later",
-              waiting, config_.scheduler.max_waiting);
+    fail_with(ErrorKind::kOverloaded,
+              "the server is overloaded: {} requests are waiting (the limit is {}); retry later", waiting,
+              config_.scheduler.max_waiting);
 
   auto group = std::make_unique<Group>();
   group->request = std::move(request);
@@ -169,7 +182,8 @@ void Engine::add_request(EngineRequest request) {
     seq->id = next_id_++;
     seq->group = &g;
     seq->index = i;
-    if (tokenizer_) seq->detok = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_, sp.skip_special_tokens);
+    if (tokenizer_)
+      seq->detok = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_, sp.skip_special_tokens);
     auto sr = std::make_unique<SchedRequest>();
     sr->id = seq->id;
     sr->tokens = g.request.prompt_ids;
@@ -178,8 +192,10 @@ void Engine::add_request(EngineRequest request) {
     sr->adapter = g.adapter_key;
     sr->priority = g.request.priority;
     sr->prompt_logprobs = sp.prompt_logprobs.has_value() && i == 0;
-    if (i == 0) first = seq->id;
-    else if (config_.cache.enable_prefix_caching) sr->wait_for = first;  // share the prompt's blocks
+    if (i == 0)
+      first = seq->id;
+    else if (config_.cache.enable_prefix_caching)
+      sr->wait_for = first;  // share the prompt's blocks
     RunnerRequestInfo info;
     info.sampling = sp;
     info.seed = sp.seed ? *sp.seed + static_cast<uint64_t>(i) : (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -210,7 +226,9 @@ void Engine::finish_sequence(Sequence& seq, FinishReason reason, std::optional<s
   if (seq.detok && reason != FinishReason::kStop) seq.text += seq.detok->flush();
 }
 
-bool Engine::has_unfinished() const { return !groups_.empty(); }
+bool Engine::has_unfinished() const {
+  return !groups_.empty();
+}
 
 std::vector<RequestOutput> Engine::step() {
   StepPlan plan = scheduler_->schedule();
@@ -256,7 +274,8 @@ std::vector<RequestOutput> Engine::step() {
     int64_t num_out = static_cast<int64_t>(seq.output_ids.size());
     int64_t total = static_cast<int64_t>(g.request.prompt_ids.size()) + num_out;
     bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), tok.token) != eos_ids_.end();
-    bool is_stop_id = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok.token) != sp.stop_token_ids.end();
+    bool is_stop_id =
+        std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok.token) != sp.stop_token_ids.end();
     if (num_out >= sp.min_tokens && ((is_eos && !sp.ignore_eos) || is_stop_id)) {
       finish_sequence(seq, FinishReason::kStop,
                       is_stop_id ? std::optional<std::string>(std::to_string(tok.token)) : std::nullopt);
@@ -265,7 +284,8 @@ std::vector<RequestOutput> Engine::step() {
     if (!sp.stop.empty() && num_out >= sp.min_tokens) {
       // Search only where a new match can be: the new text plus the longest stop string's tail.
       size_t new_len = seq.text.size() - std::min(seq.text.size(), seq.emitted_text);
-      size_t from = seq.text.size() > new_len + g.max_stop_len ? seq.text.size() - new_len - g.max_stop_len : 0;
+      size_t from =
+          seq.text.size() > new_len + g.max_stop_len ? seq.text.size() - new_len - g.max_stop_len : 0;
       size_t best = std::string::npos;
       const std::string* hit = nullptr;
       for (const auto& s : sp.stop) {
@@ -305,16 +325,20 @@ std::vector<RequestOutput> Engine::step() {
       all_finished &= seq.finish_reason.has_value();
       size_t text_end = seq.text.size();
       if (!seq.finish_reason && g.max_stop_len > 1)  // hold back what could still become a stop string
-        text_end = utf8_boundary(seq.text, seq.text.size() > g.max_stop_len - 1 ? seq.text.size() - (g.max_stop_len - 1) : 0);
+        text_end = utf8_boundary(
+            seq.text, seq.text.size() > g.max_stop_len - 1 ? seq.text.size() - (g.max_stop_len - 1) : 0);
       bool has_new = seq.emitted_tokens < seq.output_ids.size() || text_end > seq.emitted_text ||
                      (seq.finish_reason && !seq.reported_finish);
       if (!has_new) continue;
       SequenceOutput so;
       so.index = seq.index;
-      so.new_token_ids.assign(seq.output_ids.begin() + static_cast<long>(seq.emitted_tokens), seq.output_ids.end());
+      so.new_token_ids.assign(seq.output_ids.begin() + static_cast<long>(seq.emitted_tokens),
+                              seq.output_ids.end());
       if (seq.logprobs.size() >= seq.output_ids.size())
-        so.new_logprobs.assign(seq.logprobs.begin() + static_cast<long>(seq.emitted_tokens), seq.logprobs.end());
-      if (text_end > seq.emitted_text) so.new_text = seq.text.substr(seq.emitted_text, text_end - seq.emitted_text);
+        so.new_logprobs.assign(seq.logprobs.begin() + static_cast<long>(seq.emitted_tokens),
+                               seq.logprobs.end());
+      if (text_end > seq.emitted_text)
+        so.new_text = seq.text.substr(seq.emitted_text, text_end - seq.emitted_text);
       seq.emitted_text = std::max(seq.emitted_text, text_end);
       seq.emitted_tokens = seq.output_ids.size();
       so.finish_reason = seq.finish_reason;
@@ -332,8 +356,9 @@ std::vector<RequestOutput> Engine::step() {
         if (uses <= 0) {
           pinned_uses_.erase(g.adapter_key);
           auto pinned = pinned_adapters_.find(g.adapter_key);
-          bool still_registered = adapters_.count(pinned->second->name) &&
-                                  adapters_.at(pinned->second->name)->generation == pinned->second->generation;
+          bool still_registered =
+              adapters_.count(pinned->second->name) &&
+              adapters_.at(pinned->second->name)->generation == pinned->second->generation;
           if (!still_registered) model_->release_adapter(pinned->second->generation);
           pinned_adapters_.erase(pinned);
         }

@@ -92,7 +92,7 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   std::vector<int32_t> eos_ids_;
-  std::map<std::string, std::shared_ptr<LoraAdapter>> adapters_;        // by name
+  std::map<std::string, std::shared_ptr<LoraAdapter>> adapters_;         // by name
   std::map<std::string, std::shared_ptr<LoraAdapter>> pinned_adapters_;  // by key, while requests use them
   std::map<std::string, int64_t> pinned_uses_;
   std::unordered_map<std::string, std::unique_ptr<Group>> groups_;  // by external request id

@@ -39,7 +39,9 @@ EngineThread::EngineThread(std::unique_ptr<Engine> engine)
   thread_ = std::thread([this] { loop(); });
 }
 
-EngineThread::~EngineThread() { shutdown(std::chrono::milliseconds(0)); }
+EngineThread::~EngineThread() {
+  shutdown(std::chrono::milliseconds(0));
+}
 
 template <typename T>
 T EngineThread::call(std::function<T()> fn) {
@@ -57,7 +59,8 @@ T EngineThread::call(std::function<T()> fn) {
 std::shared_ptr<OutputStream> EngineThread::add_request(EngineRequest request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) fail_with(ErrorKind::kOverloaded, "the server is shutting down and accepts no new requests");
+    if (stopping_)
+      fail_with(ErrorKind::kOverloaded, "the server is shutting down and accepts no new requests");
   }
   return call<std::shared_ptr<OutputStream>>([this, r = std::move(request)]() mutable {
     std::string id = r.request_id;
@@ -109,7 +112,8 @@ EngineSnapshot EngineThread::snapshot() const {
 void EngineThread::publish() {
   EngineSnapshot s;
   s.stats = engine_->stats();
-  for (const auto& a : engine_->adapters()) s.adapters.push_back({a->name, a->path, a->generation, a->max_rank});
+  for (const auto& a : engine_->adapters())
+    s.adapters.push_back({a->name, a->path, a->generation, a->max_rank});
   s.metrics = metrics_.snapshot();
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   snapshot_ = std::move(s);
@@ -181,9 +185,12 @@ void EngineThread::loop() {
       int64_t new_tokens = 0;
       for (const auto& s : out.sequences) new_tokens += static_cast<int64_t>(s.new_token_ids.size());
       if (new_tokens > 0) {
-        double since = std::chrono::duration<double>(now - (t.first_token ? t.last_token : t.arrival)).count();
-        if (!t.first_token) metrics_.ttft.observe(since);
-        else metrics_.itl.observe(since);
+        double since =
+            std::chrono::duration<double>(now - (t.first_token ? t.last_token : t.arrival)).count();
+        if (!t.first_token)
+          metrics_.ttft.observe(since);
+        else
+          metrics_.itl.observe(since);
         t.first_token = true;
         t.last_token = now;
       }

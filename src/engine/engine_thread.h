@@ -88,8 +88,8 @@ class EngineThread {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Command> commands_;
-  bool stopping_ = false;   // no new requests
-  bool exit_ = false;       // leave the loop
+  bool stopping_ = false;  // no new requests
+  bool exit_ = false;      // leave the loop
   std::thread thread_;
   // Engine-thread state.
   std::map<std::string, std::shared_ptr<OutputStream>> streams_;

@@ -27,12 +27,16 @@ struct WeightView {
 inline float WeightView::at(int64_t r, int64_t c) const {
   int64_t i = r * cols + c;
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(data)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
     case DType::kI32:
     case DType::kI64:
-    case DType::kU8: break;
+    case DType::kU8:
+      break;
   }
   return 0.0f;
 }

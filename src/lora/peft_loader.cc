@@ -38,9 +38,10 @@ bool pattern_matches(const std::string& pattern, const std::string& module) {
   try {
     return std::regex_match(module, std::regex("(.*\\.)?" + pattern + "$"));
   } catch (const std::regex_error&) {
-    return module == pattern || (module.size() > pattern.size() &&
-                                 module.compare(module.size() - pattern.size(), pattern.size(), pattern) == 0 &&
-                                 module[module.size() - pattern.size() - 1] == '.');
+    return module == pattern ||
+           (module.size() > pattern.size() &&
+            module.compare(module.size() - pattern.size(), pattern.size(), pattern) == 0 &&
+            module[module.size() - pattern.size() - 1] == '.');
   }
 }
 
@@ -105,13 +106,20 @@ enum class ExpertPart { kGateUp, kDown };
 
 const char* lora_module_name(LoraModule module) {
   switch (module) {
-    case LoraModule::kQ: return "q_proj";
-    case LoraModule::kK: return "k_proj";
-    case LoraModule::kV: return "v_proj";
-    case LoraModule::kO: return "o_proj";
-    case LoraModule::kGate: return "gate_proj";
-    case LoraModule::kUp: return "up_proj";
-    case LoraModule::kDown: return "down_proj";
+    case LoraModule::kQ:
+      return "q_proj";
+    case LoraModule::kK:
+      return "k_proj";
+    case LoraModule::kV:
+      return "v_proj";
+    case LoraModule::kO:
+      return "o_proj";
+    case LoraModule::kGate:
+      return "gate_proj";
+    case LoraModule::kUp:
+      return "up_proj";
+    case LoraModule::kDown:
+      return "down_proj";
   }
   return "?";
 }
@@ -141,9 +149,10 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
   fs::path weights = root / "adapter_model.safetensors";
   if (!fs::exists(weights)) {
     if (fs::exists(root / "adapter_model.bin"))
-      fail("adapter '{}': only adapter_model.bin found in {}; PyTorch pickle adapters are not supported, "
-           "save the adapter with safetensors",
-           name, dir);
+      fail(
+          "adapter '{}': only adapter_model.bin found in {}; PyTorch pickle adapters are not supported, "
+          "save the adapter with safetensors",
+          name, dir);
     fail("adapter '{}': {} is missing", name, weights.string());
   }
   Checkpoint ckpt = Checkpoint::open_file(weights.string());
@@ -169,8 +178,10 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
     } else if (key.find("lora_magnitude_vector") != std::string::npos) {
       fail("adapter '{}': {}: tensor '{}': DoRA adapters are not supported", name, file, key);
     } else {
-      fail("adapter '{}': {}: tensor '{}' is not a LoRA weight (expected ...lora_A.weight or ...lora_B.weight)",
-           name, file, key);
+      fail(
+          "adapter '{}': {}: tensor '{}' is not a LoRA weight (expected ...lora_A.weight or "
+          "...lora_B.weight)",
+          name, file, key);
     }
     (is_a ? modules[path].a : modules[path].b) = &ckpt.get(key);
   }
@@ -194,11 +205,11 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
     for (const auto& [pattern, r] : pc.rank_pattern)
       if (pattern_matches(pattern, module)) expected = r;
     if (rank != expected)
-      fail("adapter '{}': module '{}' has rank {} in {}, but adapter_config.json says r = {}", name, module, rank,
-           file, expected);
+      fail("adapter '{}': module '{}' has rank {} in {}, but adapter_config.json says r = {}", name, module,
+           rank, file, expected);
     if (rank > limits.max_lora_rank)
-      fail("adapter '{}': module '{}' has rank {}, above the maximum LoRA rank {} (raise --max-lora-rank)", name,
-           module, rank, limits.max_lora_rank);
+      fail("adapter '{}': module '{}' has rank {}, above the maximum LoRA rank {} (raise --max-lora-rank)",
+           name, module, rank, limits.max_lora_rank);
   };
   // A dense-style matrix: A [r, in], B [out, r].
   auto make_matrix = [&](const std::string& module, const Pair& p, int64_t in, int64_t out) {
@@ -210,9 +221,10 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
     int64_t rank = a.shape[0];
     check_rank(module, rank);
     if (a.shape[1] != in || b.shape[0] != out || b.shape[1] != rank)
-      fail("adapter '{}': module '{}' does not fit the model: lora_A is {} and lora_B is {}, expected [r, {}] "
-           "and [{}, r]",
-           name, module, a.shape_string(), b.shape_string(), in, out);
+      fail(
+          "adapter '{}': module '{}' does not fit the model: lora_A is {} and lora_B is {}, expected [r, {}] "
+          "and [{}, r]",
+          name, module, a.shape_string(), b.shape_string(), in, out);
     LoraMatrix m;
     m.rank = rank;
     m.in = in;
@@ -230,15 +242,23 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
   // target_parameters that address the fused expert tensors, outermost wrapper last.
   std::vector<ExpertPart> fused_order;
   for (const std::string& t : pc.target_parameters) {
-    auto ends = [&](const std::string& s) { return t.size() >= s.size() && t.compare(t.size() - s.size(), s.size(), s) == 0; };
-    if (ends("experts.gate_up_proj")) fused_order.push_back(ExpertPart::kGateUp);
-    else if (ends("experts.down_proj")) fused_order.push_back(ExpertPart::kDown);
-    else fail("adapter '{}': target_parameters entry '{}' is not supported (supported: mlp.experts.gate_up_proj, "
-              "mlp.experts.down_proj)", name, t);
+    auto ends = [&](const std::string& s) {
+      return t.size() >= s.size() && t.compare(t.size() - s.size(), s.size(), s) == 0;
+    };
+    if (ends("experts.gate_up_proj"))
+      fused_order.push_back(ExpertPart::kGateUp);
+    else if (ends("experts.down_proj"))
+      fused_order.push_back(ExpertPart::kDown);
+    else
+      fail(
+          "adapter '{}': target_parameters entry '{}' is not supported (supported: mlp.experts.gate_up_proj, "
+          "mlp.experts.down_proj)",
+          name, t);
   }
 
   static const std::regex layer_re(R"(^model\.layers\.(\d+)\.(.+)$)");
-  static const std::regex expert_re(R"(^(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)$)");
+  static const std::regex expert_re(
+      R"(^(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)$)");
   static const std::regex fused_re(R"(^(mlp|block_sparse_moe)\.experts((\.base_layer)*)$)");
   for (const auto& [module, pair] : modules) {
     if (!pair.a || !pair.b)
@@ -246,8 +266,10 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
            pair.a ? "lora_B" : "lora_A");
     std::smatch m;
     if (!std::regex_match(module, m, layer_re))
-      fail("adapter '{}': target '{}' is not supported by polylora (LoRA applies to attention, MLP and expert "
-           "layers)", name, module);
+      fail(
+          "adapter '{}': target '{}' is not supported by polylora (LoRA applies to attention, MLP and expert "
+          "layers)",
+          name, module);
     int64_t layer = std::stoll(m[1].str());
     std::string rest = m[2].str();
     if (layer >= cfg.num_layers)
@@ -259,13 +281,20 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
       ll.modules[static_cast<size_t>(which)] = make_matrix(module, pair, in, out);
     };
     std::smatch em;
-    if (rest == "self_attn.q_proj") set_dense(LoraModule::kQ, H, cfg.q_size());
-    else if (rest == "self_attn.k_proj") set_dense(LoraModule::kK, H, cfg.kv_size());
-    else if (rest == "self_attn.v_proj") set_dense(LoraModule::kV, H, cfg.kv_size());
-    else if (rest == "self_attn.o_proj") set_dense(LoraModule::kO, cfg.q_size(), H);
-    else if (!moe_layer && rest == "mlp.gate_proj") set_dense(LoraModule::kGate, H, cfg.intermediate_size);
-    else if (!moe_layer && rest == "mlp.up_proj") set_dense(LoraModule::kUp, H, cfg.intermediate_size);
-    else if (!moe_layer && rest == "mlp.down_proj") set_dense(LoraModule::kDown, cfg.intermediate_size, H);
+    if (rest == "self_attn.q_proj")
+      set_dense(LoraModule::kQ, H, cfg.q_size());
+    else if (rest == "self_attn.k_proj")
+      set_dense(LoraModule::kK, H, cfg.kv_size());
+    else if (rest == "self_attn.v_proj")
+      set_dense(LoraModule::kV, H, cfg.kv_size());
+    else if (rest == "self_attn.o_proj")
+      set_dense(LoraModule::kO, cfg.q_size(), H);
+    else if (!moe_layer && rest == "mlp.gate_proj")
+      set_dense(LoraModule::kGate, H, cfg.intermediate_size);
+    else if (!moe_layer && rest == "mlp.up_proj")
+      set_dense(LoraModule::kUp, H, cfg.intermediate_size);
+    else if (!moe_layer && rest == "mlp.down_proj")
+      set_dense(LoraModule::kDown, cfg.intermediate_size, H);
     else if (moe_layer && std::regex_match(rest, em, expert_re)) {
       bool mixtral_names = em[1].str() == "block_sparse_moe";
       if (mixtral_names != (cfg.arch == Architecture::kMixtral))
@@ -278,9 +307,12 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
       if (ll.experts.empty()) ll.experts.resize(static_cast<size_t>(E));
       LoraExpert& le = ll.experts[static_cast<size_t>(e)];
       std::string proj = em[3].str();
-      if (proj == "gate_proj" || proj == "w1") le.gate = make_matrix(module, pair, H, moe_i);
-      else if (proj == "up_proj" || proj == "w3") le.up = make_matrix(module, pair, H, moe_i);
-      else le.down = make_matrix(module, pair, moe_i, H);
+      if (proj == "gate_proj" || proj == "w1")
+        le.gate = make_matrix(module, pair, H, moe_i);
+      else if (proj == "up_proj" || proj == "w3")
+        le.up = make_matrix(module, pair, H, moe_i);
+      else
+        le.down = make_matrix(module, pair, moe_i, H);
       adapter->has_expert_lora = true;
     } else if (moe_layer && std::regex_match(rest, em, fused_re)) {
       if ((em[1].str() == "block_sparse_moe") != (cfg.arch == Architecture::kMixtral))
@@ -289,8 +321,10 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
       const TensorInfo& a = *pair.a;
       const TensorInfo& b = *pair.b;
       if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[0] % E != 0 || b.shape[1] != a.shape[0])
-        fail("adapter '{}': fused expert LoRA '{}' has lora_A {} and lora_B {}; expected [r·{}, in] and "
-             "[out, r·{}]", name, module, a.shape_string(), b.shape_string(), E, E);
+        fail(
+            "adapter '{}': fused expert LoRA '{}' has lora_A {} and lora_B {}; expected [r·{}, in] and "
+            "[out, r·{}]",
+            name, module, a.shape_string(), b.shape_string(), E, E);
       int64_t rank = a.shape[0] / E;
       auto fits = [&](ExpertPart part) {
         int64_t in = part == ExpertPart::kGateUp ? H : moe_i;
@@ -304,9 +338,10 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
       } else if (gu && depth < static_cast<int64_t>(fused_order.size())) {
         part = fused_order[fused_order.size() - 1 - static_cast<size_t>(depth)];  // PEFT nests in list order
       } else {
-        fail("adapter '{}': fused expert LoRA '{}' (lora_A {}, lora_B {}) fits neither gate_up_proj "
-             "([r·E, {}] / [{}, r·E]) nor down_proj ([r·E, {}] / [{}, r·E])", name, module, a.shape_string(),
-             b.shape_string(), H, 2 * moe_i, moe_i, H);
+        fail(
+            "adapter '{}': fused expert LoRA '{}' (lora_A {}, lora_B {}) fits neither gate_up_proj "
+            "([r·E, {}] / [{}, r·E]) nor down_proj ([r·E, {}] / [{}, r·E])",
+            name, module, a.shape_string(), b.shape_string(), H, 2 * moe_i, moe_i, H);
       }
       check_rank(module, rank);
       int64_t in = a.shape[1], out = b.shape[0];
@@ -322,7 +357,8 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
         mat.a.assign(fa.begin() + e * rank * in, fa.begin() + (e + 1) * rank * in);  // rows e·r .. e·r+r
         mat.b.resize(static_cast<size_t>(out * rank));
         for (int64_t o = 0; o < out; ++o)
-          for (int64_t k = 0; k < rank; ++k) mat.b[o * rank + k] = fb[o * rank * E + k * E + e];  // column k·E+e
+          for (int64_t k = 0; k < rank; ++k)
+            mat.b[o * rank + k] = fb[o * rank * E + k * E + e];  // column k·E+e
         LoraExpert& le = ll.experts[static_cast<size_t>(e)];
         (part == ExpertPart::kGateUp ? le.gate_up : le.down) = std::move(mat);
       }
@@ -330,7 +366,8 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
       adapter->has_expert_lora = true;
     } else {
       fail("adapter '{}': target '{}' is not a module of this {} model{}", name, module, cfg.model_type,
-           moe_layer && rest.rfind("mlp.", 0) == 0 ? " (layer " + std::to_string(layer) + " is a MoE layer)" : "");
+           moe_layer && rest.rfind("mlp.", 0) == 0 ? " (layer " + std::to_string(layer) + " is a MoE layer)"
+                                                   : "");
     }
   }
   return adapter;

@@ -92,7 +92,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelLoadOption
   }
   auto checkpoint = std::make_unique<Checkpoint>(Checkpoint::open_dir(dir));
   auto m = from_config(cfg, checkpoint.get(), options, std::move(backend));
-  if (m->backend_->kind() == DeviceKind::kCpu) m->weights_.checkpoint = std::move(checkpoint);  // views point into it
+  if (m->backend_->kind() == DeviceKind::kCpu)
+    m->weights_.checkpoint = std::move(checkpoint);  // views point into it
   m->source_ = dir;
   return m;
 }
@@ -105,10 +106,18 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
   WeightLoader loader(checkpoint, *m->backend_, m->weights_, options.seed);
   switch (config.arch) {
     case Architecture::kLlama:
-    case Architecture::kQwen3: arch::bind_llama(config, loader, m->weights_); break;
-    case Architecture::kQwen3Moe: arch::bind_qwen3_moe(config, loader, m->weights_); break;
-    case Architecture::kMixtral: arch::bind_mixtral(config, loader, m->weights_); break;
-    case Architecture::kGptOss: arch::bind_gpt_oss(config, loader, m->weights_); break;
+    case Architecture::kQwen3:
+      arch::bind_llama(config, loader, m->weights_);
+      break;
+    case Architecture::kQwen3Moe:
+      arch::bind_qwen3_moe(config, loader, m->weights_);
+      break;
+    case Architecture::kMixtral:
+      arch::bind_mixtral(config, loader, m->weights_);
+      break;
+    case Architecture::kGptOss:
+      arch::bind_gpt_oss(config, loader, m->weights_);
+      break;
   }
   loader.finish();
   m->rope_ = RopeTable::from_config(config);
@@ -177,7 +186,8 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
   CHECK(static_cast<int64_t>(b.positions.size()) == T && static_cast<int64_t>(b.slot_mapping.size()) == T);
   CHECK(static_cast<int64_t>(b.block_tables.size()) == S * b.max_blocks_per_seq);
   for (int32_t id : b.token_ids)
-    if (id < 0 || id >= c.vocab_size) fail("token id {} is outside the vocabulary (size {})", id, c.vocab_size);
+    if (id < 0 || id >= c.vocab_size)
+      fail("token id {} is outside the vocabulary (size {})", id, c.vocab_size);
   for (int32_t row : b.logits_rows) CHECK(row >= 0 && row < T);
   if (T == 0) return;
 
@@ -245,11 +255,12 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
   float* tmp = ensure<float>(be, ws.tmp, T * H);
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  auto linear_lora = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy, int64_t layer,
-                         LoraModule module) {
+  auto linear_lora = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
+                         int64_t layer, LoraModule module) {
     be.linear({.x = in, .m = T, .ldx = ldx, .w = lw.w, .bias = lw.bias, .y = y, .ldy = ldy});
     for (const auto& [slot, rows] : slot_rows) {
-      const k::LoraView& view = dev[slot]->layers[static_cast<size_t>(layer)].modules[static_cast<size_t>(module)];
+      const k::LoraView& view =
+          dev[slot]->layers[static_cast<size_t>(layer)].modules[static_cast<size_t>(module)];
       if (view.empty()) continue;
       be.lora_apply({.x = in,
                      .ldx = ldx,
@@ -270,13 +281,33 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
     linear_lora(aw.k, h, H, kk, kvs, l, LoraModule::kK);
     linear_lora(aw.v, h, H, v, kvs, l, LoraModule::kV);
     if (c.qk_norm) {
-      be.rms_norm({.x = q, .ldx = D, .y = q, .ldy = D, .m = T * c.num_heads, .n = D, .w = aw.q_norm, .eps = eps});
-      be.rms_norm({.x = kk, .ldx = D, .y = kk, .ldy = D, .m = T * c.num_kv_heads, .n = D, .w = aw.k_norm, .eps = eps});
+      be.rms_norm(
+          {.x = q, .ldx = D, .y = q, .ldy = D, .m = T * c.num_heads, .n = D, .w = aw.q_norm, .eps = eps});
+      be.rms_norm({.x = kk,
+                   .ldx = D,
+                   .y = kk,
+                   .ldy = D,
+                   .m = T * c.num_kv_heads,
+                   .n = D,
+                   .w = aw.k_norm,
+                   .eps = eps});
     }
-    be.rope({.x = q, .ldx = qs, .m = T, .num_heads = c.num_heads, .head_dim = D, .positions = d_pos,
-             .inv_freq = inv_freq_, .attention_scaling = rope_.attention_scaling});
-    be.rope({.x = kk, .ldx = kvs, .m = T, .num_heads = c.num_kv_heads, .head_dim = D, .positions = d_pos,
-             .inv_freq = inv_freq_, .attention_scaling = rope_.attention_scaling});
+    be.rope({.x = q,
+             .ldx = qs,
+             .m = T,
+             .num_heads = c.num_heads,
+             .head_dim = D,
+             .positions = d_pos,
+             .inv_freq = inv_freq_,
+             .attention_scaling = rope_.attention_scaling});
+    be.rope({.x = kk,
+             .ldx = kvs,
+             .m = T,
+             .num_heads = c.num_kv_heads,
+             .head_dim = D,
+             .positions = d_pos,
+             .inv_freq = inv_freq_,
+             .attention_scaling = rope_.attention_scaling});
     be.write_kv({.k = kk, .ldk = kvs, .v = v, .ldv = kvs, .m = T, .slot_mapping = d_slot, .cache = kv[l]});
     be.attention({.q = q,
                   .ldq = qs,
@@ -296,7 +327,8 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
     linear_lora(aw.o, attn, qs, tmp, H, l, LoraModule::kO);
     be.add_inplace(x, tmp, T * H);
 
-    be.rms_norm({.x = x, .ldx = H, .y = h, .ldy = H, .m = T, .n = H, .w = lw.post_attention_norm, .eps = eps});
+    be.rms_norm(
+        {.x = x, .ldx = H, .y = h, .ldy = H, .m = T, .n = H, .w = lw.post_attention_norm, .eps = eps});
     if (!lw.is_moe) {
       int64_t I = c.intermediate_size;
       float* gate = ensure<float>(be, ws.gate, T * I);
@@ -304,13 +336,20 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
       float* act = ensure<float>(be, ws.act, T * I);
       linear_lora(lw.mlp.gate, h, H, gate, I, l, LoraModule::kGate);
       linear_lora(lw.mlp.up, h, H, up, I, l, LoraModule::kUp);
-      be.silu_and_mul({.gate = gate, .ld_gate = I, .up = up, .ld_up = I, .out = act, .ld_out = I, .m = T, .n = I});
+      be.silu_and_mul(
+          {.gate = gate, .ld_gate = I, .up = up, .ld_up = I, .out = act, .ld_out = I, .m = T, .n = I});
       linear_lora(lw.mlp.down, act, I, tmp, H, l, LoraModule::kDown);
     } else {
       float* router = ensure<float>(be, ws.router, T * E);
       float* route_w = ensure<float>(be, ws.route_w, T * K);
       int32_t* route_ids = ensure<int32_t>(be, ws.route_ids, T * K);
-      be.linear({.x = h, .m = T, .ldx = H, .w = lw.moe.router.w, .bias = lw.moe.router.bias, .y = router, .ldy = E});
+      be.linear({.x = h,
+                 .m = T,
+                 .ldx = H,
+                 .w = lw.moe.router.w,
+                 .bias = lw.moe.router.bias,
+                 .y = router,
+                 .ldy = E});
       be.route({.logits = router,
                 .m = T,
                 .num_experts = E,
@@ -321,25 +360,26 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
                 .ids = route_ids,
                 .weights = route_w});
       bool layer_lora = o_expert_lora[l] != SIZE_MAX;
-      be.moe_experts({.x = h,
-                      .ldx = H,
-                      .m = T,
-                      .hidden = H,
-                      .inter = c.moe_intermediate_size,
-                      .num_experts = E,
-                      .top_k = K,
-                      .ids = route_ids,
-                      .weights = route_w,
-                      .experts = lw.moe.experts_on_device,
-                      .act = c.expert_activation == ExpertActivation::kGptOssClampedSwiglu ? k::ExpertAct::kGptOssSwiglu
-                                                                                          : k::ExpertAct::kSiluGate,
-                      .swiglu_alpha = static_cast<float>(c.swiglu_alpha),
-                      .swiglu_limit = static_cast<float>(c.swiglu_limit),
-                      .token_slots = layer_lora ? d_tslots : nullptr,
-                      .lora = layer_lora ? reinterpret_cast<const k::ExpertLoraView*>(at(o_expert_lora[l])) : nullptr,
-                      .num_slots = layer_lora ? num_slots : 0,
-                      .out = tmp,
-                      .ldo = H});
+      be.moe_experts(
+          {.x = h,
+           .ldx = H,
+           .m = T,
+           .hidden = H,
+           .inter = c.moe_intermediate_size,
+           .num_experts = E,
+           .top_k = K,
+           .ids = route_ids,
+           .weights = route_w,
+           .experts = lw.moe.experts_on_device,
+           .act = c.expert_activation == ExpertActivation::kGptOssClampedSwiglu ? k::ExpertAct::kGptOssSwiglu
+                                                                                : k::ExpertAct::kSiluGate,
+           .swiglu_alpha = static_cast<float>(c.swiglu_alpha),
+           .swiglu_limit = static_cast<float>(c.swiglu_limit),
+           .token_slots = layer_lora ? d_tslots : nullptr,
+           .lora = layer_lora ? reinterpret_cast<const k::ExpertLoraView*>(at(o_expert_lora[l])) : nullptr,
+           .num_slots = layer_lora ? num_slots : 0,
+           .out = tmp,
+           .ldo = H});
     }
     be.add_inplace(x, tmp, T * H);
   }
@@ -349,8 +389,20 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
   float* logits_in = ensure<float>(be, ws.logits_in, R * H);
   float* d_logits = ensure<float>(be, ws.logits, R * c.vocab_size);
   be.gather_rows(x, d_rows, R, H, logits_in);
-  be.rms_norm({.x = logits_in, .ldx = H, .y = logits_in, .ldy = H, .m = R, .n = H, .w = weights_.final_norm, .eps = eps});
-  be.linear({.x = logits_in, .m = R, .ldx = H, .w = weights_.lm_head, .bias = nullptr, .y = d_logits,
+  be.rms_norm({.x = logits_in,
+               .ldx = H,
+               .y = logits_in,
+               .ldy = H,
+               .m = R,
+               .n = H,
+               .w = weights_.final_norm,
+               .eps = eps});
+  be.linear({.x = logits_in,
+             .m = R,
+             .ldx = H,
+             .w = weights_.lm_head,
+             .bias = nullptr,
+             .y = d_logits,
              .ldy = c.vocab_size});
   be.copy_to_host(logits, d_logits, static_cast<size_t>(R * c.vocab_size) * sizeof(float));
 }

@@ -15,7 +15,7 @@ struct ForwardBatch {
   std::vector<int32_t> context_lens;  // [num_seqs] tokens in the KV cache after this step (incl. this step)
   std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq] KV block ids (unused entries: 0)
   int64_t max_blocks_per_seq = 0;
-  std::vector<int64_t> slot_mapping;  // [num_tokens] KV slot (block_id·block_size + offset) of each token
+  std::vector<int64_t> slot_mapping;   // [num_tokens] KV slot (block_id·block_size + offset) of each token
   std::vector<int32_t> adapter_slots;  // [num_seqs] adapter slot, −1 for the base model
   std::vector<int32_t> logits_rows;    // token rows whose next-token logits are wanted
 

@@ -40,7 +40,8 @@ class Model {
   static std::unique_ptr<Model> load(const std::string& dir, const ModelLoadOptions& options = {},
                                      std::shared_ptr<Backend> backend = nullptr);
   static std::unique_ptr<Model> from_config(const ModelConfig& config, const Checkpoint* checkpoint,
-                                            const ModelLoadOptions& options, std::shared_ptr<Backend> backend);
+                                            const ModelLoadOptions& options,
+                                            std::shared_ptr<Backend> backend);
   ~Model();
 
   const ModelConfig& config() const { return config_; }

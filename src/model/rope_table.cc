@@ -65,7 +65,8 @@ RopeTable RopeTable::from_config(const ModelConfig& cfg) {
       if (low == high) high += 0.001;
       for (int64_t i = 0; i < half; ++i) {
         // As transformers computes it in f32: pos_freqs = theta^(2i/dim).
-        float pos_freq = static_cast<float>(std::pow(r.theta, static_cast<double>(2 * i) / static_cast<double>(dim)));
+        float pos_freq =
+            static_cast<float>(std::pow(r.theta, static_cast<double>(2 * i) / static_cast<double>(dim)));
         float extrapolation = 1.0f / pos_freq;
         float interpolation = 1.0f / (static_cast<float>(factor) * pos_freq);
         float ramp = static_cast<float>(std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0));

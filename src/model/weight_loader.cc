@@ -26,10 +26,13 @@ constexpr float kDummyStddev = 0.02f;
 
 }  // namespace
 
-WeightLoader::WeightLoader(const Checkpoint* checkpoint, Backend& backend, ModelWeights& weights, uint64_t seed)
+WeightLoader::WeightLoader(const Checkpoint* checkpoint, Backend& backend, ModelWeights& weights,
+                           uint64_t seed)
     : checkpoint_(checkpoint), backend_(backend), weights_(weights), seed_(seed) {}
 
-bool WeightLoader::has(const std::string& name) const { return checkpoint_ && checkpoint_->find(name); }
+bool WeightLoader::has(const std::string& name) const {
+  return checkpoint_ && checkpoint_->find(name);
+}
 
 const TensorInfo& WeightLoader::tensor(const std::string& name, const std::vector<int64_t>& shape) {
   const TensorInfo* t = checkpoint_->find(name);
@@ -37,8 +40,8 @@ const TensorInfo& WeightLoader::tensor(const std::string& name, const std::vecto
     fail("checkpoint {} does not match its config: tensor '{}' (expected shape {}) is missing",
          checkpoint_->location(), name, shape_str(shape));
   if (t->shape != shape)
-    fail("checkpoint {} does not match its config: tensor '{}' has shape {}, expected {}", checkpoint_->location(),
-         name, t->shape_string(), shape_str(shape));
+    fail("checkpoint {} does not match its config: tensor '{}' has shape {}, expected {}",
+         checkpoint_->location(), name, t->shape_string(), shape_str(shape));
   used_.insert(name);
   return *t;
 }
@@ -102,13 +105,16 @@ kernels::WeightView WeightLoader::expert_transposed(const std::string& name, int
   kernels::WeightView view = backend_.matrix_from_host(host);
   weights_.num_bytes += n * dtype_size(view.dtype);
   if (view.data != host.data) {  // copied to the device: the host copy is no longer needed
-    if (t.dtype == DType::kF32) weights_.owned_f32.pop_back();
-    else weights_.owned.pop_back();
+    if (t.dtype == DType::kF32)
+      weights_.owned_f32.pop_back();
+    else
+      weights_.owned.pop_back();
   }
   return view;
 }
 
-const float* WeightLoader::expert_vector(const std::string& name, int64_t num_experts, int64_t n, int64_t expert) {
+const float* WeightLoader::expert_vector(const std::string& name, int64_t num_experts, int64_t n,
+                                         int64_t expert) {
   std::vector<float> v(static_cast<size_t>(n));
   if (dummy()) {
     uint64_t state = seed_++;
@@ -116,7 +122,8 @@ const float* WeightLoader::expert_vector(const std::string& name, int64_t num_ex
       x = static_cast<float>((static_cast<double>(splitmix(state) >> 11) / 9007199254740992.0 - 0.5) * 0.04);
   } else {
     const TensorInfo& t = tensor(name, {num_experts, n});
-    const char* src = static_cast<const char*>(t.data) + static_cast<size_t>(expert * n) * dtype_size(t.dtype);
+    const char* src =
+        static_cast<const char*>(t.data) + static_cast<size_t>(expert * n) * dtype_size(t.dtype);
     convert_to_f32(src, t.dtype, v.size(), v.data());
   }
   return upload(v);
@@ -134,9 +141,10 @@ void WeightLoader::finish() const {
   for (const std::string& name : checkpoint_->names()) {
     if (used_.count(name)) continue;
     if (name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;
-    fail("checkpoint {} does not match its config: tensor '{}' is not a parameter of this model (check "
-         "num_hidden_layers, num_experts and tie_word_embeddings in config.json)",
-         checkpoint_->location(), name);
+    fail(
+        "checkpoint {} does not match its config: tensor '{}' is not a parameter of this model (check "
+        "num_hidden_layers, num_experts and tie_word_embeddings in config.json)",
+        checkpoint_->location(), name);
   }
 }
 

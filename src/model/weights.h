@@ -16,7 +16,7 @@
 namespace polylora {
 
 struct LinearWeights {
-  kernels::WeightView w;       // [out, in]
+  kernels::WeightView w;        // [out, in]
   const float* bias = nullptr;  // [out] or nullptr
 };
 
@@ -32,8 +32,8 @@ struct DenseMlpWeights {
 };
 
 struct MoeWeights {
-  LinearWeights router;                      // [E, H] (+ bias for GPT-OSS)
-  std::vector<kernels::ExpertView> experts;  // [E] (pointers in backend memory)
+  LinearWeights router;                                    // [E, H] (+ bias for GPT-OSS)
+  std::vector<kernels::ExpertView> experts;                // [E] (pointers in backend memory)
   const kernels::ExpertView* experts_on_device = nullptr;  // the same array in backend memory
 };
 

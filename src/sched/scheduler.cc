@@ -8,12 +8,14 @@
 
 namespace polylora {
 
-Scheduler::Scheduler(const SchedulerConfig& config, const LoraConfig& lora, std::unique_ptr<KvCacheManager> kv)
+Scheduler::Scheduler(const SchedulerConfig& config, const LoraConfig& lora,
+                     std::unique_ptr<KvCacheManager> kv)
     : config_(config), lora_(lora), kv_(std::move(kv)) {}
 
 bool Scheduler::before(const SchedRequest& a, const SchedRequest& b) const {
   switch (config_.policy) {
-    case SchedulingPolicy::kFcfs: return a.arrival < b.arrival;
+    case SchedulingPolicy::kFcfs:
+      return a.arrival < b.arrival;
     case SchedulingPolicy::kPriority:
       return a.priority != b.priority ? a.priority < b.priority : a.arrival < b.arrival;
   }
@@ -22,8 +24,10 @@ bool Scheduler::before(const SchedRequest& a, const SchedRequest& b) const {
 
 void Scheduler::insert_waiting(RequestId id, bool front) {
   if (config_.policy == SchedulingPolicy::kFcfs) {
-    if (front) waiting_.push_front(id);
-    else waiting_.push_back(id);
+    if (front)
+      waiting_.push_front(id);
+    else
+      waiting_.push_back(id);
     return;
   }
   const SchedRequest& r = *requests_.at(id);
@@ -111,7 +115,8 @@ StepPlan Scheduler::schedule() {
   // 1. Running requests, in order: decodes and the next chunks of unfinished prefills.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     SchedRequest& r = *requests_.at(running_[i]);
-    int64_t num_new = std::min<int64_t>(static_cast<int64_t>(r.tokens.size()) - r.num_computed_tokens, budget);
+    int64_t num_new =
+        std::min<int64_t>(static_cast<int64_t>(r.tokens.size()) - r.num_computed_tokens, budget);
     if (num_new <= 0) {
       ++i;
       continue;
@@ -125,8 +130,10 @@ StepPlan Scheduler::schedule() {
       for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
         if (requests_.at(*it)->scheduled_step == step_number_) continue;
         SchedRequest& cand = *requests_.at(*it);
-        if (!victim) victim = &cand;
-        else if (config_.policy == SchedulingPolicy::kPriority && before(*victim, cand)) victim = &cand;
+        if (!victim)
+          victim = &cand;
+        else if (config_.policy == SchedulingPolicy::kPriority && before(*victim, cand))
+          victim = &cand;
         if (config_.policy == SchedulingPolicy::kFcfs) break;
       }
       CHECK(victim != nullptr);

@@ -15,10 +15,10 @@ struct ScheduledNew {
   RequestId id = 0;
   std::vector<int32_t> token_ids;  // prompt plus any tokens generated before a preemption
   int64_t num_prompt_tokens = 0;
-  std::vector<int32_t> block_ids;  // the whole block table so far
+  std::vector<int32_t> block_ids;   // the whole block table so far
   int64_t num_computed_tokens = 0;  // tokens already in the KV cache (prefix-cache hits)
   int64_t num_scheduled_tokens = 0;
-  std::string adapter;  // empty: base model
+  std::string adapter;           // empty: base model
   bool prompt_logprobs = false;  // logits wanted at every prompt position
 };
 

@@ -4,6 +4,7 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -11,7 +12,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sys/socket.h>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -28,25 +28,34 @@ namespace {
 
 const char* error_type(int status) {
   switch (status) {
-    case 400: return "BadRequestError";
-    case 401: return "AuthenticationError";
-    case 404: return "NotFoundError";
-    case 503: return "ServiceUnavailableError";
-    default: return "InternalServerError";
+    case 400:
+      return "BadRequestError";
+    case 401:
+      return "AuthenticationError";
+    case 404:
+      return "NotFoundError";
+    case 503:
+      return "ServiceUnavailableError";
+    default:
+      return "InternalServerError";
   }
 }
 
 int status_of(const Error& e) {
   switch (e.kind()) {
-    case ErrorKind::kInvalid: return 400;
-    case ErrorKind::kNotFound: return 404;
-    case ErrorKind::kOverloaded: return 503;
+    case ErrorKind::kInvalid:
+      return 400;
+    case ErrorKind::kNotFound:
+      return 404;
+    case ErrorKind::kOverloaded:
+      return 503;
   }
   return 500;
 }
 
 json error_json(int status, const std::string& message) {
-  return {{"error", {{"message", message}, {"type", error_type(status)}, {"param", nullptr}, {"code", status}}}};
+  return {
+      {"error", {{"message", message}, {"type", error_type(status)}, {"param", nullptr}, {"code", status}}}};
 }
 
 void send_error(httplib::Response& res, int status, const std::string& message) {
@@ -62,7 +71,9 @@ std::string random_suffix() {
   return s;
 }
 
-std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
+std::string sse(const json& j) {
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
 
 // One generation request in flight: its engine streams, per-choice state and usage.
 struct Generation {
@@ -72,7 +83,7 @@ struct Generation {
   int64_t created = 0;
   std::vector<std::shared_ptr<OutputStream>> streams;
   std::vector<bool> stream_done;
-  std::vector<ChoiceState> choices;  // [prompts · n]
+  std::vector<ChoiceState> choices;                                       // [prompts · n]
   std::vector<std::vector<std::optional<LogprobEntry>>> prompt_logprobs;  // per prompt
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   std::optional<std::string> error;
@@ -82,7 +93,10 @@ struct Generation {
 
 HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
                        std::shared_ptr<const tokenizer::Tokenizer> tokenizer, LoraLimits lora_limits)
-    : config_(std::move(config)), engine_(engine), tokenizer_(std::move(tokenizer)), lora_limits_(lora_limits) {
+    : config_(std::move(config)),
+      engine_(engine),
+      tokenizer_(std::move(tokenizer)),
+      lora_limits_(lora_limits) {
   std::string source = config_.chat_template;
   if (!source.empty()) {
     std::ifstream in(source);
@@ -124,13 +138,16 @@ bool HttpServer::listen() {
   return http_->listen_after_bind();
 }
 
-void HttpServer::stop() { http_->stop(); }
+void HttpServer::stop() {
+  http_->stop();
+}
 
 void HttpServer::register_routes() {
   httplib::Server& s = *http_;
   // Authentication: every /v1 route needs the key when one is configured (health and metrics do not).
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (config_.api_key.empty() || req.path.rfind("/v1", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (config_.api_key.empty() || req.path.rfind("/v1", 0) != 0)
+      return httplib::Server::HandlerResponse::Unhandled;
     std::string auth = req.get_header_value("Authorization");
     if (auth != "Bearer " + config_.api_key) {
       send_error(res, 401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)");
@@ -148,7 +165,8 @@ void HttpServer::register_routes() {
     }
   });
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (res.status == 404 && res.body.empty()) send_error(res, 404, "no route for " + req.method + " " + req.path);
+    if (res.status == 404 && res.body.empty())
+      send_error(res, 404, "no route for " + req.method + " " + req.path);
   });
 
   auto parse_body = [](const httplib::Request& req) {
@@ -190,14 +208,16 @@ void HttpServer::register_routes() {
     g->stream_done.assign(num_prompts, false);
     if (g->parsed.echo)
       for (size_t i = 0; i < num_prompts; ++i)
-        for (int64_t k = 0; k < g->parsed.n; ++k) g->choices[i * g->parsed.n + k].text = g->parsed.prompt_texts[i];
+        for (int64_t k = 0; k < g->parsed.n; ++k)
+          g->choices[i * g->parsed.n + k].text = g->parsed.prompt_texts[i];
     auto abort_all = [this, g] {
       for (size_t i = 0; i < g->streams.size(); ++i)
         if (!g->stream_done[i]) engine_.abort(g->id + "-" + std::to_string(i));
     };
     const bool stream = g->parsed.stream;
     // Pulls outputs; calls on_delta(choice, delta text, new logprobs, finished?) for streaming.
-    auto pump = [this, g](std::chrono::milliseconds wait, const std::function<void(size_t, const SequenceOutput&)>& on_seq) {
+    auto pump = [this, g](std::chrono::milliseconds wait,
+                          const std::function<void(size_t, const SequenceOutput&)>& on_seq) {
       bool any = false;
       size_t open = 0;
       for (size_t i = 0; i < g->streams.size(); ++i) open += g->stream_done[i] ? 0 : 1;
@@ -207,7 +227,8 @@ void HttpServer::register_routes() {
         while (auto out = g->streams[i]->next(any ? std::chrono::milliseconds(0) : per_wait)) {
           any = true;
           if (out->error) g->error = *out->error;
-          if (g->prompt_logprobs[i].empty() && !out->prompt_logprobs.empty()) g->prompt_logprobs[i] = out->prompt_logprobs;
+          if (g->prompt_logprobs[i].empty() && !out->prompt_logprobs.empty())
+            g->prompt_logprobs[i] = out->prompt_logprobs;
           for (const auto& so : out->sequences) {
             size_t c = i * static_cast<size_t>(g->parsed.n) + static_cast<size_t>(so.index);
             ChoiceState& ch = g->choices[c];
@@ -238,8 +259,9 @@ void HttpServer::register_routes() {
     };
     auto finish_json = [](const ChoiceState& ch) -> json {
       if (!ch.finish_reason) return nullptr;
-      return finish_reason_name(*ch.finish_reason) == std::string("abort") ? json("abort")
-                                                                           : json(finish_reason_name(*ch.finish_reason));
+      return finish_reason_name(*ch.finish_reason) == std::string("abort")
+                 ? json("abort")
+                 : json(finish_reason_name(*ch.finish_reason));
     };
 
     if (stream) {
@@ -250,19 +272,27 @@ void HttpServer::register_routes() {
             auto write = [&](const std::string& data) { return sink.write(data.data(), data.size()); };
             const char* object = chat ? "chat.completion.chunk" : "text_completion";
             auto chunk = [&](json choice) {
-              return json{{"id", g->id}, {"object", object}, {"created", g->created}, {"model", g->parsed.model},
+              return json{{"id", g->id},
+                          {"object", object},
+                          {"created", g->created},
+                          {"model", g->parsed.model},
                           {"choices", json::array({std::move(choice)})}};
             };
             bool ok = true;
             // Chat: the first chunk of every choice announces the role.
             if (chat)
               for (size_t c = 0; c < g->choices.size() && ok; ++c)
-                ok = write(sse(chunk({{"index", c}, {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                      {"logprobs", nullptr}, {"finish_reason", nullptr}})));
+                ok = write(sse(chunk({{"index", c},
+                                      {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                      {"logprobs", nullptr},
+                                      {"finish_reason", nullptr}})));
             if (!chat && g->parsed.echo)
               for (size_t c = 0; c < g->choices.size() && ok; ++c)
-                ok = write(sse(chunk({{"index", c}, {"text", g->choices[c].text}, {"logprobs", nullptr},
-                                      {"finish_reason", nullptr}, {"stop_reason", nullptr}})));
+                ok = write(sse(chunk({{"index", c},
+                                      {"text", g->choices[c].text},
+                                      {"logprobs", nullptr},
+                                      {"finish_reason", nullptr},
+                                      {"stop_reason", nullptr}})));
             auto last_write = std::chrono::steady_clock::now();
             while (ok && !all_done()) {
               std::vector<std::string> pieces;
@@ -276,10 +306,15 @@ void HttpServer::register_routes() {
                             : completion_logprobs_json(so.new_logprobs, g->parsed, tokenizer_.get(),
                                                        ch.text.size() - so.new_text.size());
                 if (chat) {
-                  choice = {{"index", c}, {"delta", {{"content", so.new_text}}}, {"logprobs", lp},
+                  choice = {{"index", c},
+                            {"delta", {{"content", so.new_text}}},
+                            {"logprobs", lp},
                             {"finish_reason", finish_json(ch)}};
                 } else {
-                  choice = {{"index", c}, {"text", so.new_text}, {"logprobs", lp}, {"finish_reason", finish_json(ch)}};
+                  choice = {{"index", c},
+                            {"text", so.new_text},
+                            {"logprobs", lp},
+                            {"finish_reason", finish_json(ch)}};
                 }
                 if (so.finish_reason) choice["stop_reason"] = stop_reason_json(so.stop_reason);
                 json j = chunk(std::move(choice));
@@ -306,9 +341,13 @@ void HttpServer::register_routes() {
               return false;
             }
             if (g->parsed.include_usage)
-              ok = write(sse({{"id", g->id}, {"object", object}, {"created", g->created}, {"model", g->parsed.model},
-                              {"choices", json::array()},
-                              {"usage", usage_json(g->prompt_tokens, g->completion_tokens, g->cached_tokens)}}));
+              ok = write(
+                  sse({{"id", g->id},
+                       {"object", object},
+                       {"created", g->created},
+                       {"model", g->parsed.model},
+                       {"choices", json::array()},
+                       {"usage", usage_json(g->prompt_tokens, g->completion_tokens, g->cached_tokens)}}));
             if (ok) ok = write("data: [DONE]\n\n");
             if (!ok) return false;
             sink.done();
@@ -346,18 +385,26 @@ void HttpServer::register_routes() {
               json lp = nullptr;
               if (g->parsed.logprobs)
                 lp = chat ? chat_logprobs_json(ch.logprobs, g->parsed, tokenizer_.get())
-                          : completion_logprobs_json(ch.logprobs, g->parsed, tokenizer_.get(),
-                                                     g->parsed.echo ? g->parsed.prompt_texts[c / g->parsed.n].size() : 0);
+                          : completion_logprobs_json(
+                                ch.logprobs, g->parsed, tokenizer_.get(),
+                                g->parsed.echo ? g->parsed.prompt_texts[c / g->parsed.n].size() : 0);
               json choice;
               if (chat)
-                choice = {{"index", c},
-                          {"message", {{"role", "assistant"}, {"content", ch.text}, {"tool_calls", json::array()}}},
-                          {"logprobs", lp}, {"finish_reason", finish_json(ch)}, {"stop_reason", stop_reason_json(ch.stop_reason)}};
+                choice = {
+                    {"index", c},
+                    {"message", {{"role", "assistant"}, {"content", ch.text}, {"tool_calls", json::array()}}},
+                    {"logprobs", lp},
+                    {"finish_reason", finish_json(ch)},
+                    {"stop_reason", stop_reason_json(ch.stop_reason)}};
               else
-                choice = {{"index", c}, {"text", ch.text}, {"logprobs", lp}, {"finish_reason", finish_json(ch)},
+                choice = {{"index", c},
+                          {"text", ch.text},
+                          {"logprobs", lp},
+                          {"finish_reason", finish_json(ch)},
                           {"stop_reason", stop_reason_json(ch.stop_reason)}};
               size_t p = c / static_cast<size_t>(g->parsed.n);
-              if (!g->prompt_logprobs[p].empty()) choice["prompt_logprobs"] = prompt_logprobs_json(g->prompt_logprobs[p], tokenizer_.get());
+              if (!g->prompt_logprobs[p].empty())
+                choice["prompt_logprobs"] = prompt_logprobs_json(g->prompt_logprobs[p], tokenizer_.get());
               if (g->parsed.return_tokens_as_token_ids) choice["token_ids"] = ch.token_ids;
               choices.push_back(std::move(choice));
             }
@@ -390,12 +437,20 @@ void HttpServer::register_routes() {
     int64_t created = static_cast<int64_t>(std::time(nullptr));
     json data = json::array();
     for (const auto& name : config_.served_model_names)
-      data.push_back({{"id", name}, {"object", "model"}, {"created", created}, {"owned_by", "polylora"},
-                      {"root", config_.model_root.empty() ? name : config_.model_root}, {"parent", nullptr},
+      data.push_back({{"id", name},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "polylora"},
+                      {"root", config_.model_root.empty() ? name : config_.model_root},
+                      {"parent", nullptr},
                       {"max_model_len", engine_.max_model_len()}});
     for (const auto& a : engine_.snapshot().adapters)
-      data.push_back({{"id", a.name}, {"object", "model"}, {"created", created}, {"owned_by", "polylora"},
-                      {"root", a.path}, {"parent", config_.served_model_names.front()},
+      data.push_back({{"id", a.name},
+                      {"object", "model"},
+                      {"created", created},
+                      {"owned_by", "polylora"},
+                      {"root", a.path},
+                      {"parent", config_.served_model_names.front()},
                       {"max_model_len", engine_.max_model_len()}});
     res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
   });
@@ -411,7 +466,8 @@ void HttpServer::register_routes() {
     if (!body.is_object() || !body.contains("lora_name") || !body["lora_name"].is_string() ||
         body["lora_name"].get<std::string>().empty())
       fail("'lora_name' (a non-empty string) is required");
-    if (!body.contains("lora_path") || !body["lora_path"].is_string()) fail("'lora_path' (a string) is required");
+    if (!body.contains("lora_path") || !body["lora_path"].is_string())
+      fail("'lora_path' (a string) is required");
     std::string name = body["lora_name"].get<std::string>(), path = body["lora_path"].get<std::string>();
     for (const auto& served : config_.served_model_names)
       if (served == name) fail("'{}' is the base model's name; choose another adapter name", name);
@@ -430,9 +486,11 @@ void HttpServer::register_routes() {
       }
     }
     if (!allowed)
-      fail("lora_path '{}' is outside the directories allowed by --lora-allowed-dirs (symbolic links and '..' are "
-           "resolved before the check)",
-           path);
+      fail(
+          "lora_path '{}' is outside the directories allowed by --lora-allowed-dirs (symbolic links and '..' "
+          "are "
+          "resolved before the check)",
+          path);
     auto adapter = load_peft_adapter(real.string(), name, engine_.model_config(), lora_limits_);
     adapter->path = path;
     engine_.add_adapter(std::move(adapter));
@@ -458,7 +516,8 @@ void HttpServer::register_routes() {
       ParsedRequest p = parse_chat(body, context());
       ids = p.prompts.front().prompt_ids;
     } else {
-      if (!body.contains("prompt") || !body["prompt"].is_string()) fail("'prompt' (a string) or 'messages' is required");
+      if (!body.contains("prompt") || !body["prompt"].is_string())
+        fail("'prompt' (a string) or 'messages' is required");
       bool add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean()
                              ? body["add_special_tokens"].get<bool>()
                              : true;
@@ -477,16 +536,19 @@ void HttpServer::register_routes() {
   s.Post("/detokenize", [=](const httplib::Request& req, httplib::Response& res) {
     json body = json::parse(parse_body(req).dump());
     if (!tokenizer_) fail("this server has no tokenizer");
-    if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) fail("'tokens' (a list of token ids) is required");
+    if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
+      fail("'tokens' (a list of token ids) is required");
     std::vector<int32_t> ids;
     for (const auto& v : body["tokens"]) {
       if (!v.is_number_integer()) fail("'tokens' must hold integer token ids");
       int64_t id = v.get<int64_t>();
-      if (id < 0 || id >= engine_.model_config().vocab_size) fail("'tokens': token id {} is outside the vocabulary", id);
+      if (id < 0 || id >= engine_.model_config().vocab_size)
+        fail("'tokens': token id {} is outside the vocabulary", id);
       ids.push_back(static_cast<int32_t>(id));
     }
-    res.set_content(json{{"prompt", tokenizer_->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
-                    "application/json");
+    res.set_content(
+        json{{"prompt", tokenizer_->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
+        "application/json");
   });
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   s.Get("/version", [](const httplib::Request&, httplib::Response& res) {
@@ -503,7 +565,8 @@ void HttpServer::register_routes() {
                     s.set_mount_point("/", config_.web_root);
   if (playground) spdlog::info("playground: serving {} at /", config_.web_root);
   s.Get("/", [this](const httplib::Request&, httplib::Response& res) {
-    std::string where = config_.web_root.empty() ? std::string("(disabled: --web-root '')") : config_.web_root;
+    std::string where =
+        config_.web_root.empty() ? std::string("(disabled: --web-root '')") : config_.web_root;
     res.set_content(
         "<!doctype html><meta charset=utf-8><title>polylora</title><h1>polylora</h1>"
         "<p>The browser playground is not built: no <code>index.html</code> in <code>" +

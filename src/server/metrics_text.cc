@@ -53,8 +53,10 @@ std::string prometheus_text(const EngineSnapshot& snap, const std::string& model
     header(o, name, "counter", help);
     o << name << "{" << labels << "} " << v << "\n";
   };
-  gauge("vllm:num_requests_running", "Number of requests in model execution batches.", static_cast<double>(s.num_running));
-  gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", static_cast<double>(s.num_waiting));
+  gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+        static_cast<double>(s.num_running));
+  gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+        static_cast<double>(s.num_waiting));
   gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage);
   gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (legacy name). 1 means 100 percent usage.", s.kv_usage);
   gauge("polylora:kv_cache_blocks", "KV-cache blocks in total.", static_cast<double>(s.num_kv_blocks));
@@ -64,7 +66,8 @@ std::string prometheus_text(const EngineSnapshot& snap, const std::string& model
           static_cast<double>(s.prefix_hits));
   counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
           static_cast<double>(s.num_preemptions));
-  counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens));
+  counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+          static_cast<double>(s.prompt_tokens));
   counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
           static_cast<double>(s.generation_tokens));
   header(o, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
@@ -74,18 +77,23 @@ std::string prometheus_text(const EngineSnapshot& snap, const std::string& model
       << (it == snap.metrics.finished_by_reason.end() ? 0 : it->second) << "\n";
   }
   const MetricsSnapshot& m = snap.metrics;
-  histogram(o, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m.ttft, labels);
-  histogram(o, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", m.itl, labels);
-  histogram(o, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", m.itl, labels);
-  histogram(o, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", m.e2e,
+  histogram(o, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m.ttft,
             labels);
+  histogram(o, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", m.itl,
+            labels);
+  histogram(o, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", m.itl,
+            labels);
+  histogram(o, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+            m.e2e, labels);
   histogram(o, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens, labels);
-  histogram(o, "vllm:request_generation_tokens", "Number of generation tokens processed.", m.generation_tokens, labels);
+  histogram(o, "vllm:request_generation_tokens", "Number of generation tokens processed.",
+            m.generation_tokens, labels);
   // Adapters: which are loaded, and per-adapter request and token counters ("base" for the base model).
   header(o, "vllm:lora_requests_info", "gauge", "Running stats on LoRA requests.");
   std::string loaded;
   for (const auto& a : snap.adapters) loaded += (loaded.empty() ? "" : ",") + a.name;
-  o << "vllm:lora_requests_info{" << labels << ",loaded_lora_adapters=\"" << escape_label(loaded) << "\"} 1\n";
+  o << "vllm:lora_requests_info{" << labels << ",loaded_lora_adapters=\"" << escape_label(loaded)
+    << "\"} 1\n";
   const char* names[] = {"polylora:adapter_requests_total", "polylora:adapter_prompt_tokens_total",
                          "polylora:adapter_generation_tokens_total"};
   const char* helps[] = {"Requests received per adapter.", "Prompt tokens computed per adapter.",
@@ -94,8 +102,8 @@ std::string prometheus_text(const EngineSnapshot& snap, const std::string& model
     header(o, names[k], "counter", helps[k]);
     for (const auto& [adapter, c] : s.adapters) {
       int64_t v = k == 0 ? c.requests : k == 1 ? c.prompt_tokens : c.generation_tokens;
-      o << names[k] << "{" << labels << ",adapter=\"" << escape_label(adapter.empty() ? "base" : adapter) << "\"} " << v
-        << "\n";
+      o << names[k] << "{" << labels << ",adapter=\"" << escape_label(adapter.empty() ? "base" : adapter)
+        << "\"} " << v << "\n";
     }
   }
   return o.str();

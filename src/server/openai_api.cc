@@ -77,13 +77,16 @@ void check_length(const EngineRequest& r, const ParseContext& ctx) {
   int64_t prompt = static_cast<int64_t>(r.prompt_ids.size());
   if (prompt == 0) fail("the prompt is empty");
   if (prompt >= ctx.max_model_len)
-    fail("This model's maximum context length is {} tokens. However, your request has {} input tokens. Please "
-         "reduce the length of the input messages.",
-         ctx.max_model_len, prompt);
+    fail(
+        "This model's maximum context length is {} tokens. However, your request has {} input tokens. Please "
+        "reduce the length of the input messages.",
+        ctx.max_model_len, prompt);
   if (r.sampling.max_tokens && prompt + *r.sampling.max_tokens > ctx.max_model_len)
-    fail("'max_tokens' is too large: {}. This model's maximum context length is {} tokens and your request has {} "
-         "input tokens ({} > {} - {}).",
-         *r.sampling.max_tokens, ctx.max_model_len, prompt, *r.sampling.max_tokens, ctx.max_model_len, prompt);
+    fail(
+        "'max_tokens' is too large: {}. This model's maximum context length is {} tokens and your request "
+        "has {} "
+        "input tokens ({} > {} - {}).",
+        *r.sampling.max_tokens, ctx.max_model_len, prompt, *r.sampling.max_tokens, ctx.max_model_len, prompt);
 }
 
 std::vector<int32_t> ids_of(const json& list) {
@@ -134,13 +137,19 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
       add_ids(*prompt);
     } else {
       for (const auto& p : *prompt) {
-        if (p.is_string()) add_text(p.get<std::string>());
-        else if (p.is_array()) add_ids(p);
-        else fail("'prompt' must be a string, a list of strings, a list of token ids, or a list of lists of token ids");
+        if (p.is_string())
+          add_text(p.get<std::string>());
+        else if (p.is_array())
+          add_ids(p);
+        else
+          fail(
+              "'prompt' must be a string, a list of strings, a list of token ids, or a list of lists of "
+              "token ids");
       }
     }
   } else {
-    fail("'prompt' must be a string, a list of strings, a list of token ids, or a list of lists of token ids");
+    fail(
+        "'prompt' must be a string, a list of strings, a list of token ids, or a list of lists of token ids");
   }
   return out;
 }
@@ -156,8 +165,10 @@ ParsedRequest parse_chat(const ordered_json& obody, const ParseContext& ctx) {
   read_common(body, out, sp);
   if (const json* lp = get(body, "logprobs")) {
     if (!lp->is_boolean()) fail("'logprobs' must be a boolean for chat completions");
-    if (lp->get<bool>()) out.logprobs = sp.logprobs.value_or(0);
-    else sp.logprobs.reset();
+    if (lp->get<bool>())
+      out.logprobs = sp.logprobs.value_or(0);
+    else
+      sp.logprobs.reset();
   } else if (get(body, "top_logprobs")) {
     fail("'top_logprobs' requires 'logprobs': true");
   }
@@ -174,7 +185,8 @@ ParsedRequest parse_chat(const ordered_json& obody, const ParseContext& ctx) {
     if (m.contains("content") && m["content"].is_array()) {  // content parts: join the text parts
       std::string text;
       for (const auto& part : m["content"]) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
           fail("'messages': only text content parts are supported");
         if (!text.empty()) text += "\n";
         text += part["text"].get<std::string>();
@@ -209,7 +221,10 @@ ParsedRequest parse_chat(const ordered_json& obody, const ParseContext& ctx) {
     request_template = ChatTemplate::compile(ct->get<std::string>());
     tmpl = &*request_template;
   }
-  if (!tmpl) fail("the model has no chat template; pass 'chat_template' in the request or start the server with --chat-template");
+  if (!tmpl)
+    fail(
+        "the model has no chat template; pass 'chat_template' in the request or start the server with "
+        "--chat-template");
   std::string rendered;
   try {
     rendered = tmpl->render(in);
@@ -219,9 +234,11 @@ ParsedRequest parse_chat(const ordered_json& obody, const ParseContext& ctx) {
   if (continue_final) {
     // Keep the final message open: cut the rendering right after its content.
     const ordered_json& last = in.messages.back();
-    std::string content = last.contains("content") && last["content"].is_string() ? last["content"].get<std::string>() : "";
+    std::string content =
+        last.contains("content") && last["content"].is_string() ? last["content"].get<std::string>() : "";
     size_t pos = content.empty() ? std::string::npos : rendered.rfind(content);
-    if (pos == std::string::npos) fail("'continue_final_message': the final message's content was not found in the rendered prompt");
+    if (pos == std::string::npos)
+      fail("'continue_final_message': the final message's content was not found in the rendered prompt");
     rendered.resize(pos + content.size());
   }
   EngineRequest r = base_request(body, out, sp);
@@ -252,7 +269,10 @@ json completion_logprobs_json(const std::vector<LogprobEntry>& entries, const Pa
     alts[t] = e.logprob;
     top.push_back(alts);
   }
-  return {{"text_offset", offsets}, {"token_logprobs", token_logprobs}, {"tokens", tokens}, {"top_logprobs", top}};
+  return {{"text_offset", offsets},
+          {"token_logprobs", token_logprobs},
+          {"tokens", tokens},
+          {"top_logprobs", top}};
 }
 
 json chat_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
@@ -275,7 +295,8 @@ json chat_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRe
   return {{"content", content}};
 }
 
-json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entries, const tokenizer::Tokenizer* tok) {
+json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entries,
+                          const tokenizer::Tokenizer* tok) {
   json out = json::array();
   for (const auto& e : entries) {
     if (!e) {

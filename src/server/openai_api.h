@@ -20,8 +20,8 @@ enum class ApiKind { kCompletion, kChat };
 // A parsed completion or chat request: one engine request per prompt (the engine fans out n).
 struct ParsedRequest {
   ApiKind kind = ApiKind::kCompletion;
-  std::string model;             // as the client named it (base model name or adapter)
-  std::string adapter;           // empty: base model
+  std::string model;    // as the client named it (base model name or adapter)
+  std::string adapter;  // empty: base model
   std::vector<EngineRequest> prompts;
   std::vector<std::string> prompt_texts;  // for echo
   bool stream = false;

@@ -26,7 +26,8 @@ double number(const json& body, const char* name) {
 int64_t integer(const json& body, const char* name) {
   const json* f = field(body, name);
   if (f->is_number_integer() || f->is_number_unsigned()) return f->get<int64_t>();
-  if (f->is_number_float() && std::floor(f->get<double>()) == f->get<double>()) return static_cast<int64_t>(f->get<double>());
+  if (f->is_number_float() && std::floor(f->get<double>()) == f->get<double>())
+    return static_cast<int64_t>(f->get<double>());
   fail("'{}' must be an integer, got {}", name, f->is_number() ? f->dump() : std::string(f->type_name()));
 }
 
@@ -98,7 +99,8 @@ void read_sampling_fields(const json& body, SamplingParams& p) {
       fail("'stop' must be a string or a list of strings");
     }
   }
-  if (field(body, "include_stop_str_in_output")) p.include_stop_str_in_output = boolean(body, "include_stop_str_in_output");
+  if (field(body, "include_stop_str_in_output"))
+    p.include_stop_str_in_output = boolean(body, "include_stop_str_in_output");
   if (field(body, "ignore_eos")) p.ignore_eos = boolean(body, "ignore_eos");
   if (field(body, "skip_special_tokens")) p.skip_special_tokens = boolean(body, "skip_special_tokens");
   if (const json* lp = field(body, "logprobs")) {

@@ -2,8 +2,8 @@
 #include "worker/generator.h"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 
 #include "common/error.h"
 
@@ -48,9 +48,8 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
     std::vector<int32_t> idx(static_cast<size_t>(vocab));
     for (int64_t v = 0; v < vocab; ++v) idx[v] = static_cast<int32_t>(v);
     n = std::min(n, vocab);
-    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
-      return row[a] > row[b] || (row[a] == row[b] && a < b);
-    });
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
     results[seq].step_top_ids.emplace_back(idx.begin(), idx.begin() + n);
   };
   auto argmax = [&](const float* row, float* margin) {
@@ -129,8 +128,8 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
     const auto& r = requests[s];
     const auto& out = results[s].output;
     if (static_cast<int64_t>(out.size()) >= r.max_tokens) return true;
-    return !out.empty() && std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), out.back()) !=
-                               r.stop_token_ids.end();
+    return !out.empty() &&
+           std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), out.back()) != r.stop_token_ids.end();
   };
   decode_steps_ = 0;
   while (true) {

@@ -27,8 +27,8 @@ struct GenerateRequest {
 
 struct GenerateResult {
   std::vector<int32_t> output;
-  std::vector<float> prompt_logits;  // [prompt.size(), vocab] when asked
-  std::vector<float> margins;        // top-1 minus top-2 logit at each generated step
+  std::vector<float> prompt_logits;                // [prompt.size(), vocab] when asked
+  std::vector<float> margins;                      // top-1 minus top-2 logit at each generated step
   std::vector<std::vector<int32_t>> step_top_ids;  // [steps][top_ids] when asked, best first
 };
 

@@ -8,10 +8,16 @@
 namespace polylora {
 
 ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size)
-    : model_(model), kv_(model.config(), model.backend(), num_blocks, block_size), sampler_(model.config().vocab_size) {}
+    : model_(model),
+      kv_(model.config(), model.backend(), num_blocks, block_size),
+      sampler_(model.config().vocab_size) {}
 
-void ModelRunner::set_request_info(RequestId id, RunnerRequestInfo info) { infos_[id] = std::move(info); }
-void ModelRunner::drop_request_info(RequestId id) { infos_.erase(id); }
+void ModelRunner::set_request_info(RequestId id, RunnerRequestInfo info) {
+  infos_[id] = std::move(info);
+}
+void ModelRunner::drop_request_info(RequestId id) {
+  infos_.erase(id);
+}
 
 void ModelRunner::apply_plan(const StepPlan& plan) {
   for (RequestId id : plan.finished_ids) states_.erase(id);
@@ -29,7 +35,8 @@ void ModelRunner::apply_plan(const StepPlan& plan) {
   for (const auto& r : plan.running) {
     State& s = states_.at(r.id);
     s.blocks.insert(s.blocks.end(), r.new_block_ids.begin(), r.new_block_ids.end());
-    CHECK_MSG(s.num_computed_tokens == r.num_computed_tokens, "runner and scheduler disagree on request {}", r.id);
+    CHECK_MSG(s.num_computed_tokens == r.num_computed_tokens, "runner and scheduler disagree on request {}",
+              r.id);
   }
 }
 
@@ -87,7 +94,8 @@ void ModelRunner::prepare(const StepPlan& plan,
   b.block_tables.assign(out.order.size() * static_cast<size_t>(b.max_blocks_per_seq), 0);
   for (size_t i = 0; i < out.order.size(); ++i) {
     const auto& blocks = states_.at(out.order[i].first).blocks;
-    std::copy(blocks.begin(), blocks.end(), b.block_tables.begin() + static_cast<long>(i) * b.max_blocks_per_seq);
+    std::copy(blocks.begin(), blocks.end(),
+              b.block_tables.begin() + static_cast<long>(i) * b.max_blocks_per_seq);
   }
 }
 

@@ -47,7 +47,8 @@ class ModelRunner {
   void set_request_info(RequestId id, RunnerRequestInfo info);
   void drop_request_info(RequestId id);
   // adapter_of(name) returns the loaded adapter (never nullptr for a name in the plan).
-  StepResult execute(const StepPlan& plan, const std::function<const LoraAdapter*(const std::string&)>& adapter_of);
+  StepResult execute(const StepPlan& plan,
+                     const std::function<const LoraAdapter*(const std::string&)>& adapter_of);
 
   const KvStorage& kv() const { return kv_; }
 

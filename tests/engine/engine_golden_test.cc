@@ -54,7 +54,8 @@ TEST_P(EngineGoldenTest, AllVariantsStaggeredWithChunkingAndPreemption) {
     }
     for (auto& out : engine.step()) {
       for (auto& so : out.sequences)
-        outputs[out.request_id].insert(outputs[out.request_id].end(), so.new_token_ids.begin(), so.new_token_ids.end());
+        outputs[out.request_id].insert(outputs[out.request_id].end(), so.new_token_ids.begin(),
+                                       so.new_token_ids.end());
       if (!out.prompt_logprobs.empty()) prompt_lps[out.request_id] = out.prompt_logprobs;
     }
     ASSERT_EQ(engine.check_invariants(), "") << "after step " << steps;
@@ -62,8 +63,8 @@ TEST_P(EngineGoldenTest, AllVariantsStaggeredWithChunkingAndPreemption) {
   }
   EngineStats st = engine.stats();
   EXPECT_GT(st.num_preemptions, 0) << "the small cache should force preemption";
-  std::printf("[engine-golden] %s: %zu requests in %ld steps, %ld preemptions\n", GetParam().c_str(), order.size(),
-              static_cast<long>(steps), static_cast<long>(st.num_preemptions));
+  std::printf("[engine-golden] %s: %zu requests in %ld steps, %ld preemptions\n", GetParam().c_str(),
+              order.size(), static_cast<long>(steps), static_cast<long>(st.num_preemptions));
 
   int64_t vocab = model->config().vocab_size;
   for (size_t k = 0; k < order.size(); ++k) {
@@ -78,7 +79,8 @@ TEST_P(EngineGoldenTest, AllVariantsStaggeredWithChunkingAndPreemption) {
       ASSERT_EQ(outputs[id][s], ref[s]) << variant << " prompt " << i << " step " << s;
     }
     // Prompt log-probs: the logprob of each prompt token (index ≥ 1) and the top-5 alternatives.
-    const auto* ref_lp = static_cast<const float*>(f.ref->find(variant + ".logprobs." + std::to_string(i))->data);
+    const auto* ref_lp =
+        static_cast<const float*>(f.ref->find(variant + ".logprobs." + std::to_string(i))->data);
     std::vector<int32_t> prompt = f.prompt(i);
     const auto& lps = prompt_lps[id];
     ASSERT_EQ(lps.size(), prompt.size()) << variant << " prompt " << i;
@@ -86,18 +88,20 @@ TEST_P(EngineGoldenTest, AllVariantsStaggeredWithChunkingAndPreemption) {
     for (size_t p = 1; p < prompt.size(); ++p) {
       ASSERT_TRUE(lps[p].has_value());
       EXPECT_EQ(lps[p]->id, prompt[p]);
-      EXPECT_NEAR(lps[p]->logprob, ref_lp[(p - 1) * vocab + prompt[p]], 1e-3) << variant << " prompt " << i << " pos " << p;
+      EXPECT_NEAR(lps[p]->logprob, ref_lp[(p - 1) * vocab + prompt[p]], 1e-3)
+          << variant << " prompt " << i << " pos " << p;
       for (const auto& t : lps[p]->top) EXPECT_NEAR(t.logprob, ref_lp[(p - 1) * vocab + t.id], 1e-3);
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::ValuesIn(fixture_models()), [](const auto& info) {
-  std::string n = info.param;
-  for (char& c : n)
-    if (c == '-') c = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::ValuesIn(fixture_models()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace polylora::golden

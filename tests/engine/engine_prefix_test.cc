@@ -26,7 +26,8 @@ class EnginePrefixTest : public ::testing::Test {
     for (const auto& a : fixture_->adapters) engine_->add_adapter(a);
     prompt_ = fixture_->prompt(2);  // 40 tokens
   }
-  RunResult run(const std::vector<int32_t>& prompt, const std::string& adapter = "", const std::string& salt = "") {
+  RunResult run(const std::vector<int32_t>& prompt, const std::string& adapter = "",
+                const std::string& salt = "") {
     EngineRequest r;
     r.request_id = std::to_string(next_++);
     r.prompt_ids = prompt;
@@ -40,7 +41,8 @@ class EnginePrefixTest : public ::testing::Test {
     while (engine_->has_unfinished())
       for (auto& o : engine_->step()) {
         out.cached = o.num_cached_tokens;
-        for (auto& s : o.sequences) out.tokens.insert(out.tokens.end(), s.new_token_ids.begin(), s.new_token_ids.end());
+        for (auto& s : o.sequences)
+          out.tokens.insert(out.tokens.end(), s.new_token_ids.begin(), s.new_token_ids.end());
       }
     return out;
   }
@@ -79,7 +81,8 @@ TEST_F(EnginePrefixTest, SharedPrefixIsReusedAndOutputIdentical) {
   std::vector<int32_t> cold_tokens;
   while (cold.has_unfinished())
     for (auto& o : cold.step())
-      for (auto& s : o.sequences) cold_tokens.insert(cold_tokens.end(), s.new_token_ids.begin(), s.new_token_ids.end());
+      for (auto& s : o.sequences)
+        cold_tokens.insert(cold_tokens.end(), s.new_token_ids.begin(), s.new_token_ids.end());
   EXPECT_EQ(warm.tokens, cold_tokens);
   EXPECT_EQ(cold.stats().prefix_hits, 0);
 }
@@ -97,7 +100,8 @@ TEST_F(EnginePrefixTest, DifferentAdaptersAndSaltsNeverShare) {
 TEST_F(EnginePrefixTest, ReloadedAdapterNeverHitsOldBlocks) {
   RunResult before = run(prompt_, "attn-only-r16");
   ASSERT_TRUE(engine_->remove_adapter("attn-only-r16"));
-  auto reloaded = load_peft_adapter(fixture_->dir + "/adapters/attn-only-r16", "attn-only-r16", model_->config(), {64});
+  auto reloaded =
+      load_peft_adapter(fixture_->dir + "/adapters/attn-only-r16", "attn-only-r16", model_->config(), {64});
   engine_->add_adapter(reloaded);
   RunResult after = run(prompt_, "attn-only-r16");
   EXPECT_EQ(after.cached, 0);
@@ -121,7 +125,8 @@ TEST_F(EnginePrefixTest, ParallelSamplingSharesThePromptAndIsSeeded) {
     while (engine_->has_unfinished())
       for (auto& o : engine_->step()) {
         cached = std::max(cached, o.num_cached_tokens);
-        for (auto& s : o.sequences) seqs[s.index].insert(seqs[s.index].end(), s.new_token_ids.begin(), s.new_token_ids.end());
+        for (auto& s : o.sequences)
+          seqs[s.index].insert(seqs[s.index].end(), s.new_token_ids.begin(), s.new_token_ids.end());
       }
     return seqs;
   };
@@ -129,7 +134,8 @@ TEST_F(EnginePrefixTest, ParallelSamplingSharesThePromptAndIsSeeded) {
   auto a = sample(7, 3);
   EXPECT_EQ(a.size(), 3u);
   for (auto& [i, toks] : a) EXPECT_EQ(toks.size(), 6u);
-  EXPECT_GE(engine_->stats().prefix_hits - hits_before, 2 * 36) << "siblings should reuse the prompt's blocks";
+  EXPECT_GE(engine_->stats().prefix_hits - hits_before, 2 * 36)
+      << "siblings should reuse the prompt's blocks";
   auto b = sample(7, 3);
   EXPECT_EQ(a, b) << "same seed, same outputs";
   EXPECT_NE(a[0], a[1]) << "siblings use different seeds";

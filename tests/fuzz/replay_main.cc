@@ -34,10 +34,18 @@ int main(int argc, char** argv) {
       for (int e = 0; e < edits && !input.empty(); ++e) {
         size_t pos = rng() % input.size();
         switch (rng() % 4) {
-          case 0: input[pos] = static_cast<uint8_t>(rng()); break;
-          case 1: input.erase(input.begin() + static_cast<long>(pos)); break;
-          case 2: input.insert(input.begin() + static_cast<long>(pos), static_cast<uint8_t>(rng())); break;
-          default: input.resize(pos); break;
+          case 0:
+            input[pos] = static_cast<uint8_t>(rng());
+            break;
+          case 1:
+            input.erase(input.begin() + static_cast<long>(pos));
+            break;
+          case 2:
+            input.insert(input.begin() + static_cast<long>(pos), static_cast<uint8_t>(rng()));
+            break;
+          default:
+            input.resize(pos);
+            break;
         }
       }
     } else {
@@ -46,7 +54,7 @@ int main(int argc, char** argv) {
     }
     LLVMFuzzerTestOneInput(input.data(), input.size());
   }
-  std::printf("%s: %zu corpus inputs and %d random inputs ran without a crash\n", target.c_str(), seeds.size(),
-              iterations);
+  std::printf("%s: %zu corpus inputs and %d random inputs ran without a crash\n", target.c_str(),
+              seeds.size(), iterations);
   return 0;
 }

@@ -21,7 +21,8 @@
 namespace polylora::golden {
 
 inline const std::vector<std::string>& fixture_models() {
-  static const std::vector<std::string> names = {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "mixtral-tiny"};
+  static const std::vector<std::string> names = {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny",
+                                                 "mixtral-tiny"};
   return names;
 }
 
@@ -111,8 +112,8 @@ inline double check_against_reference(const Fixture& f, const std::string& varia
   EXPECT_EQ(r.output.size(), g.size());
   for (size_t s = 0; s < g.size() && s < r.output.size(); ++s) {
     if (m[s] < margin_threshold) break;  // a near-tie: this step and all after may differ
-    EXPECT_EQ(r.output[s], g[s]) << variant << " prompt " << i << " greedy step " << s << " (ref margin " << m[s]
-                                 << ")";
+    EXPECT_EQ(r.output[s], g[s]) << variant << " prompt " << i << " greedy step " << s << " (ref margin "
+                                 << m[s] << ")";
     if (r.output[s] != g[s]) break;
   }
   return max_diff;
@@ -127,10 +128,12 @@ inline void check_close_logprobs(const std::string& what, const std::vector<int3
   ASSERT_EQ(ours.step_top_ids.size(), ours.output.size()) << what;
   for (size_t s = 0; s < ref_tokens.size() && s < ours.output.size(); ++s) {
     if (ours.output[s] == ref_tokens[s]) continue;
-    auto in = [](int32_t id, const std::vector<int32_t>& v) { return std::find(v.begin(), v.end(), id) != v.end(); };
+    auto in = [](int32_t id, const std::vector<int32_t>& v) {
+      return std::find(v.begin(), v.end(), id) != v.end();
+    };
     EXPECT_TRUE(in(ours.output[s], ref_top[s]) && in(ref_tokens[s], ours.step_top_ids[s]))
-        << what << " step " << s << ": ours " << ours.output[s] << " (margin " << ours.margins[s] << "), reference "
-        << ref_tokens[s] << " (margin " << (ref_margins ? ref_margins[s] : -1.0f) << ")";
+        << what << " step " << s << ": ours " << ours.output[s] << " (margin " << ours.margins[s]
+        << "), reference " << ref_tokens[s] << " (margin " << (ref_margins ? ref_margins[s] : -1.0f) << ")";
     return;
   }
 }

@@ -39,13 +39,15 @@ TEST_P(GoldenTest, MixedBatchMatchesReferenceAndSingleRuns) {
   }
   auto mixed = gen.run(reqs, f.slots);
   for (size_t j = 0; j < reqs.size(); ++j) {
-    check_against_reference(f, owner[j].first, owner[j].second, mixed[j], kLogprobTolerance, kMarginThreshold);
+    check_against_reference(f, owner[j].first, owner[j].second, mixed[j], kLogprobTolerance,
+                            kMarginThreshold);
     auto alone = gen.run({reqs[j]}, f.slots)[0];
     ASSERT_EQ(alone.prompt_logits.size(), mixed[j].prompt_logits.size());
     double d = 0;
     for (size_t k = 0; k < alone.prompt_logits.size(); ++k)
       d = std::max(d, std::fabs(double(alone.prompt_logits[k]) - mixed[j].prompt_logits[k]));
-    EXPECT_LE(d, 1e-4) << owner[j].first << " prompt " << owner[j].second << ": mixed batch differs from alone";
+    EXPECT_LE(d, 1e-4) << owner[j].first << " prompt " << owner[j].second
+                       << ": mixed batch differs from alone";
     EXPECT_EQ(alone.output, mixed[j].output) << owner[j].first << " prompt " << owner[j].second;
   }
 }

@@ -31,8 +31,8 @@ TEST_P(GoldenGpuTest, Float32MatchesReference) {
     for (size_t i = 0; i < f.num_prompts(); ++i) {
       auto r = gen.run({f.request(variant, i)}, f.slots)[0];
       double d = check_against_reference(f, variant, i, r, 2e-3, 2e-3);
-      std::printf("[golden-gpu f32] %s %s prompt %zu: max |Δ logprob| = %.2e\n", GetParam().c_str(), variant.c_str(),
-                  i, d);
+      std::printf("[golden-gpu f32] %s %s prompt %zu: max |Δ logprob| = %.2e\n", GetParam().c_str(),
+                  variant.c_str(), i, d);
       reqs.push_back(f.request(variant, i));
       owner.emplace_back(variant, i);
     }
@@ -79,12 +79,14 @@ TEST_P(GoldenGpuTest, Bfloat16CloseLogprobs) {
         const float* row = forced.prompt_logits.data() + (plen - 1 + s) * vocab;
         std::vector<int32_t> idx(static_cast<size_t>(vocab));
         for (int64_t v = 0; v < vocab; ++v) idx[v] = static_cast<int32_t>(v);
-        std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+        std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(),
+                          [&](int32_t a, int32_t b) { return row[a] > row[b]; });
         ref_top.emplace_back(idx.begin(), idx.begin() + 5);
       }
-      check_close_logprobs(GetParam() + " " + variant + " prompt " + std::to_string(i) + (mixed ? " (mixed)" : ""),
-                           ref_tokens, ref_top, results[j],
-                           static_cast<const float*>(f.ref->find(variant + ".margin." + std::to_string(i))->data));
+      check_close_logprobs(
+          GetParam() + " " + variant + " prompt " + std::to_string(i) + (mixed ? " (mixed)" : ""), ref_tokens,
+          ref_top, results[j],
+          static_cast<const float*>(f.ref->find(variant + ".margin." + std::to_string(i))->data));
     }
   }
 }

@@ -36,11 +36,13 @@ inline RawTensor f32_tensor(std::vector<int64_t> shape, float value = 0.01f) {
 }
 
 // Writes a valid safetensors file with the tensors in map order.
-inline void write_safetensors(const std::filesystem::path& path, const std::map<std::string, RawTensor>& tensors) {
+inline void write_safetensors(const std::filesystem::path& path,
+                              const std::map<std::string, RawTensor>& tensors) {
   nlohmann::json header = nlohmann::json::object();
   size_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
+    header[name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }
   std::string h = header.dump();
@@ -48,7 +50,8 @@ inline void write_safetensors(const std::filesystem::path& path, const std::map<
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(&len), 8);
   out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  for (const auto& [name, t] : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+  for (const auto& [name, t] : tensors)
+    out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
 }
 
 inline nlohmann::json read_json(const std::filesystem::path& path) {
@@ -61,6 +64,8 @@ inline void write_json(const std::filesystem::path& path, const nlohmann::json& 
   out << j.dump(2);
 }
 
-inline std::string data_dir() { return POLYLORA_TEST_DATA; }
+inline std::string data_dir() {
+  return POLYLORA_TEST_DATA;
+}
 
 }  // namespace polylora::testing_util

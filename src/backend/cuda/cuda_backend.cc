@@ -130,8 +130,8 @@ class CudaBackend final : public Backend {
         // Stream order: this copy waits for the previous chunk's conversion to finish reading the workspace.
         CUDA_CHECK(cudaMemcpyAsync(workspace_, static_cast<const char*>(host.data) + off * src_size,
                                    count * src_size, cudaMemcpyHostToDevice, stream_));
-        cuda_backend::convert(workspace_, host.dtype, static_cast<char*>(dst) + off * dst_size, target,
-                              count, stream_);
+        cuda_backend::convert(workspace_, host.dtype, static_cast<char*>(dst) + off * dst_size, target, count,
+                              stream_);
       }
       synchronize();
     }
@@ -223,8 +223,8 @@ class CudaBackend final : public Backend {
     for (const auto& [op, v] : profile_totals_) total += v.first;
     std::fprintf(stderr, "polylora CUDA op profile (%s):\n", name_.c_str());
     for (const auto& [op, v] : profile_totals_)
-      std::fprintf(stderr, "  %-22s %9.3f s  %5.1f%%  %8ld calls\n", op.c_str(), v.first, 100 * v.first / total,
-                   static_cast<long>(v.second));
+      std::fprintf(stderr, "  %-22s %9.3f s  %5.1f%%  %8ld calls\n", op.c_str(), v.first,
+                   100 * v.first / total, static_cast<long>(v.second));
   }
   bool profile_ = std::getenv("POLYLORA_CUDA_PROFILE") != nullptr;
   std::map<std::string, std::pair<double, int64_t>> profile_totals_;

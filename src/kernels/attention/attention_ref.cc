@@ -39,7 +39,8 @@ void attention(const AttentionArgs& a) {
         scores.assign(static_cast<size_t>(pos - first + 1), 0.0f);
         float max_score = a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
         for (int64_t j = first; j <= pos; ++j) {
-          const float* k = c.k + (table[j / c.block_size] * c.block_size + j % c.block_size) * kv_row + kvh * d;
+          const float* k =
+              c.k + (table[j / c.block_size] * c.block_size + j % c.block_size) * kv_row + kvh * d;
           float dot = 0.0f;
           for (int64_t i = 0; i < d; ++i) dot += q[i] * k[i];
           scores[j - first] = dot * a.scale;
@@ -53,7 +54,8 @@ void attention(const AttentionArgs& a) {
         float* o = a.out + (q_begin + qi) * a.ldo + h * d;
         std::fill(o, o + d, 0.0f);
         for (int64_t j = first; j <= pos; ++j) {
-          const float* v = c.v + (table[j / c.block_size] * c.block_size + j % c.block_size) * kv_row + kvh * d;
+          const float* v =
+              c.v + (table[j / c.block_size] * c.block_size + j % c.block_size) * kv_row + kvh * d;
           float p = scores[j - first] / denom;
           for (int64_t i = 0; i < d; ++i) o[i] += p * v[i];
         }

@@ -84,7 +84,13 @@ void moe_experts(const MoeExpertsArgs& a) {
       const ExpertLoraView* lora =
           (slot >= 0 && a.lora && slot < a.num_slots) ? &a.lora[slot * a.num_experts + e] : nullptr;
       if (!ex.gate_up.empty()) {
-        linear({.x = x, .m = 1, .ldx = H, .w = ex.gate_up, .bias = ex.gate_up_bias, .y = gu.data(), .ldy = 2 * I});
+        linear({.x = x,
+                .m = 1,
+                .ldx = H,
+                .w = ex.gate_up,
+                .bias = ex.gate_up_bias,
+                .y = gu.data(),
+                .ldy = 2 * I});
       } else {
         linear({.x = x, .m = 1, .ldx = H, .w = ex.gate, .bias = nullptr, .y = gu.data(), .ldy = I});
         linear({.x = x, .m = 1, .ldx = H, .w = ex.up, .bias = nullptr, .y = gu.data() + I, .ldy = I});
@@ -96,12 +102,24 @@ void moe_experts(const MoeExpertsArgs& a) {
       }
       switch (a.act) {
         case ExpertAct::kSiluGate:
-          silu_and_mul({.gate = gu.data(), .ld_gate = I, .up = gu.data() + I, .ld_up = I, .out = h.data(),
-                        .ld_out = I, .m = 1, .n = I});
+          silu_and_mul({.gate = gu.data(),
+                        .ld_gate = I,
+                        .up = gu.data() + I,
+                        .ld_up = I,
+                        .out = h.data(),
+                        .ld_out = I,
+                        .m = 1,
+                        .n = I});
           break;
         case ExpertAct::kGptOssSwiglu:
-          gpt_oss_swiglu({.gate_up = gu.data(), .ld_in = 2 * I, .out = h.data(), .ld_out = I, .m = 1, .n = I,
-                          .alpha = a.swiglu_alpha, .limit = a.swiglu_limit});
+          gpt_oss_swiglu({.gate_up = gu.data(),
+                          .ld_in = 2 * I,
+                          .out = h.data(),
+                          .ld_out = I,
+                          .m = 1,
+                          .n = I,
+                          .alpha = a.swiglu_alpha,
+                          .limit = a.swiglu_limit});
           break;
       }
       linear({.x = h.data(), .m = 1, .ldx = I, .w = ex.down, .bias = ex.down_bias, .y = y.data(), .ldy = H});

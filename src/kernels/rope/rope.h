@@ -1,8 +1,8 @@
 // kernels/rope/rope.h: rotary position embedding, "rotate half" layout (as HF Llama/Qwen/Mixtral/GPT-OSS):
-// for i < d/2: (x_i, x_{i+d/2}) -> (x_i·cos − x_{i+d/2}·sin, x_{i+d/2}·cos + x_i·sin), angle = pos·inv_freq[i],
-// cos and sin multiplied by attention_scaling (YaRN's mscale; 1 otherwise). Applied in place.
-// The frequencies (default, linear, llama3, YaRN) are computed by the model from its config.
-// Must not: depend on anything above common/.
+// for i < d/2: (x_i, x_{i+d/2}) -> (x_i·cos − x_{i+d/2}·sin, x_{i+d/2}·cos + x_i·sin), angle =
+// pos·inv_freq[i], cos and sin multiplied by attention_scaling (YaRN's mscale; 1 otherwise). Applied in
+// place. The frequencies (default, linear, llama3, YaRN) are computed by the model from its config. Must not:
+// depend on anything above common/.
 #pragma once
 
 #include <cstddef>

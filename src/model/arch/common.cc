@@ -3,12 +3,15 @@
 
 namespace polylora::arch {
 
-std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
+std::string layer_prefix(int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".";
+}
 
 void bind_common(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w) {
   w.embed = loader.matrix("model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size);
   w.final_norm = loader.vector("model.norm.weight", cfg.hidden_size, 1.0f);
-  w.lm_head = cfg.tie_word_embeddings ? w.embed : loader.matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size);
+  w.lm_head =
+      cfg.tie_word_embeddings ? w.embed : loader.matrix("lm_head.weight", cfg.vocab_size, cfg.hidden_size);
   w.layers.resize(static_cast<size_t>(cfg.num_layers));
 }
 

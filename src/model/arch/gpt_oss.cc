@@ -10,8 +10,9 @@ namespace polylora::arch {
 
 void bind_gpt_oss(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w) {
   if (!loader.dummy() && loader.has("model.layers.0.mlp.experts.gate_up_proj_blocks"))
-    fail("this GPT-OSS checkpoint holds MXFP4-quantized experts (gate_up_proj_blocks/scales), which polylora "
-         "does not load yet; use a bf16 checkpoint or --load-format dummy");
+    fail(
+        "this GPT-OSS checkpoint holds MXFP4-quantized experts (gate_up_proj_blocks/scales), which polylora "
+        "does not load yet; use a bf16 checkpoint or --load-format dummy");
   bind_common(cfg, loader, w);
   int64_t h = cfg.hidden_size, i = cfg.moe_intermediate_size, num_experts = cfg.num_experts;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
@@ -22,7 +23,7 @@ void bind_gpt_oss(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w)
     lw.moe.router.w = loader.matrix(p + "router.weight", num_experts, h, /*keep_f32=*/true);
     lw.moe.router.bias = loader.vector(p + "router.bias", num_experts, 0.0f);
     lw.moe.experts.resize(static_cast<size_t>(num_experts));
-    
+
     for (int64_t e = 0; e < num_experts; ++e) {
       kernels::ExpertView& ex = lw.moe.experts[e];
       ex.gate_up = loader.expert_transposed(p + "experts.gate_up_proj", num_experts, h, 2 * i, e);

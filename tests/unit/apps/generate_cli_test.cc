@@ -46,7 +46,8 @@ TEST(GenerateCli, PromptIdsPrintGreedyIds) {
   nlohmann::json ref;
   std::ifstream(kModel + "/reference.json") >> ref;
   std::string ids = std::to_string(ref["prompts"][1][0].get<int>());
-  for (size_t i = 1; i < ref["prompts"][1].size(); ++i) ids += "," + std::to_string(ref["prompts"][1][i].get<int>());
+  for (size_t i = 1; i < ref["prompts"][1].size(); ++i)
+    ids += "," + std::to_string(ref["prompts"][1][i].get<int>());
   std::string out = run("generate --model " + kModel + " --prompt-ids " + ids + " --max-tokens 5", &status);
   ASSERT_EQ(status, 0);
   std::vector<int> got;
@@ -60,15 +61,20 @@ TEST(GenerateCli, RequestsFile) {
   std::string path = ::testing::TempDir() + "/requests.jsonl";
   {
     std::ofstream f(path);
-    f << R"({"prompt_ids": [1, 2, 3], "max_tokens": 4, "temperature": 0, "ignore_eos": true})" << "\n";
-    f << R"({"prompt": "Hello world", "adapter": "rs", "max_tokens": 3, "temperature": 0, "logprobs": 2, "ignore_eos": true})" << "\n";
-    f << R"({"prompt_ids": [1, 2], "temperature": -1})" << "\n";
-    f << R"({"prompt_ids": [4, 5], "max_tokens": 2, "n": 2, "temperature": 1.0, "seed": 3, "ignore_eos": true})" << "\n";
+    f << R"({"prompt_ids": [1, 2, 3], "max_tokens": 4, "temperature": 0, "ignore_eos": true})"
+      << "\n";
+    f << R"({"prompt": "Hello world", "adapter": "rs", "max_tokens": 3, "temperature": 0, "logprobs": 2, "ignore_eos": true})"
+      << "\n";
+    f << R"({"prompt_ids": [1, 2], "temperature": -1})"
+      << "\n";
+    f << R"({"prompt_ids": [4, 5], "max_tokens": 2, "n": 2, "temperature": 1.0, "seed": 3, "ignore_eos": true})"
+      << "\n";
     f << "not json\n";
   }
   int status = 0;
-  std::string out = run("generate --model " + kModel + " --lora rs=" + kModel + "/adapters/qv-r4-rslora --requests " + path,
-                        &status);
+  std::string out =
+      run("generate --model " + kModel + " --lora rs=" + kModel + "/adapters/qv-r4-rslora --requests " + path,
+          &status);
   ASSERT_EQ(status, 0) << out;
   std::vector<nlohmann::json> lines;
   std::stringstream ss(out);

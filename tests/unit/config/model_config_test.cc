@@ -11,7 +11,9 @@
 namespace polylora {
 namespace {
 
-std::string data(const std::string& rel) { return std::string(POLYLORA_TEST_DATA) + "/" + rel; }
+std::string data(const std::string& rel) {
+  return std::string(POLYLORA_TEST_DATA) + "/" + rel;
+}
 
 std::string error_of(const std::string& json) {
   try {
@@ -104,7 +106,8 @@ TEST(ModelConfig, Errors) {
   std::string rope = error_of(R"({"model_type":"llama","vocab_size":10,"hidden_size":8,"intermediate_size":4,
     "num_hidden_layers":1,"num_attention_heads":2,"rope_scaling":{"rope_type":"longrope"}})");
   EXPECT_NE(rope.find("rope type 'longrope' is not supported"), std::string::npos) << rope;
-  std::string layers = error_of(R"({"model_type":"gpt_oss","vocab_size":10,"hidden_size":8,"intermediate_size":4,
+  std::string layers =
+      error_of(R"({"model_type":"gpt_oss","vocab_size":10,"hidden_size":8,"intermediate_size":4,
     "num_hidden_layers":2,"num_attention_heads":2,"head_dim":4,"num_local_experts":2,"num_experts_per_tok":1,
     "sliding_window":4,"layer_types":["sliding_attention"]})");
   EXPECT_NE(layers.find("layer_types"), std::string::npos) << layers;

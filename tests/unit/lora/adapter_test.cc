@@ -17,7 +17,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace testing_util;
 
-fs::path model_dir(const std::string& name) { return fs::path(data_dir()) / "models" / name; }
+fs::path model_dir(const std::string& name) {
+  return fs::path(data_dir()) / "models" / name;
+}
 
 class AdapterTest : public ::testing::Test {
  protected:
@@ -51,7 +53,8 @@ class AdapterTest : public ::testing::Test {
     const TensorInfo* p = ref->find("prompt.1");
     const TensorInfo* g = ref->find("base.greedy.1");
     GenerateRequest req;
-    req.prompt.assign(static_cast<const int32_t*>(p->data), static_cast<const int32_t*>(p->data) + p->numel());
+    req.prompt.assign(static_cast<const int32_t*>(p->data),
+                      static_cast<const int32_t*>(p->data) + p->numel());
     req.max_tokens = 6;
     Generator gen(*model_);
     auto out = gen.run({req}, {})[0].output;
@@ -59,18 +62,22 @@ class AdapterTest : public ::testing::Test {
     EXPECT_EQ(out, std::vector<int32_t>(gi, gi + 6));
   }
   static nlohmann::json config(int r = 4, nlohmann::json targets = {"q_proj"}) {
-    return {{"peft_type", "LORA"}, {"r", r}, {"lora_alpha", 8}, {"target_modules", targets}, {"bias", "none"}};
+    return {
+        {"peft_type", "LORA"}, {"r", r}, {"lora_alpha", 8}, {"target_modules", targets}, {"bias", "none"}};
   }
   std::unique_ptr<Model> model_;
   fs::path tmp_;
 };
 
 TEST_F(AdapterTest, FixtureFormatsLoad) {
-  auto a = load_peft_adapter((model_dir("llama-tiny") / "adapters/qv-r4-rslora").string(), "rs", model_->config(), {64});
+  auto a = load_peft_adapter((model_dir("llama-tiny") / "adapters/qv-r4-rslora").string(), "rs",
+                             model_->config(), {64});
   ASSERT_TRUE(a->layers[0].modules[static_cast<size_t>(LoraModule::kQ)]);
-  EXPECT_FLOAT_EQ(a->layers[0].modules[static_cast<size_t>(LoraModule::kQ)]->scale, 8.0f / 2.0f);  // alpha/sqrt(4)
+  EXPECT_FLOAT_EQ(a->layers[0].modules[static_cast<size_t>(LoraModule::kQ)]->scale,
+                  8.0f / 2.0f);  // alpha/sqrt(4)
   EXPECT_FALSE(a->layers[0].modules[static_cast<size_t>(LoraModule::kK)]);
-  auto b = load_peft_adapter((model_dir("llama-tiny") / "adapters/attn-mlp-r8").string(), "m", model_->config(), {64});
+  auto b = load_peft_adapter((model_dir("llama-tiny") / "adapters/attn-mlp-r8").string(), "m",
+                             model_->config(), {64});
   EXPECT_FLOAT_EQ(b->layers[1].modules[static_cast<size_t>(LoraModule::kDown)]->scale, 2.0f);  // 16/8
 
   auto qwen = Model::load(model_dir("qwen3-moe-tiny").string());
@@ -109,35 +116,42 @@ TEST_F(AdapterTest, RankAboveMaximum) {
 
 TEST_F(AdapterTest, TargetTheModelLacks) {
   std::string pre = "base_model.model.model.layers.";
-  auto d1 = make_adapter("layer", config(), {{pre + "7.self_attn.q_proj.lora_A.weight", f32_tensor({4, 128})},
-                                             {pre + "7.self_attn.q_proj.lora_B.weight", f32_tensor({128, 4})}});
+  auto d1 = make_adapter("layer", config(),
+                         {{pre + "7.self_attn.q_proj.lora_A.weight", f32_tensor({4, 128})},
+                          {pre + "7.self_attn.q_proj.lora_B.weight", f32_tensor({128, 4})}});
   std::string e1 = error_of(d1);
   EXPECT_NE(e1.find("names layer 7, but the model has 2 layers"), std::string::npos) << e1;
-  auto d2 = make_adapter("module", config(), {{pre + "0.self_attn.qkv_proj.lora_A.weight", f32_tensor({4, 128})},
-                                              {pre + "0.self_attn.qkv_proj.lora_B.weight", f32_tensor({128, 4})}});
+  auto d2 = make_adapter("module", config(),
+                         {{pre + "0.self_attn.qkv_proj.lora_A.weight", f32_tensor({4, 128})},
+                          {pre + "0.self_attn.qkv_proj.lora_B.weight", f32_tensor({128, 4})}});
   std::string e2 = error_of(d2);
-  EXPECT_NE(e2.find("'model.layers.0.self_attn.qkv_proj' is not a module of this llama model"), std::string::npos)
+  EXPECT_NE(e2.find("'model.layers.0.self_attn.qkv_proj' is not a module of this llama model"),
+            std::string::npos)
       << e2;
-  auto d3 = make_adapter("experts", config(), {{pre + "0.mlp.experts.0.gate_proj.lora_A.weight", f32_tensor({4, 128})},
-                                               {pre + "0.mlp.experts.0.gate_proj.lora_B.weight", f32_tensor({64, 4})}});
+  auto d3 = make_adapter("experts", config(),
+                         {{pre + "0.mlp.experts.0.gate_proj.lora_A.weight", f32_tensor({4, 128})},
+                          {pre + "0.mlp.experts.0.gate_proj.lora_B.weight", f32_tensor({64, 4})}});
   EXPECT_NE(error_of(d3).find("is not a module of this llama model"), std::string::npos) << error_of(d3);
-  auto d4 = make_adapter("lmhead", config(), {{"base_model.model.lm_head.lora_A.weight", f32_tensor({4, 128})},
-                                              {"base_model.model.lm_head.lora_B.weight", f32_tensor({1024, 4})}});
+  auto d4 = make_adapter("lmhead", config(),
+                         {{"base_model.model.lm_head.lora_A.weight", f32_tensor({4, 128})},
+                          {"base_model.model.lm_head.lora_B.weight", f32_tensor({1024, 4})}});
   EXPECT_NE(error_of(d4).find("target 'lm_head' is not supported"), std::string::npos) << error_of(d4);
   expect_model_usable();
 }
 
 TEST_F(AdapterTest, ShapesThatDoNotFit) {
   std::string pre = "base_model.model.model.layers.0.self_attn.";
-  auto d1 = make_adapter("shape", config(), {{pre + "q_proj.lora_A.weight", f32_tensor({4, 100})},
-                                             {pre + "q_proj.lora_B.weight", f32_tensor({128, 4})}});
+  auto d1 = make_adapter("shape", config(),
+                         {{pre + "q_proj.lora_A.weight", f32_tensor({4, 100})},
+                          {pre + "q_proj.lora_B.weight", f32_tensor({128, 4})}});
   std::string e1 = error_of(d1);
   EXPECT_NE(e1.find("does not fit the model"), std::string::npos) << e1;
   EXPECT_NE(e1.find("[4, 100]"), std::string::npos) << e1;
   auto d2 = make_adapter("onlyA", config(), {{pre + "q_proj.lora_A.weight", f32_tensor({4, 128})}});
   EXPECT_NE(error_of(d2).find("has lora_A but no lora_B"), std::string::npos) << error_of(d2);
-  auto d3 = make_adapter("rank", config(8), {{pre + "q_proj.lora_A.weight", f32_tensor({4, 128})},
-                                             {pre + "q_proj.lora_B.weight", f32_tensor({128, 4})}});
+  auto d3 = make_adapter("rank", config(8),
+                         {{pre + "q_proj.lora_A.weight", f32_tensor({4, 128})},
+                          {pre + "q_proj.lora_B.weight", f32_tensor({128, 4})}});
   EXPECT_NE(error_of(d3).find("adapter_config.json says r = 8"), std::string::npos) << error_of(d3);
   expect_model_usable();
 }
@@ -155,8 +169,9 @@ TEST_F(AdapterTest, UnsupportedOptions) {
   auto save = config();
   save["modules_to_save"] = {"lm_head"};
   EXPECT_NE(error_of(make_adapter("save", save, ok)).find("modules_to_save"), std::string::npos);
-  auto bf = make_adapter("notlora", config(), {{"base_model.model.model.layers.0.self_attn.q_proj.weight",
-                                                f32_tensor({128, 128})}});
+  auto bf =
+      make_adapter("notlora", config(),
+                   {{"base_model.model.model.layers.0.self_attn.q_proj.weight", f32_tensor({128, 128})}});
   EXPECT_NE(error_of(bf).find("is not a LoRA weight"), std::string::npos);
   expect_model_usable();
 }

@@ -16,7 +16,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace testing_util;
 
-fs::path llama_dir() { return fs::path(data_dir()) / "models/llama-tiny"; }
+fs::path llama_dir() {
+  return fs::path(data_dir()) / "models/llama-tiny";
+}
 
 // A model dir with llama-tiny's weights and a modified config.
 fs::path with_config(const std::string& tag, const std::function<void(nlohmann::json&)>& edit) {
@@ -78,7 +80,8 @@ TEST(Checkpoint, NoCheckpointInDirectory) {
   fs::remove_all(dir);
 }
 
-std::vector<int32_t> reference_greedy(const fs::path& model_dir, int prompt, std::vector<int32_t>* prompt_ids) {
+std::vector<int32_t> reference_greedy(const fs::path& model_dir, int prompt,
+                                      std::vector<int32_t>* prompt_ids) {
   static const DType kTypes[] = {DType::kF32, DType::kI32};
   auto ref = SafetensorsFile::open((model_dir / "reference.safetensors").string(), kTypes);
   const TensorInfo* p = ref->find("prompt." + std::to_string(prompt));
@@ -100,7 +103,8 @@ TEST(Checkpoint, ShardedCheckpointMatchesSingleFile) {
     int s = (i++ % 2);
     const auto* bytes = static_cast<const uint8_t*>(t.data);
     shard[s][t.name] = RawTensor{std::string(dtype_name(t.dtype)), t.shape, {bytes, bytes + t.num_bytes}};
-    index["weight_map"][t.name] = s == 0 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    index["weight_map"][t.name] =
+        s == 0 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
   write_safetensors(dir / "model-00001-of-00002.safetensors", shard[0]);
   write_safetensors(dir / "model-00002-of-00002.safetensors", shard[1]);

@@ -33,7 +33,8 @@ std::vector<RequestId> run_step(Scheduler& s, StepPlan& plan, std::map<RequestId
   std::unordered_map<RequestId, int32_t> sampled;
   auto consider = [&](RequestId id, int64_t num_computed, int64_t num) {
     const SchedRequest* r = s.get(id);
-    if (num_computed + num == static_cast<int64_t>(r->tokens.size())) sampled[id] = static_cast<int32_t>(7 + id % 50);
+    if (num_computed + num == static_cast<int64_t>(r->tokens.size()))
+      sampled[id] = static_cast<int32_t>(7 + id % 50);
     budget_check[id] += num;
   };
   for (const auto& n : plan.new_requests) consider(n.id, n.num_computed_tokens, n.num_scheduled_tokens);
@@ -160,8 +161,10 @@ TEST(Scheduler, FcfsAdmitsInArrivalOrderAndPriorityByPriority) {
     std::vector<RequestId> order;
     for (int i = 0; i < 20 && s.has_unfinished(); ++i)
       for (RequestId id : run_step(s, plan, computed, 8192)) order.push_back(id);
-    if (policy == SchedulingPolicy::kFcfs) EXPECT_EQ(order, (std::vector<RequestId>{1, 2, 3}));
-    else EXPECT_EQ(order, (std::vector<RequestId>{2, 3, 1}));
+    if (policy == SchedulingPolicy::kFcfs)
+      EXPECT_EQ(order, (std::vector<RequestId>{1, 2, 3}));
+    else
+      EXPECT_EQ(order, (std::vector<RequestId>{2, 3, 1}));
   }
 }
 
