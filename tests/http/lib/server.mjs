@@ -172,9 +172,19 @@ export function metric(text, name, labels = {}) {
 }
 
 export async function metrics(url) {
-  const r = await fetch(`${url}/metrics`);
-  if (r.status !== 200) throw new Error(`/metrics answered ${r.status}`);
-  return r.text();
+  // After a burst of ~1,000 streams the client's pool holds many idle keep-alive sockets; one the server
+  // has just closed (its keep-alive timeout) can be picked and fail with "fetch failed" before any request
+  // byte is sent. Such a transport error is retried on a fresh connection; HTTP errors are not.
+  for (let attempt = 0; ; ++attempt) {
+    try {
+      const r = await fetch(`${url}/metrics`, attempt > 0 ? { headers: { connection: 'close' } } : undefined);
+      if (r.status !== 200) throw new Error(`/metrics answered ${r.status}`);
+      return await r.text();
+    } catch (e) {
+      if (attempt >= 3 || !(e instanceof TypeError)) throw e;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+  }
 }
 
 export function tempDir(prefix = 'polylora-http-') {
