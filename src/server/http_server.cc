@@ -111,6 +111,10 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
   size_t threads = static_cast<size_t>(std::max<int64_t>(config_.max_connections, 8));
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_keep_alive_max_count(1000);
+  // A connection waits this long for its (next) request. Longer than clients' idle timeouts (Node: 4 s), so
+  // the client closes idle sockets first, and long enough that a loaded client still gets its first request
+  // in after connecting.
+  http_->set_keep_alive_timeout(20);
   http_->set_read_timeout(std::chrono::seconds(600));
   http_->set_write_timeout(std::chrono::seconds(600));
   // cpp-httplib listens with a backlog of 5: a burst of connections overflows it and the kernel drops
