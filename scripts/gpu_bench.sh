@@ -27,15 +27,23 @@ fi
 for cfg in "${CONFIGS[@]}"; do
   name=$(basename "$cfg")
   "$BUILD/bench/polylora_bench" device --config "$cfg" --device cuda --batches 1,32 --json-out "$OUT_DIR/polylora-$name.json" >/dev/null
+  # The same with activations rounded to one bf16 (no hi + lo split): what the split costs.
+  POLYLORA_BF16_SPLIT=0 "$BUILD/bench/polylora_bench" device --config "$cfg" --device cuda --batches 1,32 \
+    --json-out "$OUT_DIR/polylora-round-$name.json" >/dev/null
   PYTHONUNBUFFERED=1 python3 bench/hf_compare.py --config "$cfg" --batches 1,32 --json-out "$OUT_DIR/hf-$name.json" >/dev/null
-  python3 - "$OUT_DIR/polylora-$name.json" "$OUT_DIR/hf-$name.json" "$name" <<'PY'
+  python3 - "$OUT_DIR/polylora-$name.json" "$OUT_DIR/hf-$name.json" "$name" "$OUT_DIR/polylora-round-$name.json" <<'PY'
 import json, sys
 p, h, name = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+r = json.load(open(sys.argv[4]))
 print(f"== {name}: load polylora {p['load_seconds']:.1f}s / HF {h['load_seconds']:.1f}s; "
       f"memory polylora {p['backend_allocated_bytes_peak']/1e9:.1f} GB / HF {h['peak_memory_bytes']/1e9:.1f} GB")
 for pr, hr in zip(p["runs"], h["runs"]):
     print(f"   batch {pr['batch']:>3}: prefill {pr['prefill_tok_per_s']:9.0f} vs {hr['prefill_tok_per_s']:9.0f} tok/s "
           f"(x{pr['prefill_tok_per_s']/hr['prefill_tok_per_s']:.2f}); decode {pr['decode_tok_per_s']:8.1f} vs "
           f"{hr['decode_tok_per_s']:8.1f} tok/s (x{pr['decode_tok_per_s']/hr['decode_tok_per_s']:.2f})")
+for pr, rr in zip(p["runs"], r["runs"]):
+    print(f"   batch {pr['batch']:>3} hi+lo split vs rounded bf16 activations: prefill {pr['prefill_tok_per_s']:9.0f} vs "
+          f"{rr['prefill_tok_per_s']:9.0f} tok/s (x{pr['prefill_tok_per_s']/rr['prefill_tok_per_s']:.2f}); decode "
+          f"{pr['decode_tok_per_s']:8.1f} vs {rr['decode_tok_per_s']:8.1f} tok/s (x{pr['decode_tok_per_s']/rr['decode_tok_per_s']:.2f})")
 PY
 done

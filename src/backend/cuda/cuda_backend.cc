@@ -3,8 +3,9 @@
 // cuBLAS headers: fmt (common/error.h) does not compile under nvcc, so the kernels live in *.cu files.
 // Numerics: activations stay f32 throughout (the residual stream, norms, attention, the KV cache and all
 // intermediates); weights are stored in weight_dtype() (BF16 by default, F32 for --dtype float32). In BF16
-// mode the inputs of the weight products (dense and expert GEMMs) are cast to bf16 on the way in and the
-// products accumulate and write f32; in F32 mode every product is exact fp32 (no TF32).
+// mode the inputs of the weight products (dense and expert GEMMs) enter the tensor cores as a hi + lo pair
+// of bf16 (BackendOptions::bf16_split, the default; or one bf16 each) and the products accumulate and write
+// f32; in F32 mode every product is exact fp32 (no TF32).
 // Must not: know about models, adapters or requests.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -45,7 +46,8 @@ constexpr size_t kStagingBytes = size_t{64} << 20;
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, DType weight_dtype) : device_(device), weight_dtype_(weight_dtype) {
+  CudaBackend(int device, DType weight_dtype, bool bf16_split)
+      : device_(device), weight_dtype_(weight_dtype), bf16_split_(bf16_split) {
     CUDA_CHECK(cudaSetDevice(device_));
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -159,7 +161,7 @@ class CudaBackend final : public Backend {
     timed("embedding", [&] { k::cuda::embedding(a, ctx()); });
   }
   void linear(const k::LinearArgs& a) override {
-    ensure_workspace(k::cuda::linear_workspace_bytes(a));
+    ensure_workspace(k::cuda::linear_workspace_bytes(a, bf16_split_));
     timed(a.m <= 64 ? "linear (m<=64)" : "linear (m>64)", [&] { k::cuda::linear(a, ctx()); });
   }
   void rms_norm(const k::RmsNormArgs& a) override {
@@ -188,7 +190,7 @@ class CudaBackend final : public Backend {
     timed("route", [&] { k::cuda::route(a, ctx()); });
   }
   void moe_experts(const k::MoeExpertsArgs& a) override {
-    ensure_workspace(k::cuda::moe_experts_workspace_bytes(a));
+    ensure_workspace(k::cuda::moe_experts_workspace_bytes(a, bf16_split_));
     timed(a.m <= 64 ? "moe_experts (m<=64)" : "moe_experts (m>64)",
           [&] { k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx()); });
   }
@@ -229,7 +231,7 @@ class CudaBackend final : public Backend {
   bool profile_ = std::getenv("POLYLORA_CUDA_PROFILE") != nullptr;
   std::map<std::string, std::pair<double, int64_t>> profile_totals_;
 
-  k::CudaContext ctx() const { return {stream_, cublas_, workspace_, workspace_bytes_}; }
+  k::CudaContext ctx() const { return {stream_, cublas_, workspace_, workspace_bytes_, bf16_split_}; }
 
   // Grows the workspace (after the stream drains, since queued kernels may still use the old one). The
   // largest step sizes it once; later steps of that size or smaller reuse it without allocating.
@@ -253,6 +255,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   DType weight_dtype_;
+  bool bf16_split_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
@@ -298,7 +301,13 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
       fail("--dtype {}: the CUDA backend stores weights as bfloat16 or float32",
            dtype_name(options.weight_dtype));
   }
-  return std::make_unique<CudaBackend>(options.device_index, options.weight_dtype);
+  bool split = options.bf16_split;
+  if (const char* env = std::getenv("POLYLORA_BF16_SPLIT"); env != nullptr && *env != '\0') {
+    std::string v = env;
+    if (v != "0" && v != "1") fail("POLYLORA_BF16_SPLIT must be 0 or 1, not '{}'", v);
+    split = v == "1";
+  }
+  return std::make_unique<CudaBackend>(options.device_index, options.weight_dtype, split);
 }
 
 }  // namespace polylora

@@ -1,8 +1,12 @@
 // kernels/linear/linear_cuda.cu: CUDA dense products through cuBLAS. Row-major y[m, n] = x[m, k]·W[n, k]ᵀ is
 // the column-major product yᵀ = W·xᵀ with W transposed (cuBLAS sees W as a k×n column-major matrix).
 // BF16 weights: x is cast to bf16 into the workspace and cublasGemmEx multiplies bf16 × bf16 with f32
-// accumulation and f32 output; F32 weights: exact fp32 cublasSgemm (the handle's math mode is
-// CUBLAS_DEFAULT_MATH, no TF32). The bias is added by a small kernel afterwards.
+// accumulation and f32 output. With ctx.bf16_split x becomes two bf16 matrices, hi = bf16(x) and
+// lo = bf16(x − hi), and y = W·hi + W·lo: small products (decode; memory-bound) stack them as 2m rows of one
+// GEMM into the workspace and a fold kernel adds the halves (the weights are read once); large ones
+// (prefill; compute-bound) run two GEMMs, the second accumulating into y (beta = 1). F32 weights: exact
+// fp32 cublasSgemm (the handle's math mode is CUBLAS_DEFAULT_MATH, no TF32). The bias is added by a small
+// kernel afterwards (or by the fold).
 #include <cublas_v2.h>
 
 #include "kernels/cuda_util.cuh"
@@ -18,13 +22,44 @@
 namespace polylora::kernels::cuda {
 namespace {
 
-__global__ void cast_rows_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64_t k, __nv_bfloat16* out) {
+// out[i, j] = bf16(x[i, j]); with lo != nullptr also lo[i, j] = bf16(x[i, j] − out[i, j]).
+__global__ void cast_rows_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64_t k, __nv_bfloat16* out,
+                                      __nv_bfloat16* lo) {
   int64_t total = m * k;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t i = idx / k, j = idx % k;
-    out[idx] = __float2bfloat16_rn(x[i * ldx + j]);
+    const float v = x[i * ldx + j];
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    out[idx] = hi;
+    if (lo != nullptr) lo[idx] = __float2bfloat16_rn(v - __bfloat162float(hi));
   }
+}
+
+// y[i, j] = halves[i, j] + halves[m + i, j] (+ bias[j]); halves is [2m, n] dense.
+__global__ void fold_halves_kernel(const float* halves, int64_t m, int64_t n, const float* bias, float* y,
+                                   int64_t ldy) {
+  int64_t total = m * n;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t i = idx / n, j = idx % n;
+    float v = halves[idx] + halves[total + idx];
+    if (bias != nullptr) v += bias[j];
+    y[i * ldy + j] = v;
+  }
+}
+
+// Split products of at most this many rows, with at most kStackedMaxBytes of f32 halves, stack hi and lo
+// into one GEMM; others run two.
+constexpr int64_t kStackedMaxRows = 64;
+constexpr int64_t kStackedMaxBytes = int64_t{64} << 20;
+
+bool stacked(int64_t m, int64_t n) {
+  return m <= kStackedMaxRows && 2 * m * n * static_cast<int64_t>(sizeof(float)) <= kStackedMaxBytes;
+}
+
+size_t align256(size_t v) {
+  return (v + 255) / 256 * 256;
 }
 
 __global__ void add_bias_kernel(float* y, int64_t ldy, int64_t m, int64_t n, const float* bias) {
@@ -38,8 +73,12 @@ __global__ void add_bias_kernel(float* y, int64_t ldy, int64_t m, int64_t n, con
 
 }  // namespace
 
-size_t linear_workspace_bytes(const LinearArgs& a) {
-  return a.w.dtype == DType::kBF16 ? static_cast<size_t>(a.m * a.w.cols) * sizeof(__nv_bfloat16) : 0;
+size_t linear_workspace_bytes(const LinearArgs& a, bool bf16_split) {
+  if (a.w.dtype != DType::kBF16) return 0;
+  size_t x_bytes = align256(static_cast<size_t>(a.m * a.w.cols) * sizeof(__nv_bfloat16));
+  if (!bf16_split) return x_bytes;
+  size_t halves = stacked(a.m, a.w.rows) ? static_cast<size_t>(2 * a.m * a.w.rows) * sizeof(float) : 0;
+  return 2 * x_bytes + halves;
 }
 
 void linear(const LinearArgs& a, const CudaContext& ctx) {
@@ -52,14 +91,36 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
   const float one = 1.0f, zero = 0.0f;
   switch (a.w.dtype) {
     case DType::kBF16: {
-      KERNEL_CHECK(linear_workspace_bytes(a) <= ctx.workspace_bytes, "linear: workspace too small");
+      const bool split = ctx.bf16_split;
+      KERNEL_CHECK(linear_workspace_bytes(a, split) <= ctx.workspace_bytes, "linear: workspace too small");
+      // Workspace: hi [m, k] then (split) lo [m, k] right after it, so hi;lo is one [2m, k] matrix when the
+      // x part is not padded, then (stacked) the f32 halves [2m, n].
       auto* xb = static_cast<__nv_bfloat16*>(ctx.workspace);
-      cast_rows_bf16_kernel<<<cuda_util::blocks_for(m * k, 256, 8192), 256, 0, st>>>(a.x, a.ldx, m, k, xb);
+      const size_t x_bytes = static_cast<size_t>(m * k) * sizeof(__nv_bfloat16);
+      auto* lo = split ? xb + m * k : nullptr;
+      cast_rows_bf16_kernel<<<cuda_util::blocks_for(m * k, 256, 8192), 256, 0, st>>>(a.x, a.ldx, m, k, xb,
+                                                                                     lo);
       CUDA_CHECK_LAUNCH();
-      CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                static_cast<int>(k), &one, a.w.data, CUDA_R_16BF, static_cast<int>(k), xb,
-                                CUDA_R_16BF, static_cast<int>(k), &zero, a.y, CUDA_R_32F,
-                                static_cast<int>(a.ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      auto gemm = [&](const __nv_bfloat16* xs, int64_t rows, const float* beta, float* y, int64_t ldy) {
+        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                                  static_cast<int>(rows), static_cast<int>(k), &one, a.w.data, CUDA_R_16BF,
+                                  static_cast<int>(k), xs, CUDA_R_16BF, static_cast<int>(k), beta, y,
+                                  CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+      };
+      if (!split) {
+        gemm(xb, m, &zero, a.y, a.ldy);
+      } else if (stacked(m, n)) {
+        auto* halves = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + 2 * align256(x_bytes));
+        gemm(xb, 2 * m, &zero, halves, n);
+        fold_halves_kernel<<<cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st>>>(halves, m, n, a.bias, a.y,
+                                                                                    a.ldy);
+        CUDA_CHECK_LAUNCH();
+        return;  // bias added by the fold
+      } else {
+        gemm(xb, m, &zero, a.y, a.ldy);
+        gemm(lo, m, &one, a.y, a.ldy);
+      }
       break;
     }
     case DType::kF32:

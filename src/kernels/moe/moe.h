@@ -88,9 +88,11 @@ void route(const RouteArgs& args, const CudaContext& ctx);
 // (offsets padded to the GEMM tile), grouped GEMMs for gate_up and down over all experts (one launch
 // each), expert LoRA per sorted row, activation, weighted combine. experts/lora/ids/token_slots are in
 // device memory; weights of every expert are F32 (fp32 FMA path) or BF16/F16 (bf16 tensor cores with fp32
-// accumulation, activations cast to bf16) as `tensor_cores` says (the backend's weight dtype).
+// accumulation; activations as hi + lo bf16 pairs with ctx.bf16_split, else cast to one bf16; the
+// small-batch GEMV path multiplies f32 activations when split, bf16-rounded ones when not) as
+// `tensor_cores` says (the backend's weight dtype).
 void moe_experts(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
-size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args);
+size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args, bool bf16_split);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

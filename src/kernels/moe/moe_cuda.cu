@@ -12,7 +12,8 @@
 //   3. expert LoRA on gate_up rows (per sorted row: its token's slot and the row's expert);
 //   4. activation; 5. down grouped GEMM (bias in the epilogue) into per-pair rows; 6. down LoRA.
 //   BF16/F16 weights run the bf16 tensor-core GEMM of moe_gemm_mma.cuh (x cast to bf16 once, the
-//   activation written in bf16 by step 4, fp32 accumulation); F32 weights an fp32 FMA GEMM.
+//   activation written in bf16 by step 4, each as a hi + lo pair with CudaContext::bf16_split; fp32
+//   accumulation); F32 weights an fp32 FMA GEMM.
 // Both end with a weighted combine per token in k order (deterministic). Intermediates are f32 in the
 // workspace.
 #include <algorithm>
@@ -63,6 +64,7 @@ int mma_tile_m(const MoeExpertsArgs& a) {
 // Workspace layout of a path (each part 256-byte aligned).
 struct MoeWorkspace {
   int64_t pairs = 0, tile_m = 1, max_tiles = 0, max_rows = 0, lda_h = 0, lda_i = 0;
+  int64_t copies = 1;                 // bf16 copies per activation row: 2 (hi, lo) with the split
   int32_t* counts = nullptr;          // [E] pairs per expert
   int32_t* fill = nullptr;            // [E] scatter cursors
   int32_t* offsets = nullptr;         // [E] first sorted row of each expert (padded to tile_m)
@@ -74,11 +76,11 @@ struct MoeWorkspace {
   float* gu = nullptr;                // [max_rows, 2I]
   float* act = nullptr;               // [max_rows, I]
   float* y = nullptr;                 // [pairs, H]
-  __nv_bfloat16* x_bf16 = nullptr;    // [m, lda_h] (tensor-core path)
-  __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, lda_i] (tensor-core path)
+  __nv_bfloat16* x_bf16 = nullptr;    // [m, copies·lda_h] (tensor-core path)
+  __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, copies·lda_i] (tensor-core path)
   size_t bytes = 0;
 
-  MoeWorkspace(const MoeExpertsArgs& a, void* base, Path path) {
+  MoeWorkspace(const MoeExpertsArgs& a, void* base, Path path, bool bf16_split) {
     pairs = a.m * a.top_k;
     switch (path) {
       case Path::kGemv:
@@ -92,6 +94,7 @@ struct MoeWorkspace {
         max_rows = max_tiles * tile_m;
         lda_h = round_up(a.hidden, moe_detail::kMmaBK);
         lda_i = round_up(a.inter, moe_detail::kMmaBK);
+        copies = bf16_split ? 2 : 1;
         break;
       case Path::kF32:
         tile_m = kF32TileM;
@@ -116,8 +119,8 @@ struct MoeWorkspace {
     gu = reinterpret_cast<float*>(take(4 * max_rows * 2 * a.inter));
     act = reinterpret_cast<float*>(take(4 * max_rows * a.inter));
     y = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
-    x_bf16 = reinterpret_cast<__nv_bfloat16*>(take(2 * a.m * lda_h));
-    act_bf16 = reinterpret_cast<__nv_bfloat16*>(take(2 * max_rows * lda_i));
+    x_bf16 = reinterpret_cast<__nv_bfloat16*>(take(2 * a.m * copies * lda_h));
+    act_bf16 = reinterpret_cast<__nv_bfloat16*>(take(2 * max_rows * copies * lda_i));
   }
 };
 
@@ -291,23 +294,38 @@ __global__ void scatter_kernel(const int32_t* ids, int64_t pairs, int64_t E, con
   }
 }
 
-// x [m, H] (row stride ldx) -> bf16 [m, lda], columns past H zero; 8 columns per thread.
+// Eight f32 values -> eight bf16 (hi) and, with lo, the rounding remainders as bf16.
+__device__ __forceinline__ void pack_bf16x8(const float (&v)[8], uint4* hi, uint4* lo) {
+  uint32_t h[4], l[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat16 a = __float2bfloat16_rn(v[2 * j]), b = __float2bfloat16_rn(v[2 * j + 1]);
+    h[j] = static_cast<uint32_t>(__bfloat16_as_ushort(a)) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
+    const __nv_bfloat16 c = __float2bfloat16_rn(v[2 * j] - __bfloat162float(a));
+    const __nv_bfloat16 d = __float2bfloat16_rn(v[2 * j + 1] - __bfloat162float(b));
+    l[j] = static_cast<uint32_t>(__bfloat16_as_ushort(c)) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(d)) << 16);
+  }
+  *hi = make_uint4(h[0], h[1], h[2], h[3]);
+  if (lo != nullptr) *lo = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+// x [m, H] (row stride ldx) -> bf16 rows of copies·lda: hi in columns [0, lda) and, with the split
+// (copies = 2), lo in [lda, 2·lda); columns past H zero; 8 columns per thread.
 __global__ void cast_x_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64_t H, int64_t lda,
-                                   __nv_bfloat16* out) {
+                                   int64_t copies, __nv_bfloat16* out) {
   const int64_t per_row = lda / 8, total = m * per_row;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = idx / per_row, k0 = (idx % per_row) * 8;
     const float* src = x + t * ldx;
-    uint32_t w[4];
+    float v[8];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float lo = k0 + 2 * j < H ? src[k0 + 2 * j] : 0.0f;
-      float hi = k0 + 2 * j + 1 < H ? src[k0 + 2 * j + 1] : 0.0f;
-      w[j] = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
-             (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
-    }
-    *reinterpret_cast<uint4*>(out + t * lda + k0) = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int j = 0; j < 8; ++j) v[j] = k0 + j < H ? src[k0 + j] : 0.0f;
+    __nv_bfloat16* row = out + t * copies * lda;
+    pack_bf16x8(v, reinterpret_cast<uint4*>(row + k0),
+                copies == 2 ? reinterpret_cast<uint4*>(row + lda + k0) : nullptr);
   }
 }
 
@@ -427,11 +445,12 @@ __global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const i
 }
 
 // act = act_fn(gu) for sorted rows below num_tiles · tile_m that hold a pair: into act (f32, [rows, I],
-// when not nullptr) and act_bf16 ([rows, lda_bf16], columns past I zero, when not nullptr). Rows over
-// blocks (grid-stride), columns over threads.
+// when not nullptr) and act_bf16 (rows of copies·lda_bf16: hi in [0, lda_bf16), with copies = 2 lo in
+// [lda_bf16, 2·lda_bf16); columns past I zero; when not nullptr). Rows over blocks (grid-stride), columns
+// over threads.
 __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, int tile_m, const float* gu,
-                               float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t max_rows,
-                               int64_t I, ExpertAct kind, float alpha, float limit) {
+                               float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies,
+                               int64_t max_rows, int64_t I, ExpertAct kind, float alpha, float limit) {
   const int64_t rows_dev = static_cast<int64_t>(*num_tiles) * tile_m;
   const int64_t rows = rows_dev < max_rows ? rows_dev : max_rows;
   const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
@@ -439,8 +458,10 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
     if (sorted[r] < 0) continue;
     const float* g = gu + r * 2 * I;
     for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
+      __nv_bfloat16* brow = act_bf16 != nullptr ? act_bf16 + r * copies * lda_bf16 : nullptr;
       if (j >= I) {
-        act_bf16[r * lda_bf16 + j] = __float2bfloat16_rn(0.0f);
+        brow[j] = __float2bfloat16_rn(0.0f);
+        if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
         continue;
       }
       float v;
@@ -458,7 +479,11 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
         }
       }
       if (act != nullptr) act[r * I + j] = v;
-      if (act_bf16 != nullptr) act_bf16[r * lda_bf16 + j] = __float2bfloat16_rn(v);
+      if (brow != nullptr) {
+        const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+        brow[j] = hi;
+        if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(v - __bfloat162float(hi));
+      }
     }
   }
 }
@@ -513,15 +538,16 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
 }
 
-size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a) {
-  if (a.m * a.top_k <= small_pairs_limit()) return MoeWorkspace(a, nullptr, Path::kGemv).bytes;
-  return std::max(MoeWorkspace(a, nullptr, Path::kMma).bytes, MoeWorkspace(a, nullptr, Path::kF32).bytes);
+size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, bool bf16_split) {
+  if (a.m * a.top_k <= small_pairs_limit()) return MoeWorkspace(a, nullptr, Path::kGemv, bf16_split).bytes;
+  return std::max(MoeWorkspace(a, nullptr, Path::kMma, bf16_split).bytes,
+                  MoeWorkspace(a, nullptr, Path::kF32, bf16_split).bytes);
 }
 
 void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
   if (a.m == 0) return;
   const Path path = choose_path(a, tensor_cores);
-  MoeWorkspace ws(a, ctx.workspace, path);
+  MoeWorkspace ws(a, ctx.workspace, path, ctx.bf16_split);
   KERNEL_CHECK(ws.bytes <= ctx.workspace_bytes, "moe_experts: workspace too small");
   cudaStream_t st = cuda_util::stream(ctx);
   const int64_t E = a.num_experts, I = a.inter, H = a.hidden;
@@ -546,6 +572,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.top_k = a.top_k;
     gp.hidden = H;
     gp.inter = I;
+    gp.round_bf16 = !ctx.bf16_split;
     const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(E, ws.pairs));
     // 2. gate_up
     gp.x = a.x;
@@ -563,7 +590,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     }
     // 4. activation
     moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
-        ws.sorted, ws.num_tiles, 1, ws.gu, ws.act, nullptr, 0, ws.max_rows, I, a.act, a.swiglu_alpha,
+        ws.sorted, ws.num_tiles, 1, ws.gu, ws.act, nullptr, 0, 1, ws.max_rows, I, a.act, a.swiglu_alpha,
         a.swiglu_limit);
     CUDA_CHECK_LAUNCH();
     // 5. down
@@ -599,10 +626,11 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // 2. gate_up
     if (mma) {
       cast_x_bf16_kernel<<<cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0, st>>>(
-          a.x, a.ldx, a.m, H, ws.lda_h, ws.x_bf16);
+          a.x, a.ldx, a.m, H, ws.lda_h, ws.copies, ws.x_bf16);
       CUDA_CHECK_LAUNCH();
       mp.a = ws.x_bf16;
-      mp.lda = ws.lda_h;
+      mp.lda = ws.copies * ws.lda_h;
+      mp.kb_tiles = static_cast<int>(ws.lda_h / moe_detail::kMmaBK);
       mp.experts = a.experts;
       mp.sorted = ws.sorted;
       mp.tile_expert = ws.tile_expert;
@@ -635,12 +663,14 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // 4. activation (f32 for the fp32 GEMM and the down LoRA, bf16 for the tensor-core GEMM)
     moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
         ws.sorted, ws.num_tiles, tile_m, ws.gu, (!mma || lora) ? ws.act : nullptr,
-        mma ? ws.act_bf16 : nullptr, ws.lda_i, ws.max_rows, I, a.act, a.swiglu_alpha, a.swiglu_limit);
+        mma ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act, a.swiglu_alpha,
+        a.swiglu_limit);
     CUDA_CHECK_LAUNCH();
     // 5. down
     if (mma) {
       mp.a = ws.act_bf16;
-      mp.lda = ws.lda_i;
+      mp.lda = ws.copies * ws.lda_i;
+      mp.kb_tiles = static_cast<int>(ws.lda_i / moe_detail::kMmaBK);
       mp.out = ws.y;
       launch_mma_tile<Phase::kDown>(tile_m, grid_down, mp, st);
     } else {

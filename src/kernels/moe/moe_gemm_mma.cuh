@@ -5,6 +5,9 @@
 // token; down: act by sorted row) whose rows are zero-padded to a multiple of BK; B is the expert's
 // weight [N, K] read with 16-byte cp.async when it is BF16 with 16-byte rows, else converted element by
 // element (odd shapes, F16). Tiles past the device-side tile count exit at once.
+// hi + lo split (CudaContext::bf16_split): each A row holds bf16(x) in its first kb_tiles·BK columns and
+// bf16(x − bf16(x)) in the next kb_tiles·BK; the K loop runs over both copies while B's K index wraps
+// (kt mod kb_tiles), so the accumulator sums W·hi + W·lo.
 // Only included from moe_cuda.cu. Must not: depend on anything above common/.
 #pragma once
 
@@ -30,7 +33,8 @@ struct MmaCfg {
 
 struct MmaParams {
   const __nv_bfloat16* a = nullptr;  // kGateUp: x as bf16 [m, lda]; kDown: act as bf16 [max_rows, lda]
-  int64_t lda = 0;                   // multiple of kMmaBK; columns past K are zero
+  int64_t lda = 0;                   // kb_tiles·kMmaBK, or twice that with the split; columns past K zero
+  int kb_tiles = 0;                  // BK slices of one copy of K (B's K extent, padded)
   const ExpertView* experts = nullptr;
   const int32_t* sorted = nullptr;       // [max_rows] pair per sorted row, −1 for padding
   const int32_t* tile_expert = nullptr;  // [max_tiles]
@@ -113,11 +117,12 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   auto load_stage = [&](int stage, int kt) {
     const uint32_t sa = smem_base + stage * C::kStageBytes;
     const uint32_t sb = sa + C::kABytes;
-    const int64_t k = static_cast<int64_t>(kt) * kMmaBK + ld_chunk * 8;
+    const int64_t ka = static_cast<int64_t>(kt) * kMmaBK + ld_chunk * 8;
+    const int64_t k = static_cast<int64_t>(kt % p.kb_tiles) * kMmaBK + ld_chunk * 8;  // B's K index
 #pragma unroll
     for (int i = 0; i < kARowsPerThread; ++i) {
       const int r = ld_row + 64 * i;
-      cp_async16(sa + mma_swz(r, ld_chunk), a_src[i] != nullptr ? a_src[i] + k : p.a,
+      cp_async16(sa + mma_swz(r, ld_chunk), a_src[i] != nullptr ? a_src[i] + ka : p.a,
                  a_src[i] != nullptr ? 16 : 0);
     }
 #pragma unroll

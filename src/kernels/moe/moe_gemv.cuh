@@ -2,9 +2,9 @@
 // kernel. Grid: x = blocks of kGemvRows output rows, y = the worst-case number of active experts; a CTA
 // takes the y-th active expert of the device-side sort (or exits), streams its kGemvRows weight rows once
 // with 128-bit loads (one warp per kGemvR rows, lanes across K) and multiplies them with that expert's
-// routed rows (up to kGemvMaxTok at a time, f32, staged through shared memory in K chunks), fp32
-// accumulation, warp reduction. Weights BF16 or F32 (vector loads) or anything else (scalar loads).
-// Only included from moe_cuda.cu. Must not: depend on anything above common/.
+// routed rows (up to kGemvMaxTok at a time, f32 or bf16-rounded, staged through shared memory in K chunks),
+// fp32 accumulation, warp reduction. Weights BF16 or F32 (vector loads) or anything else (scalar loads). Only
+// included from moe_cuda.cu. Must not: depend on anything above common/.
 #pragma once
 
 #include <cstring>
@@ -29,7 +29,8 @@ struct GemvParams {
   const int32_t* num_active = nullptr;  // [1]
   const int32_t* sorted = nullptr;      // [pairs] pair index t·top_k + k per sorted row
   int64_t top_k = 0, hidden = 0, inter = 0;
-  float* out = nullptr;  // kGateUp: gu [rows, 2I] by sorted row; kDown: y [pairs, H] by pair
+  float* out = nullptr;     // kGateUp: gu [rows, 2I] by sorted row; kDown: y [pairs, H] by pair
+  bool round_bf16 = false;  // BF16 weights: round the activations to bf16 (CudaContext::bf16_split off)
 };
 
 // 128-bit weight vectors: kN elements, converted to f32.
@@ -64,16 +65,17 @@ struct GemvVec<float> {
 template <typename W, int TM>
 __device__ __forceinline__ void gemv_accumulate(const char* const (&rows)[kGemvR], bool vec, DType dt,
                                                 int64_t K, int nt, const float* const* s_src, float* xs,
-                                                float (&acc)[kGemvR][TM]) {
+                                                bool round_bf16, float (&acc)[kGemvR][TM]) {
   const int lane = threadIdx.x & 31;
   for (int64_t kc0 = 0; kc0 < K; kc0 += kGemvKc) {
     const int kcn = static_cast<int>(K - kc0 < kGemvKc ? K - kc0 : kGemvKc);
     __syncthreads();  // the previous chunk's readers are done
     for (int t = 0; t < nt; ++t) {
       const float* src = s_src[t] + kc0;
-      // With bf16 weights the activations are rounded to bf16 too, exactly as the tensor-core GEMM and
-      // cuBLAS paths do, so a token's numerics do not depend on the batch size that picked the path.
-      if (dt == DType::kBF16)
+      // Without the hi + lo split, bf16 weights multiply activations rounded to bf16, exactly as the
+      // tensor-core GEMM and cuBLAS paths then do, so a token's numerics do not depend on the batch size
+      // that picked the path. With it, f32 activations (the split paths agree with them to ~2^-17).
+      if (round_bf16 && dt == DType::kBF16)
         for (int kk = threadIdx.x; kk < kcn; kk += blockDim.x)
           xs[t * kGemvKc + kk] = __bfloat162float(__float2bfloat16_rn(src[kk]));
       else
@@ -146,7 +148,7 @@ __device__ __forceinline__ void gemv_pass(const GemvParams& p, const char* const
   for (int r = 0; r < kGemvR; ++r)
 #pragma unroll
     for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
-  gemv_accumulate<W, TM>(rows, vec, dt, K, nt, s_src, xs, acc);
+  gemv_accumulate<W, TM>(rows, vec, dt, K, nt, s_src, xs, p.round_bf16, acc);
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int r = 0; r < kGemvR; ++r) {
