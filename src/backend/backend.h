@@ -31,10 +31,11 @@ struct BackendOptions {
   // Storage type of weight matrices on the device: kBF16 (default on CUDA: bf16 GEMMs with f32
   // accumulation) or kF32 (--dtype float32). The CPU backend keeps checkpoint dtypes (zero-copy).
   DType weight_dtype = DType::kBF16;
-  // BF16 weights: activations enter the tensor cores as a hi + lo pair of bf16 (near-f32 products, the
-  // default) or rounded to one bf16 (false; Hugging Face's bf16 numerics, faster compute-bound prefill).
-  // The environment variable POLYLORA_BF16_SPLIT=0 or =1 overrides it (kernels/cuda_context.h).
-  bool bf16_split = true;
+  // BF16 weights: products of at most this many token rows take activations as a hi + lo pair of bf16
+  // (near-f32 results; decode and short prefills, where the extra tensor-core work is nearly free), larger
+  // ones (compute-bound prefill chunks) round them to one bf16 as Hugging Face's bf16 forward does. 0:
+  // never split; a huge value: always. The environment variable POLYLORA_BF16_SPLIT_MAX_ROWS overrides it.
+  int64_t bf16_split_max_rows = kernels::CudaContext::kBf16SplitMaxRowsDefault;
 };
 
 class Backend {

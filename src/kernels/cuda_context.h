@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace polylora::kernels {
 
@@ -13,11 +14,14 @@ struct CudaContext {
   void* cublas = nullptr;     // cublasHandle_t bound to `stream`
   void* workspace = nullptr;  // device scratch of workspace_bytes, 256-byte aligned; not kept across calls
   size_t workspace_bytes = 0;
-  // Products with BF16 weights: true feeds each f32 activation to the tensor cores as a pair of bf16
-  // (hi = bf16(x), lo = bf16(x − hi); W·x = W·hi + W·lo with f32 accumulation), so the only rounding left is
-  // the weights' own (activations keep ~16 mantissa bits instead of 8); false rounds activations to one
-  // bf16 as Hugging Face's bf16 forward does. See docs/design-changes.md ("bf16 numerics").
-  bool bf16_split = true;
+  // Products with BF16 weights of at most this many token rows feed each f32 activation to the tensor
+  // cores as a pair of bf16 (hi = bf16(x), lo = bf16(x − hi); W·x = W·hi + W·lo with f32 accumulation),
+  // so the only rounding left is the weights' own (activations keep ~16 mantissa bits instead of 8);
+  // larger products round activations to one bf16 as Hugging Face's bf16 forward does. 0: never split.
+  // See docs/design-changes.md ("Numerics of --dtype bfloat16").
+  int64_t bf16_split_max_rows = kBf16SplitMaxRowsDefault;
+  static constexpr int64_t kBf16SplitMaxRowsDefault = 1024;
+  bool bf16_split(int64_t rows) const { return rows <= bf16_split_max_rows; }
 };
 
 }  // namespace polylora::kernels

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -33,7 +34,7 @@ constexpr Tol kBf16SplitTol{5e-4f, 5e-4f};
 // A backend configuration the weight-product tests run under.
 struct Mode {
   DType dtype;  // weight dtype
-  bool split;   // BackendOptions::bf16_split (BF16 only)
+  bool split;   // BF16: every product splits activations (hi + lo) or none does
   const char* name;
 };
 constexpr Mode kF32Mode{DType::kF32, true, "f32"};
@@ -71,7 +72,7 @@ inline Backend& backend(DType weight_dtype = DType::kBF16, bool bf16_split = tru
     be = make_cuda_backend({.device = DeviceKind::kCuda,
                             .device_index = 0,
                             .weight_dtype = weight_dtype,
-                            .bf16_split = bf16_split});
+                            .bf16_split_max_rows = bf16_split ? INT64_MAX : 0});
   return *be;
 }
 inline Backend& backend(const Mode& m) {

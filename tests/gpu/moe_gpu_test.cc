@@ -20,7 +20,7 @@ namespace k = kernels;
 struct MoeCase {
   int64_t m = 1, hidden = 64, inter = 48, num_experts = 6, top_k = 2;
   DType dtype = DType::kF32;  // the backend's weight dtype
-  bool split = true;          // BackendOptions::bf16_split
+  bool split = true;          // every product splits (hi + lo) or none does
   bool fused = true;
   bool biases = false;
   k::ExpertAct act = k::ExpertAct::kSiluGate;

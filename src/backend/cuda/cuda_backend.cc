@@ -4,9 +4,9 @@
 // Numerics: activations stay f32 throughout (the residual stream, norms, attention, the KV cache and all
 // intermediates); weights are stored in weight_dtype() (BF16 by default, F32 for --dtype float32). In BF16
 // mode the inputs of the weight products (dense and expert GEMMs) enter the tensor cores as a hi + lo pair
-// of bf16 (BackendOptions::bf16_split, the default; or one bf16 each) and the products accumulate and write
-// f32; in F32 mode every product is exact fp32 (no TF32).
-// Must not: know about models, adapters or requests.
+// of bf16 (up to BackendOptions::bf16_split_max_rows token rows; larger ones one bf16 each) and the products
+// accumulate and write f32; in F32 mode every product is exact fp32 (no TF32). Must not: know about models,
+// adapters or requests.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -46,8 +46,8 @@ constexpr size_t kStagingBytes = size_t{64} << 20;
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, DType weight_dtype, bool bf16_split)
-      : device_(device), weight_dtype_(weight_dtype), bf16_split_(bf16_split) {
+  CudaBackend(int device, DType weight_dtype, int64_t bf16_split_max_rows)
+      : device_(device), weight_dtype_(weight_dtype), bf16_split_max_rows_(bf16_split_max_rows) {
     CUDA_CHECK(cudaSetDevice(device_));
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -161,7 +161,7 @@ class CudaBackend final : public Backend {
     timed("embedding", [&] { k::cuda::embedding(a, ctx()); });
   }
   void linear(const k::LinearArgs& a) override {
-    ensure_workspace(k::cuda::linear_workspace_bytes(a, bf16_split_));
+    ensure_workspace(k::cuda::linear_workspace_bytes(a, bf16_split_max_rows_));
     timed(a.m <= 64 ? "linear (m<=64)" : "linear (m>64)", [&] { k::cuda::linear(a, ctx()); });
   }
   void rms_norm(const k::RmsNormArgs& a) override {
@@ -190,7 +190,7 @@ class CudaBackend final : public Backend {
     timed("route", [&] { k::cuda::route(a, ctx()); });
   }
   void moe_experts(const k::MoeExpertsArgs& a) override {
-    ensure_workspace(k::cuda::moe_experts_workspace_bytes(a, bf16_split_));
+    ensure_workspace(k::cuda::moe_experts_workspace_bytes(a, bf16_split_max_rows_));
     timed(a.m <= 64 ? "moe_experts (m<=64)" : "moe_experts (m>64)",
           [&] { k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx()); });
   }
@@ -231,7 +231,9 @@ class CudaBackend final : public Backend {
   bool profile_ = std::getenv("POLYLORA_CUDA_PROFILE") != nullptr;
   std::map<std::string, std::pair<double, int64_t>> profile_totals_;
 
-  k::CudaContext ctx() const { return {stream_, cublas_, workspace_, workspace_bytes_, bf16_split_}; }
+  k::CudaContext ctx() const {
+    return {stream_, cublas_, workspace_, workspace_bytes_, bf16_split_max_rows_};
+  }
 
   // Grows the workspace (after the stream drains, since queued kernels may still use the old one). The
   // largest step sizes it once; later steps of that size or smaller reuse it without allocating.
@@ -255,7 +257,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   DType weight_dtype_;
-  bool bf16_split_;
+  int64_t bf16_split_max_rows_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
@@ -301,13 +303,15 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
       fail("--dtype {}: the CUDA backend stores weights as bfloat16 or float32",
            dtype_name(options.weight_dtype));
   }
-  bool split = options.bf16_split;
-  if (const char* env = std::getenv("POLYLORA_BF16_SPLIT"); env != nullptr && *env != '\0') {
-    std::string v = env;
-    if (v != "0" && v != "1") fail("POLYLORA_BF16_SPLIT must be 0 or 1, not '{}'", v);
-    split = v == "1";
+  int64_t split_rows = options.bf16_split_max_rows;
+  if (const char* env = std::getenv("POLYLORA_BF16_SPLIT_MAX_ROWS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    long long v = std::strtoll(env, &end, 10);
+    if (*end != '\0' || v < 0)
+      fail("POLYLORA_BF16_SPLIT_MAX_ROWS must be a number of rows >= 0 (0: never split), not '{}'", env);
+    split_rows = v;
   }
-  return std::make_unique<CudaBackend>(options.device_index, options.weight_dtype, split);
+  return std::make_unique<CudaBackend>(options.device_index, options.weight_dtype, split_rows);
 }
 
 }  // namespace polylora

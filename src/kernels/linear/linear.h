@@ -33,12 +33,12 @@ void linear(const LinearArgs& args);
 void linear_batch(const LinearArgs* args, int64_t count);
 }  // namespace cpu
 namespace cuda {
-// cuBLAS: BF16 weights multiply bf16 activations (f32 accumulate and output): with ctx.bf16_split each row
-// of x as hi + lo bf16 rows (both products summed in f32), else x rounded to bf16. F32 weights run an exact
-// fp32 sgemm (no TF32). F16 weights are not supported (the CUDA backend converts them on load).
+// cuBLAS: BF16 weights multiply bf16 activations (f32 accumulate and output): with ctx.bf16_split(m) each
+// row of x as hi + lo bf16 rows (both products summed in f32), else x rounded to bf16. F32 weights run an
+// exact fp32 sgemm (no TF32). F16 weights are not supported (the CUDA backend converts them on load).
 void linear(const LinearArgs& args, const CudaContext& ctx);
 // Workspace bytes linear() needs (the bf16 copies of x and, for small split products, the f32 halves).
-size_t linear_workspace_bytes(const LinearArgs& args, bool bf16_split);
+size_t linear_workspace_bytes(const LinearArgs& args, int64_t bf16_split_max_rows);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

@@ -1,7 +1,7 @@
 // kernels/linear/linear_cuda.cu: CUDA dense products through cuBLAS. Row-major y[m, n] = x[m, k]·W[n, k]ᵀ is
 // the column-major product yᵀ = W·xᵀ with W transposed (cuBLAS sees W as a k×n column-major matrix).
 // BF16 weights: x is cast to bf16 into the workspace and cublasGemmEx multiplies bf16 × bf16 with f32
-// accumulation and f32 output. With ctx.bf16_split x becomes two bf16 matrices, hi = bf16(x) and
+// accumulation and f32 output. With ctx.bf16_split(m) x becomes two bf16 matrices, hi = bf16(x) and
 // lo = bf16(x − hi), and y = W·hi + W·lo: small products (decode; memory-bound) stack them as 2m rows of one
 // GEMM into the workspace and a fold kernel adds the halves (the weights are read once); large ones
 // (prefill; compute-bound) run two GEMMs, the second accumulating into y (beta = 1). F32 weights: exact
@@ -73,10 +73,10 @@ __global__ void add_bias_kernel(float* y, int64_t ldy, int64_t m, int64_t n, con
 
 }  // namespace
 
-size_t linear_workspace_bytes(const LinearArgs& a, bool bf16_split) {
+size_t linear_workspace_bytes(const LinearArgs& a, int64_t bf16_split_max_rows) {
   if (a.w.dtype != DType::kBF16) return 0;
   size_t x_bytes = align256(static_cast<size_t>(a.m * a.w.cols) * sizeof(__nv_bfloat16));
-  if (!bf16_split) return x_bytes;
+  if (a.m > bf16_split_max_rows) return x_bytes;
   size_t halves = stacked(a.m, a.w.rows) ? static_cast<size_t>(2 * a.m * a.w.rows) * sizeof(float) : 0;
   return 2 * x_bytes + halves;
 }
@@ -91,8 +91,9 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
   const float one = 1.0f, zero = 0.0f;
   switch (a.w.dtype) {
     case DType::kBF16: {
-      const bool split = ctx.bf16_split;
-      KERNEL_CHECK(linear_workspace_bytes(a, split) <= ctx.workspace_bytes, "linear: workspace too small");
+      const bool split = ctx.bf16_split(m);
+      KERNEL_CHECK(linear_workspace_bytes(a, ctx.bf16_split_max_rows) <= ctx.workspace_bytes,
+                   "linear: workspace too small");
       // Workspace: hi [m, k] then (split) lo [m, k] right after it, so hi;lo is one [2m, k] matrix when the
       // x part is not padded, then (stacked) the f32 halves [2m, n].
       auto* xb = static_cast<__nv_bfloat16*>(ctx.workspace);

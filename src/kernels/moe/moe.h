@@ -88,11 +88,11 @@ void route(const RouteArgs& args, const CudaContext& ctx);
 // (offsets padded to the GEMM tile), grouped GEMMs for gate_up and down over all experts (one launch
 // each), expert LoRA per sorted row, activation, weighted combine. experts/lora/ids/token_slots are in
 // device memory; weights of every expert are F32 (fp32 FMA path) or BF16/F16 (bf16 tensor cores with fp32
-// accumulation; activations as hi + lo bf16 pairs with ctx.bf16_split, else cast to one bf16; the
+// accumulation; activations as hi + lo bf16 pairs with ctx.bf16_split(m), else cast to one bf16; the
 // small-batch GEMV path multiplies f32 activations when split, bf16-rounded ones when not) as
 // `tensor_cores` says (the backend's weight dtype).
 void moe_experts(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
-size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args, bool bf16_split);
+size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args, int64_t bf16_split_max_rows);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

@@ -12,7 +12,7 @@
 //   3. expert LoRA on gate_up rows (per sorted row: its token's slot and the row's expert);
 //   4. activation; 5. down grouped GEMM (bias in the epilogue) into per-pair rows; 6. down LoRA.
 //   BF16/F16 weights run the bf16 tensor-core GEMM of moe_gemm_mma.cuh (x cast to bf16 once, the
-//   activation written in bf16 by step 4, each as a hi + lo pair with CudaContext::bf16_split; fp32
+//   activation written in bf16 by step 4, each as a hi + lo pair with CudaContext::bf16_split(m); fp32
 //   accumulation); F32 weights an fp32 FMA GEMM.
 // Both end with a weighted combine per token in k order (deterministic). Intermediates are f32 in the
 // workspace.
@@ -538,7 +538,8 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
 }
 
-size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, bool bf16_split) {
+size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, int64_t bf16_split_max_rows) {
+  const bool bf16_split = a.m <= bf16_split_max_rows;
   if (a.m * a.top_k <= small_pairs_limit()) return MoeWorkspace(a, nullptr, Path::kGemv, bf16_split).bytes;
   return std::max(MoeWorkspace(a, nullptr, Path::kMma, bf16_split).bytes,
                   MoeWorkspace(a, nullptr, Path::kF32, bf16_split).bytes);
@@ -547,7 +548,7 @@ size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, bool bf16_split) {
 void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
   if (a.m == 0) return;
   const Path path = choose_path(a, tensor_cores);
-  MoeWorkspace ws(a, ctx.workspace, path, ctx.bf16_split);
+  MoeWorkspace ws(a, ctx.workspace, path, ctx.bf16_split(a.m));
   KERNEL_CHECK(ws.bytes <= ctx.workspace_bytes, "moe_experts: workspace too small");
   cudaStream_t st = cuda_util::stream(ctx);
   const int64_t E = a.num_experts, I = a.inter, H = a.hidden;
@@ -572,7 +573,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.top_k = a.top_k;
     gp.hidden = H;
     gp.inter = I;
-    gp.round_bf16 = !ctx.bf16_split;
+    gp.round_bf16 = !ctx.bf16_split(a.m);
     const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(E, ws.pairs));
     // 2. gate_up
     gp.x = a.x;

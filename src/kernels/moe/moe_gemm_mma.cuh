@@ -5,7 +5,7 @@
 // token; down: act by sorted row) whose rows are zero-padded to a multiple of BK; B is the expert's
 // weight [N, K] read with 16-byte cp.async when it is BF16 with 16-byte rows, else converted element by
 // element (odd shapes, F16). Tiles past the device-side tile count exit at once.
-// hi + lo split (CudaContext::bf16_split): each A row holds bf16(x) in its first kb_tiles·BK columns and
+// hi + lo split (CudaContext::bf16_split(m)): each A row holds bf16(x) in its first kb_tiles·BK columns and
 // bf16(x − bf16(x)) in the next kb_tiles·BK; the K loop runs over both copies while B's K index wraps
 // (kt mod kb_tiles), so the accumulator sums W·hi + W·lo.
 // Only included from moe_cuda.cu. Must not: depend on anything above common/.

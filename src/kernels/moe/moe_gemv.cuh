@@ -30,7 +30,7 @@ struct GemvParams {
   const int32_t* sorted = nullptr;      // [pairs] pair index t·top_k + k per sorted row
   int64_t top_k = 0, hidden = 0, inter = 0;
   float* out = nullptr;     // kGateUp: gu [rows, 2I] by sorted row; kDown: y [pairs, H] by pair
-  bool round_bf16 = false;  // BF16 weights: round the activations to bf16 (CudaContext::bf16_split off)
+  bool round_bf16 = false;  // BF16 weights: round the activations to bf16 (CudaContext::bf16_split(m) false)
 };
 
 // 128-bit weight vectors: kN elements, converted to f32.
