@@ -54,5 +54,27 @@ TEST(GpuLinear, MatchesReference) {
   }
 }
 
+// The default backend splits activations for products of up to CudaContext::kBf16SplitMaxRowsDefault rows
+// (hi + lo tolerance there) and rounds them to one bf16 above (the rounded tolerance).
+TEST(GpuLinear, DefaultSplitsUpToTheRowLimit) {
+  SKIP_WITHOUT_GPU();
+  auto be = make_cuda_backend({.device = DeviceKind::kCuda});
+  Arena ar(*be);
+  const int64_t limit = k::CudaContext::kBf16SplitMaxRowsDefault, kk = 96, n = 40;
+  for (int64_t m : {int64_t{1}, limit, limit + 1}) {
+    k::test::TestWeight w =
+        k::test::make_weight(n, kk, DType::kBF16, 71, 1.0f / std::sqrt(static_cast<float>(kk)));
+    std::vector<float> x = k::test::random_vec(static_cast<size_t>(m * kk), 72);
+    std::vector<float> ref(static_cast<size_t>(m * n), 0.0f);
+    k::ref::linear(
+        {.x = x.data(), .m = m, .ldx = kk, .w = w.view, .bias = nullptr, .y = ref.data(), .ldy = n});
+    float* y = ar.zeros<float>(ref.size());
+    ar.be().linear(
+        {.x = ar.up(x), .m = m, .ldx = kk, .w = ar.weight(w.view), .bias = nullptr, .y = y, .ldy = n});
+    expect_close_for(m <= limit ? kBf16Mode : kBf16RoundMode, ar.down(y, ref.size()), ref,
+                     "default backend m=" + std::to_string(m));
+  }
+}
+
 }  // namespace
 }  // namespace polylora::gpu_test
