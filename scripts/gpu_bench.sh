@@ -42,7 +42,7 @@ for pr, hr in zip(p["runs"], h["runs"]):
     print(f"   batch {pr['batch']:>3}: prefill {pr['prefill_tok_per_s']:9.0f} vs {hr['prefill_tok_per_s']:9.0f} tok/s "
           f"(x{pr['prefill_tok_per_s']/hr['prefill_tok_per_s']:.2f}); decode {pr['decode_tok_per_s']:8.1f} vs "
           f"{hr['decode_tok_per_s']:8.1f} tok/s (x{pr['decode_tok_per_s']/hr['decode_tok_per_s']:.2f})")
-for pr, rr in zip(p["runs"], r["runs"]):
+for pr, rr, hr in zip(p["runs"], r["runs"], h["runs"]):
     print(f"   batch {pr['batch']:>3} with every product split (hi+lo): prefill {rr['prefill_tok_per_s']:9.0f} tok/s "
           f"(x{rr['prefill_tok_per_s']/hr['prefill_tok_per_s']:.2f} of HF); decode {rr['decode_tok_per_s']:8.1f} tok/s "
           f"(x{rr['decode_tok_per_s']/hr['decode_tok_per_s']:.2f} of HF)")

@@ -56,10 +56,13 @@ TEST(GpuElementwise, Embedding) {
 TEST(GpuElementwise, RmsNorm) {
   SKIP_WITHOUT_GPU();
   Arena ar(backend());
-  for (int64_t n : {1, 33, 64, 1000, 4097}) {
-    for (int64_t m : {1, 7}) {
+  // Odd strides (scalar loads) and, with pad 0, dense rows of n % 4 == 0 (16-byte loads); n up to 1024 runs
+  // the warp-per-row kernel (m = 300 fills several blocks of 8 rows), longer rows the block-per-row one.
+  for (int64_t n : {1, 33, 64, 128, 1000, 1024, 1025, 2048, 4097}) {
+    for (int64_t m : {1, 7, 300}) {
       for (bool in_place : {false, true}) {
-        int64_t ldx = n + 5, ldy = in_place ? ldx : n + 2;
+        const int64_t pad = n % 4 == 0 ? 0 : 5;
+        int64_t ldx = n + pad, ldy = in_place ? ldx : n + (pad == 0 ? 4 : 2);
         std::vector<float> x = random_vec(static_cast<size_t>(m * ldx), 11, -3.0f, 3.0f);
         std::vector<float> w = random_vec(static_cast<size_t>(n), 12, 0.5f, 1.5f);
         std::vector<float> ref = in_place ? x : std::vector<float>(static_cast<size_t>(m * ldy), 0.0f);
