@@ -66,6 +66,16 @@ __device__ __forceinline__ __nv_bfloat16 load_as_bf16(const void* p, DType dtype
   return __float2bfloat16_rn(load_as_f32(p, dtype, i));
 }
 
+// v as the pair of bf16 the split products multiply (CudaContext::bf16_split_max_rows): hi = bf16(v) and
+// lo = bf16(v − hi), so hi + lo carries ~16 of v's mantissa bits.
+struct Bf16Pair {
+  __nv_bfloat16 hi, lo;
+};
+__device__ __forceinline__ Bf16Pair split_bf16(float v) {
+  const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+  return {hi, __float2bfloat16_rn(v - __bfloat162float(hi))};
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -89,24 +89,33 @@ inline std::vector<float> log_softmax(const float* row, int64_t n) {
   return out;
 }
 
+// Max |Δ logprob| between r's prompt logits (requested with prompt_logits) and the reference's at every
+// prompt position of variant's prompt i; INFINITY when the reference has no log-probs for it.
+inline double max_prompt_logprob_diff(const Fixture& f, const std::string& variant, size_t i,
+                                      const GenerateResult& r) {
+  const TensorInfo* lp = f.ref->find(variant + ".logprobs." + std::to_string(i));
+  if (!lp) return INFINITY;
+  const int64_t vocab = f.model->config().vocab_size;
+  const float* ref_lp = static_cast<const float*>(lp->data);
+  double max_diff = 0;
+  for (size_t p = 0; p < f.prompt(i).size(); ++p) {
+    std::vector<float> ours = log_softmax(r.prompt_logits.data() + p * vocab, vocab);
+    for (int64_t v = 0; v < vocab; ++v)
+      max_diff = std::max(max_diff, std::fabs(double(ours[v]) - ref_lp[p * vocab + v]));
+  }
+  return max_diff;
+}
+
 // Log-probs within `tolerance` at every prompt position and greedy tokens equal up to the first step
 // whose reference margin is below `margin_threshold`. Returns the max |Δ logprob|.
 inline double check_against_reference(const Fixture& f, const std::string& variant, size_t i,
                                       const GenerateResult& r, double tolerance, double margin_threshold) {
-  int64_t vocab = f.model->config().vocab_size;
-  std::vector<int32_t> prompt = f.prompt(i);
   const TensorInfo* lp = f.ref->find(variant + ".logprobs." + std::to_string(i));
   const TensorInfo* margin = f.ref->find(variant + ".margin." + std::to_string(i));
   std::vector<int32_t> g = f.greedy(variant, i);
   EXPECT_TRUE(lp && margin && !g.empty());
   if (!lp || !margin || g.empty()) return INFINITY;
-  const float* ref_lp = static_cast<const float*>(lp->data);
-  double max_diff = 0;
-  for (size_t p = 0; p < prompt.size(); ++p) {
-    std::vector<float> ours = log_softmax(r.prompt_logits.data() + p * vocab, vocab);
-    for (int64_t v = 0; v < vocab; ++v)
-      max_diff = std::max(max_diff, std::fabs(double(ours[v]) - ref_lp[p * vocab + v]));
-  }
+  double max_diff = max_prompt_logprob_diff(f, variant, i, r);
   EXPECT_LE(max_diff, tolerance) << variant << " prompt " << i << ": max |Δ logprob| = " << max_diff;
   const auto* m = static_cast<const float*>(margin->data);
   EXPECT_EQ(r.output.size(), g.size());

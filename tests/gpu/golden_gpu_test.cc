@@ -63,15 +63,8 @@ TEST_P(GoldenGpuTest, Bfloat16CloseLogprobs) {
     GenerateRequest r = reqs[j];
     r.prompt_logits = true;
     r.max_tokens = 0;
-    auto res = gen.run({r}, f.slots)[0];
-    const float* ref_lp = static_cast<const float*>(
-        f.ref->find(owner[j].first + ".logprobs." + std::to_string(owner[j].second))->data);
-    int64_t vocab = f.model->config().vocab_size;
-    for (size_t p = 0; p < r.prompt.size(); ++p) {
-      std::vector<float> ours = log_softmax(res.prompt_logits.data() + p * vocab, vocab);
-      for (int64_t v = 0; v < vocab; ++v)
-        worst = std::max(worst, std::fabs(double(ours[v]) - ref_lp[p * vocab + v]));
-    }
+    worst = std::max(worst,
+                     max_prompt_logprob_diff(f, owner[j].first, owner[j].second, gen.run({r}, f.slots)[0]));
   }
   std::printf("[golden-gpu bf16] %s: max |Δ prompt logprob| over all variants = %.2e\n", GetParam().c_str(),
               worst);

@@ -19,8 +19,7 @@ namespace k = kernels;
 
 struct MoeCase {
   int64_t m = 1, hidden = 64, inter = 48, num_experts = 6, top_k = 2;
-  DType dtype = DType::kF32;  // the backend's weight dtype
-  bool split = true;          // every product splits (hi + lo) or none does
+  Mode mode = kF32Mode;  // the backend configuration (weight dtype, hi + lo split)
   bool fused = true;
   bool biases = false;
   k::ExpertAct act = k::ExpertAct::kSiluGate;
@@ -30,11 +29,7 @@ struct MoeCase {
 };
 
 void run_moe(const MoeCase& c) {
-  const Mode mode{c.dtype, c.split,
-                  c.dtype == DType::kF32 ? "f32"
-                  : c.split              ? "bf16 (hi+lo)"
-                                         : "bf16 (rounded)"};
-  Arena ar(backend(mode));
+  Arena ar(backend(c.mode));
   int64_t H = c.hidden, I = c.inter, E = c.num_experts, K = c.top_k, m = c.m;
   std::vector<k::test::TestWeight> weights;
   weights.reserve(static_cast<size_t>(4 * E));
@@ -46,18 +41,18 @@ void run_moe(const MoeCase& c) {
     k::ExpertView& dx = dexperts[e];
     float s = c.weight_scale;
     if (c.fused) {
-      weights.push_back(k::test::make_weight(2 * I, H, c.dtype, seed, s));
+      weights.push_back(k::test::make_weight(2 * I, H, c.mode.dtype, seed, s));
       ex.gate_up = weights.back().view;
       dx.gate_up = ar.weight(ex.gate_up);
     } else {
-      weights.push_back(k::test::make_weight(I, H, c.dtype, seed + 1, s));
+      weights.push_back(k::test::make_weight(I, H, c.mode.dtype, seed + 1, s));
       ex.gate = weights.back().view;
       dx.gate = ar.weight(ex.gate);
-      weights.push_back(k::test::make_weight(I, H, c.dtype, seed + 2, s));
+      weights.push_back(k::test::make_weight(I, H, c.mode.dtype, seed + 2, s));
       ex.up = weights.back().view;
       dx.up = ar.weight(ex.up);
     }
-    weights.push_back(k::test::make_weight(H, I, c.dtype, seed + 3, s));
+    weights.push_back(k::test::make_weight(H, I, c.mode.dtype, seed + 3, s));
     ex.down = weights.back().view;
     dx.down = ar.weight(ex.down);
     if (c.biases) {
@@ -136,7 +131,7 @@ void run_moe(const MoeCase& c) {
   a.out = ref.data();
   k::ref::moe_experts(a);
   std::string what = "m=" + std::to_string(m) + " E=" + std::to_string(E) + " K=" + std::to_string(K) + " " +
-                     k::test::dtype_str(c.dtype) + (c.fused ? " fused" : " separate") +
+                     k::test::dtype_str(c.mode.dtype) + (c.fused ? " fused" : " separate") +
                      (c.biases ? " bias" : "") + (c.act == k::ExpertAct::kSiluGate ? " silu" : " swiglu") +
                      (c.lora ? " lora" : "") + (c.every_token_to_expert_2 ? " all->2" : "");
   std::vector<float> init(ref.size(), 3.0f);
@@ -149,21 +144,18 @@ void run_moe(const MoeCase& c) {
   a.lora = c.lora ? ar.up(dlviews) : nullptr;
   a.out = out;
   ar.be().moe_experts(a);
-  expect_close_for(mode, ar.down(out, init.size()), ref, what);  // incl. the untouched padding column
+  expect_close_for(c.mode, ar.down(out, init.size()), ref, what);  // incl. the untouched padding column
 }
 
 TEST(GpuMoe, ExpertsAwkwardRouting) {
   SKIP_WITHOUT_GPU();
   for (const Mode& md : kModes) {
-    const DType dtype = md.dtype;
-    const bool split = md.split;
     for (int64_t m : {1, 13, 40}) {
       for (k::ExpertAct act : {k::ExpertAct::kSiluGate, k::ExpertAct::kGptOssSwiglu}) {
         for (bool fused : {true, false}) {
           for (bool lora : {false, true}) {
             run_moe({.m = m,
-                     .dtype = dtype,
-                     .split = split,
+                     .mode = md,
                      .fused = fused,
                      .biases = (m % 2) == 1,
                      .act = act,
@@ -179,18 +171,9 @@ TEST(GpuMoe, ExpertsAwkwardRouting) {
 TEST(GpuMoe, TopKOneAndTopKAll) {
   SKIP_WITHOUT_GPU();
   for (const Mode& md : kModes) {
-    const DType dtype = md.dtype;
-    const bool split = md.split;
     for (int64_t kk : {1, 6}) {
       for (int64_t m : {1, 9, 20}) {
-        run_moe({.m = m,
-                 .hidden = 33,
-                 .inter = 17,
-                 .num_experts = 6,
-                 .top_k = kk,
-                 .dtype = dtype,
-                 .split = split,
-                 .lora = true});
+        run_moe({.m = m, .hidden = 33, .inter = 17, .num_experts = 6, .top_k = kk, .mode = md, .lora = true});
       }
     }
   }
@@ -199,15 +182,12 @@ TEST(GpuMoe, TopKOneAndTopKAll) {
 TEST(GpuMoe, LargeBatchManyTiles) {
   SKIP_WITHOUT_GPU();
   for (const Mode& md : kModes) {
-    const DType dtype = md.dtype;
-    const bool split = md.split;
     run_moe({.m = 300,
              .hidden = 136,
              .inter = 72,
              .num_experts = 8,
              .top_k = 3,
-             .dtype = dtype,
-             .split = split,
+             .mode = md,
              .fused = true,
              .biases = true,
              .lora = true,
@@ -217,8 +197,7 @@ TEST(GpuMoe, LargeBatchManyTiles) {
              .inter = 40,
              .num_experts = 5,
              .top_k = 2,
-             .dtype = dtype,
-             .split = split,
+             .mode = md,
              .fused = false,
              .act = k::ExpertAct::kGptOssSwiglu,
              .lora = true});
@@ -227,8 +206,7 @@ TEST(GpuMoe, LargeBatchManyTiles) {
              .inter = 192,
              .num_experts = 32,
              .top_k = 4,
-             .dtype = dtype,
-             .split = split,
+             .mode = md,
              .fused = true,
              .act = k::ExpertAct::kGptOssSwiglu,
              .lora = true});
@@ -242,15 +220,12 @@ TEST(GpuMoe, LargeBatchManyTiles) {
 TEST(GpuMoe, PathsAndTiles) {
   SKIP_WITHOUT_GPU();
   for (const Mode& md : kModes) {
-    const DType dtype = md.dtype;
-    const bool split = md.split;
     run_moe({.m = 700,
              .hidden = 64,
              .inter = 40,
              .num_experts = 4,
              .top_k = 2,
-             .dtype = dtype,
-             .split = split,
+             .mode = md,
              .fused = false,
              .biases = false});
     run_moe({.m = 400,
@@ -258,8 +233,7 @@ TEST(GpuMoe, PathsAndTiles) {
              .inter = 17,
              .num_experts = 3,
              .top_k = 2,
-             .dtype = dtype,
-             .split = split,
+             .mode = md,
              .fused = true,
              .biases = true,
              .act = k::ExpertAct::kGptOssSwiglu});
@@ -268,8 +242,7 @@ TEST(GpuMoe, PathsAndTiles) {
              .inter = 96,
              .num_experts = 8,
              .top_k = 2,
-             .dtype = dtype,
-             .split = split,
+             .mode = md,
              .fused = true,
              .biases = true,
              .weight_scale = 0.05f});
@@ -278,8 +251,7 @@ TEST(GpuMoe, PathsAndTiles) {
              .inter = 64,
              .num_experts = 8,
              .top_k = 4,
-             .dtype = dtype,
-             .split = split,
+             .mode = md,
              .fused = false,
              .every_token_to_expert_2 = true});
   }

@@ -161,7 +161,7 @@ class CudaBackend final : public Backend {
     timed("embedding", [&] { k::cuda::embedding(a, ctx()); });
   }
   void linear(const k::LinearArgs& a) override {
-    ensure_workspace(k::cuda::linear_workspace_bytes(a, bf16_split_max_rows_));
+    ensure_workspace(k::cuda::linear_workspace_bytes(a, ctx()));
     timed(a.m <= 64 ? "linear (m<=64)" : "linear (m>64)", [&] { k::cuda::linear(a, ctx()); });
   }
   void rms_norm(const k::RmsNormArgs& a) override {
@@ -190,7 +190,7 @@ class CudaBackend final : public Backend {
     timed("route", [&] { k::cuda::route(a, ctx()); });
   }
   void moe_experts(const k::MoeExpertsArgs& a) override {
-    ensure_workspace(k::cuda::moe_experts_workspace_bytes(a, bf16_split_max_rows_));
+    ensure_workspace(k::cuda::moe_experts_workspace_bytes(a, ctx()));
     timed(a.m <= 64 ? "moe_experts (m<=64)" : "moe_experts (m>64)",
           [&] { k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx()); });
   }

@@ -38,7 +38,7 @@ namespace cuda {
 // exact fp32 sgemm (no TF32). F16 weights are not supported (the CUDA backend converts them on load).
 void linear(const LinearArgs& args, const CudaContext& ctx);
 // Workspace bytes linear() needs (the bf16 copies of x and, for small split products, the f32 halves).
-size_t linear_workspace_bytes(const LinearArgs& args, int64_t bf16_split_max_rows);
+size_t linear_workspace_bytes(const LinearArgs& args, const CudaContext& ctx);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

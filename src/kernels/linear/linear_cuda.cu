@@ -29,10 +29,9 @@ __global__ void cast_rows_bf16_kernel(const float* x, int64_t ldx, int64_t m, in
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t i = idx / k, j = idx % k;
-    const float v = x[i * ldx + j];
-    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-    out[idx] = hi;
-    if (lo != nullptr) lo[idx] = __float2bfloat16_rn(v - __bfloat162float(hi));
+    const cuda_util::Bf16Pair p = cuda_util::split_bf16(x[i * ldx + j]);
+    out[idx] = p.hi;
+    if (lo != nullptr) lo[idx] = p.lo;
   }
 }
 
@@ -73,10 +72,10 @@ __global__ void add_bias_kernel(float* y, int64_t ldy, int64_t m, int64_t n, con
 
 }  // namespace
 
-size_t linear_workspace_bytes(const LinearArgs& a, int64_t bf16_split_max_rows) {
+size_t linear_workspace_bytes(const LinearArgs& a, const CudaContext& ctx) {
   if (a.w.dtype != DType::kBF16) return 0;
   size_t x_bytes = align256(static_cast<size_t>(a.m * a.w.cols) * sizeof(__nv_bfloat16));
-  if (a.m > bf16_split_max_rows) return x_bytes;
+  if (!ctx.bf16_split(a.m)) return x_bytes;
   size_t halves = stacked(a.m, a.w.rows) ? static_cast<size_t>(2 * a.m * a.w.rows) * sizeof(float) : 0;
   return 2 * x_bytes + halves;
 }
@@ -92,8 +91,7 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
   switch (a.w.dtype) {
     case DType::kBF16: {
       const bool split = ctx.bf16_split(m);
-      KERNEL_CHECK(linear_workspace_bytes(a, ctx.bf16_split_max_rows) <= ctx.workspace_bytes,
-                   "linear: workspace too small");
+      KERNEL_CHECK(linear_workspace_bytes(a, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
       // Workspace: hi [m, k] then (split) lo [m, k] right after it, so hi;lo is one [2m, k] matrix when the
       // x part is not padded, then (stacked) the f32 halves [2m, n].
       auto* xb = static_cast<__nv_bfloat16*>(ctx.workspace);

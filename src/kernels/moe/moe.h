@@ -92,7 +92,7 @@ void route(const RouteArgs& args, const CudaContext& ctx);
 // small-batch GEMV path multiplies f32 activations when split, bf16-rounded ones when not) as
 // `tensor_cores` says (the backend's weight dtype).
 void moe_experts(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
-size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args, int64_t bf16_split_max_rows);
+size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args, const CudaContext& ctx);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

@@ -294,18 +294,16 @@ __global__ void scatter_kernel(const int32_t* ids, int64_t pairs, int64_t E, con
   }
 }
 
-// Eight f32 values -> eight bf16 (hi) and, with lo, the rounding remainders as bf16.
+// Eight f32 values -> eight bf16 (hi) and, with lo, the rounding remainders as bf16 (cuda_util::split_bf16).
 __device__ __forceinline__ void pack_bf16x8(const float (&v)[8], uint4* hi, uint4* lo) {
   uint32_t h[4], l[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const __nv_bfloat16 a = __float2bfloat16_rn(v[2 * j]), b = __float2bfloat16_rn(v[2 * j + 1]);
-    h[j] = static_cast<uint32_t>(__bfloat16_as_ushort(a)) |
-           (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
-    const __nv_bfloat16 c = __float2bfloat16_rn(v[2 * j] - __bfloat162float(a));
-    const __nv_bfloat16 d = __float2bfloat16_rn(v[2 * j + 1] - __bfloat162float(b));
-    l[j] = static_cast<uint32_t>(__bfloat16_as_ushort(c)) |
-           (static_cast<uint32_t>(__bfloat16_as_ushort(d)) << 16);
+    const cuda_util::Bf16Pair a = cuda_util::split_bf16(v[2 * j]), b = cuda_util::split_bf16(v[2 * j + 1]);
+    h[j] = static_cast<uint32_t>(__bfloat16_as_ushort(a.hi)) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(b.hi)) << 16);
+    l[j] = static_cast<uint32_t>(__bfloat16_as_ushort(a.lo)) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(b.lo)) << 16);
   }
   *hi = make_uint4(h[0], h[1], h[2], h[3]);
   if (lo != nullptr) *lo = make_uint4(l[0], l[1], l[2], l[3]);
@@ -480,9 +478,9 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
       }
       if (act != nullptr) act[r * I + j] = v;
       if (brow != nullptr) {
-        const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-        brow[j] = hi;
-        if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(v - __bfloat162float(hi));
+        const cuda_util::Bf16Pair p = cuda_util::split_bf16(v);
+        brow[j] = p.hi;
+        if (copies == 2) brow[lda_bf16 + j] = p.lo;
       }
     }
   }
@@ -538,8 +536,8 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
 }
 
-size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, int64_t bf16_split_max_rows) {
-  const bool bf16_split = a.m <= bf16_split_max_rows;
+size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, const CudaContext& ctx) {
+  const bool bf16_split = ctx.bf16_split(a.m);
   if (a.m * a.top_k <= small_pairs_limit()) return MoeWorkspace(a, nullptr, Path::kGemv, bf16_split).bytes;
   return std::max(MoeWorkspace(a, nullptr, Path::kMma, bf16_split).bytes,
                   MoeWorkspace(a, nullptr, Path::kF32, bf16_split).bytes);
@@ -555,6 +553,21 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   KERNEL_CHECK(E <= 65535 && ws.max_rows < (1LL << 31), "moe_experts: shape too large for the grid");
   const bool lora = a.token_slots && a.lora && a.num_slots > 0;
   const int tile_m = static_cast<int>(ws.tile_m);
+  const bool mma = path == Path::kMma;
+  // Steps 3 and 4 of every path (the GEMV path's sorted rows are tiles of one row): gate_up LoRA, then the
+  // activation (f32 for the GEMV and fp32 GEMMs and the down LoRA, bf16 for the tensor-core GEMM).
+  auto gate_up_lora_and_activation = [&] {
+    if (lora) {
+      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m,
+                                                                          ws.gu, ws.act, ws.y, false);
+      CUDA_CHECK_LAUNCH();
+    }
+    moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
+        ws.sorted, ws.num_tiles, tile_m, ws.gu, (!mma || lora) ? ws.act : nullptr,
+        mma ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act, a.swiglu_alpha,
+        a.swiglu_limit);
+    CUDA_CHECK_LAUNCH();
+  };
 
   if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
@@ -583,17 +596,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                  max_active);
     moe_detail::moe_gemv_kernel<Phase::kGateUp><<<grid_gu, moe_detail::kGemvThreads, 0, st>>>(gp);
     CUDA_CHECK_LAUNCH();
-    // 3. gate_up LoRA
-    if (lora) {
-      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, 1,
-                                                                          ws.gu, ws.act, ws.y, false);
-      CUDA_CHECK_LAUNCH();
-    }
-    // 4. activation
-    moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
-        ws.sorted, ws.num_tiles, 1, ws.gu, ws.act, nullptr, 0, 1, ws.max_rows, I, a.act, a.swiglu_alpha,
-        a.swiglu_limit);
-    CUDA_CHECK_LAUNCH();
+    // 3. gate_up LoRA, 4. activation
+    gate_up_lora_and_activation();
     // 5. down
     gp.x = ws.act;
     gp.ldx = I;
@@ -616,7 +620,6 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     CUDA_CHECK_LAUNCH();
     scatter_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.offsets, ws.fill, ws.sorted);
     CUDA_CHECK_LAUNCH();
-    const bool mma = path == Path::kMma;
     const int64_t tile_n = mma ? moe_detail::kMmaBN : kF32TileN;
     KERNEL_CHECK((2 * I + tile_n - 1) / tile_n <= 65535 && (H + tile_n - 1) / tile_n <= 65535,
                  "moe_experts: shape too large for the grid");
@@ -655,18 +658,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       moe_gemm_f32<Phase::kGateUp><<<grid_gu, 256, 0, st>>>(gp);
       CUDA_CHECK_LAUNCH();
     }
-    // 3. gate_up LoRA
-    if (lora) {
-      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m,
-                                                                          ws.gu, ws.act, ws.y, false);
-      CUDA_CHECK_LAUNCH();
-    }
-    // 4. activation (f32 for the fp32 GEMM and the down LoRA, bf16 for the tensor-core GEMM)
-    moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
-        ws.sorted, ws.num_tiles, tile_m, ws.gu, (!mma || lora) ? ws.act : nullptr,
-        mma ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act, a.swiglu_alpha,
-        a.swiglu_limit);
-    CUDA_CHECK_LAUNCH();
+    // 3. gate_up LoRA, 4. activation
+    gate_up_lora_and_activation();
     // 5. down
     if (mma) {
       mp.a = ws.act_bf16;
