@@ -4,7 +4,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build pkg-config git
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
-  libopenblas-dev libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev libcpp-httplib-dev
+  libopenblas-dev libpcre2-dev libutf8proc-dev libxxhash-dev zlib1g-dev libcpp-httplib-dev libboost-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3

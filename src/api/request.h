@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "api/sampling_params.h"
@@ -12,6 +13,10 @@
 namespace polylora {
 
 enum class FinishReason { kStop, kLength, kAbort };
+
+// Why a sequence stopped early: the stop token id it sampled, or the stop string it matched (vLLM reports
+// the first as a number and the second as a string).
+using StopReason = std::variant<int32_t, std::string>;
 
 // vLLM's spelling: "stop", "length", "abort".
 const char* finish_reason_name(FinishReason reason);
@@ -45,7 +50,7 @@ struct SequenceOutput {
   std::vector<LogprobEntry> new_logprobs;  // one per new token when logprobs were asked
   std::string new_text;                    // detokenized text of the new tokens (stop strings applied)
   std::optional<FinishReason> finish_reason;
-  std::optional<std::string> stop_reason;  // the stop string, or the stop token id as text
+  std::optional<StopReason> stop_reason;  // the stop token id or the stop string
   int64_t num_output_tokens = 0;           // total so far
 };
 

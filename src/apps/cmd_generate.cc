@@ -15,6 +15,7 @@
 #include "apps/engine_flags.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "server/openai_api.h"
 #include "server/request_json.h"
 
 namespace polylora::apps {
@@ -48,7 +49,7 @@ struct Collected {
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::string> text;
   std::vector<std::string> finish;
-  std::vector<std::optional<std::string>> stop_reason;
+  std::vector<std::optional<StopReason>> stop_reason;
   std::vector<std::vector<LogprobEntry>> logprobs;
   std::vector<std::optional<LogprobEntry>> prompt_logprobs;
   std::optional<std::string> error;
@@ -233,7 +234,7 @@ int run_generate(int argc, char** argv) {
     } else {
       auto seq_json = [&](size_t i) {
         json s = {{"output_ids", c.ids[i]}, {"text", c.text[i]}, {"finish_reason", c.finish[i]}};
-        if (c.stop_reason[i]) s["stop_reason"] = *c.stop_reason[i];
+        if (c.stop_reason[i]) s["stop_reason"] = server::stop_reason_json(c.stop_reason[i]);
         if (!c.logprobs[i].empty()) {
           s["logprobs"] = json::array();
           for (const auto& e : c.logprobs[i]) s["logprobs"].push_back(server::logprob_entry_json(e));

@@ -20,7 +20,7 @@ struct Engine::Sequence {
   size_t emitted_tokens = 0;
   std::vector<LogprobEntry> logprobs;  // one per output token when asked
   std::optional<FinishReason> finish_reason;
-  std::optional<std::string> stop_reason;
+  std::optional<StopReason> stop_reason;
   bool reported_finish = false;
 };
 
@@ -147,9 +147,8 @@ void Engine::add_request(EngineRequest request) {
         "This model's maximum context length is {} tokens. However, your request has {} input tokens. Please "
         "reduce the length of the input messages.",
         max_model_len_, prompt_len);
-  SamplingParams& sp = request.sampling;
-  sp.validate(mc.vocab_size);
-  if (!sp.stop.empty() && !tokenizer_)
+  request.sampling.validate(mc.vocab_size);
+  if (!request.sampling.stop.empty() && !tokenizer_)
     fail("stop strings need a tokenizer, and this model was loaded without one");
   std::shared_ptr<LoraAdapter> adapter;
   if (!request.adapter.empty()) {
@@ -159,7 +158,7 @@ void Engine::add_request(EngineRequest request) {
     adapter = it->second;
   }
   int64_t waiting = scheduler_->stats().num_waiting;
-  if (waiting + sp.n > config_.scheduler.max_waiting)
+  if (waiting + request.sampling.n > config_.scheduler.max_waiting)
     fail_with(ErrorKind::kOverloaded,
               "the server is overloaded: {} requests are waiting (the limit is {}); retry later", waiting,
               config_.scheduler.max_waiting);
@@ -167,6 +166,8 @@ void Engine::add_request(EngineRequest request) {
   auto group = std::make_unique<Group>();
   group->request = std::move(request);
   Group& g = *group;
+  // From here on, read the request only through the group that now owns it (`request` is moved from).
+  const SamplingParams& sp = g.request.sampling;
   if (adapter) {
     g.adapter_key = adapter->name + "#" + std::to_string(adapter->generation);
     pinned_adapters_[g.adapter_key] = adapter;
@@ -174,7 +175,8 @@ void Engine::add_request(EngineRequest request) {
   }
   for (const auto& s : sp.stop) g.max_stop_len = std::max(g.max_stop_len, s.size());
   if (sp.prompt_logprobs) g.prompt_logprobs.assign(static_cast<size_t>(prompt_len), std::nullopt);
-  int64_t max_tokens = sp.max_tokens.value_or(max_model_len_ - prompt_len);
+  // Clamped first, so that a huge max_tokens (up to 2^63 - 1) cannot overflow the sum below.
+  int64_t max_tokens = std::min(sp.max_tokens.value_or(max_model_len_), max_model_len_);
   std::random_device rd;
   RequestId first = 0;
   for (int64_t i = 0; i < sp.n; ++i) {
@@ -218,7 +220,7 @@ void Engine::abort(const std::string& request_id) {
     if (!seq->finish_reason) finish_sequence(*seq, FinishReason::kAbort, std::nullopt);
 }
 
-void Engine::finish_sequence(Sequence& seq, FinishReason reason, std::optional<std::string> stop_reason) {
+void Engine::finish_sequence(Sequence& seq, FinishReason reason, std::optional<StopReason> stop_reason) {
   seq.finish_reason = reason;
   seq.stop_reason = std::move(stop_reason);
   scheduler_->finish(seq.id);
@@ -278,7 +280,7 @@ std::vector<RequestOutput> Engine::step() {
         std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok.token) != sp.stop_token_ids.end();
     if (num_out >= sp.min_tokens && ((is_eos && !sp.ignore_eos) || is_stop_id)) {
       finish_sequence(seq, FinishReason::kStop,
-                      is_stop_id ? std::optional<std::string>(std::to_string(tok.token)) : std::nullopt);
+                      is_stop_id ? std::optional<StopReason>(tok.token) : std::nullopt);
       continue;
     }
     if (!sp.stop.empty() && num_out >= sp.min_tokens) {
@@ -298,7 +300,7 @@ std::vector<RequestOutput> Engine::step() {
       if (hit) {
         seq.text.resize(sp.include_stop_str_in_output ? best + hit->size() : best);
         seq.emitted_text = std::min(seq.emitted_text, seq.text.size());
-        finish_sequence(seq, FinishReason::kStop, *hit);
+        finish_sequence(seq, FinishReason::kStop, StopReason(*hit));
         continue;
       }
     }

@@ -81,7 +81,7 @@ class Engine {
  private:
   struct Sequence;
   struct Group;
-  void finish_sequence(Sequence& seq, FinishReason reason, std::optional<std::string> stop_reason);
+  void finish_sequence(Sequence& seq, FinishReason reason, std::optional<StopReason> stop_reason);
   const LoraAdapter* adapter_by_key(const std::string& key) const;
 
   std::shared_ptr<Model> model_;

@@ -81,7 +81,7 @@ void check_length(const EngineRequest& r, const ParseContext& ctx) {
         "This model's maximum context length is {} tokens. However, your request has {} input tokens. Please "
         "reduce the length of the input messages.",
         ctx.max_model_len, prompt);
-  if (r.sampling.max_tokens && prompt + *r.sampling.max_tokens > ctx.max_model_len)
+  if (r.sampling.max_tokens && *r.sampling.max_tokens > ctx.max_model_len - prompt)
     fail(
         "'max_tokens' is too large: {}. This model's maximum context length is {} tokens and your request "
         "has {} "
@@ -320,12 +320,10 @@ json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entrie
   return out;
 }
 
-json stop_reason_json(const std::optional<std::string>& reason) {
+json stop_reason_json(const std::optional<StopReason>& reason) {
   if (!reason) return nullptr;
-  // A stop token id is reported as a number (as vLLM does), a stop string as a string.
-  const std::string& r = *reason;
-  if (!r.empty() && r.find_first_not_of("0123456789") == std::string::npos) return std::stoll(r);
-  return r;
+  if (const auto* id = std::get_if<int32_t>(&*reason)) return *id;
+  return std::get<std::string>(*reason);
 }
 
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {

@@ -51,7 +51,7 @@ struct ChoiceState {
   std::vector<int32_t> token_ids;
   std::vector<LogprobEntry> logprobs;
   std::optional<FinishReason> finish_reason;
-  std::optional<std::string> stop_reason;
+  std::optional<StopReason> stop_reason;
   bool role_sent = false;
 };
 
@@ -62,7 +62,8 @@ nlohmann::json chat_logprobs_json(const std::vector<LogprobEntry>& entries, cons
                                   const tokenizer::Tokenizer* tok);
 nlohmann::json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entries,
                                     const tokenizer::Tokenizer* tok);
-nlohmann::json stop_reason_json(const std::optional<std::string>& reason);
+// A stop token id as a number, a stop string as a string, null when neither stopped the sequence.
+nlohmann::json stop_reason_json(const std::optional<StopReason>& reason);
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
 std::string token_text(int32_t id, const ParsedRequest& req, const tokenizer::Tokenizer* tok);
 
