@@ -22,12 +22,53 @@
 #include "common/error.h"
 
 namespace polylora {
+
+std::string utf8_safe(std::string_view text) {
+  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+    unsigned char c = byte(i);
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte (Unicode table 3-7)
+    if (c < 0x80) {
+      len = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // no overlong forms
+      if (c == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+    }
+    bool ok = len > 0 && i + len <= text.size();
+    for (size_t k = 1; ok && k < len; ++k) {
+      unsigned char b = byte(i + k);
+      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+    }
+    if (ok) {
+      out.append(text.substr(i, len));
+      i += len;
+    } else {
+      out.append(kReplacement);
+      ++i;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 using Json = nlohmann::json;
 
 constexpr size_t kHeaderLengthBytes = 8;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // real headers are a few MB at most
+constexpr int kMaxJsonDepth = 64;                  // real headers nest 3 deep (header, entry, shape)
 constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr std::string_view kSingleFileName = "model.safetensors";
 constexpr std::string_view kIndexFileName = "model.safetensors.index.json";
@@ -43,9 +84,11 @@ StrictJson parse_strict_json(std::string_view text, const std::string& what, std
   StrictJson out;
   std::vector<std::set<std::string, std::less<>>> open_objects;  // keys seen so far, innermost last
   std::string current_top;
-  auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
     switch (event) {
       case Json::parse_event_t::object_start:
+        if (depth >= kMaxJsonDepth)
+          fail("{} nests objects and arrays deeper than {} levels", what, kMaxJsonDepth);
         open_objects.emplace_back();
         break;
       case Json::parse_event_t::object_end:
@@ -65,6 +108,9 @@ StrictJson parse_strict_json(std::string_view text, const std::string& what, std
         break;
       }
       case Json::parse_event_t::array_start:
+        if (depth >= kMaxJsonDepth)
+          fail("{} nests objects and arrays deeper than {} levels", what, kMaxJsonDepth);
+        break;
       case Json::parse_event_t::array_end:
       case Json::parse_event_t::value:
         break;
@@ -74,15 +120,18 @@ StrictJson parse_strict_json(std::string_view text, const std::string& what, std
   try {
     out.value = Json::parse(text.begin(), text.end(), callback);
   } catch (const Json::exception& e) {
-    fail("{} is not valid JSON: {}", what, e.what());
+    fail("{} is not valid JSON: {}", what, utf8_safe(e.what()));  // e.what() quotes the input
   }
   if (!out.value.is_object()) fail("{} is not a JSON object", what);
   return out;
 }
 
-// At most 64 characters of an untrusted string, for messages.
+// At most 64 bytes of an untrusted string, for messages, cut on a UTF-8 character boundary.
 std::string clip(std::string_view s) {
-  return s.size() > 64 ? std::string(s.substr(0, 61)) + "..." : std::string(s);
+  if (s.size() <= 64) return utf8_safe(s);
+  size_t cut = 61;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+  return utf8_safe(s.substr(0, cut)) + "...";
 }
 
 // A short rendering of an untrusted value for messages: a scalar, or an array of them one level deep.
@@ -259,6 +308,30 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path,
   return file;
 }
 
+std::unique_ptr<SafetensorsFile> SafetensorsFile::open_fd(int fd, const std::string& display_name,
+                                                          uint64_t max_bytes,
+                                                          std::span<const DType> allowed_dtypes) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail("cannot stat {}: {}", display_name, std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail("{} is not a regular file", display_name);
+  auto size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) fail("{} is larger than {} bytes (it has {})", display_name, max_bytes, size);
+  auto bytes = std::unique_ptr<std::byte[]>(new std::byte[size > 0 ? size : 1]);
+  uint64_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pread(fd, bytes.get() + done, static_cast<size_t>(std::min<uint64_t>(size - done, 1 << 30)),
+                        static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("cannot read {}: {}", display_name, std::strerror(errno));
+    if (n == 0) fail("{} changed while being read: it has {} bytes, not {}", display_name, done, size);
+    done += static_cast<uint64_t>(n);
+  }
+  auto file =
+      parse(std::span<const std::byte>(bytes.get(), static_cast<size_t>(size)), display_name, allowed_dtypes);
+  file->owned_ = std::move(bytes);
+  return file;
+}
+
 std::unique_ptr<SafetensorsFile> SafetensorsFile::parse(std::span<const std::byte> bytes,
                                                         const std::string& name,
                                                         std::span<const DType> allowed_dtypes) {
@@ -334,6 +407,17 @@ Checkpoint Checkpoint::open_file(const std::string& path, std::span<const DType>
   Checkpoint ckpt;
   ckpt.location_ = path;
   auto file = std::shared_ptr<SafetensorsFile>(SafetensorsFile::open(path, allowed_dtypes));
+  for (const TensorInfo& t : file->tensors()) ckpt.by_name_.emplace(t.name, &t);
+  ckpt.files_.push_back(std::move(file));
+  return ckpt;
+}
+
+Checkpoint Checkpoint::open_fd(int fd, const std::string& display_name, uint64_t max_bytes,
+                               std::span<const DType> allowed_dtypes) {
+  Checkpoint ckpt;
+  ckpt.location_ = display_name;
+  auto file =
+      std::shared_ptr<SafetensorsFile>(SafetensorsFile::open_fd(fd, display_name, max_bytes, allowed_dtypes));
   for (const TensorInfo& t : file->tensors()) ckpt.by_name_.emplace(t.name, &t);
   ckpt.files_.push_back(std::move(file));
   return ckpt;

@@ -54,18 +54,29 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// `text` with every byte sequence that is not well-formed UTF-8 replaced by U+FFFD, so a message that
+// quotes untrusted bytes (file names, JSON parser excerpts) can go into a JSON body.
+std::string utf8_safe(std::string_view text);
+
 // One .safetensors file. Validation (each failure throws polylora::Error naming the file, and the
 // tensor where there is one): file shorter than 8 bytes; header length past the end of the file;
-// header not valid JSON or not an object; entry missing dtype/shape/data_offsets or of the wrong JSON
-// type; dtype not in `allowed_dtypes` (named, e.g. "tensor 'x' in f.safetensors has dtype I8, which is
-// not supported (supported: F32, F16, BF16)"); negative shape dimensions or a shape product overflowing;
-// data_offsets not [begin, end] with begin <= end; range outside the data section; shape x dtype size !=
-// end - begin; ranges overlapping (after sorting by begin; gaps and header order are accepted); duplicate
-// names; `__metadata__` not an object of strings. Never reads outside the mapping.
+// header not valid JSON, nested deeper than 64 levels, or not an object; entry missing
+// dtype/shape/data_offsets or of the wrong JSON type; dtype not in `allowed_dtypes` (named, e.g. "tensor 'x'
+// in f.safetensors has dtype I8, which is not supported (supported: F32, F16, BF16)"); negative shape
+// dimensions or a shape product overflowing; data_offsets not [begin, end] with begin <= end; range outside
+// the data section; shape x dtype size != end - begin; ranges overlapping (after sorting by begin; gaps and
+// header order are accepted); duplicate names; `__metadata__` not an object of strings. Never reads outside
+// the mapping.
 class SafetensorsFile {
  public:
   static std::unique_ptr<SafetensorsFile> open(const std::string& path,
                                                std::span<const DType> allowed_dtypes = kCheckpointDTypes);
+  // Reads the whole of an already-open file (the caller keeps `fd`; nothing is re-opened by path) into
+  // memory and parses it with the same validation. Unlike open() it does not map the file, so a file
+  // truncated while in use cannot fault (SIGBUS) the process. Errors name `display_name`: not a regular
+  // file, larger than `max_bytes`, or changed (shorter) while being read.
+  static std::unique_ptr<SafetensorsFile> open_fd(int fd, const std::string& display_name, uint64_t max_bytes,
+                                                  std::span<const DType> allowed_dtypes = kCheckpointDTypes);
   // Parses an in-memory image (the same validation; used by open() and by the fuzz target).
   // `bytes` must outlive the returned object; `name` is used in error messages.
   static std::unique_ptr<SafetensorsFile> parse(std::span<const std::byte> bytes, const std::string& name,
@@ -78,7 +89,8 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  std::unique_ptr<MappedFile> mapping_;  // null when parsed from memory
+  std::unique_ptr<MappedFile> mapping_;  // null when parsed from memory or read by open_fd()
+  std::unique_ptr<std::byte[]> owned_;   // the file's bytes when read by open_fd()
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> index_;
   std::map<std::string, std::string> metadata_;
@@ -95,6 +107,9 @@ class Checkpoint {
                              std::span<const DType> allowed_dtypes = kCheckpointDTypes);
   static Checkpoint open_file(const std::string& path,
                               std::span<const DType> allowed_dtypes = kCheckpointDTypes);
+  // One file from an open descriptor (SafetensorsFile::open_fd); `display_name` is its location.
+  static Checkpoint open_fd(int fd, const std::string& display_name, uint64_t max_bytes,
+                            std::span<const DType> allowed_dtypes = kCheckpointDTypes);
 
   const TensorInfo* find(std::string_view name) const;  // nullptr if absent
   // Throws polylora::Error "checkpoint <dir> has no tensor '<name>'".

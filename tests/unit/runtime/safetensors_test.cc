@@ -2,6 +2,7 @@
 // Owns: malformed files built byte by byte (each must throw polylora::Error naming the file and the
 // tensor), reading the fixture checkpoints, sharded checkpoints and value round trips.
 // Must not: depend on a GPU or on any model code.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -261,8 +262,15 @@ TEST(SafetensorsTest, DeeplyNestedHeaderIsAnErrorNotAStackOverflow) {
   fs::path path = dir.path() / "deep.safetensors";
   write_bytes(path, safetensors_bytes(one(kTensor, entry("\"F32\"", nested, "[0,8]")), kEight));
   expect_error([&] { SafetensorsFile::open(path.string()); },
-               {"deep.safetensors", kTensor, "not an integer"});
+               {"deep.safetensors", "nests objects and arrays deeper than 64 levels"});
   write_bytes(path, safetensors_bytes(R"({"__metadata__": {"k": )" + nested + "}}", ""));
+  expect_error([&] { SafetensorsFile::open(path.string()); }, {"deep.safetensors", "deeper than 64 levels"});
+  // Nesting within the bound reaches the field checks, which never dump the whole value.
+  std::string shallow = std::string(40, '[') + std::string(40, ']');
+  write_bytes(path, safetensors_bytes(one(kTensor, entry("\"F32\"", shallow, "[0,8]")), kEight));
+  expect_error([&] { SafetensorsFile::open(path.string()); },
+               {"deep.safetensors", kTensor, "not an integer"});
+  write_bytes(path, safetensors_bytes(R"({"__metadata__": {"k": )" + shallow + "}}", ""));
   expect_error([&] { SafetensorsFile::open(path.string()); }, {"deep.safetensors", "'k'", "not a string"});
 }
 
@@ -533,6 +541,93 @@ TEST(SafetensorsCheckpointTest, EmptyOrMissingDirectory) {
   expect_error([&] { Checkpoint::open_dir(dir.path().string()); }, {"no checkpoint in", dir.path().string()});
   std::string missing = (dir.path() / "missing").string();
   expect_error([&] { Checkpoint::open_dir(missing); }, {missing, "does not exist"});
+}
+
+std::span<const std::byte> bytes_of(const std::string& s) {
+  return std::as_bytes(std::span(s.data(), s.size()));
+}
+
+// Messages quote untrusted bytes; they must stay valid UTF-8 (the server puts them into JSON bodies).
+void expect_utf8(const std::string& message) {
+  EXPECT_NO_THROW((void)Json(message).dump()) << "not valid UTF-8: " << message;
+}
+
+template <typename Fn>
+std::string message_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SafetensorsHostileTest, Utf8Safe) {
+  EXPECT_EQ(utf8_safe("plain"), "plain");
+  EXPECT_EQ(utf8_safe("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(utf8_safe("a\xff"
+                      "b"),
+            "a\xef\xbf\xbd"
+            "b");
+  EXPECT_EQ(utf8_safe("\xc3"), "\xef\xbf\xbd");                                  // truncated
+  EXPECT_EQ(utf8_safe("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");                  // overlong
+  EXPECT_EQ(utf8_safe("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
+  EXPECT_EQ(utf8_safe("\xf4\x90\x80\x80").find("\xef\xbf\xbd"), 0u);             // above U+10FFFF
+  expect_utf8(utf8_safe(std::string("\x80\xbf\xfe\xf8\x88\x80\x80\x80", 8)));
+}
+
+TEST(SafetensorsHostileTest, HeaderNestingIsBounded) {
+  std::string deep = R"({"t": {"dtype": "F32", "shape": )" + std::string(100000, '[');
+  std::string m =
+      message_of([&] { SafetensorsFile::parse(bytes_of(safetensors_bytes(deep, "")), "deep.st"); });
+  EXPECT_NE(m.find("header of deep.st nests objects and arrays deeper than 64 levels"), std::string::npos)
+      << m;
+  std::string deep_objects;
+  for (int i = 0; i < 100000; ++i) deep_objects += R"({"a":)";
+  m = message_of([&] { SafetensorsFile::parse(bytes_of(safetensors_bytes(deep_objects, "")), "deep.st"); });
+  EXPECT_NE(m.find("deeper than 64 levels"), std::string::npos) << m;
+}
+
+TEST(SafetensorsHostileTest, MessagesAreUtf8) {
+  std::string bad_json = "{\"t\xff\xfe\": 1}";
+  std::string m =
+      message_of([&] { SafetensorsFile::parse(bytes_of(safetensors_bytes(bad_json, "")), "u.st"); });
+  EXPECT_NE(m.find("is not valid JSON"), std::string::npos) << m;
+  expect_utf8(m);
+  std::string accents;
+  for (int i = 0; i < 40; ++i) accents += "\xc3\xa9";  // a 64-byte cut falls inside a character
+  std::string dtype = R"({"t": {"dtype": ")" + accents + R"(", "shape": [1], "data_offsets": [0, 4]}})";
+  m = message_of([&] { SafetensorsFile::parse(bytes_of(safetensors_bytes(dtype, "1234")), "u.st"); });
+  EXPECT_NE(m.find("which is not supported"), std::string::npos) << m;
+  expect_utf8(m);
+}
+
+TEST(SafetensorsHostileTest, OpenFd) {
+  fs::path dir = fs::temp_directory_path() / ("polylora-st-fd-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string header = R"({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  write_bytes(dir / "a.safetensors", safetensors_bytes(header, raw(std::vector<float>{1.5f, -2.0f})));
+  int fd = ::open((dir / "a.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  Checkpoint ckpt = Checkpoint::open_fd(fd, "shown-name", 1 << 20);
+  ::close(fd);  // the checkpoint owns a copy of the bytes
+  fs::remove(dir / "a.safetensors");
+  const TensorInfo& t = ckpt.get("t");
+  EXPECT_EQ(t.file, "shown-name");
+  EXPECT_EQ(static_cast<const float*>(t.data)[1], -2.0f);
+  EXPECT_EQ(ckpt.location(), "shown-name");
+
+  write_bytes(dir / "b.safetensors", safetensors_bytes(header, raw(std::vector<float>{1.5f, -2.0f})));
+  fd = ::open((dir / "b.safetensors").c_str(), O_RDONLY | O_CLOEXEC);
+  std::string m = message_of([&] { SafetensorsFile::open_fd(fd, "b", 10); });
+  EXPECT_NE(m.find("b is larger than 10 bytes"), std::string::npos) << m;
+  ::close(fd);
+  fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  m = message_of([&] { SafetensorsFile::open_fd(fd, "dir", 1 << 20); });
+  EXPECT_NE(m.find("dir is not a regular file"), std::string::npos) << m;
+  ::close(fd);
+  fs::remove_all(dir);
 }
 
 }  // namespace
