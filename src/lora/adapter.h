@@ -52,13 +52,30 @@ struct LoraAdapter {
 
 struct LoraLimits {
   int64_t max_lora_rank = 64;
+  uint64_t max_adapter_bytes = uint64_t{16} << 30;  // cap on adapter_model.safetensors (16 GiB)
 };
 
 // Reads a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) for a model.
-// Every problem is a polylora::Error naming the adapter, the file and the offending key: missing files,
-// a non-LoRA or unsupported PEFT option (DoRA, bias, modules_to_save, embedding/lm_head targets),
-// rank above limits.max_lora_rank, a target the model lacks, or shapes that do not fit the model.
+// Every problem is a polylora::Error (kInvalid, message valid UTF-8) naming the adapter, the file and the
+// offending key: missing files, files that are not regular or over their caps (adapter_config.json 1 MiB,
+// the weights limits.max_adapter_bytes), a field of the wrong type, a non-LoRA or unsupported PEFT option
+// (DoRA, bias, modules_to_save, embedding/lm_head targets), a bad rank_pattern / alpha_pattern key, rank
+// above limits.max_lora_rank, a target the model lacks, or shapes that do not fit the model.
+// `dir` is trusted (startup --lora-modules): symbolic links in it are followed.
 std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std::string& name,
                                                const ModelConfig& config, const LoraLimits& limits);
+
+// The same for an untrusted `path` (run-time loads): it must lie inside one of `allowed_dirs`
+// (--lora-allowed-dirs). An absolute path must lie under an allowed directory after folding '.' and '..';
+// a relative one is looked up in each allowed directory in turn. No symbolic link is followed anywhere
+// below the allowed directory (the adapter directory and its files included), only regular files are
+// read, and every read goes through the descriptor that was checked, so swapping a directory for a
+// symbolic link during the load reads nothing from outside. Additional errors:
+//   "adapter 'x': <path> is outside the directories allowed by --lora-allowed-dirs"
+//   "adapter 'x': <path> is a symbolic link; adapters must be regular files inside --lora-allowed-dirs"
+// The returned adapter's `path` is `path` as given.
+std::shared_ptr<LoraAdapter> load_peft_adapter_confined(const std::vector<std::string>& allowed_dirs,
+                                                        const std::string& path, const std::string& name,
+                                                        const ModelConfig& config, const LoraLimits& limits);
 
 }  // namespace polylora

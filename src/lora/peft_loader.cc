@@ -3,95 +3,122 @@
 // (mlp.experts.{e}.gate_proj, Mixtral block_sparse_moe.experts.{e}.w1/w2/w3), and PEFT
 // target_parameters on fused 3-D expert tensors (mlp.experts.gate_up_proj / down_proj), whose A is
 // (E, r, in) expert-major and whose B is (out, r, E) expert-minor (see the fixtures README).
+// Trusted (startup) and confined (run-time) loads share one reader working on an open directory, so the
+// same regular-file checks and size caps apply to both. Tensor names are parsed by hand with bounded
+// integers (no regex, no std::stoll).
 #include <atomic>
+#include <charconv>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <regex>
-#include <sstream>
 
 #include "common/error.h"
 #include "lora/adapter.h"
+#include "lora/adapter_files.h"
+#include "lora/peft_config.h"
 #include "runtime/safetensors.h"
 
 namespace polylora {
 namespace {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
-
 std::atomic<uint64_t> g_generation{0};
 
-struct PeftConfig {
-  int64_t r = 8;
-  double alpha = 8;
-  bool rslora = false;
-  std::vector<std::pair<std::string, int64_t>> rank_pattern;
-  std::vector<std::pair<std::string, double>> alpha_pattern;
-  std::vector<std::string> target_parameters;
-};
+constexpr std::string_view kConfigFile = "adapter_config.json";
+constexpr std::string_view kWeightsFile = "adapter_model.safetensors";
 
-bool pattern_matches(const std::string& pattern, const std::string& module) {
-  // PEFT matches pattern keys as a regex on the full module name, or as its suffix after a dot.
-  try {
-    return std::regex_match(module, std::regex("(.*\\.)?" + pattern + "$"));
-  } catch (const std::regex_error&) {
-    return module == pattern ||
-           (module.size() > pattern.size() &&
-            module.compare(module.size() - pattern.size(), pattern.size(), pattern) == 0 &&
-            module[module.size() - pattern.size() - 1] == '.');
-  }
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
+}
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-PeftConfig read_config(const fs::path& path, const std::string& name) {
-  std::ifstream in(path);
-  if (!in) fail("adapter '{}': {} is missing", name, path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::exception& e) {
-    fail("adapter '{}': {} is not valid JSON: {}", name, path.string(), e.what());
+std::string in_dir(const std::string& dir, std::string_view file) {
+  return dir.empty() || dir.back() == '/' ? dir + std::string(file) : dir + "/" + std::string(file);
+}
+
+// A run of decimal digits at the start of `s` (at least one), or nullopt; `*value` is UINT64_MAX when the
+// number does not fit, so a bounds check against the model rejects it with the digits quoted.
+std::optional<std::string_view> leading_digits(std::string_view s, uint64_t* value) {
+  size_t n = 0;
+  while (n < s.size() && s[n] >= '0' && s[n] <= '9') ++n;
+  if (n == 0) return std::nullopt;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + n, *value);
+  if (ec != std::errc() || ptr != s.data() + n) *value = UINT64_MAX;
+  return s.substr(0, n);
+}
+
+// "model.layers.<L>.<rest>"
+struct LayerName {
+  uint64_t layer = 0;
+  std::string_view layer_digits;
+  std::string_view rest;
+};
+std::optional<LayerName> parse_layer_name(std::string_view module) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (!starts_with(module, kPrefix)) return std::nullopt;
+  LayerName out;
+  std::string_view tail = module.substr(kPrefix.size());
+  auto digits = leading_digits(tail, &out.layer);
+  if (!digits || digits->size() + 1 >= tail.size() || tail[digits->size()] != '.') return std::nullopt;
+  out.layer_digits = *digits;
+  out.rest = tail.substr(digits->size() + 1);
+  return out;
+}
+
+// "(mlp|block_sparse_moe).experts.<E>.(gate_proj|up_proj|down_proj|w1|w2|w3)"
+struct ExpertName {
+  bool mixtral_names = false;
+  uint64_t expert = 0;
+  std::string_view expert_digits;
+  std::string_view proj;
+};
+std::optional<ExpertName> parse_expert_name(std::string_view rest) {
+  ExpertName out;
+  if (starts_with(rest, "mlp.experts.")) {
+    rest.remove_prefix(std::string_view("mlp.experts.").size());
+  } else if (starts_with(rest, "block_sparse_moe.experts.")) {
+    out.mixtral_names = true;
+    rest.remove_prefix(std::string_view("block_sparse_moe.experts.").size());
+  } else {
+    return std::nullopt;
   }
-  if (!j.is_object()) fail("adapter '{}': {} must hold a JSON object", name, path.string());
-  auto bad = [&](const std::string& what) { fail("adapter '{}': {}: {}", name, path.string(), what); };
-  std::string peft_type = j.value("peft_type", std::string("LORA"));
-  if (peft_type != "LORA") bad("peft_type is '" + peft_type + "'; only LORA adapters are supported");
-  if (j.contains("use_dora") && j["use_dora"].is_boolean() && j["use_dora"].get<bool>())
-    bad("DoRA adapters (use_dora: true) are not supported");
-  if (j.contains("bias") && j["bias"].is_string() && j["bias"].get<std::string>() != "none")
-    bad("LoRA bias '" + j["bias"].get<std::string>() + "' is not supported (only \"none\")");
-  if (j.contains("lora_bias") && j["lora_bias"].is_boolean() && j["lora_bias"].get<bool>())
-    bad("lora_bias is not supported");
-  if (j.contains("modules_to_save") && j["modules_to_save"].is_array() && !j["modules_to_save"].empty())
-    bad("modules_to_save is not supported (the adapter would replace whole modules)");
-  if (j.contains("fan_in_fan_out") && j["fan_in_fan_out"].is_boolean() && j["fan_in_fan_out"].get<bool>())
-    bad("fan_in_fan_out adapters are not supported");
-  PeftConfig c;
-  try {
-    c.r = j.value("r", int64_t{8});
-    c.alpha = j.contains("lora_alpha") && j["lora_alpha"].is_number() ? j["lora_alpha"].get<double>()
-                                                                      : static_cast<double>(c.r);
-    c.rslora = j.value("use_rslora", false);
-    if (j.contains("rank_pattern") && j["rank_pattern"].is_object())
-      for (auto& [k, v] : j["rank_pattern"].items()) c.rank_pattern.emplace_back(k, v.get<int64_t>());
-    if (j.contains("alpha_pattern") && j["alpha_pattern"].is_object())
-      for (auto& [k, v] : j["alpha_pattern"].items()) c.alpha_pattern.emplace_back(k, v.get<double>());
-    if (j.contains("target_parameters") && j["target_parameters"].is_array())
-      for (auto& v : j["target_parameters"]) c.target_parameters.push_back(v.get<std::string>());
-  } catch (const json::exception& e) {
-    bad(std::string("a field has the wrong type: ") + e.what());
+  auto digits = leading_digits(rest, &out.expert);
+  if (!digits || digits->size() >= rest.size() || rest[digits->size()] != '.') return std::nullopt;
+  out.expert_digits = *digits;
+  out.proj = rest.substr(digits->size() + 1);
+  for (std::string_view p : {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"})
+    if (out.proj == p) return out;
+  return std::nullopt;
+}
+
+// "(mlp|block_sparse_moe).experts(.base_layer)*"; the number of ".base_layer" wrappers.
+struct FusedName {
+  bool mixtral_names = false;
+  int64_t depth = 0;
+};
+std::optional<FusedName> parse_fused_name(std::string_view rest) {
+  FusedName out;
+  if (starts_with(rest, "mlp.experts")) {
+    rest.remove_prefix(std::string_view("mlp.experts").size());
+  } else if (starts_with(rest, "block_sparse_moe.experts")) {
+    out.mixtral_names = true;
+    rest.remove_prefix(std::string_view("block_sparse_moe.experts").size());
+  } else {
+    return std::nullopt;
   }
-  if (c.r <= 0) bad("r must be positive");
-  return c;
+  constexpr std::string_view kWrapper = ".base_layer";
+  while (!rest.empty()) {
+    if (!starts_with(rest, kWrapper)) return std::nullopt;
+    rest.remove_prefix(kWrapper.size());
+    ++out.depth;
+  }
+  return out;
 }
 
 struct Pair {
   const TensorInfo* a = nullptr;
   const TensorInfo* b = nullptr;
+  const TensorInfo& any() const { return a != nullptr ? *a : *b; }
 };
 
 std::vector<float> to_f32(const TensorInfo& t) {
@@ -141,22 +168,28 @@ size_t LoraAdapter::num_bytes() const {
   return total;
 }
 
-std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std::string& name,
-                                               const ModelConfig& cfg, const LoraLimits& limits) {
-  fs::path root(dir);
-  if (!fs::is_directory(root)) fail("adapter '{}': directory {} does not exist", name, dir);
-  PeftConfig pc = read_config(root / "adapter_config.json", name);
-  fs::path weights = root / "adapter_model.safetensors";
-  if (!fs::exists(weights)) {
-    if (fs::exists(root / "adapter_model.bin"))
+namespace {
+
+// Both entry points: reads the adapter through the already-open directory `dir`.
+std::shared_ptr<LoraAdapter> load_from_dir(const AdapterDir& dir, const std::string& name,
+                                           const ModelConfig& cfg, const LoraLimits& limits) {
+  std::optional<AdapterFile> config_file =
+      open_adapter_file(dir, std::string(kConfigFile), kMaxPeftConfigBytes, name);
+  if (!config_file) fail("adapter '{}': {} is missing", name, in_dir(dir.display, kConfigFile));
+  PeftConfig pc = parse_peft_config(read_adapter_file(*config_file, name),
+                                    fmt::format("adapter '{}': {}", name, config_file->display));
+  std::optional<AdapterFile> weights =
+      open_adapter_file(dir, std::string(kWeightsFile), limits.max_adapter_bytes, name);
+  if (!weights) {
+    if (adapter_file_exists(dir, "adapter_model.bin"))
       fail(
           "adapter '{}': only adapter_model.bin found in {}; PyTorch pickle adapters are not supported, "
           "save the adapter with safetensors",
-          name, dir);
-    fail("adapter '{}': {} is missing", name, weights.string());
+          name, dir.display);
+    fail("adapter '{}': {} is missing", name, in_dir(dir.display, kWeightsFile));
   }
-  Checkpoint ckpt = Checkpoint::open_file(weights.string());
-  std::string file = weights.string();
+  std::string file = weights->display;
+  Checkpoint ckpt = Checkpoint::open_fd(weights->fd.get(), file, limits.max_adapter_bytes);
 
   // Group lora_A / lora_B tensors by module path.
   std::map<std::string, Pair> modules;
@@ -165,13 +198,10 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
     const std::string prefix = "base_model.model.";
     if (path.rfind(prefix, 0) == 0) path = path.substr(prefix.size());
     bool is_a = false;
-    auto ends_with = [&](const std::string& s) {
-      return path.size() >= s.size() && path.compare(path.size() - s.size(), s.size(), s) == 0;
-    };
-    if (ends_with(".lora_A.weight")) {
+    if (ends_with(path, ".lora_A.weight")) {
       is_a = true;
       path.resize(path.size() - std::string(".lora_A.weight").size());
-    } else if (ends_with(".lora_B.weight")) {
+    } else if (ends_with(path, ".lora_B.weight")) {
       path.resize(path.size() - std::string(".lora_B.weight").size());
     } else if (key.find("lora_embedding") != std::string::npos) {
       fail("adapter '{}': {}: tensor '{}': LoRA on embeddings is not supported", name, file, key);
@@ -189,21 +219,17 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
 
   auto adapter = std::make_shared<LoraAdapter>();
   adapter->name = name;
-  adapter->path = dir;
+  adapter->path = dir.display;
   adapter->generation = ++g_generation;
   adapter->layers.resize(static_cast<size_t>(cfg.num_layers));
 
   auto scale_for = [&](const std::string& module, int64_t rank) {
-    double alpha = pc.alpha;
-    for (const auto& [pattern, a] : pc.alpha_pattern)
-      if (pattern_matches(pattern, module)) alpha = a;
-    return static_cast<float>(pc.rslora ? alpha / std::sqrt(static_cast<double>(rank))
-                                        : alpha / static_cast<double>(rank));
+    double alpha = pc.alpha_for(module);
+    return static_cast<float>(pc.use_rslora ? alpha / std::sqrt(static_cast<double>(rank))
+                                            : alpha / static_cast<double>(rank));
   };
   auto check_rank = [&](const std::string& module, int64_t rank) {
-    int64_t expected = pc.r;
-    for (const auto& [pattern, r] : pc.rank_pattern)
-      if (pattern_matches(pattern, module)) expected = r;
+    int64_t expected = pc.rank_for(module);
     if (rank != expected)
       fail("adapter '{}': module '{}' has rank {} in {}, but adapter_config.json says r = {}", name, module,
            rank, file, expected);
@@ -242,12 +268,9 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
   // target_parameters that address the fused expert tensors, outermost wrapper last.
   std::vector<ExpertPart> fused_order;
   for (const std::string& t : pc.target_parameters) {
-    auto ends = [&](const std::string& s) {
-      return t.size() >= s.size() && t.compare(t.size() - s.size(), s.size(), s) == 0;
-    };
-    if (ends("experts.gate_up_proj"))
+    if (ends_with(t, "experts.gate_up_proj"))
       fused_order.push_back(ExpertPart::kGateUp);
-    else if (ends("experts.down_proj"))
+    else if (ends_with(t, "experts.down_proj"))
       fused_order.push_back(ExpertPart::kDown);
     else
       fail(
@@ -256,31 +279,26 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
           name, t);
   }
 
-  static const std::regex layer_re(R"(^model\.layers\.(\d+)\.(.+)$)");
-  static const std::regex expert_re(
-      R"(^(mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)$)");
-  static const std::regex fused_re(R"(^(mlp|block_sparse_moe)\.experts((\.base_layer)*)$)");
   for (const auto& [module, pair] : modules) {
     if (!pair.a || !pair.b)
       fail("adapter '{}': {}: module '{}' has {} but no {}", name, file, module, pair.a ? "lora_A" : "lora_B",
            pair.a ? "lora_B" : "lora_A");
-    std::smatch m;
-    if (!std::regex_match(module, m, layer_re))
+    std::optional<LayerName> ln = parse_layer_name(module);
+    if (!ln)
       fail(
           "adapter '{}': target '{}' is not supported by polylora (LoRA applies to attention, MLP and expert "
           "layers)",
           name, module);
-    int64_t layer = std::stoll(m[1].str());
-    std::string rest = m[2].str();
-    if (layer >= cfg.num_layers)
-      fail("adapter '{}': target '{}' names layer {}, but the model has {} layers", name, module, layer,
-           cfg.num_layers);
+    if (ln->layer >= static_cast<uint64_t>(cfg.num_layers))
+      fail("adapter '{}': target '{}' (tensor '{}') names layer {}, but the model has {} layers", name,
+           module, pair.any().name, ln->layer_digits, cfg.num_layers);
+    auto layer = static_cast<int64_t>(ln->layer);
+    std::string rest(ln->rest);
     LoraLayer& ll = adapter->layers[static_cast<size_t>(layer)];
     bool moe_layer = cfg.moe_layers[static_cast<size_t>(layer)];
     auto set_dense = [&](LoraModule which, int64_t in, int64_t out) {
       ll.modules[static_cast<size_t>(which)] = make_matrix(module, pair, in, out);
     };
-    std::smatch em;
     if (rest == "self_attn.q_proj")
       set_dense(LoraModule::kQ, H, cfg.q_size());
     else if (rest == "self_attn.k_proj")
@@ -295,18 +313,17 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
       set_dense(LoraModule::kUp, H, cfg.intermediate_size);
     else if (!moe_layer && rest == "mlp.down_proj")
       set_dense(LoraModule::kDown, cfg.intermediate_size, H);
-    else if (moe_layer && std::regex_match(rest, em, expert_re)) {
-      bool mixtral_names = em[1].str() == "block_sparse_moe";
-      if (mixtral_names != (cfg.arch == Architecture::kMixtral))
+    else if (std::optional<ExpertName> en = moe_layer ? parse_expert_name(rest) : std::nullopt) {
+      if (en->mixtral_names != (cfg.arch == Architecture::kMixtral))
         fail("adapter '{}': target '{}' is not a module of this {} model", name, module, cfg.model_type);
       if (cfg.expert_activation == ExpertActivation::kGptOssClampedSwiglu)
         fail("adapter '{}': target '{}': GPT-OSS experts are fused; use target_parameters", name, module);
-      int64_t e = std::stoll(em[2].str());
-      if (e >= E)
-        fail("adapter '{}': target '{}' names expert {}, but the model has {} experts", name, module, e, E);
+      if (en->expert >= static_cast<uint64_t>(E))
+        fail("adapter '{}': target '{}' (tensor '{}') names expert {}, but the model has {} experts", name,
+             module, pair.any().name, en->expert_digits, E);
       if (ll.experts.empty()) ll.experts.resize(static_cast<size_t>(E));
-      LoraExpert& le = ll.experts[static_cast<size_t>(e)];
-      std::string proj = em[3].str();
+      LoraExpert& le = ll.experts[static_cast<size_t>(en->expert)];
+      std::string_view proj = en->proj;
       if (proj == "gate_proj" || proj == "w1")
         le.gate = make_matrix(module, pair, H, moe_i);
       else if (proj == "up_proj" || proj == "w3")
@@ -314,10 +331,10 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
       else
         le.down = make_matrix(module, pair, moe_i, H);
       adapter->has_expert_lora = true;
-    } else if (moe_layer && std::regex_match(rest, em, fused_re)) {
-      if ((em[1].str() == "block_sparse_moe") != (cfg.arch == Architecture::kMixtral))
+    } else if (std::optional<FusedName> fn = moe_layer ? parse_fused_name(rest) : std::nullopt) {
+      if (fn->mixtral_names != (cfg.arch == Architecture::kMixtral))
         fail("adapter '{}': target '{}' is not a module of this {} model", name, module, cfg.model_type);
-      int64_t depth = static_cast<int64_t>(em[2].str().size() / std::string(".base_layer").size());
+      int64_t depth = fn->depth;
       const TensorInfo& a = *pair.a;
       const TensorInfo& b = *pair.b;
       if (a.shape.size() != 2 || b.shape.size() != 2 || a.shape[0] % E != 0 || b.shape[1] != a.shape[0])
@@ -371,6 +388,34 @@ std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std
     }
   }
   return adapter;
+}
+
+// Every message leaves here valid UTF-8: paths and names may hold any bytes, and the server puts the
+// message into a JSON body.
+template <typename Open>
+std::shared_ptr<LoraAdapter> load_sanitised(const std::string& name, Open&& open_dir, const ModelConfig& cfg,
+                                            const LoraLimits& limits) {
+  try {
+    AdapterDir dir = open_dir();
+    return load_from_dir(dir, name, cfg, limits);
+  } catch (const Error& e) {
+    throw Error(utf8_safe(e.what()), e.kind());
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<LoraAdapter> load_peft_adapter(const std::string& dir, const std::string& name,
+                                               const ModelConfig& cfg, const LoraLimits& limits) {
+  return load_sanitised(
+      name, [&] { return open_adapter_dir(dir, name); }, cfg, limits);
+}
+
+std::shared_ptr<LoraAdapter> load_peft_adapter_confined(const std::vector<std::string>& allowed_dirs,
+                                                        const std::string& path, const std::string& name,
+                                                        const ModelConfig& cfg, const LoraLimits& limits) {
+  return load_sanitised(
+      name, [&] { return open_adapter_dir_confined(allowed_dirs, path, name); }, cfg, limits);
 }
 
 }  // namespace polylora
