@@ -51,7 +51,7 @@ struct SequenceOutput {
   std::string new_text;                    // detokenized text of the new tokens (stop strings applied)
   std::optional<FinishReason> finish_reason;
   std::optional<StopReason> stop_reason;  // the stop token id or the stop string
-  int64_t num_output_tokens = 0;           // total so far
+  int64_t num_output_tokens = 0;          // total so far
 };
 
 struct RequestOutput {
@@ -63,6 +63,7 @@ struct RequestOutput {
   int64_t num_cached_tokens = 0;     // prompt tokens served from the prefix cache
   bool finished = false;             // every sequence has finished
   std::optional<std::string> error;  // set when the request failed (e.g. unknown adapter)
+  bool error_is_shutdown = false;    // the error: the server stopped before the request finished
 };
 
 }  // namespace polylora

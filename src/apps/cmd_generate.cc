@@ -148,7 +148,7 @@ int run_generate(int argc, char** argv) {
       EngineRequest r;
       std::string problem;
       try {
-        json j = json::parse(line);
+        nlohmann::ordered_json j = nlohmann::ordered_json::parse(line);
         if (!j.is_object()) fail("each line must be a JSON object");
         SamplingParams rp;  // vLLM defaults, then the line's fields
         rp.max_tokens = 16;

@@ -51,9 +51,40 @@ int run_serve(int argc, char** argv) {
   app.add_option("--lora-allowed-dirs", sc.lora_allowed_dirs,
                  "Directories runtime adapter loads may read from");
   app.add_option("--chat-template", sc.chat_template, "Jinja chat template file (default: the tokenizer's)");
-  app.add_option("--max-connections", sc.max_connections, "Concurrent HTTP connections (worker threads)")
-      ->capture_default_str();
+  app.add_option("--metrics-api-key", sc.metrics_api_key,
+                 "Require this key (Authorization: Bearer) on /metrics (default: /metrics is open)");
   app.add_option("--shutdown-timeout", sc.shutdown_grace_seconds, "Seconds running requests get on SIGTERM")
+      ->capture_default_str();
+  // HTTP limits (no connection holds a thread; each limit is answered with a clear 4xx).
+  app.add_option("--max-connections", sc.max_connections,
+                 "Open HTTP connections; at the limit the idlest connection is closed")
+      ->capture_default_str();
+  app.add_option("--max-header-bytes", sc.max_header_bytes, "Request line + headers, bytes (431 above)")
+      ->capture_default_str();
+  app.add_option("--max-header-count", sc.max_header_count, "Header fields per request (431 above)")
+      ->capture_default_str();
+  app.add_option("--max-body-bytes", sc.max_body_bytes, "Request body as sent, bytes (413 above)")
+      ->capture_default_str();
+  app.add_option("--max-decompressed-body-bytes", sc.max_decompressed_body_bytes,
+                 "Request body after gzip/deflate, bytes (413 above)")
+      ->capture_default_str();
+  app.add_option("--header-timeout", sc.header_timeout, "Seconds for a request's line and headers, in total")
+      ->capture_default_str();
+  app.add_option("--body-timeout", sc.body_timeout, "Seconds for a request's body, in total")
+      ->capture_default_str();
+  app.add_option("--timeout-keep-alive", sc.keep_alive_timeout,
+                 "Seconds an idle keep-alive connection stays open")
+      ->capture_default_str();
+  app.add_option("--write-timeout", sc.write_timeout, "Seconds a response write may make no progress")
+      ->capture_default_str();
+  app.add_option("--max-json-depth", sc.max_json_depth, "Nesting depth of JSON request bodies (400 above)")
+      ->capture_default_str();
+  app.add_option("--max-json-keys", sc.max_json_keys, "Members of one JSON object in a request (400 above)")
+      ->capture_default_str();
+  app.add_option("--http-io-threads", sc.http_io_threads, "Threads serving the sockets")
+      ->capture_default_str();
+  app.add_option("--http-worker-threads", sc.http_worker_threads,
+                 "Threads running request handlers (0: one per core, 4 to 16)")
       ->capture_default_str();
   app.add_option("--web-root", sc.web_root,
                  "Built playground (npm run build in web/), served at /; '' disables it")
@@ -92,12 +123,17 @@ int run_serve(int argc, char** argv) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
+  // SIGTERM: stop accepting and close idle connections at once, give running requests up to
+  // --shutdown-timeout, abort the rest (their clients get an error), and close everything 0.5 s later, so
+  // the process exits within --shutdown-timeout + 1 s whatever clients do.
   std::thread watcher([&] {
-    while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    spdlog::info("signal {} received: no new requests; finishing those in flight (up to {} s)",
-                 g_signal.load(), sc.shutdown_grace_seconds);
+    while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (g_signal.load() > 0)
+      spdlog::info("signal {} received: no new requests; finishing those in flight (up to {} s)",
+                   g_signal.load(), sc.shutdown_grace_seconds);
+    http.begin_shutdown();
     engine.shutdown(std::chrono::seconds(sc.shutdown_grace_seconds));
-    http.stop();
+    http.stop(std::chrono::milliseconds(500));
   });
   bool ok = http.listen();
   if (!ok && g_signal.load() == 0) {

@@ -18,12 +18,25 @@ std::optional<RequestOutput> OutputStream::next(std::chrono::milliseconds timeou
 }
 
 void OutputStream::push(RequestOutput output) {
+  std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (output.finished) finished_ = true;
     queue_.push_back(std::move(output));
+    listener = listener_;
   }
   cv_.notify_all();
+  if (listener) listener();
+}
+
+void OutputStream::set_listener(std::function<void()> listener) {
+  bool waiting = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener_ = listener;
+    waiting = !queue_.empty();
+  }
+  if (waiting && listener) listener();
 }
 
 bool OutputStream::done() const {
@@ -70,6 +83,36 @@ std::shared_ptr<OutputStream> EngineThread::add_request(EngineRequest request) {
     timings_[id] = {Clock::now(), Clock::now(), false};
     return stream;
   });
+}
+
+void EngineThread::add_request_async(EngineRequest request, AddCallback done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_ && !exit_) {
+      commands_.push_back([this, r = std::move(request), done = std::move(done)]() mutable {
+        std::shared_ptr<OutputStream> stream;
+        std::exception_ptr error;
+        try {
+          std::string id = r.request_id;
+          engine_->add_request(std::move(r));  // throws on invalid input; nothing is registered then
+          stream = std::make_shared<OutputStream>();
+          streams_[id] = stream;
+          timings_[id] = {Clock::now(), Clock::now(), false};
+        } catch (...) {
+          error = std::current_exception();
+        }
+        done(std::move(stream), error);
+      });
+      request = EngineRequest();
+      done = nullptr;
+    }
+  }
+  if (done) {
+    done(nullptr, std::make_exception_ptr(Error("the server is shutting down and accepts no new requests",
+                                                ErrorKind::kOverloaded)));
+    return;
+  }
+  cv_.notify_all();
 }
 
 void EngineThread::abort(const std::string& request_id) {
@@ -145,7 +188,11 @@ void EngineThread::loop() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return exit_ || !commands_.empty() || engine_->has_unfinished(); });
       commands.swap(commands_);
-      if (exit_) break;
+      if (exit_) {
+        // Requests handed over before the exit still get their streams (finished with an error below).
+        for (auto& c : commands) c();
+        break;
+      }
     }
     for (auto& c : commands) c();
     if (!engine_->has_unfinished()) {
@@ -218,6 +265,7 @@ void EngineThread::loop() {
     out.request_id = id;
     out.finished = true;
     out.error = "the server shut down before the request finished";
+    out.error_is_shutdown = true;
     stream->push(std::move(out));
   }
   streams_.clear();

@@ -33,12 +33,16 @@ class OutputStream {
   std::optional<RequestOutput> next(std::chrono::milliseconds timeout);
   void push(RequestOutput output);
   bool done() const;
+  // `listener` runs on the pushing (engine) thread after every push, and at once when outputs are already
+  // waiting; it must be quick (hand the work to another thread).
+  void set_listener(std::function<void()> listener);
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<RequestOutput> queue_;
   bool finished_ = false;  // the final output has been pushed
+  std::function<void()> listener_;
 };
 
 struct AdapterInfo {
@@ -62,6 +66,10 @@ class EngineThread {
   // Thread-safe. Hands the request to the engine thread and waits for it to be accepted; throws the
   // engine's polylora::Error when it is not (invalid, unknown adapter, overloaded, shutting down).
   std::shared_ptr<OutputStream> add_request(EngineRequest request);
+  // Thread-safe, never waits: `done` runs on the engine thread once the request is accepted (a stream) or
+  // refused (an exception; polylora::Error when the input is at fault). It must be quick.
+  using AddCallback = std::function<void(std::shared_ptr<OutputStream>, std::exception_ptr)>;
+  void add_request_async(EngineRequest request, AddCallback done);
   void abort(const std::string& request_id);
   void add_adapter(std::shared_ptr<LoraAdapter> adapter);  // throws
   bool remove_adapter(const std::string& name);

@@ -1,27 +1,21 @@
-// server/http_server.cc: routes of the OpenAI-compatible server (cpp-httplib, one worker thread per
-// connection so that slow or streaming clients never hold up others or the engine thread).
+// server/http_server.cc: routes of the OpenAI-compatible server, one short function each, registered from
+// a table. Every body is parsed once (server/json_body.h); every exception becomes a JSON error response.
 #include "server/http_server.h"
 
-#include <httplib.h>
-
-#include <sys/socket.h>
-#include <chrono>
+#include <algorithm>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <random>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "lora/adapter.h"
-#include "server/openai_api.h"
+#include "server/generation.h"
 
 namespace polylora::server {
 
-using nlohmann::json;
-using nlohmann::ordered_json;
+using json = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
 namespace {
@@ -29,11 +23,17 @@ namespace {
 const char* error_type(int status) {
   switch (status) {
     case 400:
+    case 408:
+    case 413:
+    case 415:
+    case 431:
       return "BadRequestError";
     case 401:
       return "AuthenticationError";
     case 404:
       return "NotFoundError";
+    case 405:
+      return "MethodNotAllowedError";
     case 503:
       return "ServiceUnavailableError";
     default:
@@ -53,43 +53,67 @@ int status_of(const Error& e) {
   return 500;
 }
 
-json error_json(int status, const std::string& message) {
-  return {
-      {"error", {{"message", message}, {"type", error_type(status)}, {"param", nullptr}, {"code", status}}}};
+HttpResponse json_response(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump_json(body);
+  return r;
 }
 
-void send_error(httplib::Response& res, int status, const std::string& message) {
-  res.status = status;
-  res.set_content(error_json(status, message).dump(), "application/json");
+HttpResponse error_response(int status, const std::string& message) {
+  return json_response(status, error_json(status, message));
 }
 
-std::string random_suffix() {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < 24; ++i) s += hex[rng() % 16];
-  return s;
+HttpResponse text_response(std::string body, std::string content_type = "text/plain; charset=utf-8") {
+  HttpResponse r;
+  r.content_type = std::move(content_type);
+  r.body = std::move(body);
+  return r;
 }
 
-std::string sse(const json& j) {
-  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+// Equal strings in time independent of where they differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(1, b.size())]);
+  return diff == 0;
 }
 
-// One generation request in flight: its engine streams, per-choice state and usage.
-struct Generation {
-  ParsedRequest parsed;
-  std::string id;
-  std::string object;  // "text_completion" / "chat.completion" (non-stream) or chunk object names
-  int64_t created = 0;
-  std::vector<std::shared_ptr<OutputStream>> streams;
-  std::vector<bool> stream_done;
-  std::vector<ChoiceState> choices;                                       // [prompts · n]
-  std::vector<std::vector<std::optional<LogprobEntry>>> prompt_logprobs;  // per prompt
-  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
-  std::optional<std::string> error;
-};
+const char* content_type_of(const fs::path& p) {
+  std::string ext = p.extension().string();
+  if (ext == ".html") return "text/html; charset=utf-8";
+  if (ext == ".js" || ext == ".mjs") return "text/javascript; charset=utf-8";
+  if (ext == ".css") return "text/css; charset=utf-8";
+  if (ext == ".json" || ext == ".map") return "application/json";
+  if (ext == ".svg") return "image/svg+xml";
+  if (ext == ".png") return "image/png";
+  if (ext == ".ico") return "image/x-icon";
+  if (ext == ".woff2") return "font/woff2";
+  if (ext == ".txt") return "text/plain; charset=utf-8";
+  return "application/octet-stream";
+}
+
+const std::string* string_field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || !it->is_string()) return nullptr;
+  return it->get_ptr<const std::string*>();
+}
 
 }  // namespace
+
+json error_json(int status, const std::string& message) {
+  return {{"error",
+           {{"message", sanitize_utf8(message)},
+            {"type", error_type(status)},
+            {"param", nullptr},
+            {"code", status}}}};
+}
+
+struct HttpServer::Route {
+  const char* method;
+  const char* path;
+  void (HttpServer::*fn)(HttpRequest&, const std::shared_ptr<HttpResponder>&);
+};
 
 HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
                        std::shared_ptr<const tokenizer::Tokenizer> tokenizer, LoraLimits lora_limits)
@@ -107,479 +131,291 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
   }
   if (!source.empty()) chat_template_ = ChatTemplate::compile(source);
   if (config_.served_model_names.empty()) config_.served_model_names.push_back("polylora");
-  http_ = std::make_unique<httplib::Server>();
-  size_t threads = static_cast<size_t>(std::max<int64_t>(config_.max_connections, 8));
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http_->set_keep_alive_max_count(1000);
-  // A connection waits this long for its (next) request. Longer than clients' idle timeouts (Node: 4 s), so
-  // the client closes idle sockets first, and long enough that a loaded client still gets its first request
-  // in after connecting.
-  http_->set_keep_alive_timeout(20);
-  http_->set_read_timeout(std::chrono::seconds(600));
-  http_->set_write_timeout(std::chrono::seconds(600));
-  // cpp-httplib listens with a backlog of 5: a burst of connections overflows it and the kernel drops
-  // SYNs, which clients retry after 1, 3, 7, 15... s. Keep the listening socket to raise the backlog.
-  http_->set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_socket_ = static_cast<int>(sock);
-  });
-  register_routes();
+  json_limits_.max_depth = static_cast<size_t>(std::max<int64_t>(1, config_.max_json_depth));
+  json_limits_.max_keys_per_object = static_cast<size_t>(std::max<int64_t>(1, config_.max_json_keys));
+  playground_ = !config_.web_root.empty() && fs::exists(fs::path(config_.web_root) / "index.html");
+  if (playground_) spdlog::info("playground: serving {} at /", config_.web_root);
+
+  HttpLimits limits;
+  limits.max_connections = std::max<int64_t>(1, config_.max_connections);
+  limits.max_header_bytes = static_cast<size_t>(std::max<int64_t>(256, config_.max_header_bytes));
+  limits.max_header_count = static_cast<size_t>(std::max<int64_t>(1, config_.max_header_count));
+  limits.max_body_bytes = static_cast<size_t>(std::max<int64_t>(0, config_.max_body_bytes));
+  limits.max_decompressed_body_bytes =
+      static_cast<size_t>(std::max<int64_t>(0, config_.max_decompressed_body_bytes));
+  limits.header_timeout_s = config_.header_timeout;
+  limits.body_timeout_s = config_.body_timeout;
+  limits.keep_alive_timeout_s = config_.keep_alive_timeout;
+  limits.write_timeout_s = config_.write_timeout;
+  size_t workers = config_.http_worker_threads > 0
+                       ? static_cast<size_t>(config_.http_worker_threads)
+                       : std::clamp<size_t>(std::thread::hardware_concurrency(), 4, 16);
+  transport_ = std::make_unique<HttpTransport>(
+      limits, [this](HttpRequest& req, std::shared_ptr<HttpResponder> res) { handle(req, res); },
+      [](int status, const std::string& message) { return error_response(status, message); },
+      static_cast<size_t>(std::max<int64_t>(1, config_.http_io_threads)), workers);
 }
 
 HttpServer::~HttpServer() = default;
 
 bool HttpServer::listen() {
-  bound_port_ = config_.port;
-  if (config_.port == 0) {
-    bound_port_ = http_->bind_to_any_port(config_.host);
-    if (bound_port_ <= 0) return false;
-  } else if (!http_->bind_to_port(config_.host, config_.port)) {
+  try {
+    bound_port_ = transport_->bind(config_.host, config_.port);
+  } catch (const Error& e) {
+    spdlog::error("{}", e.what());
     return false;
   }
-  if (listen_socket_ >= 0) ::listen(listen_socket_, SOMAXCONN);  // a larger backlog (see the constructor)
   spdlog::info("serving the OpenAI API on http://{}:{} (models: {})", config_.host, bound_port_,
                config_.served_model_names.front());
-  return http_->listen_after_bind();
+  transport_->run();
+  return true;
 }
 
-void HttpServer::stop() {
-  http_->stop();
+void HttpServer::begin_shutdown() {
+  transport_->begin_shutdown();
 }
 
-void HttpServer::register_routes() {
-  httplib::Server& s = *http_;
-  // Authentication: every /v1 route needs the key when one is configured (health and metrics do not).
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (config_.api_key.empty() || req.path.rfind("/v1", 0) != 0)
-      return httplib::Server::HandlerResponse::Unhandled;
-    std::string auth = req.get_header_value("Authorization");
-    if (auth != "Bearer " + config_.api_key) {
-      send_error(res, 401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    try {
-      std::rethrow_exception(ep);
-    } catch (const Error& e) {
-      send_error(res, status_of(e), e.what());
-    } catch (const std::exception& e) {
-      send_error(res, 500, std::string("internal error: ") + e.what());
-    }
-  });
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (res.status == 404 && res.body.empty())
-      send_error(res, 404, "no route for " + req.method + " " + req.path);
-  });
+void HttpServer::stop(std::chrono::milliseconds drain) {
+  transport_->stop(drain);
+}
 
-  auto parse_body = [](const httplib::Request& req) {
-    try {
-      return ordered_json::parse(req.body);
-    } catch (const json::exception& e) {
-      fail("the request body is not valid JSON: {}", e.what());
-    }
+bool HttpServer::authorized(const HttpRequest& req) const {
+  const std::string& p = req.path;
+  const std::string* key = nullptr;
+  if (p.rfind("/v1/", 0) == 0 || p == "/v1" || p == "/tokenize" || p == "/detokenize")
+    key = &config_.api_key;
+  else if (p == "/metrics")
+    key = &config_.metrics_api_key;
+  if (!key || key->empty()) return true;
+  const std::string* auth = req.header("authorization");
+  return auth && same_secret(*auth, "Bearer " + *key);
+}
+
+void HttpServer::handle(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  static const Route kRoutes[] = {
+      {"POST", "/v1/completions", &HttpServer::completions},
+      {"POST", "/v1/chat/completions", &HttpServer::chat_completions},
+      {"GET", "/v1/models", &HttpServer::models},
+      {"POST", "/v1/load_lora_adapter", &HttpServer::load_lora_adapter},
+      {"POST", "/v1/unload_lora_adapter", &HttpServer::unload_lora_adapter},
+      {"POST", "/tokenize", &HttpServer::tokenize},
+      {"POST", "/detokenize", &HttpServer::detokenize},
+      {"GET", "/health", &HttpServer::health},
+      {"GET", "/version", &HttpServer::version},
+      {"GET", "/metrics", &HttpServer::metrics},
   };
-  auto context = [this]() {
-    ParseContext ctx;
-    ctx.tokenizer = tokenizer_.get();
-    ctx.chat_template = chat_template_ ? &*chat_template_ : nullptr;
-    ctx.served_model_names = config_.served_model_names;
-    ctx.has_adapter = [this](const std::string& name) { return engine_.has_adapter(name); };
-    ctx.max_model_len = engine_.max_model_len();
-    return ctx;
-  };
-
-  auto generate = [this](const httplib::Request& req, httplib::Response& res, ParsedRequest parsed) {
-    auto g = std::make_shared<Generation>();
-    g->parsed = std::move(parsed);
-    bool chat = g->parsed.kind == ApiKind::kChat;
-    g->id = (chat ? "chatcmpl-" : "cmpl-") + random_suffix();
-    g->created = static_cast<int64_t>(std::time(nullptr));
-    size_t num_prompts = g->parsed.prompts.size();
-    g->choices.resize(num_prompts * static_cast<size_t>(g->parsed.n));
-    g->prompt_logprobs.resize(num_prompts);
-    for (size_t i = 0; i < num_prompts; ++i) {
-      EngineRequest r = g->parsed.prompts[i];
-      r.request_id = g->id + "-" + std::to_string(i);
-      try {
-        g->streams.push_back(engine_.add_request(std::move(r)));
-      } catch (...) {
-        for (size_t j = 0; j < i; ++j) engine_.abort(g->id + "-" + std::to_string(j));
-        throw;
-      }
+  try {
+    if (!authorized(req))
+      return res->send(
+          error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)"));
+    bool path_known = false;
+    for (const Route& r : kRoutes) {
+      if (req.path != r.path) continue;
+      path_known = true;
+      if (req.method == r.method) return (this->*r.fn)(req, res);
     }
-    g->stream_done.assign(num_prompts, false);
-    if (g->parsed.echo)
-      for (size_t i = 0; i < num_prompts; ++i)
-        for (int64_t k = 0; k < g->parsed.n; ++k)
-          g->choices[i * g->parsed.n + k].text = g->parsed.prompt_texts[i];
-    auto abort_all = [this, g] {
-      for (size_t i = 0; i < g->streams.size(); ++i)
-        if (!g->stream_done[i]) engine_.abort(g->id + "-" + std::to_string(i));
-    };
-    const bool stream = g->parsed.stream;
-    // Pulls outputs; calls on_delta(choice, delta text, new logprobs, finished?) for streaming.
-    auto pump = [this, g](std::chrono::milliseconds wait,
-                          const std::function<void(size_t, const SequenceOutput&)>& on_seq) {
-      bool any = false;
-      size_t open = 0;
-      for (size_t i = 0; i < g->streams.size(); ++i) open += g->stream_done[i] ? 0 : 1;
-      auto per_wait = open > 1 ? std::chrono::milliseconds(2) : wait;
-      for (size_t i = 0; i < g->streams.size(); ++i) {
-        if (g->stream_done[i]) continue;
-        while (auto out = g->streams[i]->next(any ? std::chrono::milliseconds(0) : per_wait)) {
-          any = true;
-          if (out->error) g->error = *out->error;
-          if (g->prompt_logprobs[i].empty() && !out->prompt_logprobs.empty())
-            g->prompt_logprobs[i] = out->prompt_logprobs;
-          for (const auto& so : out->sequences) {
-            size_t c = i * static_cast<size_t>(g->parsed.n) + static_cast<size_t>(so.index);
-            ChoiceState& ch = g->choices[c];
-            ch.text += so.new_text;
-            ch.token_ids.insert(ch.token_ids.end(), so.new_token_ids.begin(), so.new_token_ids.end());
-            ch.logprobs.insert(ch.logprobs.end(), so.new_logprobs.begin(), so.new_logprobs.end());
-            g->completion_tokens += static_cast<int64_t>(so.new_token_ids.size());
-            if (so.finish_reason) {
-              ch.finish_reason = so.finish_reason;
-              ch.stop_reason = so.stop_reason;
-            }
-            on_seq(c, so);
-          }
-          if (out->finished) {
-            g->stream_done[i] = true;
-            g->prompt_tokens += out->num_prompt_tokens;
-            g->cached_tokens += out->num_cached_tokens;
-            break;
-          }
-        }
-      }
-      return any;
-    };
-    auto all_done = [g] {
-      for (bool d : g->stream_done)
-        if (!d) return false;
-      return true;
-    };
-    auto finish_json = [](const ChoiceState& ch) -> json {
-      if (!ch.finish_reason) return nullptr;
-      return finish_reason_name(*ch.finish_reason) == std::string("abort")
-                 ? json("abort")
-                 : json(finish_reason_name(*ch.finish_reason));
-    };
+    if (path_known)
+      return res->send(error_response(405, "method " + req.method + " is not allowed on " + req.path));
+    if (req.method == "GET" || req.method == "HEAD") return serve_static(req, res);
+    res->send(error_response(404, "no route for " + req.method + " " + req.path));
+  } catch (const Error& e) {
+    res->send(error_response(status_of(e), e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    res->send(error_response(400, std::string("invalid request: ") + e.what()));
+  } catch (const std::bad_alloc&) {
+    res->send(error_response(503, "the server is out of memory for this request; retry later"));
+  } catch (const std::exception& e) {
+    spdlog::error("{} {}: {}", req.method, sanitize_utf8(req.path), e.what());
+    res->send(error_response(500, std::string("internal error: ") + e.what()));
+  }
+}
 
-    if (stream) {
-      res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider(
-          "text/event-stream",
-          [this, g, pump, all_done, abort_all, finish_json, chat](size_t, httplib::DataSink& sink) {
-            auto write = [&](const std::string& data) { return sink.write(data.data(), data.size()); };
-            const char* object = chat ? "chat.completion.chunk" : "text_completion";
-            auto chunk = [&](json choice) {
-              return json{{"id", g->id},
-                          {"object", object},
-                          {"created", g->created},
-                          {"model", g->parsed.model},
-                          {"choices", json::array({std::move(choice)})}};
-            };
-            bool ok = true;
-            // Chat: the first chunk of every choice announces the role.
-            if (chat)
-              for (size_t c = 0; c < g->choices.size() && ok; ++c)
-                ok = write(sse(chunk({{"index", c},
-                                      {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                      {"logprobs", nullptr},
-                                      {"finish_reason", nullptr}})));
-            if (!chat && g->parsed.echo)
-              for (size_t c = 0; c < g->choices.size() && ok; ++c)
-                ok = write(sse(chunk({{"index", c},
-                                      {"text", g->choices[c].text},
-                                      {"logprobs", nullptr},
-                                      {"finish_reason", nullptr},
-                                      {"stop_reason", nullptr}})));
-            auto last_write = std::chrono::steady_clock::now();
-            while (ok && !all_done()) {
-              std::vector<std::string> pieces;
-              pump(std::chrono::milliseconds(500), [&](size_t c, const SequenceOutput& so) {
-                const ChoiceState& ch = g->choices[c];
-                if (so.new_text.empty() && so.new_token_ids.empty() && !so.finish_reason) return;
-                json choice;
-                json lp = nullptr;
-                if (g->parsed.logprobs && !so.new_logprobs.empty())
-                  lp = chat ? chat_logprobs_json(so.new_logprobs, g->parsed, tokenizer_.get())
-                            : completion_logprobs_json(so.new_logprobs, g->parsed, tokenizer_.get(),
-                                                       ch.text.size() - so.new_text.size());
-                if (chat) {
-                  choice = {{"index", c},
-                            {"delta", {{"content", so.new_text}}},
-                            {"logprobs", lp},
-                            {"finish_reason", finish_json(ch)}};
-                } else {
-                  choice = {{"index", c},
-                            {"text", so.new_text},
-                            {"logprobs", lp},
-                            {"finish_reason", finish_json(ch)}};
-                }
-                if (so.finish_reason) choice["stop_reason"] = stop_reason_json(so.stop_reason);
-                json j = chunk(std::move(choice));
-                if (g->parsed.continuous_usage)
-                  j["usage"] = usage_json(g->prompt_tokens, g->completion_tokens, g->cached_tokens);
-                pieces.push_back(sse(j));
-              });
-              for (const auto& p : pieces) {
-                if (!(ok = write(p))) break;
-                last_write = std::chrono::steady_clock::now();
-              }
-              if (ok && g->error) {
-                ok = write(sse(error_json(500, *g->error)));
-                break;
-              }
-              // Probe an idle connection now and then, so a vanished client is noticed and aborted.
-              if (ok && std::chrono::steady_clock::now() - last_write > std::chrono::seconds(5)) {
-                ok = write(": keep-alive\n\n");
-                last_write = std::chrono::steady_clock::now();
-              }
-            }
-            if (!ok) {
-              abort_all();
-              return false;
-            }
-            if (g->parsed.include_usage)
-              ok = write(
-                  sse({{"id", g->id},
-                       {"object", object},
-                       {"created", g->created},
-                       {"model", g->parsed.model},
-                       {"choices", json::array()},
-                       {"usage", usage_json(g->prompt_tokens, g->completion_tokens, g->cached_tokens)}}));
-            if (ok) ok = write("data: [DONE]\n\n");
-            if (!ok) return false;
-            sink.done();
-            return true;
-          },
-          [abort_all, all_done](bool success) {
-            if (!success || !all_done()) abort_all();
-          });
-      return;
+json HttpServer::body_json(const HttpRequest& req) const {
+  return parse_json_body(req.body, json_limits_);
+}
+
+ParseContext HttpServer::parse_context() const {
+  ParseContext ctx;
+  ctx.tokenizer = tokenizer_.get();
+  ctx.chat_template = chat_template_ ? &*chat_template_ : nullptr;
+  ctx.served_model_names = config_.served_model_names;
+  ctx.has_adapter = [this](const std::string& name) { return engine_.has_adapter(name); };
+  ctx.max_model_len = engine_.max_model_len();
+  ctx.vocab_size = engine_.model_config().vocab_size;
+  return ctx;
+}
+
+void HttpServer::completions(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  ParsedRequest parsed = parse_completion(body_json(req), parse_context());
+  auto g = std::make_shared<Generation>(
+      std::move(parsed), engine_, tokenizer_.get(), res,
+      [this](std::function<void()> fn) { transport_->post_work(std::move(fn)); }, error_json);
+  g->start();
+}
+
+void HttpServer::chat_completions(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  ParsedRequest parsed = parse_chat(body_json(req), parse_context());
+  auto g = std::make_shared<Generation>(
+      std::move(parsed), engine_, tokenizer_.get(), res,
+      [this](std::function<void()> fn) { transport_->post_work(std::move(fn)); }, error_json);
+  g->start();
+}
+
+void HttpServer::models(HttpRequest&, const std::shared_ptr<HttpResponder>& res) {
+  int64_t created = static_cast<int64_t>(std::time(nullptr));
+  json data = json::array();
+  for (const auto& name : config_.served_model_names)
+    data.push_back({{"id", name},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "polylora"},
+                    {"root", config_.model_root.empty() ? name : config_.model_root},
+                    {"parent", nullptr},
+                    {"max_model_len", engine_.max_model_len()}});
+  for (const auto& a : engine_.snapshot().adapters)
+    data.push_back({{"id", a.name},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "polylora"},
+                    {"root", a.path},
+                    {"parent", config_.served_model_names.front()},
+                    {"max_model_len", engine_.max_model_len()}});
+  res->send(json_response(200, {{"object", "list"}, {"data", data}}));
+}
+
+void HttpServer::load_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  if (!config_.allow_runtime_lora_updating)
+    fail_with(ErrorKind::kNotFound,
+              "runtime LoRA loading is disabled; start the server with --enable-lora-runtime-updating");
+  json body = body_json(req);
+  if (!body.is_object()) fail("the request body must be a JSON object");
+  const std::string* name_p = string_field(body, "lora_name");
+  if (!name_p || name_p->empty()) fail("'lora_name' (a non-empty string) is required");
+  const std::string* path_p = string_field(body, "lora_path");
+  if (!path_p || path_p->empty()) fail("'lora_path' (a non-empty string) is required");
+  std::string name = *name_p, path = *path_p;
+  for (const auto& served : config_.served_model_names)
+    if (served == name) fail("'{}' is the base model's name; choose another adapter name", name);
+  if (engine_.has_adapter(name)) fail("The lora adapter '{}' has already been loaded.", name);
+  if (config_.lora_allowed_dirs.empty())
+    fail("loading adapters at run time needs --lora-allowed-dirs; no directory is allowed");
+  // A relative lora_path is relative to the server's working directory, as in vLLM; the confined loader
+  // then refuses it unless it lies inside an allowed directory.
+  std::string where =
+      fs::path(path).is_absolute() ? path : (fs::current_path() / path).lexically_normal().string();
+  auto adapter = load_peft_adapter_confined(config_.lora_allowed_dirs, where, name, engine_.model_config(),
+                                            lora_limits_);
+  adapter->path = path;
+  engine_.add_adapter(std::move(adapter));
+  spdlog::info("loaded adapter '{}' from {}", sanitize_utf8(name), sanitize_utf8(path));
+  res->send(text_response("Success: LoRA adapter '" + sanitize_utf8(name) + "' added successfully."));
+}
+
+void HttpServer::unload_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  if (!config_.allow_runtime_lora_updating)
+    fail_with(ErrorKind::kNotFound,
+              "runtime LoRA loading is disabled; start the server with --enable-lora-runtime-updating");
+  json body = body_json(req);
+  if (!body.is_object()) fail("the request body must be a JSON object");
+  const std::string* name = string_field(body, "lora_name");
+  if (!name) fail("'lora_name' (a string) is required");
+  if (!engine_.remove_adapter(*name))
+    fail_with(ErrorKind::kNotFound, "The lora adapter '{}' cannot be found.", *name);
+  res->send(text_response("Success: LoRA adapter '" + sanitize_utf8(*name) + "' removed successfully."));
+}
+
+void HttpServer::tokenize(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  json body = body_json(req);
+  if (!body.is_object()) fail("the request body must be a JSON object");
+  if (!tokenizer_) fail("this server has no tokenizer");
+  std::vector<int32_t> ids;
+  if (body.contains("messages")) {
+    ParsedRequest p = parse_chat(body, parse_context());
+    ids = p.prompts.front().prompt_ids;
+  } else {
+    const std::string* prompt = string_field(body, "prompt");
+    if (!prompt) fail("'prompt' (a string) or 'messages' is required");
+    bool add_special = true;
+    if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
+      if (!it->is_boolean()) fail("'add_special_tokens' must be a boolean");
+      add_special = it->get<bool>();
     }
-    // Non-streaming: collect, then answer once. The body is sent chunked, so an idle connection can be
-    // probed with JSON whitespace (valid before the object) and a vanished client aborts its request.
-    res.set_chunked_content_provider(
-        "application/json",
-        [this, g, pump, all_done, abort_all, finish_json, chat](size_t, httplib::DataSink& sink) {
-          auto last_write = std::chrono::steady_clock::now();
-          while (!all_done()) {
-            pump(std::chrono::milliseconds(500), [](size_t, const SequenceOutput&) {});
-            if (g->error) break;
-            if (std::chrono::steady_clock::now() - last_write > std::chrono::seconds(2)) {
-              if (!sink.write(" ", 1)) {
-                abort_all();
-                return false;
-              }
-              last_write = std::chrono::steady_clock::now();
-            }
-          }
-          json body;
-          if (g->error) {
-            body = error_json(500, *g->error);
-          } else {
-            json choices = json::array();
-            for (size_t c = 0; c < g->choices.size(); ++c) {
-              const ChoiceState& ch = g->choices[c];
-              json lp = nullptr;
-              if (g->parsed.logprobs)
-                lp = chat ? chat_logprobs_json(ch.logprobs, g->parsed, tokenizer_.get())
-                          : completion_logprobs_json(
-                                ch.logprobs, g->parsed, tokenizer_.get(),
-                                g->parsed.echo ? g->parsed.prompt_texts[c / g->parsed.n].size() : 0);
-              json choice;
-              if (chat)
-                choice = {
-                    {"index", c},
-                    {"message", {{"role", "assistant"}, {"content", ch.text}, {"tool_calls", json::array()}}},
-                    {"logprobs", lp},
-                    {"finish_reason", finish_json(ch)},
-                    {"stop_reason", stop_reason_json(ch.stop_reason)}};
-              else
-                choice = {{"index", c},
-                          {"text", ch.text},
-                          {"logprobs", lp},
-                          {"finish_reason", finish_json(ch)},
-                          {"stop_reason", stop_reason_json(ch.stop_reason)}};
-              size_t p = c / static_cast<size_t>(g->parsed.n);
-              if (!g->prompt_logprobs[p].empty())
-                choice["prompt_logprobs"] = prompt_logprobs_json(g->prompt_logprobs[p], tokenizer_.get());
-              if (g->parsed.return_tokens_as_token_ids) choice["token_ids"] = ch.token_ids;
-              choices.push_back(std::move(choice));
-            }
-            body = {{"id", g->id},
-                    {"object", chat ? "chat.completion" : "text_completion"},
-                    {"created", g->created},
-                    {"model", g->parsed.model},
-                    {"choices", choices},
-                    {"usage", usage_json(g->prompt_tokens, g->completion_tokens, g->cached_tokens)}};
-          }
-          std::string text = body.dump(-1, ' ', false, json::error_handler_t::replace);
-          if (!sink.write(text.data(), text.size())) return false;
-          sink.done();
-          return true;
-        },
-        [abort_all, all_done](bool success) {
-          if (!success || !all_done()) abort_all();
-        });
-  };
+    ids = tokenizer_->encode(*prompt, add_special);
+  }
+  json out = {{"count", ids.size()}, {"max_model_len", engine_.max_model_len()}, {"tokens", ids}};
+  auto strs = body.find("return_token_strs");
+  if (strs != body.end() && *strs == true) {
+    json list = json::array();
+    for (int32_t id : ids) list.push_back(tokenizer_->id_to_token(id));
+    out["token_strs"] = list;
+  } else {
+    out["token_strs"] = nullptr;
+  }
+  res->send(json_response(200, out));
+}
 
-  s.Post("/v1/completions", [=](const httplib::Request& req, httplib::Response& res) {
-    ordered_json body = parse_body(req);
-    generate(req, res, parse_completion(json::parse(body.dump()), context()));
-  });
-  s.Post("/v1/chat/completions", [=](const httplib::Request& req, httplib::Response& res) {
-    generate(req, res, parse_chat(parse_body(req), context()));
-  });
+void HttpServer::detokenize(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  json body = body_json(req);
+  if (!tokenizer_) fail("this server has no tokenizer");
+  if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
+    fail("'tokens' (a list of token ids) is required");
+  std::vector<int32_t> ids;
+  int64_t vocab = engine_.model_config().vocab_size;
+  for (const auto& v : body["tokens"]) {
+    if (!v.is_number_integer()) fail("'tokens' must hold integer token ids");
+    bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                                           : v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab;
+    if (!in_range) fail("'tokens': token id {} is outside the vocabulary (size {})", v.dump(), vocab);
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  res->send(json_response(200, {{"prompt", tokenizer_->decode(ids)}}));
+}
 
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    int64_t created = static_cast<int64_t>(std::time(nullptr));
-    json data = json::array();
-    for (const auto& name : config_.served_model_names)
-      data.push_back({{"id", name},
-                      {"object", "model"},
-                      {"created", created},
-                      {"owned_by", "polylora"},
-                      {"root", config_.model_root.empty() ? name : config_.model_root},
-                      {"parent", nullptr},
-                      {"max_model_len", engine_.max_model_len()}});
-    for (const auto& a : engine_.snapshot().adapters)
-      data.push_back({{"id", a.name},
-                      {"object", "model"},
-                      {"created", created},
-                      {"owned_by", "polylora"},
-                      {"root", a.path},
-                      {"parent", config_.served_model_names.front()},
-                      {"max_model_len", engine_.max_model_len()}});
-    res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
-  });
+void HttpServer::health(HttpRequest&, const std::shared_ptr<HttpResponder>& res) {
+  res->send(text_response("", ""));
+}
 
-  auto runtime_lora_check = [this]() {
-    if (!config_.allow_runtime_lora_updating)
-      fail_with(ErrorKind::kNotFound,
-                "runtime LoRA loading is disabled; start the server with --enable-lora-runtime-updating");
-  };
-  s.Post("/v1/load_lora_adapter", [=](const httplib::Request& req, httplib::Response& res) {
-    runtime_lora_check();
-    json body = json::parse(parse_body(req).dump());
-    if (!body.is_object() || !body.contains("lora_name") || !body["lora_name"].is_string() ||
-        body["lora_name"].get<std::string>().empty())
-      fail("'lora_name' (a non-empty string) is required");
-    if (!body.contains("lora_path") || !body["lora_path"].is_string())
-      fail("'lora_path' (a string) is required");
-    std::string name = body["lora_name"].get<std::string>(), path = body["lora_path"].get<std::string>();
-    for (const auto& served : config_.served_model_names)
-      if (served == name) fail("'{}' is the base model's name; choose another adapter name", name);
-    if (engine_.has_adapter(name)) fail("The lora adapter '{}' has already been loaded.", name);
-    if (config_.lora_allowed_dirs.empty())
-      fail("loading adapters at run time needs --lora-allowed-dirs; no directory is allowed");
+void HttpServer::version(HttpRequest&, const std::shared_ptr<HttpResponder>& res) {
+  res->send(json_response(200, {{"version", POLYLORA_VERSION_STRING}}));
+}
+
+void HttpServer::metrics(HttpRequest&, const std::shared_ptr<HttpResponder>& res) {
+  res->send(text_response(prometheus_text(engine_.snapshot(), config_.served_model_names.front()),
+                          "text/plain; version=0.0.4; charset=utf-8"));
+}
+
+// The browser playground (web/, built by `npm run build` into web/dist): static files from --web-root,
+// without authentication (its API calls carry the key). Only regular files below the root are served.
+void HttpServer::serve_static(const HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  std::string rel = req.path == "/" ? "index.html" : req.path.substr(1);
+  bool safe = playground_ && !rel.empty() && rel.find('\0') == std::string::npos &&
+              rel.find('%') == std::string::npos && rel.find('\\') == std::string::npos;
+  if (safe)
+    for (const auto& part : fs::path(rel))
+      if (part == ".." || part == ".") safe = false;
+  if (safe) {
+    fs::path file = fs::path(config_.web_root) / rel;
     std::error_code ec;
-    fs::path real = fs::weakly_canonical(fs::path(path), ec);
-    bool allowed = false;
-    if (!ec) {
-      for (const auto& dir : config_.lora_allowed_dirs) {
-        fs::path base = fs::weakly_canonical(fs::path(dir), ec);
-        if (ec) continue;
-        auto rel = real.lexically_relative(base);
-        if (!rel.empty() && rel.native().rfind("..", 0) != 0 && !rel.is_absolute()) allowed = true;
-      }
+    if (fs::is_regular_file(fs::symlink_status(file, ec)) && !ec) {
+      std::ifstream in(file, std::ios::binary);
+      std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (in.good() || in.eof()) return res->send(text_response(std::move(data), content_type_of(file)));
     }
-    if (!allowed)
-      fail(
-          "lora_path '{}' is outside the directories allowed by --lora-allowed-dirs (symbolic links and '..' "
-          "are "
-          "resolved before the check)",
-          path);
-    auto adapter = load_peft_adapter(real.string(), name, engine_.model_config(), lora_limits_);
-    adapter->path = path;
-    engine_.add_adapter(std::move(adapter));
-    spdlog::info("loaded adapter '{}' from {}", name, real.string());
-    res.set_content("Success: LoRA adapter '" + name + "' added successfully.", "text/plain");
-  });
-  s.Post("/v1/unload_lora_adapter", [=](const httplib::Request& req, httplib::Response& res) {
-    runtime_lora_check();
-    json body = json::parse(parse_body(req).dump());
-    if (!body.is_object() || !body.contains("lora_name") || !body["lora_name"].is_string())
-      fail("'lora_name' (a string) is required");
-    std::string name = body["lora_name"].get<std::string>();
-    if (!engine_.remove_adapter(name))
-      fail_with(ErrorKind::kNotFound, "The lora adapter '{}' cannot be found.", name);
-    res.set_content("Success: LoRA adapter '" + name + "' removed successfully.", "text/plain");
-  });
+  }
+  if (req.path == "/") return playground_missing(const_cast<HttpRequest&>(req), res);
+  res->send(error_response(404, "no route for " + req.method + " " + req.path));
+}
 
-  s.Post("/tokenize", [=](const httplib::Request& req, httplib::Response& res) {
-    ordered_json body = parse_body(req);
-    if (!tokenizer_) fail("this server has no tokenizer");
-    std::vector<int32_t> ids;
-    if (body.contains("messages")) {
-      ParsedRequest p = parse_chat(body, context());
-      ids = p.prompts.front().prompt_ids;
-    } else {
-      if (!body.contains("prompt") || !body["prompt"].is_string())
-        fail("'prompt' (a string) or 'messages' is required");
-      bool add_special = body.contains("add_special_tokens") && body["add_special_tokens"].is_boolean()
-                             ? body["add_special_tokens"].get<bool>()
-                             : true;
-      ids = tokenizer_->encode(body["prompt"].get<std::string>(), add_special);
-    }
-    json out = {{"count", ids.size()}, {"max_model_len", engine_.max_model_len()}, {"tokens", ids}};
-    if (body.contains("return_token_strs") && body["return_token_strs"] == true) {
-      json strs = json::array();
-      for (int32_t id : ids) strs.push_back(tokenizer_->id_to_token(id));
-      out["token_strs"] = strs;
-    } else {
-      out["token_strs"] = nullptr;
-    }
-    res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-  });
-  s.Post("/detokenize", [=](const httplib::Request& req, httplib::Response& res) {
-    json body = json::parse(parse_body(req).dump());
-    if (!tokenizer_) fail("this server has no tokenizer");
-    if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
-      fail("'tokens' (a list of token ids) is required");
-    std::vector<int32_t> ids;
-    for (const auto& v : body["tokens"]) {
-      if (!v.is_number_integer()) fail("'tokens' must hold integer token ids");
-      int64_t id = v.get<int64_t>();
-      if (id < 0 || id >= engine_.model_config().vocab_size)
-        fail("'tokens': token id {} is outside the vocabulary", id);
-      ids.push_back(static_cast<int32_t>(id));
-    }
-    res.set_content(
-        json{{"prompt", tokenizer_->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
-        "application/json");
-  });
-  s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
-  s.Get("/version", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(json{{"version", POLYLORA_VERSION_STRING}}.dump(), "application/json");
-  });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(prometheus_text(engine_.snapshot(), config_.served_model_names.front()),
-                    "text/plain; version=0.0.4; charset=utf-8");
-  });
-  // The browser playground (web/, built by `npm run build` into web/dist): static files at / from
-  // --web-root, without authentication (its API calls carry the key). Files are matched before the routes
-  // above; a path that is no file falls through to them. Without a built playground, / says how to build it.
-  bool playground = !config_.web_root.empty() && fs::exists(fs::path(config_.web_root) / "index.html") &&
-                    s.set_mount_point("/", config_.web_root);
-  if (playground) spdlog::info("playground: serving {} at /", config_.web_root);
-  s.Get("/", [this](const httplib::Request&, httplib::Response& res) {
-    std::string where =
-        config_.web_root.empty() ? std::string("(disabled: --web-root '')") : config_.web_root;
-    res.set_content(
-        "<!doctype html><meta charset=utf-8><title>polylora</title><h1>polylora</h1>"
-        "<p>The browser playground is not built: no <code>index.html</code> in <code>" +
-            where +
-            "</code>.</p><p>Build it with <code>npm ci &amp;&amp; npm run build</code> in the repository's "
-            "<code>web/</code> folder (or <code>./scripts/build_web.sh</code>), or point "
-            "<code>--web-root</code> at a built copy. The OpenAI API is at <code>/v1</code>.</p>",
-        "text/html; charset=utf-8");
-  });
+void HttpServer::playground_missing(HttpRequest&, const std::shared_ptr<HttpResponder>& res) {
+  std::string where = config_.web_root.empty() ? std::string("(disabled: --web-root '')") : config_.web_root;
+  res->send(text_response(
+      "<!doctype html><meta charset=utf-8><title>polylora</title><h1>polylora</h1>"
+      "<p>The browser playground is not built: no <code>index.html</code> in <code>" +
+          sanitize_utf8(where) +
+          "</code>.</p><p>Build it with <code>npm ci &amp;&amp; npm run build</code> in the repository's "
+          "<code>web/</code> folder (or <code>./scripts/build_web.sh</code>), or point "
+          "<code>--web-root</code> at a built copy. The OpenAI API is at <code>/v1</code>.</p>",
+      "text/html; charset=utf-8"));
 }
 
 }  // namespace polylora::server

@@ -6,8 +6,7 @@
 
 namespace polylora::server {
 
-using nlohmann::json;
-using nlohmann::ordered_json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -54,7 +53,8 @@ void read_common(const json& body, ParsedRequest& out, SamplingParams& sp) {
   out.n = sp.n;
   if (const json* bo = get(body, "best_of")) {
     if (!bo->is_number_integer() || bo->get<int64_t>() != sp.n)
-      fail("'best_of' other than n is not supported (got {}, n = {})", bo->dump(), sp.n);
+      fail("'best_of' other than n is not supported (got {}, n = {})",
+           bo->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), sp.n);
   }
 }
 
@@ -89,12 +89,16 @@ void check_length(const EngineRequest& r, const ParseContext& ctx) {
         *r.sampling.max_tokens, ctx.max_model_len, prompt, *r.sampling.max_tokens, ctx.max_model_len, prompt);
 }
 
-std::vector<int32_t> ids_of(const json& list) {
+std::vector<int32_t> ids_of(const json& list, int64_t ctx_vocab) {
   std::vector<int32_t> ids;
   for (const auto& v : list) {
     if (!v.is_number_integer()) fail("'prompt': a token-id prompt must hold only integers");
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX
+                               : v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      fail("'prompt': token id {} is out of range", v.dump());
     int64_t x = v.get<int64_t>();
-    if (x < 0 || x > INT32_MAX) fail("'prompt': token id {} is out of range", x);
+    if (ctx_vocab > 0 && x >= ctx_vocab)
+      fail("'prompt': token id {} is outside the vocabulary (size {})", x, ctx_vocab);
     ids.push_back(static_cast<int32_t>(x));
   }
   return ids;
@@ -111,7 +115,11 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   read_common(body, out, sp);
   out.echo = bool_field(body, "echo", false);
   if (sp.logprobs) out.logprobs = sp.logprobs;
-  if (const json* suffix = get(body, "suffix")) fail("'suffix' is not supported (got {})", suffix->dump());
+  out.prompt_logprobs = sp.prompt_logprobs;
+  // echo with logprobs: the prompt's tokens get logprobs too (first entry null), as vLLM and OpenAI do;
+  // they come from the engine's prompt logprobs with at least `logprobs` alternatives.
+  if (out.echo && sp.logprobs) sp.prompt_logprobs = std::max(sp.prompt_logprobs.value_or(0), *sp.logprobs);
+  if (get(body, "suffix")) fail("'suffix' is not supported");
   const json* prompt = get(body, "prompt");
   if (!prompt) fail("'prompt' is required");
   auto add_text = [&](const std::string& text) {
@@ -124,7 +132,7 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   };
   auto add_ids = [&](const json& list) {
     EngineRequest r = base_request(body, out, sp);
-    r.prompt_ids = ids_of(list);
+    r.prompt_ids = ids_of(list, ctx.vocab_size);
     check_length(r, ctx);
     out.prompt_texts.push_back(ctx.tokenizer ? ctx.tokenizer->decode(r.prompt_ids) : "");
     out.prompts.push_back(std::move(r));
@@ -154,9 +162,9 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   return out;
 }
 
-ParsedRequest parse_chat(const ordered_json& obody, const ParseContext& ctx) {
-  json body = json::parse(obody.dump());  // for the shared field readers (order does not matter there)
+ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   if (!body.is_object()) fail("the request body must be a JSON object");
+  const json& obody = body;
   ParsedRequest out;
   out.kind = ApiKind::kChat;
   resolve_model(body, ctx, out);
@@ -173,15 +181,15 @@ ParsedRequest parse_chat(const ordered_json& obody, const ParseContext& ctx) {
     fail("'top_logprobs' requires 'logprobs': true");
   }
   if (!ctx.tokenizer) fail("this server has no tokenizer, which chat completions need");
-  const ordered_json* messages = nullptr;
+  const json* messages = nullptr;
   if (obody.contains("messages")) messages = &obody.at("messages");
   if (!messages || !messages->is_array() || messages->empty()) fail("'messages' must be a non-empty list");
   ChatTemplateInputs in;
-  in.messages = ordered_json::array();
+  in.messages = json::array();
   for (const auto& m : *messages) {
     if (!m.is_object()) fail("'messages': each message must be an object");
     if (!m.contains("role") || !m["role"].is_string()) fail("'messages': each message needs a string 'role'");
-    ordered_json msg = m;
+    json msg = m;
     if (m.contains("content") && m["content"].is_array()) {  // content parts: join the text parts
       std::string text;
       for (const auto& part : m["content"]) {
@@ -233,7 +241,7 @@ ParsedRequest parse_chat(const ordered_json& obody, const ParseContext& ctx) {
   }
   if (continue_final) {
     // Keep the final message open: cut the rendering right after its content.
-    const ordered_json& last = in.messages.back();
+    const json& last = in.messages.back();
     std::string content =
         last.contains("content") && last["content"].is_string() ? last["content"].get<std::string>() : "";
     size_t pos = content.empty() ? std::string::npos : rendered.rfind(content);
@@ -255,24 +263,59 @@ std::string token_text(int32_t id, const ParsedRequest& req, const tokenizer::To
   return tok->decode(one, false);
 }
 
-json completion_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
-                              const tokenizer::Tokenizer* tok, size_t text_offset) {
+namespace {
+
+// One position of a completions logprobs object: the token, and its entry (null when it has none).
+struct LogprobPosition {
+  int32_t id;
+  const LogprobEntry* entry;
+};
+
+json completion_logprobs_positions(const std::vector<LogprobPosition>& positions, const ParsedRequest& req,
+                                   const tokenizer::Tokenizer* tok, size_t text_offset) {
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
-  for (const auto& e : entries) {
-    std::string t = token_text(e.id, req, tok);
+  size_t max_top = static_cast<size_t>(req.logprobs.value_or(0));
+  for (const auto& p : positions) {
+    std::string t = token_text(p.id, req, tok);
     tokens.push_back(t);
-    token_logprobs.push_back(e.logprob);
     offsets.push_back(text_offset);
     text_offset += t.size();
+    if (!p.entry) {
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
+    token_logprobs.push_back(p.entry->logprob);
     json alts = json::object();
-    for (const auto& a : e.top) alts[token_text(a.id, req, tok)] = a.logprob;
-    alts[t] = e.logprob;
+    for (size_t k = 0; k < p.entry->top.size() && k < max_top; ++k)
+      alts[token_text(p.entry->top[k].id, req, tok)] = p.entry->top[k].logprob;
+    alts[t] = p.entry->logprob;
     top.push_back(alts);
   }
   return {{"text_offset", offsets},
           {"token_logprobs", token_logprobs},
           {"tokens", tokens},
           {"top_logprobs", top}};
+}
+
+}  // namespace
+
+json completion_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
+                              const tokenizer::Tokenizer* tok, size_t text_offset) {
+  std::vector<LogprobPosition> positions;
+  for (const auto& e : entries) positions.push_back({e.id, &e});
+  return completion_logprobs_positions(positions, req, tok, text_offset);
+}
+
+json completion_echo_logprobs_json(const std::vector<int32_t>& prompt_ids,
+                                   const std::vector<std::optional<LogprobEntry>>& prompt,
+                                   const std::vector<LogprobEntry>& generated, const ParsedRequest& req,
+                                   const tokenizer::Tokenizer* tok) {
+  std::vector<LogprobPosition> positions;
+  for (size_t i = 0; i < prompt_ids.size(); ++i)
+    positions.push_back({prompt_ids[i], i < prompt.size() && prompt[i] ? &*prompt[i] : nullptr});
+  for (const auto& e : generated) positions.push_back({e.id, &e});
+  return completion_logprobs_positions(positions, req, tok, 0);
 }
 
 json chat_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
@@ -296,7 +339,7 @@ json chat_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRe
 }
 
 json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entries,
-                          const tokenizer::Tokenizer* tok) {
+                          const tokenizer::Tokenizer* tok, size_t max_top) {
   json out = json::array();
   for (const auto& e : entries) {
     if (!e) {
@@ -311,6 +354,7 @@ json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entrie
     m[std::to_string(e->id)] = {{"logprob", e->logprob}, {"rank", e->rank}, {"decoded_token", dec(e->id)}};
     int64_t rank = 1;
     for (const auto& a : e->top) {
+      if (static_cast<size_t>(rank) > max_top) break;
       if (!m.contains(std::to_string(a.id)))
         m[std::to_string(a.id)] = {{"logprob", a.logprob}, {"rank", rank}, {"decoded_token", dec(a.id)}};
       ++rank;

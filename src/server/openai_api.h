@@ -31,6 +31,8 @@ struct ParsedRequest {
   bool return_tokens_as_token_ids = false;
   int64_t n = 1;
   std::optional<int64_t> logprobs;  // completions: top-N; chat: top_logprobs when logprobs is true
+  std::optional<int64_t>
+      prompt_logprobs;  // as the client asked (echo + logprobs may ask the engine for more)
 };
 
 struct ParseContext {
@@ -39,10 +41,11 @@ struct ParseContext {
   std::vector<std::string> served_model_names;
   std::function<bool(const std::string&)> has_adapter;
   int64_t max_model_len = 0;
+  int64_t vocab_size = 0;  // token ids must be below it (0: unchecked)
 };
 
 // Throws polylora::Error (kInvalid -> 400, kNotFound -> 404) naming the offending field.
-ParsedRequest parse_completion(const nlohmann::json& body, const ParseContext& ctx);
+ParsedRequest parse_completion(const nlohmann::ordered_json& body, const ParseContext& ctx);
 ParsedRequest parse_chat(const nlohmann::ordered_json& body, const ParseContext& ctx);
 
 // Accumulated state of one choice while streaming or collecting.
@@ -56,15 +59,24 @@ struct ChoiceState {
 };
 
 // Builders. `token_text(id)` renders one token for logprobs.
-nlohmann::json completion_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
-                                        const tokenizer::Tokenizer* tok, size_t text_offset_start);
-nlohmann::json chat_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
-                                  const tokenizer::Tokenizer* tok);
-nlohmann::json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entries,
-                                    const tokenizer::Tokenizer* tok);
+nlohmann::ordered_json completion_logprobs_json(const std::vector<LogprobEntry>& entries,
+                                                const ParsedRequest& req, const tokenizer::Tokenizer* tok,
+                                                size_t text_offset_start);
+nlohmann::ordered_json chat_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
+                                          const tokenizer::Tokenizer* tok);
+// `max_top`: alternatives per position kept (the engine may have computed more).
+nlohmann::ordered_json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entries,
+                                            const tokenizer::Tokenizer* tok, size_t max_top);
+// Completions logprobs with echo: the prompt's tokens first (the first one null, as it has no context),
+// then the generated ones; text offsets count from the start of the prompt text.
+nlohmann::ordered_json completion_echo_logprobs_json(const std::vector<int32_t>& prompt_ids,
+                                                     const std::vector<std::optional<LogprobEntry>>& prompt,
+                                                     const std::vector<LogprobEntry>& generated,
+                                                     const ParsedRequest& req,
+                                                     const tokenizer::Tokenizer* tok);
 // A stop token id as a number, a stop string as a string, null when neither stopped the sequence.
-nlohmann::json stop_reason_json(const std::optional<StopReason>& reason);
-nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
+nlohmann::ordered_json stop_reason_json(const std::optional<StopReason>& reason);
+nlohmann::ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
 std::string token_text(int32_t id, const ParsedRequest& req, const tokenizer::Tokenizer* tok);
 
 }  // namespace polylora::server

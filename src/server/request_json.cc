@@ -1,13 +1,15 @@
 // server/request_json.cc: sampling fields from JSON with precise type errors.
 #include "server/request_json.h"
 
+#include <charconv>
 #include <cmath>
+#include <limits>
 
 #include "common/error.h"
 
 namespace polylora::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -23,12 +25,24 @@ double number(const json& body, const char* name) {
   return f->get<double>();
 }
 
+// An integer field; floats with an integral value are accepted (as Python's int() of a JSON 2.0 would
+// not be, but clients send them), values beyond int64 (or beyond 2^53 as floats) are refused.
 int64_t integer(const json& body, const char* name) {
   const json* f = field(body, name);
-  if (f->is_number_integer() || f->is_number_unsigned()) return f->get<int64_t>();
-  if (f->is_number_float() && std::floor(f->get<double>()) == f->get<double>())
-    return static_cast<int64_t>(f->get<double>());
-  fail("'{}' must be an integer, got {}", name, f->is_number() ? f->dump() : std::string(f->type_name()));
+  if (f->is_number_unsigned()) {
+    if (f->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail("'{}' is out of range, got {}", name, f->dump());
+    return static_cast<int64_t>(f->get<uint64_t>());
+  }
+  if (f->is_number_integer()) return f->get<int64_t>();
+  if (f->is_number_float()) {
+    double d = f->get<double>();
+    if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) <= 9007199254740992.0)
+      return static_cast<int64_t>(d);
+  }
+  fail("'{}' must be an integer, got {}", name,
+       f->is_number() ? f->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                      : std::string(f->type_name()));
 }
 
 bool boolean(const json& body, const char* name) {
@@ -42,9 +56,13 @@ std::vector<int32_t> id_list(const json& body, const char* name) {
   if (!f->is_array()) fail("'{}' must be a list of token ids", name);
   std::vector<int32_t> ids;
   for (const auto& v : *f) {
-    if (!v.is_number_integer()) fail("'{}' must be a list of integer token ids, got {}", name, v.dump());
+    if (!v.is_number_integer())
+      fail("'{}' must be a list of integer token ids, got {}", name,
+           v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX
+                               : v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      fail("'{}': token id {} is out of range", name, v.dump());
     int64_t x = v.get<int64_t>();
-    if (x < 0 || x > INT32_MAX) fail("'{}': token id {} is out of range", name, x);
     ids.push_back(static_cast<int32_t>(x));
   }
   return ids;
@@ -54,7 +72,10 @@ std::vector<int32_t> id_list(const json& body, const char* name) {
 
 void read_sampling_fields(const json& body, SamplingParams& p) {
   if (!body.is_object()) fail("the request body must be a JSON object");
-  if (field(body, "n")) p.n = integer(body, "n");
+  if (field(body, "n")) {
+    p.n = integer(body, "n");
+    if (p.n < 1 || p.n > kMaxN) fail("'n' must be between 1 and {}, got {}", kMaxN, p.n);
+  }
   if (field(body, "temperature")) p.temperature = number(body, "temperature");
   if (field(body, "top_p")) p.top_p = number(body, "top_p");
   if (field(body, "top_k")) p.top_k = integer(body, "top_k");
@@ -70,14 +91,13 @@ void read_sampling_fields(const json& body, SamplingParams& p) {
     if (!lb->is_object()) fail("'logit_bias' must be an object mapping token ids to biases");
     p.logit_bias.clear();
     for (const auto& [k, v] : lb->items()) {
-      size_t used = 0;
-      long long id = -1;
-      try {
-        id = std::stoll(k, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != k.size()) fail("'logit_bias': key '{}' is not a token id", k);
+      int64_t id = -1;
+      auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id);
+      if (k.empty() || ec == std::errc::invalid_argument || end != k.data() + k.size())
+        fail("'logit_bias': key '{}' is not a token id",
+             json(k).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      if (ec == std::errc::result_out_of_range || id < 0 || id > INT32_MAX)
+        fail("'logit_bias': token id {} is out of range", k);
       if (!v.is_number()) fail("'logit_bias': the bias of token {} must be a number", k);
       p.logit_bias.emplace_back(static_cast<int32_t>(id), v.get<double>());
     }
@@ -118,8 +138,8 @@ void read_sampling_fields(const json& body, SamplingParams& p) {
   if (field(body, "prompt_logprobs")) p.prompt_logprobs = integer(body, "prompt_logprobs");
 }
 
-json logprob_entry_json(const LogprobEntry& e) {
-  json top = json::array();
+nlohmann::json logprob_entry_json(const LogprobEntry& e) {
+  nlohmann::json top = nlohmann::json::array();
   for (const auto& t : e.top) top.push_back({{"id", t.id}, {"logprob", t.logprob}});
   return {{"id", e.id}, {"logprob", e.logprob}, {"rank", e.rank}, {"top", top}};
 }

@@ -13,8 +13,11 @@
 namespace polylora::server {
 
 // Reads every sampling field present in `body` into `params` (fields absent keep their value). Unknown
-// fields are ignored unless listed in `strict_unknown` handling by the caller. Type errors name the field.
-void read_sampling_fields(const nlohmann::json& body, SamplingParams& params);
+// fields are ignored. Type and range errors name the field; integers are checked for range before use.
+void read_sampling_fields(const nlohmann::ordered_json& body, SamplingParams& params);
+
+// The largest `n` a request may ask for (checked before anything is allocated).
+inline constexpr int64_t kMaxN = 1024;
 
 // JSON of a LogprobEntry as {"id", "logprob", "rank", "top": [{"id", "logprob"}]}.
 nlohmann::json logprob_entry_json(const LogprobEntry& entry);

@@ -300,7 +300,7 @@ describe('openai client', () => {
 
     // Chat: prompt_tokens equals /tokenize of the same messages.
     const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Count to three.' }];
-    const tok = await request(`${server.url}/tokenize`, { body: { model: baseName, messages } });
+    const tok = await request(`${server.url}/tokenize`, { body: { model: baseName, messages }, key: KEY });
     assert.equal(tok.status, 200, tok.text);
     const chat = await client.chat.completions.create({ model: baseName, messages, max_tokens: 5, ...GREEDY });
     assert.equal(chat.usage.prompt_tokens, tok.json.count);
@@ -321,7 +321,7 @@ describe('openai client', () => {
     assert.equal(echo.choices[0].text, prompt + plain.choices[0].text);
 
     const ids = REFERENCE_PROMPTS[1];
-    const detok = await request(`${server.url}/detokenize`, { body: { model: baseName, tokens: ids } });
+    const detok = await request(`${server.url}/detokenize`, { body: { model: baseName, tokens: ids }, key: KEY });
     const echoIds = await client.completions.create({ model: baseName, prompt: ids, max_tokens: 3, echo: true, ...GREEDY });
     assert.ok(echoIds.choices[0].text.startsWith(detok.json.prompt));
 
@@ -362,7 +362,7 @@ describe('openai client', () => {
         });
         assert.deepEqual(ids(r.choices[0]), offline[i], `${model}, prompt ${i}`);
         // The returned text is the detokenized ids (/detokenize keeps special tokens; the output skips them).
-        const detok = await request(`${server.url}/detokenize`, { body: { tokens: offline[i] } });
+        const detok = await request(`${server.url}/detokenize`, { body: { tokens: offline[i] }, key: KEY });
         assert.equal(r.choices[0].text, detok.json.prompt.replace(/<\|[a-z_]+\|>/g, ''));
       }
     }

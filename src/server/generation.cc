@@ -1,0 +1,333 @@
+// server/generation.cc: a completion / chat request in flight (see the header).
+#include "server/generation.h"
+
+#include <ctime>
+#include <random>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "server/json_body.h"
+
+namespace polylora::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+std::string random_suffix() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 24; ++i) s += hex[rng() % 16];
+  return s;
+}
+
+std::string sse(const json& j) {
+  return "data: " + dump_json(j) + "\n\n";
+}
+
+int status_of_exception(std::exception_ptr error, std::string& message) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    message = e.what();
+    switch (e.kind()) {
+      case ErrorKind::kInvalid:
+        return 400;
+      case ErrorKind::kNotFound:
+        return 404;
+      case ErrorKind::kOverloaded:
+        return 503;
+    }
+  } catch (const std::exception& e) {
+    message = std::string("internal error: ") + e.what();
+  } catch (...) {
+    message = "internal error";
+  }
+  return 500;
+}
+
+}  // namespace
+
+Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokenizer::Tokenizer* tokenizer,
+                       std::shared_ptr<HttpResponder> responder, PostWork post_work, ErrorJson error_json)
+    : parsed_(std::move(parsed)),
+      engine_(engine),
+      tokenizer_(tokenizer),
+      responder_(std::move(responder)),
+      post_work_(std::move(post_work)),
+      error_json_(std::move(error_json)) {
+  chat_ = parsed_.kind == ApiKind::kChat;
+  id_ = (chat_ ? "chatcmpl-" : "cmpl-") + random_suffix();
+  created_ = static_cast<int64_t>(std::time(nullptr));
+  size_t num_prompts = parsed_.prompts.size();
+  choices_.resize(num_prompts * static_cast<size_t>(parsed_.n));
+  prompt_logprobs_.resize(num_prompts);
+  streams_.resize(num_prompts);
+  stream_done_.assign(num_prompts, false);
+  echo_sent_.assign(num_prompts, false);
+  if (parsed_.echo)
+    for (size_t i = 0; i < num_prompts; ++i)
+      for (int64_t k = 0; k < parsed_.n; ++k) choices_[i * parsed_.n + k].text = parsed_.prompt_texts[i];
+}
+
+void Generation::start() {
+  auto self = shared_from_this();
+  responder_->on_disconnect([self] {
+    self->client_gone_ = true;
+    std::lock_guard<std::mutex> lock(self->mu_);
+    self->abort_all();
+  });
+  for (size_t i = 0; i < parsed_.prompts.size(); ++i) {
+    EngineRequest r = parsed_.prompts[i];
+    r.request_id = id_ + "-" + std::to_string(i);
+    engine_.add_request_async(std::move(r),
+                              [self, i](std::shared_ptr<OutputStream> stream, std::exception_ptr error) {
+                                self->post_work_([self, i, stream = std::move(stream), error]() mutable {
+                                  self->on_added(i, std::move(stream), error);
+                                });
+                              });
+  }
+}
+
+void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> stream, std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++num_answered_;
+  if (error) {
+    std::string message;
+    int status = status_of_exception(error, message);
+    if (!add_error_) add_error_ = {status, message};
+    stream_done_[prompt_idx] = true;
+  } else {
+    streams_[prompt_idx] = stream;
+    if (finished_) {  // the client went (or another prompt failed) meanwhile
+      engine_.abort(id_ + "-" + std::to_string(prompt_idx));
+      stream_done_[prompt_idx] = true;
+      return;
+    }
+    auto self = shared_from_this();  // the listener keeps the generation alive; cleared when it ends
+    stream->set_listener([self] { self->wake(); });
+  }
+  if (num_answered_ < parsed_.prompts.size() || finished_) return;
+  if (add_error_) {
+    abort_all();
+    send_json(add_error_->first, error_json_(add_error_->first, add_error_->second));
+    return;
+  }
+  if (parsed_.stream) {
+    responder_->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    std::string out;
+    if (chat_)  // the first chunk of every choice announces the role
+      for (size_t c = 0; c < choices_.size(); ++c)
+        out += sse(chunk({{"index", c},
+                          {"delta", {{"role", "assistant"}, {"content", ""}}},
+                          {"logprobs", nullptr},
+                          {"finish_reason", nullptr}}));
+    if (!chat_ && parsed_.echo && !parsed_.logprobs)
+      for (size_t i = 0; i < parsed_.prompts.size(); ++i) write_echo_chunks(i, out);
+    responder_->write(std::move(out));
+  }
+  pump();
+}
+
+void Generation::wake() {
+  if (wake_pending_.exchange(true)) return;
+  auto self = shared_from_this();
+  post_work_([self] {
+    self->wake_pending_ = false;
+    std::lock_guard<std::mutex> lock(self->mu_);
+    try {
+      self->pump();
+    } catch (const std::exception& e) {
+      spdlog::error("request {}: {}", self->id_, e.what());
+      self->abort_all();
+      self->fail_request(500, std::string("internal error: ") + e.what());
+    }
+  });
+}
+
+json Generation::chunk(json choice) const {
+  return json{{"id", id_},
+              {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+              {"created", created_},
+              {"model", parsed_.model},
+              {"choices", json::array({std::move(choice)})}};
+}
+
+json Generation::finish_json(const ChoiceState& ch) const {
+  if (!ch.finish_reason) return nullptr;
+  return finish_reason_name(*ch.finish_reason);
+}
+
+void Generation::write_echo_chunks(size_t prompt_idx, std::string& out) {
+  if (echo_sent_[prompt_idx]) return;
+  echo_sent_[prompt_idx] = true;
+  json lp = nullptr;
+  if (parsed_.logprobs)
+    lp = completion_echo_logprobs_json(parsed_.prompts[prompt_idx].prompt_ids, prompt_logprobs_[prompt_idx],
+                                       {}, parsed_, tokenizer_);
+  for (int64_t k = 0; k < parsed_.n; ++k) {
+    size_t c = prompt_idx * static_cast<size_t>(parsed_.n) + static_cast<size_t>(k);
+    out += sse(chunk({{"index", c},
+                      {"text", parsed_.prompt_texts[prompt_idx]},
+                      {"logprobs", lp},
+                      {"finish_reason", nullptr},
+                      {"stop_reason", nullptr}}));
+  }
+}
+
+void Generation::pump() {
+  if (finished_ || num_answered_ < parsed_.prompts.size()) return;
+  std::string out;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    if (stream_done_[i] || !streams_[i]) continue;
+    while (auto o = streams_[i]->next(std::chrono::milliseconds(0))) {
+      if (o->error) {
+        error_ = *o->error;
+        error_is_shutdown_ = o->error_is_shutdown;
+      }
+      if (prompt_logprobs_[i].empty() && !o->prompt_logprobs.empty())
+        prompt_logprobs_[i] = o->prompt_logprobs;
+      if (parsed_.stream && !chat_ && parsed_.echo && parsed_.logprobs) write_echo_chunks(i, out);
+      for (const auto& so : o->sequences) {
+        size_t c = i * static_cast<size_t>(parsed_.n) + static_cast<size_t>(so.index);
+        ChoiceState& ch = choices_[c];
+        ch.text += so.new_text;
+        ch.token_ids.insert(ch.token_ids.end(), so.new_token_ids.begin(), so.new_token_ids.end());
+        ch.logprobs.insert(ch.logprobs.end(), so.new_logprobs.begin(), so.new_logprobs.end());
+        completion_tokens_ += static_cast<int64_t>(so.new_token_ids.size());
+        if (so.finish_reason) {
+          ch.finish_reason = so.finish_reason;
+          ch.stop_reason = so.stop_reason;
+        }
+        if (!parsed_.stream || (so.new_text.empty() && so.new_token_ids.empty() && !so.finish_reason))
+          continue;
+        json lp = nullptr;
+        if (parsed_.logprobs && !so.new_logprobs.empty())
+          lp = chat_ ? chat_logprobs_json(so.new_logprobs, parsed_, tokenizer_)
+                     : completion_logprobs_json(so.new_logprobs, parsed_, tokenizer_,
+                                                ch.text.size() - so.new_text.size());
+        json choice;
+        if (chat_)
+          choice = {{"index", c},
+                    {"delta", {{"content", so.new_text}}},
+                    {"logprobs", lp},
+                    {"finish_reason", finish_json(ch)}};
+        else
+          choice = {
+              {"index", c}, {"text", so.new_text}, {"logprobs", lp}, {"finish_reason", finish_json(ch)}};
+        if (so.finish_reason) choice["stop_reason"] = stop_reason_json(so.stop_reason);
+        json j = chunk(std::move(choice));
+        if (parsed_.continuous_usage)
+          j["usage"] = usage_json(prompt_tokens_, completion_tokens_, cached_tokens_);
+        out += sse(j);
+      }
+      if (o->finished) {
+        stream_done_[i] = true;
+        prompt_tokens_ += o->num_prompt_tokens;
+        cached_tokens_ += o->num_cached_tokens;
+        break;
+      }
+    }
+  }
+  if (parsed_.stream && !out.empty()) responder_->write(std::move(out));
+  if (error_) {
+    abort_all();
+    fail_request(error_is_shutdown_ ? 503 : 500, *error_);
+    return;
+  }
+  for (bool d : stream_done_)
+    if (!d) return;
+  if (parsed_.stream)
+    finish_stream();
+  else
+    finish_body();
+}
+
+void Generation::abort_all() {
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    if (streams_[i]) streams_[i]->set_listener(nullptr);
+    if (streams_[i] && !stream_done_[i]) engine_.abort(id_ + "-" + std::to_string(i));
+    stream_done_[i] = true;
+  }
+  finished_ = true;
+}
+
+void Generation::send_json(int status, const json& body) {
+  finished_ = true;
+  HttpResponse r;
+  r.status = status;
+  r.body = dump_json(body);
+  responder_->send(std::move(r));
+}
+
+void Generation::fail_request(int status, const std::string& message) {
+  finished_ = true;
+  if (parsed_.stream) {
+    // The status line has gone out: the error travels as an event, then the stream ends as usual.
+    responder_->write(sse(error_json_(status, message)) + "data: [DONE]\n\n");
+    responder_->end();
+  } else {
+    send_json(status, error_json_(status, message));
+  }
+}
+
+void Generation::finish_stream() {
+  abort_all();  // nothing left to abort; clears the listeners
+  std::string out;
+  if (parsed_.include_usage)
+    out += sse({{"id", id_},
+                {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+                {"created", created_},
+                {"model", parsed_.model},
+                {"choices", json::array()},
+                {"usage", usage_json(prompt_tokens_, completion_tokens_, cached_tokens_)}});
+  out += "data: [DONE]\n\n";
+  responder_->write(std::move(out));
+  responder_->end();
+}
+
+void Generation::finish_body() {
+  abort_all();  // nothing left to abort; clears the listeners
+  json choices = json::array();
+  for (size_t c = 0; c < choices_.size(); ++c) {
+    const ChoiceState& ch = choices_[c];
+    size_t p = c / static_cast<size_t>(parsed_.n);
+    json lp = nullptr;
+    if (parsed_.logprobs) {
+      if (chat_)
+        lp = chat_logprobs_json(ch.logprobs, parsed_, tokenizer_);
+      else if (parsed_.echo)
+        lp = completion_echo_logprobs_json(parsed_.prompts[p].prompt_ids, prompt_logprobs_[p], ch.logprobs,
+                                           parsed_, tokenizer_);
+      else
+        lp = completion_logprobs_json(ch.logprobs, parsed_, tokenizer_, 0);
+    }
+    json choice;
+    if (chat_)
+      choice = {{"index", c},
+                {"message", {{"role", "assistant"}, {"content", ch.text}, {"tool_calls", json::array()}}},
+                {"logprobs", lp},
+                {"finish_reason", finish_json(ch)},
+                {"stop_reason", stop_reason_json(ch.stop_reason)}};
+    else
+      choice = {{"index", c},
+                {"text", ch.text},
+                {"logprobs", lp},
+                {"finish_reason", finish_json(ch)},
+                {"stop_reason", stop_reason_json(ch.stop_reason)}};
+    if (parsed_.prompt_logprobs && !prompt_logprobs_[p].empty())
+      choice["prompt_logprobs"] = prompt_logprobs_json(prompt_logprobs_[p], tokenizer_,
+                                                       static_cast<size_t>(*parsed_.prompt_logprobs));
+    if (parsed_.return_tokens_as_token_ids) choice["token_ids"] = ch.token_ids;
+    choices.push_back(std::move(choice));
+  }
+  send_json(200, {{"id", id_},
+                  {"object", chat_ ? "chat.completion" : "text_completion"},
+                  {"created", created_},
+                  {"model", parsed_.model},
+                  {"choices", choices},
+                  {"usage", usage_json(prompt_tokens_, completion_tokens_, cached_tokens_)}});
+}
+
+}  // namespace polylora::server

@@ -1,0 +1,70 @@
+// server/generation.h: one completion or chat request in flight, from the engine's output streams to the
+// client: hands its prompts to the engine, is woken by the streams (never waits on them), accumulates the
+// choices, writes SSE chunks or the final body, and aborts the engine requests when the client goes.
+// Must not: parse requests (openai_api.cc does) or touch sockets (http_transport.cc does).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine_thread.h"
+#include "server/http_transport.h"
+#include "server/openai_api.h"
+
+namespace polylora::server {
+
+class Generation : public std::enable_shared_from_this<Generation> {
+ public:
+  using PostWork = std::function<void(std::function<void()>)>;
+  using ErrorJson = std::function<nlohmann::ordered_json(int status, const std::string& message)>;
+  // `error_json` builds the OpenAI error object of a status and message.
+  Generation(ParsedRequest parsed, EngineThread& engine, const tokenizer::Tokenizer* tokenizer,
+             std::shared_ptr<HttpResponder> responder, PostWork post_work, ErrorJson error_json);
+  // Hands every prompt to the engine; the answer follows asynchronously.
+  void start();
+
+ private:
+  void on_added(size_t prompt_idx, std::shared_ptr<OutputStream> stream, std::exception_ptr error);
+  void wake();
+  void pump();  // under mu_
+  void abort_all();
+  void finish_stream();
+  void finish_body();
+  void fail_request(int status, const std::string& message);
+  nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;
+  nlohmann::ordered_json finish_json(const ChoiceState& ch) const;
+  void write_echo_chunks(size_t prompt_idx, std::string& out);
+  void send_json(int status, const nlohmann::ordered_json& body);
+
+  ParsedRequest parsed_;
+  EngineThread& engine_;
+  const tokenizer::Tokenizer* tokenizer_;
+  std::shared_ptr<HttpResponder> responder_;
+  PostWork post_work_;
+  ErrorJson error_json_;
+  bool chat_ = false;
+  std::string id_;
+  int64_t created_ = 0;
+
+  std::mutex mu_;
+  std::atomic<bool> wake_pending_{false};
+  std::vector<std::shared_ptr<OutputStream>> streams_;  // [prompts]
+  std::vector<bool> stream_done_;
+  size_t num_answered_ = 0;  // prompts the engine has accepted or refused
+  std::optional<std::pair<int, std::string>> add_error_;
+  std::vector<ChoiceState> choices_;                                       // [prompts · n]
+  std::vector<std::vector<std::optional<LogprobEntry>>> prompt_logprobs_;  // [prompts]
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
+  std::optional<std::string> error_;
+  bool error_is_shutdown_ = false;
+  std::vector<bool> echo_sent_;  // [prompts] streaming echo chunks written
+  bool finished_ = false;
+  std::atomic<bool> client_gone_{false};
+};
+
+}  // namespace polylora::server

@@ -1,0 +1,802 @@
+// server/http_transport.cc: the event-driven HTTP/1.1 transport (see the header). Every connection is a
+// Session whose handlers run on its own strand; one timer per session enforces the phase deadlines
+// (idle keep-alive, total header time, total body time, write progress). Requests are parsed by Beast's
+// request_parser (header and body limits, chunked framing); handlers run on a worker pool.
+#include "server/http_transport.h"
+
+#include <sys/resource.h>
+#include <zlib.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace polylora::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Content Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 422:
+      return "Unprocessable Content";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Unknown";
+  }
+}
+
+// A header value as it may be written: CR and LF removed (no response splitting).
+std::string header_safe(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v)
+    if (c != '\r' && c != '\n') out += c;
+  return out;
+}
+
+std::string status_line_and_headers(int status, const std::string& content_type,
+                                    const std::vector<std::pair<std::string, std::string>>& headers,
+                                    bool keep_alive) {
+  std::string s = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
+  s += "Server: polylora\r\n";
+  if (!content_type.empty()) s += "Content-Type: " + header_safe(content_type) + "\r\n";
+  for (const auto& [k, v] : headers) s += header_safe(k) + ": " + header_safe(v) + "\r\n";
+  s += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+  return s;
+}
+
+std::string chunk(const std::string& data) {
+  char size[32];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  return size + data + "\r\n";
+}
+
+// Undoes Content-Encoding gzip / deflate with an output cap. Throws polylora::Error carrying the status in
+// its kind: kInvalid -> 400 (corrupt), kOverloaded is not used; callers map the message themselves.
+struct DecodeError {
+  int status;
+  std::string message;
+};
+
+std::optional<DecodeError> decode_body(HttpRequest& req, const HttpLimits& limits) {
+  const std::string* enc = req.header("content-encoding");
+  if (!enc) return std::nullopt;
+  std::string e;
+  for (char c : *enc)
+    if (c != ' ' && c != '\t') e += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (e.empty() || e == "identity") return std::nullopt;
+  if (e != "gzip" && e != "x-gzip" && e != "deflate")
+    return DecodeError{415, "unsupported Content-Encoding '" + sanitize_utf8(*enc) +
+                                "' (gzip, deflate and identity are accepted, one at a time)"};
+  auto inflate_with = [&](int window_bits, std::string& out) -> int {
+    z_stream zs{};
+    if (inflateInit2(&zs, window_bits) != Z_OK) return Z_MEM_ERROR;
+    zs.next_in = reinterpret_cast<Bytef*>(req.body.data());
+    zs.avail_in = static_cast<uInt>(req.body.size());
+    out.clear();
+    char buf[1 << 16];
+    int rc = Z_OK;
+    while (rc == Z_OK) {
+      zs.next_out = reinterpret_cast<Bytef*>(buf);
+      zs.avail_out = sizeof(buf);
+      rc = inflate(&zs, Z_NO_FLUSH);
+      size_t produced = sizeof(buf) - zs.avail_out;
+      if (out.size() + produced > limits.max_decompressed_body_bytes) {
+        inflateEnd(&zs);
+        return Z_BUF_ERROR + 1000;  // over the limit
+      }
+      out.append(buf, produced);
+      if (rc == Z_BUF_ERROR && zs.avail_in == 0) break;  // truncated input
+    }
+    inflateEnd(&zs);
+    return rc;
+  };
+  std::string out;
+  int rc = inflate_with(e == "deflate" ? 15 : 15 + 16, out);
+  if (rc != Z_STREAM_END && e == "deflate" && rc != Z_BUF_ERROR + 1000) rc = inflate_with(-15, out);
+  if (rc == Z_BUF_ERROR + 1000)
+    return DecodeError{413, "the decompressed request body exceeds " +
+                                std::to_string(limits.max_decompressed_body_bytes) +
+                                " bytes (--max-decompressed-body-bytes)"};
+  if (rc != Z_STREAM_END)
+    return DecodeError{400, "the request body is not valid " + e + " data (Content-Encoding: " + e + ")"};
+  req.body = std::move(out);
+  return std::nullopt;
+}
+
+}  // namespace
+
+const std::string* HttpRequest::header(std::string_view name) const {
+  for (const auto& [k, v] : headers)
+    if (k == name) return &v;
+  return nullptr;
+}
+
+std::string sanitize_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t n = s.size(), i = 0;
+  while (i < n) {
+    unsigned char c = p[i];
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2, cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3, cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4, cp = c & 0x07;
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) ok = false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if (ok) {
+      if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+          (cp >= 0xD800 && cp <= 0xDFFF))
+        ok = false;
+    }
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
+class Session;
+
+struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
+  Impl(HttpLimits l, HttpHandler h, HttpErrorBody e, size_t io, size_t workers_n)
+      : limits(l),
+        handler(std::move(h)),
+        error_body(std::move(e)),
+        num_io_threads(std::max<size_t>(1, io)),
+        workers(std::max<size_t>(1, workers_n)),
+        acceptor(ioc),
+        retry_timer(ioc),
+        stop_timer(ioc),
+        work(net::make_work_guard(ioc)) {}
+
+  void do_accept();
+  bool shed_one();
+  void close_all(bool only_unbusy);
+  void post_work(std::function<void()> fn) { net::post(workers, std::move(fn)); }
+
+  HttpLimits limits;
+  HttpHandler handler;
+  HttpErrorBody error_body;
+  size_t num_io_threads;
+  net::thread_pool workers;
+  net::io_context ioc;
+  tcp::acceptor acceptor;
+  net::steady_timer retry_timer;
+  net::steady_timer stop_timer;
+  net::executor_work_guard<net::io_context::executor_type> work;
+  std::atomic<bool> shutting_down{false};
+  std::mutex mu;
+  std::list<std::weak_ptr<Session>> sessions;
+  std::atomic<int64_t> num_sessions{0};
+};
+
+// The answer channel handed to a handler; forwards to the session's strand.
+class Responder : public HttpResponder {
+ public:
+  Responder(std::weak_ptr<Session> session, net::any_io_executor ex, HttpTransport::Impl* t)
+      : session_(std::move(session)), ex_(std::move(ex)), t_(t) {}
+  void send(HttpResponse response) override;
+  void start_stream(int status, std::string content_type,
+                    std::vector<std::pair<std::string, std::string>> headers) override;
+  void write(std::string data) override;
+  void end() override;
+  bool disconnected() const override { return gone_.load(); }
+  void on_disconnect(std::function<void()> fn) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (gone_.load()) {
+      lock.unlock();
+      t_->post_work(std::move(fn));
+      return;
+    }
+    on_gone_ = std::move(fn);
+  }
+  // Called by the session when the client goes before the response is complete.
+  void fire_disconnect() {
+    std::function<void()> fn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (gone_.exchange(true)) return;
+      fn = std::move(on_gone_);
+    }
+    if (fn) t_->post_work(std::move(fn));
+  }
+
+ private:
+  std::weak_ptr<Session> session_;
+  net::any_io_executor ex_;
+  HttpTransport::Impl* t_;
+  std::mutex mu_;
+  std::atomic<bool> gone_{false};
+  std::function<void()> on_gone_;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  enum State : int { kIdle, kHeader, kBody, kHandling, kClosing, kClosed };
+
+  Session(std::shared_ptr<HttpTransport::Impl> t, tcp::socket socket)
+      : t_(std::move(t)), sock_(std::move(socket)), timer_(sock_.get_executor()) {}
+
+  net::any_io_executor executor() { return sock_.get_executor(); }
+  int state() const { return state_atomic_.load(); }
+  int64_t since() const { return since_ns_.load(); }
+
+  void start() {
+    request_start_ = Clock::now();
+    do_idle(request_start_ + seconds(t_->limits.header_timeout_s));
+  }
+
+  // Answers 503 at once (the connection limit is reached and nothing could be shed).
+  void reject() {
+    set_state(kHandling);
+    keep_alive_ = false;
+    HttpResponse r = t_->error_body(503, "the server has too many open connections (--max-connections " +
+                                             std::to_string(t_->limits.max_connections) + "); retry later");
+    queue_response(std::move(r));
+  }
+
+  // From any thread.
+  void request_close() {
+    net::post(sock_.get_executor(), [self = shared_from_this()] { self->close(); });
+  }
+
+  // --- called on the strand by the Responder ---
+  void queue_response(HttpResponse r) {
+    if (state_ == kClosed || response_started_) return;
+    response_started_ = true;
+    bool ka = keep_alive_ && !t_->shutting_down.load();
+    keep_alive_ = ka;
+    std::string s = status_line_and_headers(r.status, r.content_type, r.headers, ka);
+    s += "Content-Length: " + std::to_string(r.body.size()) + "\r\n\r\n";
+    s += r.body;
+    queue(std::move(s), true);
+  }
+  void queue_stream_start(int status, const std::string& content_type,
+                          const std::vector<std::pair<std::string, std::string>>& headers) {
+    if (state_ == kClosed || response_started_) return;
+    response_started_ = true;
+    streaming_ = true;
+    std::string s = status_line_and_headers(status, content_type, headers, keep_alive_);
+    s += "Transfer-Encoding: chunked\r\n\r\n";
+    queue(std::move(s), false);
+  }
+  void queue_chunk(const std::string& data) {
+    if (state_ == kClosed || !streaming_ || complete_ || data.empty()) return;
+    queue(chunk(data), false);
+  }
+  void queue_stream_end() {
+    if (state_ == kClosed || !streaming_ || complete_) return;
+    queue("0\r\n\r\n", true);
+  }
+
+  void close() {
+    if (state_ == kClosed) return;
+    set_state(kClosed);
+    disarm();
+    beast::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_both, ec);
+    sock_.close(ec);
+    if (responder_) {
+      responder_->fire_disconnect();
+      responder_.reset();
+    }
+    unregister();
+  }
+
+  std::list<std::weak_ptr<Session>>::iterator reg_it;
+  bool registered = false;
+
+ private:
+  void set_state(State s) {
+    state_ = s;
+    state_atomic_.store(s);
+    since_ns_.store(Clock::now().time_since_epoch().count());
+  }
+
+  void unregister() {
+    std::lock_guard<std::mutex> lock(t_->mu);
+    if (registered) {
+      t_->sessions.erase(reg_it);
+      registered = false;
+      t_->num_sessions.fetch_sub(1);
+    }
+  }
+
+  void arm_until(Clock::time_point deadline) {
+    uint64_t gen = ++timer_gen_;
+    timer_.expires_at(deadline);
+    timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
+      if (ec || gen != self->timer_gen_) return;
+      self->on_timeout();
+    });
+  }
+  void disarm() {
+    ++timer_gen_;
+    timer_.cancel();
+  }
+
+  void on_timeout() {
+    switch (state_) {
+      case kIdle:
+      case kClosing:
+        close();
+        return;
+      case kHeader:
+      case kBody:
+        timed_out_ = true;
+        {
+          beast::error_code ec;
+          sock_.cancel(ec);
+        }
+        return;
+      case kHandling:  // a write made no progress
+        close();
+        return;
+      case kClosed:
+        return;
+    }
+  }
+
+  // Waits for the first byte of the next request (or reads it from the buffer).
+  void do_idle(Clock::time_point deadline) {
+    set_state(kIdle);
+    if (t_->shutting_down.load()) return close();
+    if (buf_.size() > 0) return do_header();
+    arm_until(deadline);
+    if (!reading_) start_read_some();
+  }
+
+  void start_read_some() {
+    reading_ = true;
+    sock_.async_read_some(buf_.prepare(16 * 1024),
+                          [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            self->reading_ = false;
+                            self->buf_.commit(n);
+                            self->on_read_some(ec);
+                          });
+  }
+
+  void on_read_some(beast::error_code ec) {
+    if (state_ == kClosed) return;
+    if (state_ == kClosing) {  // lingering close: discard until EOF
+      buf_.consume(buf_.size());
+      if (ec) return close();
+      return start_read_some();
+    }
+    if (ec) return close();  // EOF or reset: the client has gone (close() tells a running request)
+    if (state_ == kIdle) {
+      request_start_ = Clock::now();
+      return do_header();
+    }
+    // kHandling: a pipelined request arrived; keep it for later and stop watching (the next request is read
+    // after this response).
+  }
+
+  void do_header() {
+    set_state(kHeader);
+    timed_out_ = false;
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(
+        std::min<size_t>(t_->limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max())));
+    parser_->body_limit(t_->limits.max_body_bytes);
+    arm_until(request_start_ + seconds(t_->limits.header_timeout_s));
+    reading_ = true;
+    http::async_read_header(sock_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->reading_ = false;
+      self->on_header(ec);
+    });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (state_ == kClosed) return;
+    if (ec) return on_read_error(ec);
+    size_t count = 0;
+    for (auto it = parser_->get().begin(); it != parser_->get().end(); ++it) ++count;
+    if (count > t_->limits.max_header_count)
+      return respond_error(431, "the request has " + std::to_string(count) + " header fields; at most " +
+                                    std::to_string(t_->limits.max_header_count) +
+                                    " are allowed (--max-header-count)");
+    if (parser_->is_done()) return dispatch();
+    auto expect = parser_->get()[http::field::expect];
+    if (beast::iequals(expect, "100-continue")) {
+      continue_ = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
+      writing_ = true;
+      net::async_write(sock_, net::buffer(*continue_),
+                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                         self->writing_ = false;
+                         if (ec) return self->close();
+                         self->do_body();
+                       });
+      return;
+    }
+    do_body();
+  }
+
+  void do_body() {
+    if (state_ == kClosed) return;
+    set_state(kBody);
+    arm_until(Clock::now() + seconds(t_->limits.body_timeout_s));
+    reading_ = true;
+    http::async_read(sock_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->reading_ = false;
+      if (self->state_ == kClosed) return;
+      if (ec) return self->on_read_error(ec);
+      self->dispatch();
+    });
+  }
+
+  void on_read_error(beast::error_code ec) {
+    bool in_body = state_ == kBody;
+    if (timed_out_)
+      return respond_error(408, in_body ? "the request body was not received within " +
+                                              fmt::format("{:g}", t_->limits.body_timeout_s) + " s"
+                                        : "the request headers were not received within " +
+                                              fmt::format("{:g}", t_->limits.header_timeout_s) + " s");
+    if (ec == http::error::header_limit)
+      return respond_error(431, "the request line and headers exceed " +
+                                    std::to_string(t_->limits.max_header_bytes) +
+                                    " bytes (--max-header-bytes)");
+    if (ec == http::error::body_limit)
+      return respond_error(413, "the request body exceeds " + std::to_string(t_->limits.max_body_bytes) +
+                                    " bytes (--max-body-bytes)");
+    if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == net::error::eof ||
+        ec == net::error::operation_aborted ||
+        &ec.category() != &http::make_error_code(http::error::bad_method).category())
+      return close();  // the client went away (or a socket error)
+    respond_error(400, "malformed HTTP request: " + ec.message());
+  }
+
+  // An error the transport answers itself; the connection closes after it.
+  void respond_error(int status, const std::string& message) {
+    disarm();
+    set_state(kHandling);
+    keep_alive_ = false;
+    response_started_ = false;
+    complete_ = false;
+    streaming_ = false;
+    queue_response(t_->error_body(status, message));
+  }
+
+  void dispatch() {
+    disarm();
+    set_state(kHandling);
+    response_started_ = false;
+    complete_ = false;
+    streaming_ = false;
+    auto msg = parser_->release();
+    parser_.reset();
+    keep_alive_ = msg.keep_alive() && !t_->shutting_down.load();
+    HttpRequest req;
+    req.method = std::string(msg.method_string());
+    req.target = std::string(msg.target());
+    size_t q = req.target.find('?');
+    req.path = req.target.substr(0, q);
+    if (q != std::string::npos) req.query = req.target.substr(q + 1);
+    for (const auto& f : msg) {
+      std::string name(f.name_string());
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      req.headers.emplace_back(std::move(name), std::string(f.value()));
+    }
+    req.body = std::move(msg.body());
+    responder_ = std::make_shared<Responder>(weak_from_this(), sock_.get_executor(), t_.get());
+    if (buf_.size() == 0 && !reading_) start_read_some();  // notices a client that goes away meanwhile
+    auto t = t_;
+    t_->post_work([t, req = std::move(req), responder = responder_]() mutable {
+      if (auto err = decode_body(req, t->limits)) {
+        HttpResponse r = t->error_body(err->status, err->message);
+        return responder->send(std::move(r));
+      }
+      try {
+        t->handler(req, responder);
+      } catch (const std::exception& e) {
+        spdlog::error("HTTP handler failed: {}", e.what());
+        responder->send(t->error_body(500, std::string("internal error: ") + sanitize_utf8(e.what())));
+      } catch (...) {
+        responder->send(t->error_body(500, "internal error"));
+      }
+    });
+  }
+
+  void queue(std::string bytes, bool complete) {
+    pending_ += bytes;
+    if (complete) complete_ = true;
+    if (!writing_) do_write();
+  }
+
+  void do_write() {
+    if (state_ == kClosed) return;
+    writing_ = true;
+    current_write_ = std::move(pending_);
+    pending_.clear();
+    arm_until(Clock::now() + seconds(t_->limits.write_timeout_s));
+    net::async_write(sock_, net::buffer(current_write_),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->writing_ = false;
+                       if (self->state_ == kClosed) return;
+                       if (ec) return self->close();
+                       if (!self->pending_.empty()) return self->do_write();
+                       self->disarm();
+                       if (self->complete_) self->on_response_done();
+                     });
+  }
+
+  void on_response_done() {
+    responder_.reset();  // complete: a later disconnect is no longer this request's concern
+    if (!keep_alive_ || t_->shutting_down.load()) return lingering_close();
+    do_idle(Clock::now() + seconds(t_->limits.keep_alive_timeout_s));
+  }
+
+  // Half-closes, then drains what the client still sends for up to a second, so that the client reads the
+  // last response instead of a reset.
+  void lingering_close() {
+    set_state(kClosing);
+    beast::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_send, ec);
+    arm_until(Clock::now() + std::chrono::seconds(1));
+    buf_.consume(buf_.size());
+    if (!reading_) start_read_some();
+  }
+
+  std::shared_ptr<HttpTransport::Impl> t_;
+  tcp::socket sock_;
+  net::steady_timer timer_;
+  uint64_t timer_gen_ = 0;
+  beast::flat_buffer buf_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  State state_ = kIdle;
+  std::atomic<int> state_atomic_{kIdle};
+  std::atomic<int64_t> since_ns_{0};
+  Clock::time_point request_start_;
+  bool reading_ = false, writing_ = false, timed_out_ = false;
+  bool keep_alive_ = true, response_started_ = false, complete_ = false, streaming_ = false;
+  std::string pending_, current_write_;
+  std::shared_ptr<std::string> continue_;
+  std::shared_ptr<Responder> responder_;
+};
+
+void Responder::send(HttpResponse response) {
+  net::post(ex_, [w = session_, r = std::move(response)]() mutable {
+    if (auto s = w.lock()) s->queue_response(std::move(r));
+  });
+}
+void Responder::start_stream(int status, std::string content_type,
+                             std::vector<std::pair<std::string, std::string>> headers) {
+  net::post(ex_, [w = session_, status, ct = std::move(content_type), h = std::move(headers)] {
+    if (auto s = w.lock()) s->queue_stream_start(status, ct, h);
+  });
+}
+void Responder::write(std::string data) {
+  if (data.empty()) return;
+  net::post(ex_, [w = session_, d = std::move(data)] {
+    if (auto s = w.lock()) s->queue_chunk(d);
+  });
+}
+void Responder::end() {
+  net::post(ex_, [w = session_] {
+    if (auto s = w.lock()) s->queue_stream_end();
+  });
+}
+
+// Picks the connection to close when the limit is reached: the longest idle one, else the one that has
+// been sending its request headers the longest. Running requests are never shed.
+bool HttpTransport::Impl::shed_one() {
+  std::shared_ptr<Session> victim;
+  int best_state = 99;
+  int64_t best_since = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& w : sessions) {
+    auto s = w.lock();
+    if (!s) continue;
+    int st = s->state();
+    if (st != Session::kIdle && st != Session::kHeader && st != Session::kClosing) continue;
+    int rank = st == Session::kClosing ? -1 : st;
+    if (!victim || rank < best_state || (rank == best_state && s->since() < best_since)) {
+      victim = s;
+      best_state = rank;
+      best_since = s->since();
+    }
+  }
+  if (!victim) return false;
+  victim->request_close();
+  return true;
+}
+
+void HttpTransport::Impl::close_all(bool only_unbusy) {
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& w : sessions)
+      if (auto s = w.lock()) all.push_back(std::move(s));
+  }
+  for (auto& s : all) {
+    int st = s->state();
+    if (!only_unbusy || st == Session::kIdle || st == Session::kHeader || st == Session::kBody ||
+        st == Session::kClosing)
+      s->request_close();
+  }
+}
+
+void HttpTransport::Impl::do_accept() {
+  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](beast::error_code ec,
+                                                                           tcp::socket socket) {
+    if (self->shutting_down.load() || !self->acceptor.is_open()) return;
+    if (ec) {
+      // Out of descriptors: shed an idle connection and try again shortly.
+      if (ec == net::error::no_descriptors) self->shed_one();
+      self->retry_timer.expires_after(std::chrono::milliseconds(ec == net::error::no_descriptors ? 50 : 1));
+      self->retry_timer.async_wait([self](beast::error_code) { self->do_accept(); });
+      return;
+    }
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    auto session = std::make_shared<Session>(self, std::move(socket));
+    bool over = self->num_sessions.load() >= self->limits.max_connections;
+    if (over && !self->shed_one()) {
+      net::post(session->executor(), [session] { session->reject(); });
+    } else {
+      {
+        std::lock_guard<std::mutex> lock(self->mu);
+        session->reg_it = self->sessions.insert(self->sessions.end(), session);
+        session->registered = true;
+        self->num_sessions.fetch_add(1);
+      }
+      net::post(session->executor(), [session] { session->start(); });
+    }
+    self->do_accept();
+  });
+}
+
+HttpTransport::HttpTransport(HttpLimits limits, HttpHandler handler, HttpErrorBody error_body,
+                             size_t num_io_threads, size_t num_worker_threads)
+    : impl_(std::make_shared<Impl>(limits, std::move(handler), std::move(error_body), num_io_threads,
+                                   num_worker_threads)) {
+  // Each connection is a descriptor: raise the soft limit to the hard one, and keep the connection limit
+  // below it (with room for model files, adapters and logs).
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    if (rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
+      getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    int64_t room = static_cast<int64_t>(rl.rlim_cur) - 256;
+    if (room > 0 && impl_->limits.max_connections > room) {
+      spdlog::warn("--max-connections {} is above what the descriptor limit allows; using {}",
+                   impl_->limits.max_connections, room);
+      impl_->limits.max_connections = room;
+    }
+  }
+}
+
+HttpTransport::~HttpTransport() {
+  impl_->work.reset();
+  impl_->ioc.stop();
+  impl_->workers.stop();
+  impl_->workers.join();
+}
+
+int HttpTransport::bind(const std::string& host, int port) {
+  beast::error_code ec;
+  auto address = net::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  if (ec) fail("--host '{}' is not an IP address", host);
+  tcp::endpoint ep(address, static_cast<unsigned short>(port));
+  auto& a = impl_->acceptor;
+  a.open(ep.protocol(), ec);
+  if (!ec) a.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) a.bind(ep, ec);
+  if (!ec) a.listen(SOMAXCONN, ec);
+  if (ec) fail("cannot listen on {}:{}: {}", host, port, ec.message());
+  return a.local_endpoint().port();
+}
+
+void HttpTransport::run() {
+  impl_->do_accept();
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < impl_->num_io_threads; ++i) threads.emplace_back([this] { impl_->ioc.run(); });
+  impl_->ioc.run();
+  for (auto& t : threads) t.join();
+}
+
+void HttpTransport::begin_shutdown() {
+  if (impl_->shutting_down.exchange(true)) return;
+  net::post(impl_->ioc, [impl = impl_] {
+    beast::error_code ec;
+    impl->acceptor.close(ec);
+    impl->retry_timer.cancel();
+    impl->close_all(true);
+  });
+}
+
+void HttpTransport::stop(std::chrono::milliseconds drain) {
+  begin_shutdown();
+  net::post(impl_->ioc, [impl = impl_, drain] {
+    impl->stop_timer.expires_after(drain);
+    impl->stop_timer.async_wait([impl](beast::error_code) {
+      impl->close_all(false);
+      impl->work.reset();
+      // Let the closes run, then leave run().
+      impl->stop_timer.expires_after(std::chrono::milliseconds(50));
+      impl->stop_timer.async_wait([impl](beast::error_code) { impl->ioc.stop(); });
+    });
+  });
+}
+
+void HttpTransport::post_work(std::function<void()> fn) {
+  impl_->post_work(std::move(fn));
+}
+
+int64_t HttpTransport::num_connections() const {
+  return impl_->num_sessions.load();
+}
+
+}  // namespace polylora::server
