@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "lora/adapter.h"
+#include "server/admin_api.h"
 #include "server/generation.h"
 
 namespace polylora::server {
@@ -91,12 +92,6 @@ const char* content_type_of(const fs::path& p) {
   if (ext == ".woff2") return "font/woff2";
   if (ext == ".txt") return "text/plain; charset=utf-8";
   return "application/octet-stream";
-}
-
-const std::string* string_field(const json& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || !it->is_string()) return nullptr;
-  return it->get_ptr<const std::string*>();
 }
 
 }  // namespace
@@ -287,13 +282,7 @@ void HttpServer::load_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpR
   if (!config_.allow_runtime_lora_updating)
     fail_with(ErrorKind::kNotFound,
               "runtime LoRA loading is disabled; start the server with --enable-lora-runtime-updating");
-  json body = body_json(req);
-  if (!body.is_object()) fail("the request body must be a JSON object");
-  const std::string* name_p = string_field(body, "lora_name");
-  if (!name_p || name_p->empty()) fail("'lora_name' (a non-empty string) is required");
-  const std::string* path_p = string_field(body, "lora_path");
-  if (!path_p || path_p->empty()) fail("'lora_path' (a non-empty string) is required");
-  std::string name = *name_p, path = *path_p;
+  auto [name, path] = load_adapter_request(body_json(req));
   for (const auto& served : config_.served_model_names)
     if (served == name) fail("'{}' is the base model's name; choose another adapter name", name);
   if (engine_.has_adapter(name)) fail("The lora adapter '{}' has already been loaded.", name);
@@ -315,38 +304,18 @@ void HttpServer::unload_lora_adapter(HttpRequest& req, const std::shared_ptr<Htt
   if (!config_.allow_runtime_lora_updating)
     fail_with(ErrorKind::kNotFound,
               "runtime LoRA loading is disabled; start the server with --enable-lora-runtime-updating");
-  json body = body_json(req);
-  if (!body.is_object()) fail("the request body must be a JSON object");
-  const std::string* name = string_field(body, "lora_name");
-  if (!name) fail("'lora_name' (a string) is required");
-  if (!engine_.remove_adapter(*name))
-    fail_with(ErrorKind::kNotFound, "The lora adapter '{}' cannot be found.", *name);
-  res->send(text_response("Success: LoRA adapter '" + sanitize_utf8(*name) + "' removed successfully."));
+  std::string name = unload_adapter_request(body_json(req));
+  if (!engine_.remove_adapter(name))
+    fail_with(ErrorKind::kNotFound, "The lora adapter '{}' cannot be found.", name);
+  res->send(text_response("Success: LoRA adapter '" + sanitize_utf8(name) + "' removed successfully."));
 }
 
 void HttpServer::tokenize(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
-  json body = body_json(req);
-  if (!body.is_object()) fail("the request body must be a JSON object");
-  if (!tokenizer_) fail("this server has no tokenizer");
-  std::vector<int32_t> ids;
-  if (body.contains("messages")) {
-    ParsedRequest p = parse_chat(body, parse_context());
-    ids = p.prompts.front().prompt_ids;
-  } else {
-    const std::string* prompt = string_field(body, "prompt");
-    if (!prompt) fail("'prompt' (a string) or 'messages' is required");
-    bool add_special = true;
-    if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
-      if (!it->is_boolean()) fail("'add_special_tokens' must be a boolean");
-      add_special = it->get<bool>();
-    }
-    ids = tokenizer_->encode(*prompt, add_special);
-  }
-  json out = {{"count", ids.size()}, {"max_model_len", engine_.max_model_len()}, {"tokens", ids}};
-  auto strs = body.find("return_token_strs");
-  if (strs != body.end() && *strs == true) {
+  TokenizeResult t = tokenize_request(body_json(req), parse_context());
+  json out = {{"count", t.ids.size()}, {"max_model_len", engine_.max_model_len()}, {"tokens", t.ids}};
+  if (t.return_token_strs) {
     json list = json::array();
-    for (int32_t id : ids) list.push_back(tokenizer_->id_to_token(id));
+    for (int32_t id : t.ids) list.push_back(tokenizer_->id_to_token(id));
     out["token_strs"] = list;
   } else {
     out["token_strs"] = nullptr;
@@ -355,19 +324,8 @@ void HttpServer::tokenize(HttpRequest& req, const std::shared_ptr<HttpResponder>
 }
 
 void HttpServer::detokenize(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
-  json body = body_json(req);
+  std::vector<int32_t> ids = detokenize_request(body_json(req), engine_.model_config().vocab_size);
   if (!tokenizer_) fail("this server has no tokenizer");
-  if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array())
-    fail("'tokens' (a list of token ids) is required");
-  std::vector<int32_t> ids;
-  int64_t vocab = engine_.model_config().vocab_size;
-  for (const auto& v : body["tokens"]) {
-    if (!v.is_number_integer()) fail("'tokens' must hold integer token ids");
-    bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() < static_cast<uint64_t>(vocab)
-                                           : v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab;
-    if (!in_range) fail("'tokens': token id {} is outside the vocabulary (size {})", v.dump(), vocab);
-    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
-  }
   res->send(json_response(200, {{"prompt", tokenizer_->decode(ids)}}));
 }
 

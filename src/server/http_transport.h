@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/utf8.h"  // sanitize_utf8
+
 namespace polylora::server {
 
 // Limits of the transport, each with a flag in `polylora serve` (defaults close to vLLM's uvicorn + h11).
@@ -98,8 +100,5 @@ class HttpTransport {
  private:
   std::shared_ptr<Impl> impl_;
 };
-
-// Bytes of `s` with every invalid UTF-8 sequence replaced by U+FFFD (safe to put into JSON).
-std::string sanitize_utf8(std::string_view s);
 
 }  // namespace polylora::server

@@ -4,41 +4,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "server/http_transport.h"
+#include "common/utf8.h"
 
 namespace polylora::server {
-
-namespace {
-
-// Length of the valid UTF-8 sequence at s[i], or 0 (overlong forms, surrogates and values above U+10FFFF
-// are invalid, as RFC 3629 says).
-size_t utf8_sequence(std::string_view s, size_t i) {
-  auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  unsigned char c = b(i);
-  if (c < 0x80) return 1;
-  size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;  // no surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
-  for (size_t k = 2; k < len; ++k)
-    if ((b(i + k) & 0xC0) != 0x80) return 0;
-  return len;
-}
-
-}  // namespace
 
 nlohmann::ordered_json parse_json_body(std::string_view body, const JsonLimits& limits) {
   // One pass over the bytes: UTF-8, depth, members per object (counted at each ':' outside strings).
@@ -51,7 +19,7 @@ nlohmann::ordered_json parse_json_body(std::string_view body, const JsonLimits& 
   for (size_t i = 0; i < body.size();) {
     unsigned char c = static_cast<unsigned char>(body[i]);
     if (c >= 0x80) {
-      size_t len = utf8_sequence(body, i);
+      size_t len = utf8_sequence_length(body, i);
       if (len == 0) fail("the request body is not valid UTF-8 (invalid byte 0x{:02x} at offset {})", c, i);
       i += len;
       escape = false;

@@ -1,0 +1,19 @@
+// common/utf8.h: UTF-8 checks for bytes that come from outside (request bodies, paths, file contents),
+// so that anything echoed into JSON or logs is valid UTF-8.
+// Must not: know about JSON or HTTP.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace polylora {
+
+// Length of the valid UTF-8 sequence starting at s[i] (1 to 4), or 0 when it is invalid (overlong forms,
+// surrogates, values above U+10FFFF, truncated sequences; RFC 3629).
+size_t utf8_sequence_length(std::string_view s, size_t i);
+
+// Bytes of `s` with every invalid UTF-8 sequence replaced by U+FFFD.
+std::string sanitize_utf8(std::string_view s);
+
+}  // namespace polylora
