@@ -73,10 +73,13 @@ Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokeniz
 
 void Generation::start() {
   auto self = shared_from_this();
-  responder_->on_disconnect([self] {
-    self->client_gone_ = true;
-    std::lock_guard<std::mutex> lock(self->mu_);
-    self->abort_all();
+  // Weak: the responder is held by this generation (a strong pointer here would be a cycle).
+  responder_->on_disconnect([weak = std::weak_ptr<Generation>(self)] {
+    auto g = weak.lock();
+    if (!g) return;
+    g->client_gone_ = true;
+    std::lock_guard<std::mutex> lock(g->mu_);
+    g->abort_all();
   });
   for (size_t i = 0; i < parsed_.prompts.size(); ++i) {
     EngineRequest r = parsed_.prompts[i];
