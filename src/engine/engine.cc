@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <random>
+#include <variant>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -15,8 +16,9 @@ struct Engine::Sequence {
   int64_t index = 0;
   std::vector<int32_t> output_ids;
   std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
-  std::string text;         // detokenized output so far (stop strings applied)
-  size_t emitted_text = 0;  // bytes of `text` already returned
+  std::string text;            // detokenized output so far (stop strings applied)
+  size_t min_tokens_text = 0;  // bytes of `text` from the first min_tokens tokens: no stop string ends there
+  size_t emitted_text = 0;     // bytes of `text` already returned
   size_t emitted_tokens = 0;
   std::vector<LogprobEntry> logprobs;  // one per output token when asked
   std::optional<FinishReason> finish_reason;
@@ -222,10 +224,12 @@ void Engine::abort(const std::string& request_id) {
 
 void Engine::finish_sequence(Sequence& seq, FinishReason reason, std::optional<StopReason> stop_reason) {
   seq.finish_reason = reason;
+  bool by_stop_string = stop_reason && std::holds_alternative<std::string>(*stop_reason);
   seq.stop_reason = std::move(stop_reason);
   scheduler_->finish(seq.id);
   runner_->drop_request_info(seq.id);
-  if (seq.detok && reason != FinishReason::kStop) seq.text += seq.detok->flush();
+  // A matched stop string has cut the text; otherwise whatever the detokenizer holds is part of it.
+  if (seq.detok && !by_stop_string) seq.text += seq.detok->flush();
 }
 
 bool Engine::has_unfinished() const {
@@ -272,18 +276,27 @@ std::vector<RequestOutput> Engine::step() {
     if (tok.logprob) seq.logprobs.push_back(*tok.logprob);
     ++total_generation_tokens_;
     ++adapter_counters_[g.request.adapter].generation_tokens;
-    if (seq.detok) seq.text += seq.detok->push(tok.token);
     int64_t num_out = static_cast<int64_t>(seq.output_ids.size());
     int64_t total = static_cast<int64_t>(g.request.prompt_ids.size()) + num_out;
     bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), tok.token) != eos_ids_.end();
     bool is_stop_id =
         std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok.token) != sp.stop_token_ids.end();
-    if (num_out >= sp.min_tokens && ((is_eos && !sp.ignore_eos) || is_stop_id)) {
+    bool stop_by_eos = is_eos && !sp.ignore_eos;
+    bool stop_by_token = num_out >= sp.min_tokens && (stop_by_eos || is_stop_id);
+    // The text of a stop token (EOS or stop_token_ids) is left out unless include_stop_str_in_output
+    // (as vLLM's detokenizer does).
+    if (seq.detok && (!stop_by_token || sp.include_stop_str_in_output))
+      seq.text += seq.detok->push(tok.token);
+    if (num_out <= sp.min_tokens) seq.min_tokens_text = seq.text.size();
+    if (stop_by_token) {
+      // EOS first, as vLLM: an EOS id that is also in stop_token_ids reports no stop_reason.
       finish_sequence(seq, FinishReason::kStop,
-                      is_stop_id ? std::optional<StopReason>(tok.token) : std::nullopt);
+                      is_stop_id && !stop_by_eos ? std::optional<StopReason>(tok.token) : std::nullopt);
       continue;
     }
-    if (!sp.stop.empty() && num_out >= sp.min_tokens) {
+    // As vLLM: stop strings count once more than min_tokens tokens are out, and only a match that ends
+    // in the text of those later tokens.
+    if (!sp.stop.empty() && num_out > sp.min_tokens) {
       // Search only where a new match can be: the new text plus the longest stop string's tail.
       size_t new_len = seq.text.size() - std::min(seq.text.size(), seq.emitted_text);
       size_t from =
@@ -291,7 +304,8 @@ std::vector<RequestOutput> Engine::step() {
       size_t best = std::string::npos;
       const std::string* hit = nullptr;
       for (const auto& s : sp.stop) {
-        size_t pos = seq.text.find(s, from);
+        size_t min_start = seq.min_tokens_text + 1 > s.size() ? seq.min_tokens_text + 1 - s.size() : 0;
+        size_t pos = seq.text.find(s, std::max(from, min_start));
         if (pos != std::string::npos && pos < best) {
           best = pos;
           hit = &s;
