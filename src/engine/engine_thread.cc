@@ -224,6 +224,9 @@ void EngineThread::loop() {
       continue;
     }
     auto now = Clock::now();
+    // Metrics and the snapshot first, the streams after: a client that has its answer sees /metrics
+    // without its request (not still running).
+    std::vector<std::pair<std::shared_ptr<OutputStream>, RequestOutput>> ready;
     for (auto& out : outputs) {
       const std::string rid = out.request_id;
       auto it = streams_.find(rid);
@@ -250,14 +253,15 @@ void EngineThread::loop() {
           if (s.finish_reason) ++metrics_.finished_by_reason[finish_reason_name(*s.finish_reason)];
         }
         metrics_.generation_tokens.observe(static_cast<double>(generated));
-        it->second->push(std::move(out));
+        ready.emplace_back(it->second, std::move(out));
         streams_.erase(it);
         timings_.erase(rid);
       } else {
-        it->second->push(std::move(out));
+        ready.emplace_back(it->second, std::move(out));
       }
     }
     publish();
+    for (auto& [stream, out] : ready) stream->push(std::move(out));
   }
   // Exit: abort whatever is left so readers see a final output.
   for (auto& [id, stream] : streams_) {
