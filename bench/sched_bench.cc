@@ -52,11 +52,14 @@ int run_sched_bench(int argc, char** argv) {
   auto adapter_of = [&](const std::string& key) {
     return &fake[static_cast<size_t>(key[1] - 'a') % fake.size()];
   };
+  auto greedy = std::make_shared<RequestSampling>();
+  greedy->params.temperature = 0;
   for (int64_t i = 0; i < num_requests; ++i) {
     auto r = std::make_unique<SchedRequest>();
     r->id = static_cast<RequestId>(i + 1);
     for (int64_t t = 0; t < prompt_len; ++t) r->tokens.push_back(static_cast<int32_t>((t * 31 + i * 7) % 32));
     r->max_total_tokens = prompt_len + steps + 8;
+    r->sampling = greedy;
     if (adapters > 0) {
       r->adapter = std::string("#") + static_cast<char>('a' + i % adapters);
       r->cache_key.adapter_name = r->adapter;

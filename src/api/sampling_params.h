@@ -36,4 +36,12 @@ struct SamplingParams {
   void validate(int64_t vocab_size) const;
 };
 
+// How the model runner samples one sequence: fixed when the request arrives, carried to the runner inside
+// the step plan (with the sequence's first appearance there).
+struct RequestSampling {
+  SamplingParams params;
+  uint64_t seed = 0;             // this sequence's generator seed (request seed + index, or random)
+  std::vector<int32_t> eos_ids;  // masked until min_tokens; empty under ignore_eos
+};
+
 }  // namespace polylora

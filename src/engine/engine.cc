@@ -200,11 +200,12 @@ void Engine::add_request(EngineRequest request) {
       first = seq->id;
     else if (config_.cache.enable_prefix_caching)
       sr->wait_for = first;  // share the prompt's blocks
-    RunnerRequestInfo info;
-    info.sampling = sp;
-    info.seed = sp.seed ? *sp.seed + static_cast<uint64_t>(i) : (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    if (!sp.ignore_eos) info.eos_ids = eos_ids_;
-    runner_->set_request_info(seq->id, std::move(info));
+    auto sampling = std::make_shared<RequestSampling>();
+    sampling->params = sp;
+    sampling->seed =
+        sp.seed ? *sp.seed + static_cast<uint64_t>(i) : (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    if (!sp.ignore_eos) sampling->eos_ids = eos_ids_;
+    sr->sampling = std::move(sampling);  // reaches the runner inside the plan
     scheduler_->add(std::move(sr));
     sequences_[seq->id] = seq.get();
     g.seqs.push_back(std::move(seq));
@@ -227,7 +228,6 @@ void Engine::finish_sequence(Sequence& seq, FinishReason reason, std::optional<S
   bool by_stop_string = stop_reason && std::holds_alternative<std::string>(*stop_reason);
   seq.stop_reason = std::move(stop_reason);
   scheduler_->finish(seq.id);
-  runner_->drop_request_info(seq.id);
   // A matched stop string has cut the text; otherwise whatever the detokenizer holds is part of it.
   if (seq.detok && !by_stop_string) seq.text += seq.detok->flush();
 }

@@ -96,6 +96,7 @@ StepPlan Scheduler::schedule() {
       n.num_scheduled_tokens = num_new;
       n.adapter = r.adapter;
       n.prompt_logprobs = r.prompt_logprobs;
+      n.sampling = r.sampling;
       plan.new_requests.push_back(std::move(n));
       r.needs_fresh_plan = false;
     } else {

@@ -35,8 +35,9 @@ struct SchedRequest {
   int64_t priority = 0;
   uint64_t arrival = 0;
   bool prompt_logprobs = false;
-  std::optional<RequestId> wait_for;  // a sibling (n > 1) whose prompt must be computed first
-  int64_t num_cached_tokens = 0;      // prefix-cache hit at first admission
+  std::shared_ptr<const RequestSampling> sampling;  // passed through to the runner in the plan
+  std::optional<RequestId> wait_for;                // a sibling (n > 1) whose prompt must be computed first
+  int64_t num_cached_tokens = 0;                    // prefix-cache hit at first admission
   int64_t num_preemptions = 0;
   bool running = false;
   bool needs_fresh_plan = true;  // the runner does not hold it (new or preempted)

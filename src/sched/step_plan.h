@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "api/sampling_params.h"
 #include "cache/kv_cache_manager.h"
 
 namespace polylora {
@@ -18,8 +20,9 @@ struct ScheduledNew {
   std::vector<int32_t> block_ids;   // the whole block table so far
   int64_t num_computed_tokens = 0;  // tokens already in the KV cache (prefix-cache hits)
   int64_t num_scheduled_tokens = 0;
-  std::string adapter;           // empty: base model
-  bool prompt_logprobs = false;  // logits wanted at every prompt position
+  std::string adapter;                              // empty: base model
+  bool prompt_logprobs = false;                     // logits wanted at every prompt position
+  std::shared_ptr<const RequestSampling> sampling;  // how to sample it (settings, seed, EOS ids)
 };
 
 struct ScheduledRunning {

@@ -12,13 +12,6 @@ ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size)
       kv_(model.config(), model.backend(), num_blocks, block_size),
       sampler_(model.config().vocab_size) {}
 
-void ModelRunner::set_request_info(RequestId id, RunnerRequestInfo info) {
-  infos_[id] = std::move(info);
-}
-void ModelRunner::drop_request_info(RequestId id) {
-  infos_.erase(id);
-}
-
 void ModelRunner::apply_plan(const StepPlan& plan) {
   for (RequestId id : plan.finished_ids) states_.erase(id);
   for (RequestId id : plan.preempted_ids) states_.erase(id);
@@ -30,6 +23,8 @@ void ModelRunner::apply_plan(const StepPlan& plan) {
     s.num_computed_tokens = n.num_computed_tokens;
     s.adapter = n.adapter;
     s.prompt_logprobs = n.prompt_logprobs;
+    s.sampling = n.sampling;
+    CHECK_MSG(s.sampling, "request {} arrived in the plan without sampling settings", n.id);
     states_[n.id] = std::move(s);
   }
   for (const auto& r : plan.running) {
@@ -132,18 +127,17 @@ StepResult ModelRunner::execute(const StepPlan& plan,
     State& s = states_.at(o.id);
     float* row = logits_.data() + r * vocab;
     if (s.prompt_logprobs && o.position + 1 < s.num_prompt_tokens) {
-      const RunnerRequestInfo& info = infos_.at(o.id);
-      int64_t k = info.sampling.prompt_logprobs.value_or(0);
+      int64_t k = s.sampling->params.prompt_logprobs.value_or(0);
       SampleResult pl = Sampler::prompt_logprob(row, vocab, s.tokens[o.position + 1], k);
       LogprobEntry e{pl.token, pl.logprob, pl.rank, {}};
       for (const auto& t : pl.top) e.top.push_back({t.id, t.logprob});
       result.prompt_logprobs[o.id].emplace_back(o.position + 1, std::move(e));
     }
     if (o.sample) {
-      const RunnerRequestInfo& info = infos_.at(o.id);
+      const RequestSampling& info = *s.sampling;
       SamplerRow sr;
       sr.logits = row;
-      sr.params = &info.sampling;
+      sr.params = &info.params;
       sr.prompt_ids = std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(s.num_prompt_tokens));
       sr.output_ids = std::span<const int32_t>(s.tokens.data() + s.num_prompt_tokens,
                                                s.tokens.size() - static_cast<size_t>(s.num_prompt_tokens));
@@ -157,7 +151,7 @@ StepResult ModelRunner::execute(const StepPlan& plan,
   for (size_t i = 0; i < sampled.size(); ++i) {
     SampledToken t;
     t.token = sampled[i].token;
-    if (infos_.at(sample_ids[i]).sampling.logprobs) {
+    if (states_.at(sample_ids[i]).sampling->params.logprobs) {
       LogprobEntry e{sampled[i].token, sampled[i].logprob, sampled[i].rank, {}};
       for (const auto& tk : sampled[i].top) e.top.push_back({tk.id, tk.logprob});
       t.logprob = std::move(e);

@@ -1,7 +1,8 @@
 // worker/model_runner.h: executes a StepPlan: keeps the persistent per-request state the runner needs
-// (tokens, block table, adapter, sampling settings), builds the packed ForwardBatch (prefill chunks and
-// decode tokens of different requests with different adapters), runs the model, samples, and returns a
-// StepResult. Must not: make scheduling decisions (what runs, and when, comes from the plan).
+// (tokens, block table, adapter, and the sampling settings that arrive with the request in the plan), builds
+// the packed ForwardBatch (prefill chunks and decode tokens of different requests with different adapters),
+// runs the model, samples, and returns a StepResult. Must not: make scheduling decisions (what runs, and
+// when, comes from the plan).
 #pragma once
 
 #include <cstdint>
@@ -22,13 +23,6 @@
 
 namespace polylora {
 
-// What the runner needs to sample for a request, given by the engine when the request arrives.
-struct RunnerRequestInfo {
-  SamplingParams sampling;
-  uint64_t seed = 0;
-  std::vector<int32_t> eos_ids;  // masked until min_tokens, and (unless ignore_eos) a reason to stop
-};
-
 struct SampledToken {
   int32_t token = 0;
   std::optional<LogprobEntry> logprob;  // when sampling.logprobs is set
@@ -44,8 +38,6 @@ class ModelRunner {
  public:
   ModelRunner(Model& model, int64_t num_blocks, int64_t block_size);
 
-  void set_request_info(RequestId id, RunnerRequestInfo info);
-  void drop_request_info(RequestId id);
   // adapter_of(name) returns the loaded adapter (never nullptr for a name in the plan).
   StepResult execute(const StepPlan& plan,
                      const std::function<const LoraAdapter*(const std::string&)>& adapter_of);
@@ -79,12 +71,12 @@ class ModelRunner {
     int64_t num_computed_tokens = 0;
     std::string adapter;
     bool prompt_logprobs = false;
+    std::shared_ptr<const RequestSampling> sampling;  // from the plan; never null
   };
   Model& model_;
   KvStorage kv_;
   Sampler sampler_;
   std::unordered_map<RequestId, State> states_;
-  std::unordered_map<RequestId, RunnerRequestInfo> infos_;
   std::vector<float> logits_;
   PreparedStep step_;
 };
