@@ -87,7 +87,14 @@ void Generation::start() {
     engine_.add_request_async(std::move(r),
                               [self, i](std::shared_ptr<OutputStream> stream, std::exception_ptr error) {
                                 self->post_work_([self, i, stream = std::move(stream), error]() mutable {
-                                  self->on_added(i, std::move(stream), error);
+                                  try {
+                                    self->on_added(i, std::move(stream), error);
+                                  } catch (const std::exception& e) {
+                                    std::lock_guard<std::mutex> lock(self->mu_);
+                                    spdlog::error("request {}: {}", self->id_, e.what());
+                                    self->abort_all();
+                                    self->fail_request(500, std::string("internal error: ") + e.what());
+                                  }
                                 });
                               });
   }
@@ -119,6 +126,7 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
   }
   if (parsed_.stream) {
     responder_->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    stream_started_ = true;
     std::string out;
     if (chat_)  // the first chunk of every choice announces the role
       for (size_t c = 0; c < choices_.size(); ++c)
@@ -266,7 +274,7 @@ void Generation::send_json(int status, const json& body) {
 
 void Generation::fail_request(int status, const std::string& message) {
   finished_ = true;
-  if (parsed_.stream) {
+  if (stream_started_) {
     // The status line has gone out: the error travels as an event, then the stream ends as usual.
     responder_->write(sse(error_json_(status, message)) + "data: [DONE]\n\n");
     responder_->end();

@@ -64,6 +64,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   bool error_is_shutdown_ = false;
   std::vector<bool> echo_sent_;  // [prompts] streaming echo chunks written
   bool finished_ = false;
+  bool stream_started_ = false;  // the 200 and its SSE headers have been sent
   std::atomic<bool> client_gone_{false};
 };
 

@@ -201,7 +201,18 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   void do_accept();
   bool shed_one();
   void close_all(bool only_unbusy);
-  void post_work(std::function<void()> fn) { net::post(workers, std::move(fn)); }
+  // Work that throws is a bug: logged, never allowed to end the process.
+  void post_work(std::function<void()> fn) {
+    net::post(workers, [fn = std::move(fn)] {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        spdlog::error("HTTP worker task failed: {}", e.what());
+      } catch (...) {
+        spdlog::error("HTTP worker task failed");
+      }
+    });
+  }
 
   HttpLimits limits;
   HttpHandler handler;

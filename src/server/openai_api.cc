@@ -122,7 +122,13 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   if (get(body, "suffix")) fail("'suffix' is not supported");
   const json* prompt = get(body, "prompt");
   if (!prompt) fail("'prompt' is required");
+  auto check_count = [&] {
+    if (static_cast<int64_t>(out.prompts.size() + 1) * out.n > kMaxSequencesPerRequest)
+      fail("the request asks for more than {} sequences (prompts × n = {} × {}); split it",
+           kMaxSequencesPerRequest, prompt->is_array() ? prompt->size() : 1, out.n);
+  };
   auto add_text = [&](const std::string& text) {
+    check_count();
     if (!ctx.tokenizer) fail("this server has no tokenizer: send the prompt as token ids");
     EngineRequest r = base_request(body, out, sp);
     r.prompt_ids = ctx.tokenizer->encode(text, bool_field(body, "add_special_tokens", true));
@@ -131,6 +137,7 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
     out.prompt_texts.push_back(text);
   };
   auto add_ids = [&](const json& list) {
+    check_count();
     EngineRequest r = base_request(body, out, sp);
     r.prompt_ids = ids_of(list, ctx.vocab_size);
     check_length(r, ctx);

@@ -105,7 +105,11 @@ void read_sampling_fields(const json& body, SamplingParams& p) {
   if (field(body, "min_tokens")) p.min_tokens = integer(body, "min_tokens");
   if (field(body, "max_tokens")) p.max_tokens = integer(body, "max_tokens");
   if (field(body, "max_completion_tokens")) p.max_tokens = integer(body, "max_completion_tokens");
-  if (field(body, "stop_token_ids")) p.stop_token_ids = id_list(body, "stop_token_ids");
+  if (field(body, "stop_token_ids")) {
+    p.stop_token_ids = id_list(body, "stop_token_ids");
+    if (p.stop_token_ids.size() > kMaxStopTokenIds)
+      fail("'stop_token_ids' has {} ids; at most {} are allowed", p.stop_token_ids.size(), kMaxStopTokenIds);
+  }
   if (const json* stop = field(body, "stop")) {
     p.stop.clear();
     if (stop->is_string()) {
@@ -118,6 +122,11 @@ void read_sampling_fields(const json& body, SamplingParams& p) {
     } else {
       fail("'stop' must be a string or a list of strings");
     }
+    if (p.stop.size() > kMaxStopStrings)
+      fail("'stop' has {} strings; at most {} are allowed", p.stop.size(), kMaxStopStrings);
+    for (const auto& s : p.stop)
+      if (s.size() > kMaxStopStringBytes)
+        fail("'stop': a stop string is {} bytes long; at most {} are allowed", s.size(), kMaxStopStringBytes);
   }
   if (field(body, "include_stop_str_in_output"))
     p.include_stop_str_in_output = boolean(body, "include_stop_str_in_output");

@@ -18,6 +18,12 @@ void read_sampling_fields(const nlohmann::ordered_json& body, SamplingParams& pa
 
 // The largest `n` a request may ask for (checked before anything is allocated).
 inline constexpr int64_t kMaxN = 1024;
+// Sequences one request may ask for in all (prompts × n), and the bounds of its stop conditions (each is
+// checked against every generated token).
+inline constexpr int64_t kMaxSequencesPerRequest = 4096;
+inline constexpr size_t kMaxStopStrings = 256;
+inline constexpr size_t kMaxStopStringBytes = 4096;
+inline constexpr size_t kMaxStopTokenIds = 4096;
 
 // JSON of a LogprobEntry as {"id", "logprob", "rank", "top": [{"id", "logprob"}]}.
 nlohmann::json logprob_entry_json(const LogprobEntry& entry);
