@@ -97,6 +97,14 @@ std::string status_line_and_headers(int status, const std::string& content_type,
   return s;
 }
 
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i])))
+      return false;
+  return true;
+}
+
 std::string chunk(const std::string& data) {
   char size[32];
   std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
@@ -329,9 +337,11 @@ class Session : public std::enable_shared_from_this<Session> {
     queue("0\r\n\r\n", true);
   }
 
+  // Callers hold a reference to the session (an async handler's `self`), so dropping hold_ here is safe.
   void close() {
     if (state_ == kClosed) return;
     set_state(kClosed);
+    hold_.reset();
     disarm();
     beast::error_code ec;
     sock_.shutdown(tcp::socket::shutdown_both, ec);
@@ -456,6 +466,19 @@ class Session : public std::enable_shared_from_this<Session> {
       return respond_error(431, "the request has " + std::to_string(count) + " header fields; at most " +
                                     std::to_string(t_->limits.max_header_count) +
                                     " are allowed (--max-header-count)");
+    // Only the chunked transfer coding is implemented: any other (gzip, identity, a list) would be passed
+    // on undecoded, or framed differently by a proxy in front (request smuggling). 400 for all of them
+    // (RFC 9112 6.1 has 501 for an unknown coding, 400 when chunked is not last; one status is simpler).
+    for (const auto& f : parser_->get()) {
+      if (f.name() != http::field::transfer_encoding) continue;
+      std::string_view v(f.value().data(), f.value().size());
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+      while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+      if (!iequals(v, "chunked"))
+        return respond_error(400,
+                             "Transfer-Encoding '" + sanitize_utf8(v) +
+                                 "' is not supported (only 'chunked' is; use Content-Encoding for gzip)");
+    }
     if (parser_->is_done()) return dispatch();
     auto expect = parser_->get()[http::field::expect];
     if (beast::iequals(expect, "100-continue")) {
@@ -510,6 +533,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void respond_error(int status, const std::string& message) {
     disarm();
     set_state(kHandling);
+    hold_ = shared_from_this();
     keep_alive_ = false;
     response_started_ = false;
     complete_ = false;
@@ -520,6 +544,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void dispatch() {
     disarm();
     set_state(kHandling);
+    // While the handler runs the session may have no pending operation (no read when the next request is
+    // already buffered, no write between stream chunks); the Responder only holds a weak reference.
+    hold_ = shared_from_this();
     response_started_ = false;
     complete_ = false;
     streaming_ = false;
@@ -529,9 +556,19 @@ class Session : public std::enable_shared_from_this<Session> {
     HttpRequest req;
     req.method = std::string(msg.method_string());
     req.target = std::string(msg.target());
-    size_t q = req.target.find('?');
-    req.path = req.target.substr(0, q);
-    if (q != std::string::npos) req.query = req.target.substr(q + 1);
+    // absolute-form (RFC 9112 3.2.2: servers must accept it): routes see the path only.
+    std::string_view origin = req.target;
+    for (std::string_view scheme : {"http://", "https://"}) {
+      if (origin.size() >= scheme.size() && iequals(origin.substr(0, scheme.size()), scheme)) {
+        size_t slash = origin.find_first_of("/?", scheme.size());
+        origin = slash == std::string_view::npos ? std::string_view("/") : origin.substr(slash);
+        break;
+      }
+    }
+    size_t q = origin.find('?');
+    req.path = std::string(origin.substr(0, q));
+    if (req.path.empty()) req.path = "/";
+    if (q != std::string_view::npos) req.query = std::string(origin.substr(q + 1));
     for (const auto& f : msg) {
       std::string name(f.name_string());
       for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -580,8 +617,10 @@ class Session : public std::enable_shared_from_this<Session> {
                      });
   }
 
+  // Called from a write's completion handler, which holds a reference: dropping hold_ is safe.
   void on_response_done() {
     responder_.reset();  // complete: a later disconnect is no longer this request's concern
+    hold_.reset();
     if (!keep_alive_ || t_->shutting_down.load()) return lingering_close();
     do_idle(Clock::now() + seconds(t_->limits.keep_alive_timeout_s));
   }
@@ -612,6 +651,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string pending_, current_write_;
   std::shared_ptr<std::string> continue_;
   std::shared_ptr<Responder> responder_;
+  // Keeps the session alive from dispatch until the response is written or the connection closes.
+  std::shared_ptr<Session> hold_;
 };
 
 void Responder::send(HttpResponse response) {
