@@ -8,11 +8,12 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { cpSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
 import zlib from 'node:zlib';
 import { ADAPTERS, MODEL, REFERENCE_PROMPTS, readSse, request, sleep, startServer, tempDir } from './lib/server.mjs';
-import { assertOpenAIError, httpBytes, isValidUtf8, rawRequest, rssBytes } from './lib/raw.mjs';
+import { assertOpenAIError, httpBytes, isValidUtf8, parseResponse, rawRequest, rssBytes } from './lib/raw.mjs';
 
 const KEY = 'sk-hostile';
 const METRICS_KEY = 'sk-hostile-metrics';
@@ -314,6 +315,10 @@ function hostileSuite({ withKey }) {
         ['1 MB request line', Buffer.from(`GET /${'a'.repeat(1 << 20)} HTTP/1.1\r\nHost: x\r\n\r\n`), 431, /--max-header-bytes/],
         ['garbage request line', Buffer.from('\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n', 'latin1'), 400, /malformed/],
         ['bad HTTP version', Buffer.from('GET / HTTP/9.9\r\nHost: x\r\n\r\n'), 400, /malformed/],
+        ['Transfer-Encoding gzip, chunked', httpBytes('POST', '/tokenize', { headers: hdr({ 'Transfer-Encoding': 'gzip, chunked' }), body: 'f\r\n{"prompt": "x"}\r\n0\r\n\r\n' }), 400, /Transfer-Encoding/],
+        ['Transfer-Encoding chunked, gzip', httpBytes('POST', '/tokenize', { headers: hdr({ 'Transfer-Encoding': 'chunked, gzip' }), body: '{"prompt": "x"}' }), 400, /Transfer-Encoding/],
+        ['Transfer-Encoding identity', httpBytes('POST', '/tokenize', { headers: hdr({ 'Transfer-Encoding': 'identity', 'Content-Length': '15' }), body: '{"prompt": "x"}' }), 400, /Transfer-Encoding/],
+        ['Content-Length and Transfer-Encoding', httpBytes('POST', '/tokenize', { headers: hdr({ 'Content-Length': '4', 'Transfer-Encoding': 'chunked' }), body: 'f\r\n{"prompt": "x"}\r\n0\r\n\r\n' }), 400, /Transfer-Encoding/],
         ['header without colon', Buffer.from('GET /health HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n'), 400, /malformed/],
       ];
       for (const [what, bytes, status, pattern] of immediate) {
@@ -323,6 +328,12 @@ function hostileSuite({ withKey }) {
         assert.ok(r.closed, `${what}: the connection is closed after the error`);
         assert.ok(r.closedMs < 1500, `${what}: closed after ${r.closedMs} ms`);
       }
+      // absolute-form targets are routed (and authenticated) by their path.
+      const abs = await rawRequest(port, Buffer.from('GET http://x/health HTTP/1.1\r\nHost: x\r\n\r\n'));
+      assert.equal(abs.status, 200);
+      const absModels = await rawRequest(port, Buffer.from('GET HTTP://x:1/v1/models?a=1 HTTP/1.1\r\nHost: x\r\n\r\n'));
+      if (withKey) assertOpenAIError(absModels, 401);
+      else assert.equal(absModels.status, 200, absModels.text);
       // Stalled bodies: answered 408 once --body-timeout has passed, not left hanging.
       const stalled = [
         ['chunked body without its last chunk', httpBytes('POST', '/tokenize', { headers: hdr({ 'Transfer-Encoding': 'chunked' }), body: '3\r\n{"p\r\n' })],
@@ -545,6 +556,47 @@ function hostileSuite({ withKey }) {
     });
   });
 }
+
+describe('pipelined requests', () => {
+  test('requests sent back to back on one connection are all answered, in order; no connection slot leaks', async () => {
+    // Before the fix a session whose next request was already buffered had no pending operation while its
+    // handler ran and was destroyed: no response, and its --max-connections slot was never given back.
+    const server = await startServer(['--model', MODEL, '--max-model-len', '64', '--max-connections', '8']);
+    try {
+      const port = Number(new URL(server.url).port);
+      const three = Buffer.concat([
+        httpBytes('GET', '/health'),
+        httpBytes('POST', '/tokenize', { headers: { 'Content-Type': 'application/json' }, body: '{"prompt": ' }),
+        httpBytes('POST', '/tokenize', { headers: { 'Content-Type': 'application/json', Connection: 'close' }, body: '{"prompt": "hi"}' }),
+      ]);
+      // 6 at a time (under the limit of 8, so that none is shed as idle), 7 rounds: 42 connections.
+      for (let round = 0; round < 7; ++round) {
+        const all = await Promise.all(Array.from({ length: 6 }, () => new Promise((resolve) => {
+          const sock = net.connect(port, '127.0.0.1');
+          let buf = Buffer.alloc(0);
+          sock.on('data', (d) => { buf = Buffer.concat([buf, d]); });
+          sock.on('error', () => {});
+          const timer = setTimeout(() => sock.destroy(), 5000);
+          sock.on('close', () => {
+            clearTimeout(timer);
+            const statuses = [];
+            for (let r; (r = parseResponse(buf)); buf = buf.subarray(r.length)) statuses.push(r.status);
+            resolve(statuses);
+          });
+          sock.on('connect', () => sock.write(three));
+        })));
+        for (const statuses of all) assert.deepEqual(statuses, [200, 400, 200]);
+      }
+      // 42 pipelining connections came and went through 8 slots: new connections are still served.
+      for (let i = 0; i < 10; ++i) {
+        const r = await fetch(`${server.url}/health`, { headers: { Connection: 'close' } });
+        assert.equal(r.status, 200);
+      }
+    } finally {
+      assert.deepEqual(await server.stop(), { code: 0, signal: null }, server.log());
+    }
+  });
+});
 
 hostileSuite({ withKey: false });
 hostileSuite({ withKey: true });
