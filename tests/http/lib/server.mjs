@@ -39,7 +39,9 @@ const childEnv = (extra = {}) => ({ ...process.env, OMP_WAIT_POLICY: 'passive', 
 // waits until GET /health answers 200. Returns { url, base, child, log(), stop() }; stop() sends
 // SIGTERM and resolves to { code, signal } once the process has exited.
 export async function startServer(args, { env = {}, timeoutMs = 60_000 } = {}) {
-  const argv = ['serve', '--host', '127.0.0.1', '--port', '0', '--num-kv-blocks', '4096', ...args];
+  // --num-kv-blocks 4096 unless the test sets its own.
+  const kv = args.includes('--num-kv-blocks') ? [] : ['--num-kv-blocks', '4096'];
+  const argv = ['serve', '--host', '127.0.0.1', '--port', '0', ...kv, ...args];
   const child = spawn(BIN, argv, { env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   let exitInfo = null;
