@@ -29,4 +29,7 @@ for name in libpcre2-8 libxxhash libutf8proc cpp-httplib; do
       -e 's|^includedir=.*|includedir=${prefix}/include|' -e 's|^exec_prefix=.*|exec_prefix=${prefix}|' \
       -e '/^Requires.private:/d' "$src" > "$D/lib/pkgconfig/$name.pc"
 done
+# Boost headers (Asio + Beast, header-only) as a tarball: a GPU run without /usr/include/boost unpacks it
+# into .device-carry/include and points BOOST_INCLUDEDIR there.
+tar -C /usr/include -cJf "$D/boost-headers.tar.xz" boost
 du -sh "$D"

@@ -52,6 +52,13 @@ void add_engine_flags(CLI::App& app, EngineConfig& c) {
   app.add_option("--max-lora-rank", c.lora.max_lora_rank, "Largest LoRA rank accepted")
       ->capture_default_str();
   app.add_option("--max-cpu-loras", c.lora.max_cpu_loras, "Adapters kept loaded")->capture_default_str();
+  app.add_flag("--enforce-eager", c.execution.enforce_eager, "Run every step eagerly (no CUDA graphs)");
+  app.add_option("--cuda-graph-sizes", c.execution.cuda_graph_sizes,
+                 "Decode batch sizes captured as CUDA graphs (default: 1 2 4 8 16 ... --max-num-seqs)")
+      ->delimiter(',');
+  app.add_option("--cuda-graph-max-context", c.execution.cuda_graph_max_context,
+                 "Decode steps with longer contexts run eagerly")
+      ->capture_default_str();
 }
 
 LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {

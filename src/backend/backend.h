@@ -70,6 +70,23 @@ class Backend {
   // Free and total device memory in bytes ({0, 0} where not meaningful, e.g. on the CPU).
   virtual std::pair<size_t, size_t> memory_info() const { return {0, 0}; }
 
+  // Asynchronous host -> backend copy, queued before the ops that follow; the host buffer may be reused
+  // as soon as it returns (pageable source). Default: the synchronous copy.
+  virtual void copy_to_device_async(void* dst, const void* src, size_t bytes) {
+    copy_to_device(dst, src, bytes);
+  }
+  // Recorded op sequences (CUDA graphs). Between begin_capture() and end_capture() the ops are recorded,
+  // not run; nothing may allocate, free, copy synchronously or synchronize in between. end_capture()
+  // returns a handle (nullptr when capture failed; the ops were then not run either), run_graph() replays
+  // it. A captured graph holds the workspace pointer it saw: it is valid while workspace_epoch() is
+  // unchanged (the epoch moves whenever the workspace is reallocated).
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture() {}
+  virtual void* end_capture() { return nullptr; }
+  virtual void run_graph(void* graph) {}
+  virtual void destroy_graph(void* graph) {}
+  virtual uint64_t workspace_epoch() const { return 0; }
+
   // Ops (see kernels/<op>/*.h for the semantics; all pointers in backend memory).
   virtual void embedding(const kernels::EmbeddingArgs& args) = 0;
   virtual void linear(const kernels::LinearArgs& args) = 0;

@@ -17,6 +17,10 @@ void EngineConfig::validate() const {
     fail("--max-num-batched-tokens must be at least 1, got {}", scheduler.max_num_batched_tokens);
   if (scheduler.max_model_len < 0) fail("--max-model-len must be >= 0, got {}", scheduler.max_model_len);
   if (lora.max_loras < 1) fail("--max-loras must be at least 1, got {}", lora.max_loras);
+  for (int64_t size : execution.cuda_graph_sizes)
+    if (size < 1 || size > 4096) fail("--cuda-graph-sizes: each size must be in [1, 4096], got {}", size);
+  if (execution.cuda_graph_max_context < 1)
+    fail("--cuda-graph-max-context must be at least 1, got {}", execution.cuda_graph_max_context);
   if (lora.max_lora_rank < 1) fail("--max-lora-rank must be at least 1, got {}", lora.max_lora_rank);
   if (lora.max_cpu_loras < lora.max_loras)
     fail("--max-cpu-loras ({}) must be at least --max-loras ({})", lora.max_cpu_loras, lora.max_loras);

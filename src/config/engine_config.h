@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace polylora {
 
@@ -32,10 +33,18 @@ struct LoraConfig {
   int64_t max_cpu_loras = 64;  // --max-cpu-loras: adapters kept loaded
 };
 
+// How the GPU runs steps (vLLM's compilation settings).
+struct ExecutionConfig {
+  bool enforce_eager = false;             // --enforce-eager: no CUDA graphs
+  std::vector<int64_t> cuda_graph_sizes;  // --cuda-graph-sizes (empty: 1, 2, 4, 8, 16, ... max-num-seqs)
+  int64_t cuda_graph_max_context = 8192;  // --cuda-graph-max-context: longer contexts decode eagerly
+};
+
 struct EngineConfig {
   CacheConfig cache;
   SchedulerConfig scheduler;
   LoraConfig lora;
+  ExecutionConfig execution;
   // Throws polylora::Error naming the flag.
   void validate() const;
 };

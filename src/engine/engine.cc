@@ -89,6 +89,18 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   auto kv = std::make_unique<KvCacheManager>(num_kv_blocks_, bs, config_.cache.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, config_.lora, std::move(kv));
   runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs);
+  if (model_->backend().supports_graphs() && !config_.execution.enforce_eager) {
+    GraphOptions go;
+    go.enabled = true;
+    go.sizes = config_.execution.cuda_graph_sizes.empty()
+                   ? default_graph_sizes(config_.scheduler.max_num_seqs)
+                   : config_.execution.cuda_graph_sizes;
+    int64_t graph_ctx = std::min(max_model_len_, config_.execution.cuda_graph_max_context);
+    go.max_blocks_per_seq = (graph_ctx + bs - 1) / bs;
+    go.warmup_tokens = std::min(config_.scheduler.max_num_batched_tokens, max_model_len_);
+    go.warmup_logits_rows = config_.scheduler.max_num_seqs;
+    runner_->prepare_graphs(go);
+  }
   for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   if (tokenizer_ && tokenizer_->eos_id() &&
       std::find(eos_ids_.begin(), eos_ids_.end(), *tokenizer_->eos_id()) == eos_ids_.end())

@@ -6,6 +6,7 @@
 // on the host and copied to the backend once per forward; nothing is read back until the logits.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -38,16 +39,36 @@ struct Buffer {
 
 struct Model::Workspace {
   Buffer x, h, q, kk, v, attn, tmp, gate, up, act, router, route_w, route_ids, logits_in, logits, inputs;
+  Buffer graph_inputs;  // fixed once graphs are prepared: every graph reads its inputs here
   std::vector<std::byte> staging;
+  uint64_t epoch = 0;  // moves when any buffer above is reallocated
+};
+
+// A step's inputs packed in host staging: offsets of each array, and the adapter bookkeeping.
+struct Model::StepInputs {
+  size_t o_ids = 0, o_pos = 0, o_qs = 0, o_ctx = 0, o_bt = 0, o_slot = 0, o_rows = 0, o_tslots = 0;
+  int64_t num_slots = 0;
+  std::map<int32_t, std::vector<int32_t>> slot_rows;  // dense LoRA: token rows of each slot
+  std::map<int32_t, size_t> o_slot_rows;
+  std::vector<size_t> o_expert_lora;  // per layer: offset of its expert-LoRA table, or SIZE_MAX
+  std::vector<const DeviceAdapter*> dev;
+};
+
+struct Model::Graph {
+  void* exec = nullptr;
+  uint64_t ws_epoch = 0, backend_epoch = 0;
+  const float* kv_key = nullptr;  // the KV cache it was captured with
 };
 
 namespace {
 
-// Grows `b` to at least `bytes` (contents are not kept) and returns it.
+// Grows `b` to at least `bytes` (contents are not kept) and returns it. Every reallocation moves
+// `epoch` (captured graphs hold the old pointers).
 template <typename T>
-T* ensure(Backend& be, Buffer& b, size_t count) {
+T* ensure(Backend& be, Buffer& b, size_t count, uint64_t& epoch) {
   size_t bytes = count * sizeof(T);
   if (b.cap < bytes) {
+    ++epoch;
     if (b.ptr) be.free(b.ptr);
     b.cap = std::max(bytes, b.cap + b.cap / 2);
     b.ptr = be.alloc(b.cap);
@@ -129,6 +150,7 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
 
 Model::~Model() {
   if (!backend_) return;
+  for (auto& [size, g] : graphs_) backend_->destroy_graph(g.exec);
   for (auto& [gen, da] : adapters_)
     for (void* p : da->allocations) backend_->free(p);
 }
@@ -177,10 +199,7 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
   const ModelConfig& c = config_;
   Backend& be = *backend_;
   Workspace& ws = *ws_;
-  const int64_t T = b.num_tokens(), H = c.hidden_size, S = b.num_seqs();
-  const int64_t qs = c.q_size(), kvs = c.kv_size(), D = c.head_dim;
-  const int64_t E = c.num_experts, K = c.num_experts_per_tok;
-  const int64_t R = static_cast<int64_t>(b.logits_rows.size());
+  const int64_t T = b.num_tokens(), S = b.num_seqs();
   CHECK(static_cast<int64_t>(kv.size()) == c.num_layers);
   CHECK(static_cast<int64_t>(b.query_start.size()) == S + 1 && b.query_start[S] == T);
   CHECK(static_cast<int64_t>(b.positions.size()) == T && static_cast<int64_t>(b.slot_mapping.size()) == T);
@@ -191,11 +210,27 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
   for (int32_t row : b.logits_rows) CHECK(row >= 0 && row < T);
   if (T == 0) return;
 
+  if (graphs_enabled_ && graph_eligible(b, adapters)) return forward_graph(b, kv, logits);
+  StepInputs si = stage(b, adapters);
+  auto* inputs = ensure<std::byte>(be, ws.inputs, ws.staging.size(), ws.epoch);
+  be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
+  run_layers(b, kv, si, inputs);
+  const int64_t R = static_cast<int64_t>(b.logits_rows.size());
+  if (R > 0) be.copy_to_host(logits, ws.logits.ptr, static_cast<size_t>(R * c.vocab_size) * sizeof(float));
+}
+
+Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters) {
+  const ModelConfig& c = config_;
+  Workspace& ws = *ws_;
+  const int64_t T = b.num_tokens(), S = b.num_seqs(), E = c.num_experts;
   // Adapters of this step: rows per slot (dense LoRA) and per-token slots (expert LoRA).
+  StepInputs si;
   const int64_t num_slots = static_cast<int64_t>(adapters.size());
+  si.num_slots = num_slots;
   std::vector<int32_t> token_slots(static_cast<size_t>(T), -1);
-  std::map<int32_t, std::vector<int32_t>> slot_rows;
-  std::vector<const DeviceAdapter*> dev(static_cast<size_t>(num_slots), nullptr);
+  std::map<int32_t, std::vector<int32_t>>& slot_rows = si.slot_rows;
+  std::vector<const DeviceAdapter*>& dev = si.dev;
+  dev.assign(static_cast<size_t>(num_slots), nullptr);
   bool any_expert_lora = false;
   for (int64_t s = 0; s < S; ++s) {
     int32_t slot = b.adapter_slots.empty() ? -1 : b.adapter_slots[s];
@@ -213,12 +248,17 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
 
   // Pack every step input into one host buffer and copy it once.
   Staging st(ws.staging);
-  size_t o_ids = st.add(b.token_ids), o_pos = st.add(b.positions), o_qs = st.add(b.query_start),
-         o_ctx = st.add(b.context_lens), o_bt = st.add(b.block_tables), o_slot = st.add(b.slot_mapping),
-         o_rows = st.add(b.logits_rows), o_tslots = st.add(token_slots);
-  std::map<int32_t, size_t> o_slot_rows;
-  for (const auto& [slot, rows] : slot_rows) o_slot_rows[slot] = st.add(rows);
-  std::vector<size_t> o_expert_lora(static_cast<size_t>(c.num_layers), SIZE_MAX);
+  si.o_ids = st.add(b.token_ids);
+  si.o_pos = st.add(b.positions);
+  si.o_qs = st.add(b.query_start);
+  si.o_ctx = st.add(b.context_lens);
+  si.o_bt = st.add(b.block_tables);
+  si.o_slot = st.add(b.slot_mapping);
+  si.o_rows = st.add(b.logits_rows);
+  si.o_tslots = st.add(token_slots);
+  for (const auto& [slot, rows] : slot_rows) si.o_slot_rows[slot] = st.add(rows);
+  std::vector<size_t>& o_expert_lora = si.o_expert_lora;
+  o_expert_lora.assign(static_cast<size_t>(c.num_layers), SIZE_MAX);
   if (any_expert_lora) {
     std::vector<k::ExpertLoraView> table;
     for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -234,25 +274,40 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
       if (used) o_expert_lora[l] = st.add(table);
     }
   }
-  auto* inputs = ensure<std::byte>(be, ws.inputs, st.size());
-  be.copy_to_device(inputs, st.data(), st.size());
-  auto at = [&](size_t off) { return inputs + off; };
-  const auto* d_ids = reinterpret_cast<const int32_t*>(at(o_ids));
-  const auto* d_pos = reinterpret_cast<const int32_t*>(at(o_pos));
-  const auto* d_qs = reinterpret_cast<const int32_t*>(at(o_qs));
-  const auto* d_ctx = reinterpret_cast<const int32_t*>(at(o_ctx));
-  const auto* d_bt = reinterpret_cast<const int32_t*>(at(o_bt));
-  const auto* d_slot = reinterpret_cast<const int64_t*>(at(o_slot));
-  const auto* d_rows = reinterpret_cast<const int32_t*>(at(o_rows));
-  const auto* d_tslots = reinterpret_cast<const int32_t*>(at(o_tslots));
+  return si;
+}
 
-  float* x = ensure<float>(be, ws.x, T * H);
-  float* h = ensure<float>(be, ws.h, T * H);
-  float* q = ensure<float>(be, ws.q, T * qs);
-  float* kk = ensure<float>(be, ws.kk, T * kvs);
-  float* v = ensure<float>(be, ws.v, T * kvs);
-  float* attn = ensure<float>(be, ws.attn, T * qs);
-  float* tmp = ensure<float>(be, ws.tmp, T * H);
+void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv, const StepInputs& si,
+                       std::byte* inputs) {
+  const ModelConfig& c = config_;
+  Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const int64_t T = b.num_tokens(), H = c.hidden_size, S = b.num_seqs();
+  const int64_t qs = c.q_size(), kvs = c.kv_size(), D = c.head_dim;
+  const int64_t E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t R = static_cast<int64_t>(b.logits_rows.size());
+  const int64_t num_slots = si.num_slots;
+  const auto& slot_rows = si.slot_rows;
+  const auto& dev = si.dev;
+  const auto& o_expert_lora = si.o_expert_lora;
+  auto o_slot_rows = [&](int32_t slot) { return si.o_slot_rows.at(slot); };
+  auto at = [&](size_t off) { return inputs + off; };
+  const auto* d_ids = reinterpret_cast<const int32_t*>(at(si.o_ids));
+  const auto* d_pos = reinterpret_cast<const int32_t*>(at(si.o_pos));
+  const auto* d_qs = reinterpret_cast<const int32_t*>(at(si.o_qs));
+  const auto* d_ctx = reinterpret_cast<const int32_t*>(at(si.o_ctx));
+  const auto* d_bt = reinterpret_cast<const int32_t*>(at(si.o_bt));
+  const auto* d_slot = reinterpret_cast<const int64_t*>(at(si.o_slot));
+  const auto* d_rows = reinterpret_cast<const int32_t*>(at(si.o_rows));
+  const auto* d_tslots = reinterpret_cast<const int32_t*>(at(si.o_tslots));
+
+  float* x = ensure<float>(be, ws.x, T * H, ws.epoch);
+  float* h = ensure<float>(be, ws.h, T * H, ws.epoch);
+  float* q = ensure<float>(be, ws.q, T * qs, ws.epoch);
+  float* kk = ensure<float>(be, ws.kk, T * kvs, ws.epoch);
+  float* v = ensure<float>(be, ws.v, T * kvs, ws.epoch);
+  float* attn = ensure<float>(be, ws.attn, T * qs, ws.epoch);
+  float* tmp = ensure<float>(be, ws.tmp, T * H, ws.epoch);
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   auto linear_lora = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
@@ -266,7 +321,7 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
                      .ldx = ldx,
                      .y = y,
                      .ldy = ldy,
-                     .rows = reinterpret_cast<const int32_t*>(at(o_slot_rows[slot])),
+                     .rows = reinterpret_cast<const int32_t*>(at(o_slot_rows(slot))),
                      .num_rows = static_cast<int64_t>(rows.size()),
                      .lora = view});
     }
@@ -331,18 +386,18 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
         {.x = x, .ldx = H, .y = h, .ldy = H, .m = T, .n = H, .w = lw.post_attention_norm, .eps = eps});
     if (!lw.is_moe) {
       int64_t I = c.intermediate_size;
-      float* gate = ensure<float>(be, ws.gate, T * I);
-      float* up = ensure<float>(be, ws.up, T * I);
-      float* act = ensure<float>(be, ws.act, T * I);
+      float* gate = ensure<float>(be, ws.gate, T * I, ws.epoch);
+      float* up = ensure<float>(be, ws.up, T * I, ws.epoch);
+      float* act = ensure<float>(be, ws.act, T * I, ws.epoch);
       linear_lora(lw.mlp.gate, h, H, gate, I, l, LoraModule::kGate);
       linear_lora(lw.mlp.up, h, H, up, I, l, LoraModule::kUp);
       be.silu_and_mul(
           {.gate = gate, .ld_gate = I, .up = up, .ld_up = I, .out = act, .ld_out = I, .m = T, .n = I});
       linear_lora(lw.mlp.down, act, I, tmp, H, l, LoraModule::kDown);
     } else {
-      float* router = ensure<float>(be, ws.router, T * E);
-      float* route_w = ensure<float>(be, ws.route_w, T * K);
-      int32_t* route_ids = ensure<int32_t>(be, ws.route_ids, T * K);
+      float* router = ensure<float>(be, ws.router, T * E, ws.epoch);
+      float* route_w = ensure<float>(be, ws.route_w, T * K, ws.epoch);
+      int32_t* route_ids = ensure<int32_t>(be, ws.route_ids, T * K, ws.epoch);
       be.linear({.x = h,
                  .m = T,
                  .ldx = H,
@@ -386,8 +441,8 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
 
   // Final norm and LM head on the wanted rows only.
   if (R == 0) return;
-  float* logits_in = ensure<float>(be, ws.logits_in, R * H);
-  float* d_logits = ensure<float>(be, ws.logits, R * c.vocab_size);
+  float* logits_in = ensure<float>(be, ws.logits_in, R * H, ws.epoch);
+  float* d_logits = ensure<float>(be, ws.logits, R * c.vocab_size, ws.epoch);
   be.gather_rows(x, d_rows, R, H, logits_in);
   be.rms_norm({.x = logits_in,
                .ldx = H,
@@ -404,7 +459,170 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
              .bias = nullptr,
              .y = d_logits,
              .ldy = c.vocab_size});
-  be.copy_to_host(logits, d_logits, static_cast<size_t>(R * c.vocab_size) * sizeof(float));
+  (void)S;
 }
 
+bool Model::graph_eligible(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters) const {
+  const int64_t S = b.num_seqs();
+  if (graph_sizes_.empty() || S > graph_sizes_.back() || b.num_tokens() != S) return false;
+  if (b.max_blocks_per_seq > graph_max_blocks_) return false;
+  if (static_cast<int64_t>(b.logits_rows.size()) != S) return false;
+  for (int64_t i = 0; i < S; ++i)
+    if (b.logits_rows[i] != i) return false;
+  for (int32_t slot : b.adapter_slots)
+    if (slot >= 0 && slot < static_cast<int32_t>(adapters.size()) && adapters[slot]) return false;
+  return true;
+}
+
+// The batch padded to `size` sequences of one token: padding tokens write no KV (slot -1), see one key of
+// block 0, and their logits rows are ignored. Block tables take the graphs' fixed width.
+ForwardBatch Model::pad_for_graph(const ForwardBatch& b, int64_t size) const {
+  const int64_t S = b.num_seqs(), MB = graph_max_blocks_;
+  ForwardBatch p;
+  p.token_ids = b.token_ids;
+  p.token_ids.resize(static_cast<size_t>(size), 0);
+  p.positions = b.positions;
+  p.positions.resize(static_cast<size_t>(size), 0);
+  p.context_lens = b.context_lens;
+  p.context_lens.resize(static_cast<size_t>(size), 1);
+  p.slot_mapping = b.slot_mapping;
+  p.slot_mapping.resize(static_cast<size_t>(size), -1);
+  p.query_start.resize(static_cast<size_t>(size + 1));
+  for (int64_t i = 0; i <= size; ++i) p.query_start[i] = static_cast<int32_t>(i);
+  p.logits_rows.resize(static_cast<size_t>(size));
+  for (int64_t i = 0; i < size; ++i) p.logits_rows[i] = static_cast<int32_t>(i);
+  p.adapter_slots.assign(static_cast<size_t>(size), -1);
+  p.max_blocks_per_seq = MB;
+  p.block_tables.assign(static_cast<size_t>(size * MB), 0);
+  for (int64_t s = 0; s < S; ++s)
+    std::copy_n(b.block_tables.begin() + s * b.max_blocks_per_seq, b.max_blocks_per_seq,
+                p.block_tables.begin() + s * MB);
+  return p;
+}
+
+void Model::forward_graph(const ForwardBatch& b, std::span<const k::KvCacheView> kv, float* logits) {
+  Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const int64_t S = b.num_seqs(), V = config_.vocab_size;
+  const int64_t size = *std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), S);
+  ForwardBatch p = pad_for_graph(b, size);
+  StepInputs si = stage(p, {});
+  CHECK_MSG(ws.staging.size() <= ws.graph_inputs.cap, "graph inputs ({} bytes) exceed the reserved {}",
+            ws.staging.size(), ws.graph_inputs.cap);
+  auto* inputs = static_cast<std::byte*>(ws.graph_inputs.ptr);
+  Graph& g = graphs_[size];
+  const float* kv_key = kv.empty() ? nullptr : kv[0].k;
+  bool valid =
+      g.exec && g.ws_epoch == ws.epoch && g.backend_epoch == be.workspace_epoch() && g.kv_key == kv_key;
+  if (!valid) {
+    // This step runs eagerly (sizing every buffer for this shape), then its shape is recorded.
+    if (g.exec) be.destroy_graph(g.exec);
+    g = Graph{};
+    be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
+    run_layers(p, kv, si, inputs);
+    be.copy_to_host(logits, ws.logits.ptr, static_cast<size_t>(S * V) * sizeof(float));
+    const uint64_t ws_epoch = ws.epoch, backend_epoch = be.workspace_epoch();
+    be.begin_capture();
+    run_layers(p, kv, si, inputs);
+    void* exec = be.end_capture();
+    if (!exec || ws.epoch != ws_epoch || be.workspace_epoch() != backend_epoch) {
+      if (exec) be.destroy_graph(exec);
+      spdlog::warn("CUDA graph capture of a {}-sequence decode step failed; running decode steps eagerly",
+                   size);
+      graphs_enabled_ = false;
+      return;
+    }
+    g = {exec, ws_epoch, backend_epoch, kv_key};
+    return;
+  }
+  be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
+  be.run_graph(g.exec);
+  be.copy_to_host(logits, ws.logits.ptr, static_cast<size_t>(S * V) * sizeof(float));
+}
+
+void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOptions& options) {
+  for (auto& [size, g] : graphs_) backend_->destroy_graph(g.exec);
+  graphs_.clear();
+  graph_sizes_.clear();
+  graphs_enabled_ = options.enabled && backend_->supports_graphs() && !options.sizes.empty();
+  if (!graphs_enabled_) return;
+  graph_sizes_ = options.sizes;
+  std::sort(graph_sizes_.begin(), graph_sizes_.end());
+  graph_sizes_.erase(std::unique(graph_sizes_.begin(), graph_sizes_.end()), graph_sizes_.end());
+  graph_max_blocks_ = std::max<int64_t>(1, options.max_blocks_per_seq);
+  auto t0 = std::chrono::steady_clock::now();
+  Workspace& ws = *ws_;
+  std::vector<float> logits;
+  // Warm-up: the largest prefill the engine will run, so that its buffers are in place before any capture
+  // (a later growth would invalidate the graphs, which are then recorded again at their next use).
+  if (options.warmup_tokens > 0 && !kv.empty()) {
+    const int64_t T = options.warmup_tokens, bs = kv.empty() ? 16 : kv[0].block_size;
+    ForwardBatch w;
+    w.token_ids.assign(static_cast<size_t>(T), 0);
+    w.positions.resize(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) w.positions[i] = static_cast<int32_t>(i);
+    w.query_start = {0, static_cast<int32_t>(T)};
+    w.context_lens = {static_cast<int32_t>(T)};
+    w.max_blocks_per_seq = (T + bs - 1) / bs;
+    w.block_tables.assign(static_cast<size_t>(w.max_blocks_per_seq), 0);
+    w.slot_mapping.assign(static_cast<size_t>(T), -1);
+    w.adapter_slots = {-1};
+    const int64_t rows = std::min<int64_t>(T, std::max<int64_t>(1, options.warmup_logits_rows));
+    for (int64_t i = 0; i < rows; ++i) w.logits_rows.push_back(static_cast<int32_t>(T - rows + i));
+    logits.resize(static_cast<size_t>(rows * config_.vocab_size));
+    bool enabled = graphs_enabled_;
+    graphs_enabled_ = false;
+    forward(w, kv, {}, logits.data());
+    graphs_enabled_ = enabled;
+  }
+  // The inputs every graph reads: sized for the largest one, never moved.
+  {
+    ForwardBatch largest;
+    largest.max_blocks_per_seq = 1;
+    largest.block_tables = {0};
+    largest.token_ids = {0};
+    largest.positions = {0};
+    largest.context_lens = {1};
+    largest.slot_mapping = {-1};
+    largest.query_start = {0, 1};
+    largest.logits_rows = {0};
+    largest.adapter_slots = {-1};
+    ForwardBatch p = pad_for_graph(largest, graph_sizes_.back());
+    stage(p, {});
+    ensure<std::byte>(*backend_, ws.graph_inputs, ws.staging.size(), ws.epoch);
+  }
+  // Largest first: smaller shapes then fit the buffers the larger ones sized. Without a KV cache the
+  // graphs are recorded at their first use instead.
+  for (auto it = graph_sizes_.rbegin(); it != graph_sizes_.rend() && graphs_enabled_ && !kv.empty(); ++it) {
+    ForwardBatch d;
+    const int64_t n = *it;
+    d.token_ids.assign(static_cast<size_t>(n), 0);
+    d.positions.assign(static_cast<size_t>(n), 0);
+    d.context_lens.assign(static_cast<size_t>(n), 1);
+    d.slot_mapping.assign(static_cast<size_t>(n), -1);
+    d.query_start.resize(static_cast<size_t>(n + 1));
+    for (int64_t i = 0; i <= n; ++i) d.query_start[i] = static_cast<int32_t>(i);
+    d.logits_rows.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) d.logits_rows[i] = static_cast<int32_t>(i);
+    d.adapter_slots.assign(static_cast<size_t>(n), -1);
+    d.max_blocks_per_seq = 1;
+    d.block_tables.assign(static_cast<size_t>(n), 0);
+    logits.resize(static_cast<size_t>(n * config_.vocab_size));
+    forward_graph(d, kv, logits.data());
+  }
+  backend_->synchronize();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (graphs_enabled_)
+    spdlog::info("CUDA graphs: captured {} decode shapes ({} to {} sequences) in {:.2f} s (warm-up included)",
+                 graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(), seconds);
+}
+
+std::vector<int64_t> default_graph_sizes(int64_t max_num_seqs) {
+  std::vector<int64_t> sizes;
+  for (int64_t s : {1, 2, 4})
+    if (s <= max_num_seqs) sizes.push_back(s);
+  for (int64_t s = 8; s <= max_num_seqs; s += 8) sizes.push_back(s);
+  if (sizes.empty() || sizes.back() < max_num_seqs) sizes.push_back(max_num_seqs);
+  return sizes;
+}
 }  // namespace polylora

@@ -33,6 +33,17 @@ struct RopeTable {
   static RopeTable from_config(const ModelConfig& cfg);
 };
 
+// CUDA graphs of decode steps (ignored on backends without graphs).
+struct GraphOptions {
+  bool enabled = false;
+  std::vector<int64_t> sizes;      // batch sizes (sequences of one token each) captured; a step pads up
+  int64_t max_blocks_per_seq = 0;  // block-table width of every graph; longer contexts run eagerly
+  int64_t warmup_tokens = 0;       // an eager prefill of this many tokens first sizes every buffer
+  int64_t warmup_logits_rows = 1;  // logits rows of that warm-up
+};
+// vLLM's default capture sizes: 1, 2, 4, then multiples of 8 up to max_num_seqs.
+std::vector<int64_t> default_graph_sizes(int64_t max_num_seqs);
+
 class Model {
  public:
   // Reads <dir>/config.json and the checkpoint (or makes dummy weights) into `backend` (nullptr: a CPU
@@ -55,12 +66,30 @@ class Model {
                std::span<const LoraAdapter* const> adapters, float* logits);
   // Frees the device copy of an adapter (by generation) after it is unloaded.
   void release_adapter(uint64_t generation);
+  // Captures a graph per decode batch size (largest first, after a warm-up prefill). From then on a step
+  // whose sequences each compute one token, without adapters, whose logits are wanted for every token and
+  // whose block tables fit max_blocks_per_seq replays the graph of its padded size; other steps run
+  // eagerly. A graph is recorded again at its next use when a buffer it holds moved (a larger eager step)
+  // or the KV cache changed; the output is identical to running the same padded step eagerly. With an
+  // empty `kv`, nothing is captured now: each graph is recorded at its first use.
+  void prepare_graphs(std::span<const kernels::KvCacheView> kv, const GraphOptions& options);
+  bool graphs_enabled() const { return graphs_enabled_; }
 
  private:
   Model() = default;
   struct DeviceAdapter;
   struct Workspace;
+  struct StepInputs;
+  struct Graph;
   const DeviceAdapter& device_adapter(const LoraAdapter& adapter);
+  // Packs a step's inputs into the host staging buffer.
+  StepInputs stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters);
+  // Every op of the forward pass, reading the staged inputs at `inputs` (backend memory); logits in ws.
+  void run_layers(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv, const StepInputs& si,
+                  std::byte* inputs);
+  bool graph_eligible(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters) const;
+  ForwardBatch pad_for_graph(const ForwardBatch& b, int64_t size) const;
+  void forward_graph(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv, float* logits);
 
   ModelConfig config_;
   std::shared_ptr<Backend> backend_;
@@ -70,6 +99,10 @@ class Model {
   std::string source_;
   std::unique_ptr<Workspace> ws_;
   std::map<uint64_t, std::unique_ptr<DeviceAdapter>> adapters_;
+  bool graphs_enabled_ = false;
+  std::vector<int64_t> graph_sizes_;  // ascending
+  int64_t graph_max_blocks_ = 0;
+  std::map<int64_t, Graph> graphs_;
 };
 
 }  // namespace polylora

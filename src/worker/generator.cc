@@ -32,7 +32,10 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
     total_blocks += blocks;
     max_blocks = std::max(max_blocks, blocks);
   }
-  KvStorage kv(cfg, model_.backend(), total_blocks, bs);
+  // The cache is kept across runs that fit it (a model's CUDA graphs are recorded against one cache).
+  if (!kv_ || kv_->num_blocks() < total_blocks)
+    kv_ = std::make_unique<KvStorage>(cfg, model_.backend(), total_blocks, bs);
+  KvStorage& kv = *kv_;
 
   auto fill_tables = [&](ForwardBatch& b, const std::vector<int64_t>& seqs) {
     b.max_blocks_per_seq = max_blocks;

@@ -51,6 +51,7 @@ class Generator {
  private:
   Model& model_;
   GeneratorOptions options_;
+  std::unique_ptr<KvStorage> kv_;
   double prefill_seconds_ = 0, decode_seconds_ = 0;
   int64_t decode_steps_ = 0;
 };

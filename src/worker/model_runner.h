@@ -43,6 +43,8 @@ class ModelRunner {
                      const std::function<const LoraAdapter*(const std::string&)>& adapter_of);
 
   const KvStorage& kv() const { return kv_; }
+  // Captures the model's decode graphs over this runner's KV cache (see Model::prepare_graphs).
+  void prepare_graphs(const GraphOptions& options) { model_.prepare_graphs(kv_.views(), options); }
 
   // The two halves of execute() before the forward pass, public for the scheduler benchmark:
   // apply the plan's deltas to the runner's request states, then pack the step's inputs.

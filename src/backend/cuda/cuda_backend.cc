@@ -106,6 +106,44 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+
+  // Graphs: not while POLYLORA_CUDA_PROFILE synchronizes around every op.
+  bool supports_graphs() const override { return !profile_; }
+  void begin_capture() override {
+    capturing_ = true;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  }
+  void* end_capture() override {
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    if (err != cudaSuccess || graph == nullptr) {
+      cudaGetLastError();
+      if (graph) cudaGraphDestroy(graph);
+      return nullptr;
+    }
+    cudaGraphExec_t exec = nullptr;
+    err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return exec;
+  }
+  void run_graph(void* graph) override {
+    CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream_));
+  }
+  void destroy_graph(void* graph) override {
+    if (!graph) return;
+    cudaStreamSynchronize(stream_);
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+  }
+  uint64_t workspace_epoch() const override { return workspace_epoch_; }
 
   k::WeightView matrix_from_host_as(const k::WeightView& host, DType target) override {
     switch (host.dtype) {
@@ -239,6 +277,9 @@ class CudaBackend final : public Backend {
   // largest step sizes it once; later steps of that size or smaller reuse it without allocating.
   void ensure_workspace(size_t bytes) {
     if (bytes <= workspace_bytes_) return;
+    CHECK_MSG(!capturing_, "the workspace must not grow during graph capture ({} > {} bytes)", bytes,
+              workspace_bytes_);
+    ++workspace_epoch_;
     size_t grown = std::max(bytes, workspace_bytes_ + workspace_bytes_ / 2);
     grown = (grown + 255) / 256 * 256;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -263,6 +304,8 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  uint64_t workspace_epoch_ = 0;
+  bool capturing_ = false;
   std::unordered_map<void*, size_t> blocks_;
   size_t allocated_ = 0;
 };
