@@ -411,10 +411,23 @@ class Session : public std::enable_shared_from_this<Session> {
   void do_idle(Clock::time_point deadline) {
     set_state(kIdle);
     if (t_->shutting_down.load()) return close();
-    if (buf_.size() > 0) return do_header();
+    if (buf_.size() > 0) {
+      // The next request is buffered. A read started while the last one was handled may still be pending
+      // (it watches for the client going away); cancel it first, on_read_some then goes on with do_header.
+      if (reading_) {
+        resume_header_ = true;
+        beast::error_code ec;
+        sock_.cancel(ec);
+        return;
+      }
+      return do_header();
+    }
     arm_until(deadline);
     if (!reading_) start_read_some();
   }
+
+  // Bytes of pipelined requests buffered while one is handled; reading stops there (TCP pushes back).
+  size_t pipeline_cap() const { return std::max<size_t>(t_->limits.max_header_bytes, 16 * 1024); }
 
   void start_read_some() {
     reading_ = true;
@@ -433,17 +446,23 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec) return close();
       return start_read_some();
     }
+    if (resume_header_ && state_ == kIdle && (!ec || ec == net::error::operation_aborted)) {
+      request_start_ = Clock::now();
+      return do_header();  // cancelled by do_idle: the next request is already buffered
+    }
     if (ec) return close();  // EOF or reset: the client has gone (close() tells a running request)
     if (state_ == kIdle) {
       request_start_ = Clock::now();
       return do_header();
     }
-    // kHandling: a pipelined request arrived; keep it for later and stop watching (the next request is read
-    // after this response).
+    // kHandling: a pipelined request arrived; keep it for after this response, and go on watching for the
+    // client going away while the buffer is small.
+    if (state_ == kHandling && buf_.size() < pipeline_cap()) start_read_some();
   }
 
   void do_header() {
     set_state(kHeader);
+    resume_header_ = false;
     timed_out_ = false;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(
@@ -576,7 +595,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     req.body = std::move(msg.body());
     responder_ = std::make_shared<Responder>(weak_from_this(), sock_.get_executor(), t_.get());
-    if (buf_.size() == 0 && !reading_) start_read_some();  // notices a client that goes away meanwhile
+    if (!reading_ && buf_.size() < pipeline_cap()) start_read_some();  // notices a client that goes away
     auto t = t_;
     t_->post_work([t, req = std::move(req), responder = responder_]() mutable {
       if (auto err = decode_body(req, t->limits)) {
@@ -646,7 +665,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<int> state_atomic_{kIdle};
   std::atomic<int64_t> since_ns_{0};
   Clock::time_point request_start_;
-  bool reading_ = false, writing_ = false, timed_out_ = false;
+  bool reading_ = false, writing_ = false, timed_out_ = false, resume_header_ = false;
   bool keep_alive_ = true, response_started_ = false, complete_ = false, streaming_ = false;
   std::string pending_, current_write_;
   std::shared_ptr<std::string> continue_;
