@@ -7,7 +7,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import zlib from 'node:zlib';
-import { MODEL, sleep, startServer } from './lib/server.mjs';
+import { MODEL, metric, metrics, sleep, startServer } from './lib/server.mjs';
 import { cpuSeconds, openFileLimit, parseResponse, rawRequest, httpBytes, rssBytes } from './lib/raw.mjs';
 
 const portOf = (server) => Number(new URL(server.url).port);
@@ -212,6 +212,53 @@ describe('slow and silent clients', () => {
       clearInterval(timer);
       destroyAll([trickler, idle]);
       if (server.child.exitCode === null) await server.stop();
+    }
+  });
+});
+
+describe('clients that go away', () => {
+  test('a client closing while its generation runs stops it, also with a pipelined request buffered', async () => {
+    const server = await startServer(['--model', MODEL, '--max-model-len', '4096']);
+    const running = async () => metric(await metrics(server.url), 'vllm:num_requests_running');
+    try {
+      const port = portOf(server);
+      const long = httpBytes('POST', '/v1/completions', { headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ prompt: [5, 6, 7], max_tokens: 3000, ignore_eos: true }) });
+      for (const [what, bytes] of [['plain', long], ['pipelined', Buffer.concat([long, httpBytes('GET', '/health')])],
+        ['pipelined, arriving later', [long]]]) {
+        const [sock] = await connectMany(port, 1);
+        for (const b of Array.isArray(bytes) ? bytes : [bytes]) sock.write(b);
+        const t0 = performance.now();
+        while ((await running()) !== 1 && performance.now() - t0 < 3000) await sleep(20);
+        assert.equal(await running(), 1, `${what}: the generation runs`);
+        if (Array.isArray(bytes)) {
+          sock.write(httpBytes('GET', '/health'));
+          await sleep(100);
+        }
+        sock.destroy();
+        const t1 = performance.now();
+        while ((await running()) !== 0 && performance.now() - t1 < 3000) await sleep(20);
+        const ms = performance.now() - t1;
+        console.log(`# ${what}: the generation stopped ${ms.toFixed(0)} ms after the client left`);
+        assert.equal(await running(), 0, `${what}: still running ${ms} ms after the client left`);
+      }
+      // A pipelined request sent while a (short) one runs is answered after it, in order.
+      const [sock] = await connectMany(port, 1);
+      sock.write(httpBytes('POST', '/v1/completions', { headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ prompt: [5, 6, 7], max_tokens: 20, ignore_eos: true }) }));
+      await sleep(50);
+      sock.write(httpBytes('GET', '/version', { headers: { Connection: 'close' } }));
+      const t2 = performance.now();
+      while (!sock.closedByServer && performance.now() - t2 < 5000) await sleep(20);
+      const first = parseResponse(sock.received);
+      assert.equal(first?.status, 200);
+      assert.equal(JSON.parse(first.body.toString()).usage.completion_tokens, 20);
+      const second = parseResponse(sock.received.subarray(first.length));
+      assert.equal(second?.status, 200);
+      assert.ok(JSON.parse(second.body.toString()).version);
+      sock.destroy();
+    } finally {
+      assert.deepEqual(await server.stop(), { code: 0, signal: null }, server.log());
     }
   });
 });
