@@ -35,6 +35,8 @@ const char* error_type(int status) {
       return "NotFoundError";
     case 405:
       return "MethodNotAllowedError";
+    case 501:
+      return "NotImplementedError";
     case 503:
       return "ServiceUnavailableError";
     default:
@@ -149,6 +151,11 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
       limits, [this](HttpRequest& req, std::shared_ptr<HttpResponder> res) { handle(req, res); },
       [](int status, const std::string& message) { return error_response(status, message); },
       static_cast<size_t>(std::max<int64_t>(1, config_.http_io_threads)), workers);
+  // Authentication before anything else, a compressed body's inflation included.
+  transport_->set_precheck([this](const HttpRequest& req) -> std::optional<HttpResponse> {
+    if (authorized(req)) return std::nullopt;
+    return error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)");
+  });
 }
 
 HttpServer::~HttpServer() = default;

@@ -225,6 +225,7 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   HttpLimits limits;
   HttpHandler handler;
   HttpErrorBody error_body;
+  HttpPrecheck precheck;
   size_t num_io_threads;
   net::thread_pool workers;
   net::io_context ioc;
@@ -598,6 +599,13 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!reading_ && buf_.size() < pipeline_cap()) start_read_some();  // notices a client that goes away
     auto t = t_;
     t_->post_work([t, req = std::move(req), responder = responder_]() mutable {
+      if (t->precheck) {
+        try {
+          if (auto early = t->precheck(req)) return responder->send(std::move(*early));
+        } catch (const std::exception& e) {
+          return responder->send(t->error_body(500, std::string("internal error: ") + e.what()));
+        }
+      }
       if (auto err = decode_body(req, t->limits)) {
         HttpResponse r = t->error_body(err->status, err->message);
         return responder->send(std::move(r));
@@ -839,6 +847,10 @@ void HttpTransport::stop(std::chrono::milliseconds drain) {
       impl->stop_timer.async_wait([impl](beast::error_code) { impl->ioc.stop(); });
     });
   });
+}
+
+void HttpTransport::set_precheck(HttpPrecheck precheck) {
+  impl_->precheck = std::move(precheck);
 }
 
 void HttpTransport::post_work(std::function<void()> fn) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -74,6 +75,9 @@ using HttpHandler = std::function<void(HttpRequest& request, std::shared_ptr<Htt
 // Builds the body of an error the transport answers by itself (400, 408, 413, 415, 431, 503).
 using HttpErrorBody = std::function<HttpResponse(int status, const std::string& message)>;
 
+// Looks at a request before its body is decoded (e.g. authentication): a response answers it at once.
+using HttpPrecheck = std::function<std::optional<HttpResponse>(const HttpRequest& request)>;
+
 class HttpTransport {
  public:
   HttpTransport(HttpLimits limits, HttpHandler handler, HttpErrorBody error_body, size_t num_io_threads,
@@ -91,6 +95,8 @@ class HttpTransport {
   void begin_shutdown();
   // begin_shutdown(), then after `drain` closes every connection and makes run() return.
   void stop(std::chrono::milliseconds drain);
+  // Set before run(): called on a worker for every request before gzip/deflate bodies are inflated.
+  void set_precheck(HttpPrecheck precheck);
   // Runs `fn` on the worker pool.
   void post_work(std::function<void()> fn);
   int64_t num_connections() const;
