@@ -70,6 +70,7 @@ int run_device_bench(int argc, char** argv) {
     model->prepare_graphs({}, go);
   }
   out["cuda_graphs"] = model->graphs_enabled();
+  model->set_gpu_timing(true);
   Generator gen(*model, {.block_size = 16, .max_batch_tokens = max_batch_tokens});
   for (int64_t b : batches) {
     std::vector<GenerateRequest> reqs;
@@ -85,14 +86,19 @@ int run_device_bench(int argc, char** argv) {
     gen.run(reqs, {});
     double prefill_tps = static_cast<double>(b * prompt_len) / gen.last_prefill_seconds();
     double decode_tps = static_cast<double>(b * gen.last_decode_steps()) / gen.last_decode_seconds();
+    const double step_s = gen.last_decode_seconds() / static_cast<double>(gen.last_decode_steps());
+    const double gpu_s = gen.last_decode_gpu_seconds() / static_cast<double>(gen.last_decode_steps());
+    std::fprintf(stderr, "batch %ld%s: decode step %.3f ms, GPU time in it %.3f ms (%.1f%%), host %.3f ms\n",
+                 static_cast<long>(b), model->graphs_enabled() ? " (graphs)" : " (eager)", 1e3 * step_s,
+                 1e3 * gpu_s, step_s > 0 ? 100 * gpu_s / step_s : 0.0, 1e3 * (step_s - gpu_s));
     std::fprintf(stderr, "batch %ld%s: prefill %.0f tok/s, decode %.1f tok/s (%.2f ms/step)\n",
                  static_cast<long>(b), model->graphs_enabled() ? " (graphs)" : " (eager)", prefill_tps,
                  decode_tps, 1e3 * gen.last_decode_seconds() / static_cast<double>(gen.last_decode_steps()));
-    out["runs"].push_back(
-        {{"batch", b},
-         {"prefill_tok_per_s", prefill_tps},
-         {"decode_tok_per_s", decode_tps},
-         {"decode_ms_per_step", 1e3 * gen.last_decode_seconds() / gen.last_decode_steps()}});
+    out["runs"].push_back({{"batch", b},
+                           {"prefill_tok_per_s", prefill_tps},
+                           {"decode_tok_per_s", decode_tps},
+                           {"decode_ms_per_step", 1e3 * step_s},
+                           {"decode_gpu_ms_per_step", 1e3 * gpu_s}});
   }
   out["backend_allocated_bytes_peak"] = backend->allocated_bytes();
   std::printf("%s\n", out.dump(2).c_str());

@@ -86,6 +86,10 @@ class Backend {
   virtual void run_graph(void* graph) {}
   virtual void destroy_graph(void* graph) {}
   virtual uint64_t workspace_epoch() const { return 0; }
+  // GPU time of what is queued between gpu_timer_start() and gpu_timer_stop() (which waits for it), in
+  // seconds; 0 where not measured (the CPU).
+  virtual void gpu_timer_start() {}
+  virtual double gpu_timer_stop() { return 0; }
 
   // Ops (see kernels/<op>/*.h for the semantics; all pointers in backend memory).
   virtual void embedding(const kernels::EmbeddingArgs& args) = 0;

@@ -213,10 +213,12 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
   if (graphs_enabled_ && graph_eligible(b, adapters)) return forward_graph(b, kv, logits);
   StepInputs si = stage(b, adapters);
   auto* inputs = ensure<std::byte>(be, ws.inputs, ws.staging.size(), ws.epoch);
+  if (gpu_timing_) be.gpu_timer_start();
   be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
   run_layers(b, kv, si, inputs);
   const int64_t R = static_cast<int64_t>(b.logits_rows.size());
   if (R > 0) be.copy_to_host(logits, ws.logits.ptr, static_cast<size_t>(R * c.vocab_size) * sizeof(float));
+  if (gpu_timing_) last_gpu_seconds_ = be.gpu_timer_stop();
 }
 
 Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters) {
@@ -535,9 +537,11 @@ void Model::forward_graph(const ForwardBatch& b, std::span<const k::KvCacheView>
     g = {exec, ws_epoch, backend_epoch, kv_key};
     return;
   }
+  if (gpu_timing_) be.gpu_timer_start();
   be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
   be.run_graph(g.exec);
   be.copy_to_host(logits, ws.logits.ptr, static_cast<size_t>(S * V) * sizeof(float));
+  if (gpu_timing_) last_gpu_seconds_ = be.gpu_timer_stop();
 }
 
 void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOptions& options) {

@@ -74,6 +74,10 @@ class Model {
   // empty `kv`, nothing is captured now: each graph is recorded at its first use.
   void prepare_graphs(std::span<const kernels::KvCacheView> kv, const GraphOptions& options);
   bool graphs_enabled() const { return graphs_enabled_; }
+  // With timing on, each forward measures the GPU time from its first input copy to its logits (events;
+  // host staging before it is not included), for benchmarks: last_step_gpu_seconds().
+  void set_gpu_timing(bool on) { gpu_timing_ = on; }
+  double last_step_gpu_seconds() const { return last_gpu_seconds_; }
 
  private:
   Model() = default;
@@ -100,6 +104,8 @@ class Model {
   std::unique_ptr<Workspace> ws_;
   std::map<uint64_t, std::unique_ptr<DeviceAdapter>> adapters_;
   bool graphs_enabled_ = false;
+  bool gpu_timing_ = false;
+  double last_gpu_seconds_ = 0;
   std::vector<int64_t> graph_sizes_;  // ascending
   int64_t graph_max_blocks_ = 0;
   std::map<int64_t, Graph> graphs_;

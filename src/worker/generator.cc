@@ -135,6 +135,7 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
            std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), out.back()) != r.stop_token_ids.end();
   };
   decode_steps_ = 0;
+  decode_gpu_seconds_ = 0;
   while (true) {
     ForwardBatch b;
     std::vector<int64_t> seqs;
@@ -156,6 +157,7 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
     fill_tables(b, seqs);
     logits.resize(seqs.size() * static_cast<size_t>(vocab));
     model_.forward(b, kv.views(), adapters, logits.data());
+    decode_gpu_seconds_ += model_.last_step_gpu_seconds();
     ++decode_steps_;
     for (size_t i = 0; i < seqs.size(); ++i) {
       float margin;

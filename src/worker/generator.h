@@ -47,6 +47,8 @@ class Generator {
   double last_prefill_seconds() const { return prefill_seconds_; }
   double last_decode_seconds() const { return decode_seconds_; }
   int64_t last_decode_steps() const { return decode_steps_; }
+  // GPU time of the decode steps (from their first copy to the logits; Model::set_gpu_timing).
+  double last_decode_gpu_seconds() const { return decode_gpu_seconds_; }
 
  private:
   Model& model_;
@@ -54,6 +56,7 @@ class Generator {
   std::unique_ptr<KvStorage> kv_;
   double prefill_seconds_ = 0, decode_seconds_ = 0;
   int64_t decode_steps_ = 0;
+  double decode_gpu_seconds_ = 0;
 };
 
 }  // namespace polylora

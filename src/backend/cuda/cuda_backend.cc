@@ -144,6 +144,21 @@ class CudaBackend final : public Backend {
     cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
   }
   uint64_t workspace_epoch() const override { return workspace_epoch_; }
+  void gpu_timer_start() override {
+    if (!timer_events_[0]) {
+      CUDA_CHECK(cudaEventCreate(&timer_events_[0]));
+      CUDA_CHECK(cudaEventCreate(&timer_events_[1]));
+    }
+    CUDA_CHECK(cudaEventRecord(timer_events_[0], stream_));
+  }
+  double gpu_timer_stop() override {
+    if (!timer_events_[0]) return 0;
+    CUDA_CHECK(cudaEventRecord(timer_events_[1], stream_));
+    CUDA_CHECK(cudaEventSynchronize(timer_events_[1]));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, timer_events_[0], timer_events_[1]));
+    return ms / 1e3;
+  }
 
   k::WeightView matrix_from_host_as(const k::WeightView& host, DType target) override {
     switch (host.dtype) {
@@ -306,6 +321,7 @@ class CudaBackend final : public Backend {
   size_t workspace_bytes_ = 0;
   uint64_t workspace_epoch_ = 0;
   bool capturing_ = false;
+  cudaEvent_t timer_events_[2] = {nullptr, nullptr};
   std::unordered_map<void*, size_t> blocks_;
   size_t allocated_ = 0;
 };
