@@ -1,10 +1,10 @@
-// fuzz-sources: src/server/json_body.cc src/server/openai_api.cc src/server/request_json.cc
-// src/server/admin_api.cc src/common/utf8.cc src/api/*.cc src/tokenizer/*.cc tests/fuzz/request_json_fuzz.cc:
-// arbitrary bytes as the body of every JSON route the server parses (completions, chat completions, tokenize,
-// detokenize, adapter load and unload), through the same code the HTTP server runs: the bounded body parser,
-// then the route's request reader with the demo model's tokenizer and chat template. The first byte picks the
-// route. Refusals (polylora::Error) are expected; anything else escaping, a crash, or an error message that
-// is not valid UTF-8 is a finding.
+// fuzz-sources: src/server/[ajor]*.cc src/common/utf8.cc src/api/*.cc src/tokenizer/*.cc
+//
+// tests/fuzz/request_json_fuzz.cc: arbitrary bytes as the body of every JSON route the server parses
+// (completions, chat completions, tokenize, detokenize, adapter load and unload), through the same code the
+// HTTP server runs: the bounded body parser, then the route's request reader with the fixture model's
+// tokenizer and chat template. The first byte picks the route. Refusals (polylora::Error) are expected;
+// anything else escaping, a crash, or an error message that is not valid UTF-8 is a finding.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
