@@ -109,6 +109,9 @@ class Backend {
   // wanted).
   virtual void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols,
                            float* dst) = 0;
+  // ids[r] = the first index of the largest value of row r of x [rows, cols] (greedy sampling on the
+  // device: only the ids come back).
+  virtual void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -2,6 +2,7 @@
 #include <omp.h>
 #include <sys/mman.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -107,6 +108,15 @@ class CpuBackend final : public Backend {
                    float* dst) override {
     for (int64_t r = 0; r < num_rows; ++r)
       std::memcpy(dst + r * cols, src + static_cast<int64_t>(rows[r]) * cols, static_cast<size_t>(cols) * 4);
+  }
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = x + r * cols;
+      int64_t best = 0;
+      for (int64_t i = 1; i < cols; ++i)
+        if (row[i] > row[best] || (std::isnan(row[best]) && !std::isnan(row[i]))) best = i;
+      ids[r] = static_cast<int32_t>(best);
+    }
   }
 
  private:

@@ -40,6 +40,7 @@ struct Buffer {
 struct Model::Workspace {
   Buffer x, h, q, kk, v, attn, tmp, gate, up, act, router, route_w, route_ids, logits_in, logits, inputs;
   Buffer graph_inputs;  // fixed once graphs are prepared: every graph reads its inputs here
+  Buffer ids;           // argmax ids of the output rows (forward_argmax)
   std::vector<std::byte> staging;
   uint64_t epoch = 0;  // moves when any buffer above is reallocated
 };
@@ -196,6 +197,31 @@ const Model::DeviceAdapter& Model::device_adapter(const LoraAdapter& adapter) {
 
 void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
                     std::span<const LoraAdapter* const> adapters, float* logits) {
+  forward_impl(b, kv, adapters, logits, nullptr);
+}
+
+void Model::forward_argmax(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
+                           std::span<const LoraAdapter* const> adapters, int32_t* ids) {
+  forward_impl(b, kv, adapters, nullptr, ids);
+}
+
+void Model::read_output(int64_t rows, float* logits, int32_t* ids) {
+  Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const int64_t V = config_.vocab_size;
+  if (rows <= 0) return;
+  if (logits) {
+    be.copy_to_host(logits, ws.logits.ptr, static_cast<size_t>(rows * V) * sizeof(float));
+    return;
+  }
+  uint64_t unused_epoch = 0;  // no graph reads this buffer
+  auto* d_ids = ensure<int32_t>(be, ws.ids, static_cast<size_t>(rows), unused_epoch);
+  be.argmax_rows(static_cast<const float*>(ws.logits.ptr), rows, V, d_ids);
+  be.copy_to_host(ids, d_ids, static_cast<size_t>(rows) * sizeof(int32_t));
+}
+
+void Model::forward_impl(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
+                         std::span<const LoraAdapter* const> adapters, float* logits, int32_t* ids) {
   const ModelConfig& c = config_;
   Backend& be = *backend_;
   Workspace& ws = *ws_;
@@ -210,14 +236,14 @@ void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
   for (int32_t row : b.logits_rows) CHECK(row >= 0 && row < T);
   if (T == 0) return;
 
-  if (graphs_enabled_ && graph_eligible(b, adapters)) return forward_graph(b, kv, logits);
+  if (graphs_enabled_ && graph_eligible(b, adapters)) return forward_graph(b, kv, logits, ids);
   StepInputs si = stage(b, adapters);
   auto* inputs = ensure<std::byte>(be, ws.inputs, ws.staging.size(), ws.epoch);
   if (gpu_timing_) be.gpu_timer_start();
   be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
   run_layers(b, kv, si, inputs);
   const int64_t R = static_cast<int64_t>(b.logits_rows.size());
-  if (R > 0) be.copy_to_host(logits, ws.logits.ptr, static_cast<size_t>(R * c.vocab_size) * sizeof(float));
+  read_output(R, logits, ids);
   if (gpu_timing_) last_gpu_seconds_ = be.gpu_timer_stop();
 }
 
@@ -502,10 +528,11 @@ ForwardBatch Model::pad_for_graph(const ForwardBatch& b, int64_t size) const {
   return p;
 }
 
-void Model::forward_graph(const ForwardBatch& b, std::span<const k::KvCacheView> kv, float* logits) {
+void Model::forward_graph(const ForwardBatch& b, std::span<const k::KvCacheView> kv, float* logits,
+                          int32_t* ids) {
   Backend& be = *backend_;
   Workspace& ws = *ws_;
-  const int64_t S = b.num_seqs(), V = config_.vocab_size;
+  const int64_t S = b.num_seqs();
   const int64_t size = *std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), S);
   ForwardBatch p = pad_for_graph(b, size);
   StepInputs si = stage(p, {});
@@ -522,7 +549,7 @@ void Model::forward_graph(const ForwardBatch& b, std::span<const k::KvCacheView>
     g = Graph{};
     be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
     run_layers(p, kv, si, inputs);
-    be.copy_to_host(logits, ws.logits.ptr, static_cast<size_t>(S * V) * sizeof(float));
+    read_output(S, logits, ids);
     const uint64_t ws_epoch = ws.epoch, backend_epoch = be.workspace_epoch();
     be.begin_capture();
     run_layers(p, kv, si, inputs);
@@ -540,7 +567,7 @@ void Model::forward_graph(const ForwardBatch& b, std::span<const k::KvCacheView>
   if (gpu_timing_) be.gpu_timer_start();
   be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
   be.run_graph(g.exec);
-  be.copy_to_host(logits, ws.logits.ptr, static_cast<size_t>(S * V) * sizeof(float));
+  read_output(S, logits, ids);
   if (gpu_timing_) last_gpu_seconds_ = be.gpu_timer_stop();
 }
 
@@ -612,7 +639,7 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
     d.max_blocks_per_seq = 1;
     d.block_tables.assign(static_cast<size_t>(n), 0);
     logits.resize(static_cast<size_t>(n * config_.vocab_size));
-    forward_graph(d, kv, logits.data());
+    forward_graph(d, kv, logits.data(), nullptr);
   }
   backend_->synchronize();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -64,6 +64,10 @@ class Model {
   // slot (nullptr for unused slots). logits: host memory [batch.logits_rows.size(), vocab] f32, written.
   void forward(const ForwardBatch& batch, std::span<const kernels::KvCacheView> kv,
                std::span<const LoraAdapter* const> adapters, float* logits);
+  // The same pass, greedy: ids[r] = argmax of logits row r, computed where the logits are (on the GPU
+  // only the ids come back). ids: host memory [batch.logits_rows.size()].
+  void forward_argmax(const ForwardBatch& batch, std::span<const kernels::KvCacheView> kv,
+                      std::span<const LoraAdapter* const> adapters, int32_t* ids);
   // Frees the device copy of an adapter (by generation) after it is unloaded.
   void release_adapter(uint64_t generation);
   // Captures a graph per decode batch size (largest first, after a warm-up prefill). From then on a step
@@ -93,7 +97,13 @@ class Model {
                   std::byte* inputs);
   bool graph_eligible(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters) const;
   ForwardBatch pad_for_graph(const ForwardBatch& b, int64_t size) const;
-  void forward_graph(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv, float* logits);
+  // logits or ids (one of them non-null) receive the output rows.
+  void forward_impl(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
+                    std::span<const LoraAdapter* const> adapters, float* logits, int32_t* ids);
+  void forward_graph(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv, float* logits,
+                     int32_t* ids);
+  // Copies the first `rows` logits rows, or their argmax ids, to the host.
+  void read_output(int64_t rows, float* logits, int32_t* ids);
 
   ModelConfig config_;
   std::shared_ptr<Backend> backend_;

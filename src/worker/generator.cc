@@ -69,6 +69,7 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
   std::vector<int32_t> next(static_cast<size_t>(n));
   std::vector<int64_t> ctx(static_cast<size_t>(n), 0);
   std::vector<float> logits;
+  std::vector<int32_t> ids;
   auto t0 = std::chrono::steady_clock::now();
   // Prefill: chunks of whole prompts (a long prompt is split across passes).
   {
@@ -155,6 +156,17 @@ std::vector<GenerateResult> Generator::run(const std::vector<GenerateRequest>& r
     }
     if (seqs.empty()) break;
     fill_tables(b, seqs);
+    if (options_.device_argmax) {  // ids only: no margins or top ids
+      ids.resize(seqs.size());
+      model_.forward_argmax(b, kv.views(), adapters, ids.data());
+      decode_gpu_seconds_ += model_.last_step_gpu_seconds();
+      ++decode_steps_;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        next[seqs[i]] = ids[i];
+        results[seqs[i]].output.push_back(ids[i]);
+      }
+      continue;
+    }
     logits.resize(seqs.size() * static_cast<size_t>(vocab));
     model_.forward(b, kv.views(), adapters, logits.data());
     decode_gpu_seconds_ += model_.last_step_gpu_seconds();

@@ -35,6 +35,7 @@ struct GenerateResult {
 struct GeneratorOptions {
   int64_t block_size = 16;
   int64_t max_batch_tokens = 8192;  // prefill is split into forward passes of at most this many tokens
+  bool device_argmax = false;       // decode steps take the argmax where the logits are (no margins, top ids)
 };
 
 class Generator {

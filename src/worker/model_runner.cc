@@ -116,6 +116,30 @@ StepResult ModelRunner::execute(const StepPlan& plan,
   const auto& order = step_.order;
 
   const int64_t vocab = model_.config().vocab_size;
+  // Greedy on the device when every row samples plain greedy (no logprobs, processors or penalties
+  // that would change the argmax): only the ids come back, and the CPU sampler is skipped.
+  bool device_greedy = !rows.empty();
+  for (const RowOwner& o : rows) {
+    const State& s = states_.at(o.id);
+    const SamplingParams& p = s.sampling->params;
+    const auto num_output = static_cast<int64_t>(s.tokens.size()) - s.num_prompt_tokens;
+    device_greedy &=
+        o.sample && p.greedy() && !p.logprobs && p.logit_bias.empty() && p.repetition_penalty == 1.0 &&
+        p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 &&
+        (num_output >= p.min_tokens || (s.sampling->eos_ids.empty() && p.stop_token_ids.empty()));
+  }
+  if (device_greedy) {
+    ids_.resize(rows.size());
+    model_.forward_argmax(b, kv_.views(), slots, ids_.data());
+    for (size_t r = 0; r < rows.size(); ++r) result.sampled[rows[r].id].token = ids_[r];
+    for (const auto& [id, num] : order) {
+      State& s = states_.at(id);
+      s.num_computed_tokens += num;
+      auto it = result.sampled.find(id);
+      if (it != result.sampled.end()) s.tokens.push_back(it->second.token);
+    }
+    return result;
+  }
   logits_.resize(rows.size() * static_cast<size_t>(vocab));
   model_.forward(b, kv_.views(), slots, logits_.data());
 

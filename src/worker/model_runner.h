@@ -80,6 +80,7 @@ class ModelRunner {
   Sampler sampler_;
   std::unordered_map<RequestId, State> states_;
   std::vector<float> logits_;
+  std::vector<int32_t> ids_;
   PreparedStep step_;
 };
 

@@ -1,6 +1,7 @@
 // tests/gpu/graph_gpu_test.cc: CUDA graphs of decode steps. A replayed graph must give exactly (bit for
-// bit) the logits of the same padded step run eagerly, at every capture size, and decoding through the
-// engine with graphs must give the same greedy tokens as with --enforce-eager.
+// bit) the logits of the same padded step run eagerly, at every capture size; greedy on the device
+// (forward_argmax) must pick the first argmax of those logits; and decoding through the engine with
+// graphs must give the same greedy tokens as with --enforce-eager.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -129,6 +130,16 @@ TEST_P(GraphGpuTest, ReplayEqualsEagerAtEverySize) {
     std::vector<float> replay(static_cast<size_t>(n * V)), replay2(static_cast<size_t>(n * V));
     model->forward(step, kv.views(), {}, replay.data());
     model->forward(step, kv.views(), {}, replay2.data());
+    // Greedy on the device: the ids are the first argmax of the same logits.
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    model->forward_argmax(step, kv.views(), {}, ids.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = replay.data() + r * V;
+      int64_t best = 0;
+      for (int64_t i = 1; i < V; ++i)
+        if (row[i] > row[best]) best = i;
+      EXPECT_EQ(ids[r], best) << gc.model << " n=" << n << " row " << r;
+    }
     model->prepare_graphs(kv.views(), off);
     ASSERT_FALSE(model->graphs_enabled());
     ForwardBatch eager_step = padded(decode_batch(n, len, tok, kMaxBlocks), size);

@@ -254,6 +254,9 @@ class CudaBackend final : public Backend {
                    float* dst) override {
     cuda_backend::gather_rows(src, rows, num_rows, cols, dst, stream_);
   }
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
+    cuda_backend::argmax_rows(x, rows, cols, ids, stream_);
+  }
 
  private:
   // POLYLORA_CUDA_PROFILE=1: each op is bracketed by stream synchronizations and its wall time summed per

@@ -79,6 +79,45 @@ void add_inplace(float* y, const float* x, int64_t n, void* stream) {
   CUDA_CHECK_LAUNCH();
 }
 
+// One block per row: each thread keeps the best (value, index) of its stride, then a shared-memory
+// reduction; ties go to the lower index, as the CPU sampler's argmax.
+__global__ void argmax_kernel(const float* x, int64_t cols, int32_t* ids) {
+  constexpr int kThreads = 512;
+  __shared__ float best_v[kThreads];
+  __shared__ int32_t best_i[kThreads];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float v = -INFINITY;
+  int32_t idx = INT32_MAX;
+  for (int64_t i = threadIdx.x; i < cols; i += kThreads) {
+    float y = row[i];
+    if (y > v || (idx == INT32_MAX && y == v)) {  // strictly larger; the first -inf counts too
+      v = y;
+      idx = static_cast<int32_t>(i);
+    }
+  }
+  best_v[threadIdx.x] = v;
+  best_i[threadIdx.x] = idx;
+  __syncthreads();
+  for (int step = kThreads / 2; step > 0; step /= 2) {
+    if (threadIdx.x < step) {
+      float ov = best_v[threadIdx.x + step];
+      int32_t oi = best_i[threadIdx.x + step];
+      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ids[blockIdx.x] = best_i[0] == INT32_MAX ? 0 : best_i[0];
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, void* stream) {
+  if (rows == 0) return;
+  argmax_kernel<<<static_cast<unsigned>(rows), 512, 0, as_stream(stream)>>>(x, cols, ids);
+  CUDA_CHECK_LAUNCH();
+}
+
 void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst,
                  void* stream) {
   if (num_rows == 0) return;

@@ -17,5 +17,7 @@ void fill_random(void* dst, DType dtype, size_t n, float stddev, uint64_t seed, 
 void add_inplace(float* y, const float* x, int64_t n, void* stream);
 void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst,
                  void* stream);
+// ids[r] = the first index of the largest value of row r of x [rows, cols] (NaN never wins).
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, void* stream);
 
 }  // namespace polylora::cuda_backend
