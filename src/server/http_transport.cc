@@ -317,7 +317,7 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = ka;
     std::string s = status_line_and_headers(r.status, r.content_type, r.headers, ka);
     s += "Content-Length: " + std::to_string(r.body.size()) + "\r\n\r\n";
-    s += r.body;
+    if (!head_request_) s += r.body;  // HEAD: the headers (with the length) only
     queue(std::move(s), true);
   }
   void queue_stream_start(int status, const std::string& content_type,
@@ -555,6 +555,7 @@ class Session : public std::enable_shared_from_this<Session> {
     set_state(kHandling);
     hold_ = shared_from_this();
     keep_alive_ = false;
+    head_request_ = false;
     response_started_ = false;
     complete_ = false;
     streaming_ = false;
@@ -573,6 +574,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto msg = parser_->release();
     parser_.reset();
     keep_alive_ = msg.keep_alive() && !t_->shutting_down.load();
+    head_request_ = msg.method() == http::verb::head;
     HttpRequest req;
     req.method = std::string(msg.method_string());
     req.target = std::string(msg.target());
@@ -675,6 +677,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Clock::time_point request_start_;
   bool reading_ = false, writing_ = false, timed_out_ = false, resume_header_ = false;
   bool keep_alive_ = true, response_started_ = false, complete_ = false, streaming_ = false;
+  bool head_request_ = false;
   std::string pending_, current_write_;
   std::shared_ptr<std::string> continue_;
   std::shared_ptr<Responder> responder_;
