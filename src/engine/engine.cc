@@ -60,14 +60,27 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
                  mc.max_position_embeddings);
   int64_t bs = config_.cache.block_size;
   int64_t per_block = KvStorage::bytes_per_block(mc, bs);
+  Backend& be = model_->backend();
+  const bool gpu = be.kind() == DeviceKind::kCuda;
+  const int64_t warmup_tokens = std::min(config_.scheduler.max_num_batched_tokens, max_model_len_);
+  // On the GPU, a profiling prefill of the largest step sizes every workspace first (as vLLM's profile
+  // run), so the KV cache gets what is really left.
+  const size_t weight_bytes = be.allocated_bytes();
+  if (gpu) {
+    KvStorage probe(mc, be, 1, bs);
+    model_->warm_up(probe.views(), warmup_tokens, config_.scheduler.max_num_seqs);
+  }
+  const size_t workspace_bytes = be.allocated_bytes() - weight_bytes;
+  constexpr double kGraphReserve = 256.0 * (1 << 20);  // CUDA graphs, cuBLAS and allocator slack
+  double budget_total = 0;
   if (config_.cache.num_kv_blocks > 0) {
     num_kv_blocks_ = config_.cache.num_kv_blocks;
-  } else if (model_->backend().kind() == DeviceKind::kCpu) {
+  } else if (!gpu) {
     num_kv_blocks_ = config_.cache.kv_cache_memory / per_block;
   } else {
-    auto [free_bytes, total] = model_->backend().memory_info();
-    double budget = static_cast<double>(total) * config_.cache.gpu_memory_utilization -
-                    static_cast<double>(total - free_bytes) - 512.0 * (1 << 20);  // headroom for workspaces
+    auto [free_bytes, total] = be.memory_info();
+    budget_total = static_cast<double>(total) * config_.cache.gpu_memory_utilization;
+    double budget = budget_total - static_cast<double>(total - free_bytes) - kGraphReserve;
     num_kv_blocks_ = budget > 0 ? static_cast<int64_t>(budget) / per_block : 0;
   }
   int64_t blocks_per_seq = (max_model_len_ + bs - 1) / bs;
@@ -89,6 +102,7 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   auto kv = std::make_unique<KvCacheManager>(num_kv_blocks_, bs, config_.cache.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, config_.lora, std::move(kv));
   runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs);
+  size_t graph_bytes = 0;
   if (model_->backend().supports_graphs() && !config_.execution.enforce_eager) {
     GraphOptions go;
     go.enabled = true;
@@ -97,9 +111,24 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
                    : config_.execution.cuda_graph_sizes;
     int64_t graph_ctx = std::min(max_model_len_, config_.execution.cuda_graph_max_context);
     go.max_blocks_per_seq = (graph_ctx + bs - 1) / bs;
-    go.warmup_tokens = std::min(config_.scheduler.max_num_batched_tokens, max_model_len_);
-    go.warmup_logits_rows = config_.scheduler.max_num_seqs;
+    go.warmup_tokens = 0;  // done above
+    auto before = be.memory_info();
     runner_->prepare_graphs(go);
+    auto after = be.memory_info();
+    graph_bytes = before.first > after.first ? before.first - after.first : 0;
+  }
+  if (gpu) {
+    auto [free_bytes, total] = be.memory_info();
+    spdlog::info(
+        "GPU memory: weights {:.2f} GiB, workspace {:.2f} GiB (profiled at {} tokens), CUDA graphs {:.1f} "
+        "MiB, "
+        "adapters 0 (copied on first use), KV cache {:.2f} GiB ({} blocks); {:.2f} GiB of {:.2f} GiB in use "
+        "(--gpu-memory-utilization {} allows {:.2f} GiB)",
+        static_cast<double>(weight_bytes) / (1 << 30), static_cast<double>(workspace_bytes) / (1 << 30),
+        warmup_tokens, static_cast<double>(graph_bytes) / (1 << 20),
+        static_cast<double>(num_kv_blocks_ * per_block) / (1 << 30), num_kv_blocks_,
+        static_cast<double>(total - free_bytes) / (1 << 30), static_cast<double>(total) / (1 << 30),
+        config_.cache.gpu_memory_utilization, budget_total / (1 << 30));
   }
   for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   if (tokenizer_ && tokenizer_->eos_id() &&

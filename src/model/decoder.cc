@@ -571,6 +571,32 @@ void Model::forward_graph(const ForwardBatch& b, std::span<const k::KvCacheView>
   if (gpu_timing_) last_gpu_seconds_ = be.gpu_timer_stop();
 }
 
+void Model::warm_up(std::span<const k::KvCacheView> kv, int64_t tokens, int64_t logits_rows) {
+  if (tokens <= 0 || kv.empty()) return;
+  std::vector<float> logits;
+  {
+    const int64_t T = tokens, bs = kv.empty() ? 16 : kv[0].block_size;
+    ForwardBatch w;
+    w.token_ids.assign(static_cast<size_t>(T), 0);
+    w.positions.resize(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) w.positions[i] = static_cast<int32_t>(i);
+    w.query_start = {0, static_cast<int32_t>(T)};
+    w.context_lens = {static_cast<int32_t>(T)};
+    w.max_blocks_per_seq = (T + bs - 1) / bs;
+    w.block_tables.assign(static_cast<size_t>(w.max_blocks_per_seq), 0);
+    w.slot_mapping.assign(static_cast<size_t>(T), -1);
+    w.adapter_slots = {-1};
+    const int64_t rows = std::min<int64_t>(T, std::max<int64_t>(1, logits_rows));
+    for (int64_t i = 0; i < rows; ++i) w.logits_rows.push_back(static_cast<int32_t>(T - rows + i));
+    logits.resize(static_cast<size_t>(rows * config_.vocab_size));
+    bool enabled = graphs_enabled_;
+    graphs_enabled_ = false;
+    forward(w, kv, {}, logits.data());
+    graphs_enabled_ = enabled;
+    backend_->synchronize();
+  }
+}
+
 void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOptions& options) {
   for (auto& [size, g] : graphs_) backend_->destroy_graph(g.exec);
   graphs_.clear();
@@ -586,26 +612,8 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
   std::vector<float> logits;
   // Warm-up: the largest prefill the engine will run, so that its buffers are in place before any capture
   // (a later growth would invalidate the graphs, which are then recorded again at their next use).
-  if (options.warmup_tokens > 0 && !kv.empty()) {
-    const int64_t T = options.warmup_tokens, bs = kv.empty() ? 16 : kv[0].block_size;
-    ForwardBatch w;
-    w.token_ids.assign(static_cast<size_t>(T), 0);
-    w.positions.resize(static_cast<size_t>(T));
-    for (int64_t i = 0; i < T; ++i) w.positions[i] = static_cast<int32_t>(i);
-    w.query_start = {0, static_cast<int32_t>(T)};
-    w.context_lens = {static_cast<int32_t>(T)};
-    w.max_blocks_per_seq = (T + bs - 1) / bs;
-    w.block_tables.assign(static_cast<size_t>(w.max_blocks_per_seq), 0);
-    w.slot_mapping.assign(static_cast<size_t>(T), -1);
-    w.adapter_slots = {-1};
-    const int64_t rows = std::min<int64_t>(T, std::max<int64_t>(1, options.warmup_logits_rows));
-    for (int64_t i = 0; i < rows; ++i) w.logits_rows.push_back(static_cast<int32_t>(T - rows + i));
-    logits.resize(static_cast<size_t>(rows * config_.vocab_size));
-    bool enabled = graphs_enabled_;
-    graphs_enabled_ = false;
-    forward(w, kv, {}, logits.data());
-    graphs_enabled_ = enabled;
-  }
+  if (options.warmup_tokens > 0 && !kv.empty())
+    warm_up(kv, options.warmup_tokens, options.warmup_logits_rows);
   // The inputs every graph reads: sized for the largest one, never moved.
   {
     ForwardBatch largest;

@@ -77,6 +77,9 @@ class Model {
   // or the KV cache changed; the output is identical to running the same padded step eagerly. With an
   // empty `kv`, nothing is captured now: each graph is recorded at its first use.
   void prepare_graphs(std::span<const kernels::KvCacheView> kv, const GraphOptions& options);
+  // An eager prefill of `tokens` dummy tokens (no KV written; one block read) that sizes every workspace
+  // buffer for the largest step, so memory can be measured (and graphs captured) after it.
+  void warm_up(std::span<const kernels::KvCacheView> kv, int64_t tokens, int64_t logits_rows);
   bool graphs_enabled() const { return graphs_enabled_; }
   // With timing on, each forward measures the GPU time from its first input copy to its logits (events;
   // host staging before it is not included), for benchmarks: last_step_gpu_seconds().
