@@ -652,8 +652,9 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
   backend_->synchronize();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (graphs_enabled_)
-    spdlog::info("CUDA graphs: captured {} decode shapes ({} to {} sequences) in {:.2f} s (warm-up included)",
-                 graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(), seconds);
+    spdlog::info("CUDA graphs: captured {} decode shapes ({} to {} sequences) in {:.2f} s{}",
+                 graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(), seconds,
+                 options.warmup_tokens > 0 ? " (warm-up included)" : "");
 }
 
 std::vector<int64_t> default_graph_sizes(int64_t max_num_seqs) {
