@@ -15,7 +15,7 @@ for src in tests/fuzz/*_fuzz.cc; do
   name=$(basename "$src" .cc)
   # Each target lists the library sources it needs in a "// fuzz-sources:" line.
   deps=$(grep -m1 '^// fuzz-sources:' "$src" | sed 's|// fuzz-sources:||')
-  $CXX "${FLAGS[@]}" "$src" $deps src/common/error.cc src/common/dtype.cc -lfmt $LIBS -o "$OUT/$name"
+  $CXX "${FLAGS[@]}" "$src" $deps src/common/error.cc src/common/dtype.cc src/common/utf8.cc -lfmt $LIBS -o "$OUT/$name"
   corpus="$OUT/corpus-$name"
   mkdir -p "$corpus"
   [ -d "tests/fuzz/corpus/$name" ] && cp -r "tests/fuzz/corpus/$name/." "$corpus/"

@@ -45,4 +45,11 @@ std::string sanitize_utf8(std::string_view s) {
   return out;
 }
 
+std::string clip_utf8(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return sanitize_utf8(s);
+  size_t cut = max_bytes > 3 ? max_bytes - 3 : 0;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+  return sanitize_utf8(s.substr(0, cut)) + "...";
+}
+
 }  // namespace polylora

@@ -16,4 +16,7 @@ size_t utf8_sequence_length(std::string_view s, size_t i);
 // Bytes of `s` with every invalid UTF-8 sequence replaced by U+FFFD.
 std::string sanitize_utf8(std::string_view s);
 
+// At most `max_bytes` of `s` for a message, cut on a character boundary (then "..."), valid UTF-8.
+std::string clip_utf8(std::string_view s, size_t max_bytes = 64);
+
 }  // namespace polylora

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "runtime/safetensors.h"
 
 namespace polylora {
@@ -21,19 +22,11 @@ using Json = nlohmann::ordered_json;  // document order: the first matching patt
 constexpr std::string_view kPatternPrefix = "(?:.*\\.)?(?:";
 constexpr std::string_view kPatternSuffix = ")$";
 
-// At most 64 bytes of an untrusted string for a message, cut on a character boundary, valid UTF-8.
-std::string clip(std::string_view s) {
-  if (s.size() <= 64) return utf8_safe(s);
-  size_t cut = 61;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-  return utf8_safe(s.substr(0, cut)) + "...";
-}
-
 // A short rendering of an untrusted value: a scalar, or what kind of container it is (never a deep dump).
 std::string brief(const Json& v) {
   if (v.is_array()) return "an array";
   if (v.is_object()) return "an object";
-  return clip(v.dump(-1, ' ', false, Json::error_handler_t::replace));
+  return clip_utf8(v.dump(-1, ' ', false, Json::error_handler_t::replace));
 }
 
 std::string pcre2_message(int code) {
@@ -151,16 +144,17 @@ PeftConfig parse_checked(std::string_view bytes, const std::string& where) {
   try {
     j = Json::parse(bytes.begin(), bytes.end(), depth_guard);
   } catch (const Json::exception& e) {
-    fail("{} is not valid JSON: {}", where, e.what());  // utf8_safe'd by parse_peft_config
+    fail("{} is not valid JSON: {}", where, e.what());  // sanitize_utf8'd by parse_peft_config
   }
   if (!j.is_object()) fail("{} must hold a JSON object, got {}", where, brief(j));
   ConfigReader in(j, where);
 
   std::string peft_type = in.get_string("peft_type", "LORA");
-  if (peft_type != "LORA") in.bad("peft_type is '{}'; only LORA adapters are supported", clip(peft_type));
+  if (peft_type != "LORA")
+    in.bad("peft_type is '{}'; only LORA adapters are supported", clip_utf8(peft_type));
   if (in.get_bool("use_dora", false)) in.bad("DoRA adapters (use_dora: true) are not supported");
   std::string bias = in.get_string("bias", "none");
-  if (bias != "none") in.bad("LoRA bias '{}' is not supported (only \"none\")", clip(bias));
+  if (bias != "none") in.bad("LoRA bias '{}' is not supported (only \"none\")", clip_utf8(bias));
   if (in.get_bool("lora_bias", false)) in.bad("lora_bias is not supported");
   if (const Json* save = in.get_nullable("modules_to_save")) {
     if (!save->is_array()) in.bad("'modules_to_save' must be a list or null, got {}", brief(*save));
@@ -190,7 +184,8 @@ PeftConfig parse_checked(std::string_view bytes, const std::string& where) {
   if (const Json* ranks = in.get_pattern_object("rank_pattern")) {
     for (const auto& [key, value] : ranks->items()) {
       if (!is_positive_integer(value))
-        in.bad("rank_pattern value of key '{}' must be a positive integer, got {}", clip(key), brief(value));
+        in.bad("rank_pattern value of key '{}' must be a positive integer, got {}", clip_utf8(key),
+               brief(value));
       keys.push_back(key);
       c.rank_pattern_values.push_back(value.get<int64_t>());
     }
@@ -200,7 +195,7 @@ PeftConfig parse_checked(std::string_view bytes, const std::string& where) {
   if (const Json* alphas = in.get_pattern_object("alpha_pattern")) {
     for (const auto& [key, value] : alphas->items()) {
       if (!is_finite_number(value))
-        in.bad("alpha_pattern value of key '{}' must be a number, got {}", clip(key), brief(value));
+        in.bad("alpha_pattern value of key '{}' must be a number, got {}", clip_utf8(key), brief(value));
       keys.push_back(key);
       c.alpha_pattern_values.push_back(value.get<double>());
     }
@@ -228,7 +223,7 @@ PatternTable::PatternTable(std::string field, std::string where, const std::vect
   pcre2_set_heap_limit(match_context_.get(), kPatternHeapLimitKib);
   for (const std::string& text : keys) {
     if (text.size() > kMaxPatternKeyBytes)
-      fail("{}: {} key '{}' is {} bytes long, more than the {} allowed", where_, field_, clip(text),
+      fail("{}: {} key '{}' is {} bytes long, more than the {} allowed", where_, field_, clip_utf8(text),
            text.size(), kMaxPatternKeyBytes);
     std::string pattern = std::string(kPatternPrefix) + text + std::string(kPatternSuffix);
     int error = 0;
@@ -238,8 +233,8 @@ PatternTable::PatternTable(std::string field, std::string where, const std::vect
                                      compile_context.get());
     if (code == nullptr) {
       size_t at = offset > kPatternPrefix.size() ? offset - kPatternPrefix.size() : 0;
-      fail("{}: {} key '{}' is not a valid regular expression: {} at offset {}", where_, field_, clip(text),
-           pcre2_message(error), std::min(at, text.size()));
+      fail("{}: {} key '{}' is not a valid regular expression: {} at offset {}", where_, field_,
+           clip_utf8(text), pcre2_message(error), std::min(at, text.size()));
     }
     Key key;
     key.text = text;
@@ -260,10 +255,10 @@ bool PatternTable::matches(const Key& key, std::string_view module, bool allow_l
   regex_time_ += std::chrono::steady_clock::now() - start;
   if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT)
     fail("{}: {} key '{}' is too costly to match against module '{}' ({}); simplify the pattern", where_,
-         field_, clip(key.text), clip(module), pcre2_message(rc));
+         field_, clip_utf8(key.text), clip_utf8(module), pcre2_message(rc));
   if (rc < 0 && rc != PCRE2_ERROR_NOMATCH)
-    fail("{}: {} key '{}' cannot be matched against module '{}': {}", where_, field_, clip(key.text),
-         clip(module), pcre2_message(rc));
+    fail("{}: {} key '{}' cannot be matched against module '{}': {}", where_, field_, clip_utf8(key.text),
+         clip_utf8(module), pcre2_message(rc));
   if (regex_time_ > kPatternTimeBudget)
     fail(
         "{}: matching the {} keys against the adapter's modules took longer than {} ms; simplify the "
@@ -298,7 +293,7 @@ PeftConfig parse_peft_config(std::string_view bytes, const std::string& where) {
   try {
     return parse_checked(bytes, where);
   } catch (const Error& e) {
-    throw Error(utf8_safe(e.what()), e.kind());  // parser excerpts quote raw input bytes
+    throw Error(sanitize_utf8(e.what()), e.kind());  // parser excerpts quote raw input bytes
   }
 }
 

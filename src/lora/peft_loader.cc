@@ -12,6 +12,7 @@
 #include <map>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "lora/adapter.h"
 #include "lora/adapter_files.h"
 #include "lora/peft_config.h"
@@ -399,7 +400,7 @@ std::shared_ptr<LoraAdapter> load_sanitised(const std::string& name, Open&& open
     AdapterDir dir = open_dir();
     return load_from_dir(dir, name, cfg, limits);
   } catch (const Error& e) {
-    throw Error(utf8_safe(e.what()), e.kind());
+    throw Error(sanitize_utf8(e.what()), e.kind());
   }
 }
 

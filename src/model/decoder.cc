@@ -615,37 +615,14 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
   if (options.warmup_tokens > 0 && !kv.empty())
     warm_up(kv, options.warmup_tokens, options.warmup_logits_rows);
   // The inputs every graph reads: sized for the largest one, never moved.
-  {
-    ForwardBatch largest;
-    largest.max_blocks_per_seq = 1;
-    largest.block_tables = {0};
-    largest.token_ids = {0};
-    largest.positions = {0};
-    largest.context_lens = {1};
-    largest.slot_mapping = {-1};
-    largest.query_start = {0, 1};
-    largest.logits_rows = {0};
-    largest.adapter_slots = {-1};
-    ForwardBatch p = pad_for_graph(largest, graph_sizes_.back());
-    stage(p, {});
-    ensure<std::byte>(*backend_, ws.graph_inputs, ws.staging.size(), ws.epoch);
-  }
+  // (An empty batch padded to a size is that size's dummy decode step: no KV written.)
+  stage(pad_for_graph(ForwardBatch{}, graph_sizes_.back()), {});
+  ensure<std::byte>(*backend_, ws.graph_inputs, ws.staging.size(), ws.epoch);
   // Largest first: smaller shapes then fit the buffers the larger ones sized. Without a KV cache the
   // graphs are recorded at their first use instead.
   for (auto it = graph_sizes_.rbegin(); it != graph_sizes_.rend() && graphs_enabled_ && !kv.empty(); ++it) {
-    ForwardBatch d;
     const int64_t n = *it;
-    d.token_ids.assign(static_cast<size_t>(n), 0);
-    d.positions.assign(static_cast<size_t>(n), 0);
-    d.context_lens.assign(static_cast<size_t>(n), 1);
-    d.slot_mapping.assign(static_cast<size_t>(n), -1);
-    d.query_start.resize(static_cast<size_t>(n + 1));
-    for (int64_t i = 0; i <= n; ++i) d.query_start[i] = static_cast<int32_t>(i);
-    d.logits_rows.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) d.logits_rows[i] = static_cast<int32_t>(i);
-    d.adapter_slots.assign(static_cast<size_t>(n), -1);
-    d.max_blocks_per_seq = 1;
-    d.block_tables.assign(static_cast<size_t>(n), 0);
+    ForwardBatch d = pad_for_graph(ForwardBatch{}, n);
     logits.resize(static_cast<size_t>(n * config_.vocab_size));
     forward_graph(d, kv, logits.data(), nullptr);
   }

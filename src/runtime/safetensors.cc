@@ -20,47 +20,9 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/utf8.h"
 
 namespace polylora {
-
-std::string utf8_safe(std::string_view text) {
-  static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
-  std::string out;
-  out.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-    unsigned char c = byte(i);
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte (Unicode table 3-7)
-    if (c < 0x80) {
-      len = 1;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;  // no overlong forms
-      if (c == 0xED) hi = 0x9F;  // no surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-    }
-    bool ok = len > 0 && i + len <= text.size();
-    for (size_t k = 1; ok && k < len; ++k) {
-      unsigned char b = byte(i + k);
-      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
-    }
-    if (ok) {
-      out.append(text.substr(i, len));
-      i += len;
-    } else {
-      out.append(kReplacement);
-      ++i;
-    }
-  }
-  return out;
-}
 
 namespace {
 
@@ -120,18 +82,10 @@ StrictJson parse_strict_json(std::string_view text, const std::string& what, std
   try {
     out.value = Json::parse(text.begin(), text.end(), callback);
   } catch (const Json::exception& e) {
-    fail("{} is not valid JSON: {}", what, utf8_safe(e.what()));  // e.what() quotes the input
+    fail("{} is not valid JSON: {}", what, sanitize_utf8(e.what()));  // e.what() quotes the input
   }
   if (!out.value.is_object()) fail("{} is not a JSON object", what);
   return out;
-}
-
-// At most 64 bytes of an untrusted string, for messages, cut on a UTF-8 character boundary.
-std::string clip(std::string_view s) {
-  if (s.size() <= 64) return utf8_safe(s);
-  size_t cut = 61;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
-  return utf8_safe(s.substr(0, cut)) + "...";
 }
 
 // A short rendering of an untrusted value for messages: a scalar, or an array of them one level deep.
@@ -140,7 +94,7 @@ std::string brief(const Json& v) {
   auto scalar = [](const Json& s) -> std::string {
     if (s.is_array()) return "[...]";
     if (s.is_object()) return "{...}";
-    return clip(s.dump());
+    return clip_utf8(s.dump());
   };
   if (!v.is_array()) return scalar(v);
   std::string out = "[";
@@ -196,7 +150,7 @@ TensorInfo parse_entry(const std::string& name, const Json& entry, std::span<con
   std::optional<DType> dtype = dtype_from_name(dtype_str);
   if (!dtype || std::find(allowed.begin(), allowed.end(), *dtype) == allowed.end()) {
     fail("tensor '{}' in {} has dtype {}, which is not supported (supported: {})", name, file,
-         clip(dtype_str), allowed_list(allowed));
+         clip_utf8(dtype_str), allowed_list(allowed));
   }
   info.dtype = *dtype;
 

@@ -54,10 +54,6 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// `text` with every byte sequence that is not well-formed UTF-8 replaced by U+FFFD, so a message that
-// quotes untrusted bytes (file names, JSON parser excerpts) can go into a JSON body.
-std::string utf8_safe(std::string_view text);
-
 // One .safetensors file. Validation (each failure throws polylora::Error naming the file, and the
 // tensor where there is one): file shorter than 8 bytes; header length past the end of the file;
 // header not valid JSON, nested deeper than 64 levels, or not an object; entry missing

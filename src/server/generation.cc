@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "server/api_error.h"
 #include "server/json_body.h"
 
 namespace polylora::server {
@@ -26,37 +27,15 @@ std::string sse(const json& j) {
   return "data: " + dump_json(j) + "\n\n";
 }
 
-int status_of_exception(std::exception_ptr error, std::string& message) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const Error& e) {
-    message = e.what();
-    switch (e.kind()) {
-      case ErrorKind::kInvalid:
-        return 400;
-      case ErrorKind::kNotFound:
-        return 404;
-      case ErrorKind::kOverloaded:
-        return 503;
-    }
-  } catch (const std::exception& e) {
-    message = std::string("internal error: ") + e.what();
-  } catch (...) {
-    message = "internal error";
-  }
-  return 500;
-}
-
 }  // namespace
 
 Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokenizer::Tokenizer* tokenizer,
-                       std::shared_ptr<HttpResponder> responder, PostWork post_work, ErrorJson error_json)
+                       std::shared_ptr<HttpResponder> responder, PostWork post_work)
     : parsed_(std::move(parsed)),
       engine_(engine),
       tokenizer_(tokenizer),
       responder_(std::move(responder)),
-      post_work_(std::move(post_work)),
-      error_json_(std::move(error_json)) {
+      post_work_(std::move(post_work)) {
   chat_ = parsed_.kind == ApiKind::kChat;
   id_ = (chat_ ? "chatcmpl-" : "cmpl-") + random_suffix();
   created_ = static_cast<int64_t>(std::time(nullptr));
@@ -121,7 +100,7 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
   if (num_answered_ < parsed_.prompts.size() || finished_) return;
   if (add_error_) {
     abort_all();
-    send_json(add_error_->first, error_json_(add_error_->first, add_error_->second));
+    send_json(add_error_->first, error_json(add_error_->first, add_error_->second));
     return;
   }
   if (parsed_.stream) {
@@ -276,10 +255,10 @@ void Generation::fail_request(int status, const std::string& message) {
   finished_ = true;
   if (stream_started_) {
     // The status line has gone out: the error travels as an event, then the stream ends as usual.
-    responder_->write(sse(error_json_(status, message)) + "data: [DONE]\n\n");
+    responder_->write(sse(error_json(status, message)) + "data: [DONE]\n\n");
     responder_->end();
   } else {
-    send_json(status, error_json_(status, message));
+    send_json(status, error_json(status, message));
   }
 }
 

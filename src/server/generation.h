@@ -21,10 +21,8 @@ namespace polylora::server {
 class Generation : public std::enable_shared_from_this<Generation> {
  public:
   using PostWork = std::function<void(std::function<void()>)>;
-  using ErrorJson = std::function<nlohmann::ordered_json(int status, const std::string& message)>;
-  // `error_json` builds the OpenAI error object of a status and message.
   Generation(ParsedRequest parsed, EngineThread& engine, const tokenizer::Tokenizer* tokenizer,
-             std::shared_ptr<HttpResponder> responder, PostWork post_work, ErrorJson error_json);
+             std::shared_ptr<HttpResponder> responder, PostWork post_work);
   // Hands every prompt to the engine; the answer follows asynchronously.
   void start();
 
@@ -46,7 +44,6 @@ class Generation : public std::enable_shared_from_this<Generation> {
   const tokenizer::Tokenizer* tokenizer_;
   std::shared_ptr<HttpResponder> responder_;
   PostWork post_work_;
-  ErrorJson error_json_;
   bool chat_ = false;
   std::string id_;
   int64_t created_ = 0;

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "lora/adapter.h"
 #include "server/admin_api.h"
+#include "server/api_error.h"
 #include "server/generation.h"
 
 namespace polylora::server {
@@ -20,41 +21,6 @@ using json = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
 namespace {
-
-const char* error_type(int status) {
-  switch (status) {
-    case 400:
-    case 408:
-    case 413:
-    case 415:
-    case 431:
-      return "BadRequestError";
-    case 401:
-      return "AuthenticationError";
-    case 404:
-      return "NotFoundError";
-    case 405:
-      return "MethodNotAllowedError";
-    case 501:
-      return "NotImplementedError";
-    case 503:
-      return "ServiceUnavailableError";
-    default:
-      return "InternalServerError";
-  }
-}
-
-int status_of(const Error& e) {
-  switch (e.kind()) {
-    case ErrorKind::kInvalid:
-      return 400;
-    case ErrorKind::kNotFound:
-      return 404;
-    case ErrorKind::kOverloaded:
-      return 503;
-  }
-  return 500;
-}
 
 HttpResponse json_response(int status, const json& body) {
   HttpResponse r;
@@ -97,14 +63,6 @@ const char* content_type_of(const fs::path& p) {
 }
 
 }  // namespace
-
-json error_json(int status, const std::string& message) {
-  return {{"error",
-           {{"message", sanitize_utf8(message)},
-            {"type", error_type(status)},
-            {"param", nullptr},
-            {"code", status}}}};
-}
 
 struct HttpServer::Route {
   const char* method;
@@ -251,7 +209,7 @@ void HttpServer::completions(HttpRequest& req, const std::shared_ptr<HttpRespond
   ParsedRequest parsed = parse_completion(body_json(req), parse_context());
   auto g = std::make_shared<Generation>(
       std::move(parsed), engine_, tokenizer_.get(), res,
-      [this](std::function<void()> fn) { transport_->post_work(std::move(fn)); }, error_json);
+      [this](std::function<void()> fn) { transport_->post_work(std::move(fn)); });
   g->start();
 }
 
@@ -259,7 +217,7 @@ void HttpServer::chat_completions(HttpRequest& req, const std::shared_ptr<HttpRe
   ParsedRequest parsed = parse_chat(body_json(req), parse_context());
   auto g = std::make_shared<Generation>(
       std::move(parsed), engine_, tokenizer_.get(), res,
-      [this](std::function<void()> fn) { transport_->post_work(std::move(fn)); }, error_json);
+      [this](std::function<void()> fn) { transport_->post_work(std::move(fn)); });
   g->start();
 }
 

@@ -67,9 +67,6 @@ class HttpServer {
   int bound_port_ = 0;
 };
 
-// The OpenAI error object: {"error": {"message", "type", "param", "code"}}.
-nlohmann::ordered_json error_json(int status, const std::string& message);
-
 // Renders the engine's snapshot in the Prometheus text format, with vLLM's metric names.
 std::string prometheus_text(const EngineSnapshot& snapshot, const std::string& model_name);
 

@@ -115,7 +115,6 @@ StepResult ModelRunner::execute(const StepPlan& plan,
   const auto& slots = step_.slots;
   const auto& order = step_.order;
 
-  const int64_t vocab = model_.config().vocab_size;
   // Greedy on the device when every row samples plain greedy (no logprobs, processors or penalties
   // that would change the argmax): only the ids come back, and the CPU sampler is skipped.
   bool device_greedy = !rows.empty();
@@ -132,14 +131,22 @@ StepResult ModelRunner::execute(const StepPlan& plan,
     ids_.resize(rows.size());
     model_.forward_argmax(b, kv_.views(), slots, ids_.data());
     for (size_t r = 0; r < rows.size(); ++r) result.sampled[rows[r].id].token = ids_[r];
-    for (const auto& [id, num] : order) {
-      State& s = states_.at(id);
-      s.num_computed_tokens += num;
-      auto it = result.sampled.find(id);
-      if (it != result.sampled.end()) s.tokens.push_back(it->second.token);
-    }
-    return result;
+  } else {
+    sample_on_host(rows, b, slots, result);
   }
+  // Advance the runner's own copy of each request.
+  for (const auto& [id, num] : order) {
+    State& s = states_.at(id);
+    s.num_computed_tokens += num;
+    auto it = result.sampled.find(id);
+    if (it != result.sampled.end()) s.tokens.push_back(it->second.token);
+  }
+  return result;
+}
+
+void ModelRunner::sample_on_host(const std::vector<RowOwner>& rows, const ForwardBatch& b,
+                                 const std::vector<const LoraAdapter*>& slots, StepResult& result) {
+  const int64_t vocab = model_.config().vocab_size;
   logits_.resize(rows.size() * static_cast<size_t>(vocab));
   model_.forward(b, kv_.views(), slots, logits_.data());
 
@@ -182,14 +189,6 @@ StepResult ModelRunner::execute(const StepPlan& plan,
     }
     result.sampled[sample_ids[i]] = std::move(t);
   }
-  // Advance the runner's own copy of each request.
-  for (const auto& [id, num] : order) {
-    State& s = states_.at(id);
-    s.num_computed_tokens += num;
-    auto it = result.sampled.find(id);
-    if (it != result.sampled.end()) s.tokens.push_back(it->second.token);
-  }
-  return result;
 }
 
 }  // namespace polylora

@@ -79,6 +79,9 @@ class ModelRunner {
   KvStorage kv_;
   Sampler sampler_;
   std::unordered_map<RequestId, State> states_;
+  // Copies the step's logits to the host: prompt logprobs, then the CPU sampler on the sampled rows.
+  void sample_on_host(const std::vector<RowOwner>& rows, const ForwardBatch& b,
+                      const std::vector<const LoraAdapter*>& slots, StepResult& result);
   std::vector<float> logits_;
   std::vector<int32_t> ids_;
   PreparedStep step_;

@@ -18,6 +18,7 @@
 
 #include "common/dtype.h"
 #include "common/error.h"
+#include "common/utf8.h"
 #include "runtime/safetensors.h"
 
 namespace polylora {
@@ -563,18 +564,18 @@ std::string message_of(Fn&& fn) {
 }
 
 TEST(SafetensorsHostileTest, Utf8Safe) {
-  EXPECT_EQ(utf8_safe("plain"), "plain");
-  EXPECT_EQ(utf8_safe("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+  EXPECT_EQ(sanitize_utf8("plain"), "plain");
+  EXPECT_EQ(sanitize_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
             "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
-  EXPECT_EQ(utf8_safe("a\xff"
-                      "b"),
+  EXPECT_EQ(sanitize_utf8("a\xff"
+                          "b"),
             "a\xef\xbf\xbd"
             "b");
-  EXPECT_EQ(utf8_safe("\xc3"), "\xef\xbf\xbd");                                  // truncated
-  EXPECT_EQ(utf8_safe("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");                  // overlong
-  EXPECT_EQ(utf8_safe("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
-  EXPECT_EQ(utf8_safe("\xf4\x90\x80\x80").find("\xef\xbf\xbd"), 0u);             // above U+10FFFF
-  expect_utf8(utf8_safe(std::string("\x80\xbf\xfe\xf8\x88\x80\x80\x80", 8)));
+  EXPECT_EQ(sanitize_utf8("\xc3"), "\xef\xbf\xbd");                                  // truncated
+  EXPECT_EQ(sanitize_utf8("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");                  // overlong
+  EXPECT_EQ(sanitize_utf8("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
+  EXPECT_EQ(sanitize_utf8("\xf4\x90\x80\x80").find("\xef\xbf\xbd"), 0u);             // above U+10FFFF
+  expect_utf8(sanitize_utf8(std::string("\x80\xbf\xfe\xf8\x88\x80\x80\x80", 8)));
 }
 
 TEST(SafetensorsHostileTest, HeaderNestingIsBounded) {
