@@ -75,6 +75,24 @@ class Backend {
   virtual void copy_to_device_async(void* dst, const void* src, size_t bytes) {
     copy_to_device(dst, src, bytes);
   }
+  // Host memory for asynchronous copies: page-locked on CUDA (so copies from and to it run without the
+  // host waiting), plain zeroed memory elsewhere; aligned to 256 bytes. Freed with free_host().
+  virtual void* alloc_host(size_t bytes);
+  virtual void free_host(void* ptr);
+  // Asynchronous backend -> host copy into alloc_host() memory, queued after the ops before it; the data
+  // is there once an event recorded after it has completed. Default: the synchronous copy.
+  virtual void copy_to_host_async(void* dst, const void* src, size_t bytes) { copy_to_host(dst, src, bytes); }
+  // Events: markers in the backend's queue. record_event() marks the point after everything queued so far;
+  // wait_event() blocks the host until that point has run; event_done() asks without blocking. Where ops
+  // run synchronously (the CPU) events are null handles and every wait returns at once.
+  virtual void* create_event() { return nullptr; }
+  virtual void destroy_event(void* event) {}
+  virtual void record_event(void* event) {}
+  virtual void wait_event(void* event) {}
+  virtual bool event_done(void* event) { return true; }
+  // Seconds of backend time between two completed events (0 where not measured).
+  virtual double event_elapsed(void* start, void* end) { return 0; }
+
   // Recorded op sequences (CUDA graphs). Between begin_capture() and end_capture() the ops are recorded,
   // not run; nothing may allocate, free, copy synchronously or synchronize in between. end_capture()
   // returns a handle (nullptr when capture failed; the ops were then not run either), run_graph() replays

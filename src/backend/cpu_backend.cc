@@ -133,6 +133,18 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+void* Backend::alloc_host(size_t bytes) {
+  size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+  void* p = std::aligned_alloc(256, rounded);
+  if (!p) fail("cannot allocate {} bytes of host memory", bytes);
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+void Backend::free_host(void* ptr) {
+  std::free(ptr);
+}
+
 std::unique_ptr<Backend> make_cpu_backend() {
   return std::make_unique<CpuBackend>();
 }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include <algorithm>
@@ -109,6 +110,50 @@ class CudaBackend final : public Backend {
   void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+
+  void* alloc_host(size_t bytes) override {
+    void* p = nullptr;
+    size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+    cudaError_t err = cudaHostAlloc(&p, rounded, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail("cannot allocate {} bytes of page-locked host memory: {}", bytes, cudaGetErrorString(err));
+    }
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void free_host(void* ptr) override {
+    if (!ptr) return;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaFreeHost(ptr));
+  }
+  void copy_to_host_async(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  }
+  void* create_event() override {
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+  void destroy_event(void* event) override {
+    if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  void record_event(void* event) override {
+    CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream_));
+  }
+  void wait_event(void* event) override { CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+  bool event_done(void* event) override {
+    cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (err == cudaErrorNotReady) return false;
+    CUDA_CHECK(err);
+    return true;
+  }
+  double event_elapsed(void* start, void* end) override {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+    return ms / 1e3;
   }
 
   // Graphs: not while POLYLORA_CUDA_PROFILE synchronizes around every op.
