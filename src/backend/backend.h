@@ -130,6 +130,9 @@ class Backend {
   // ids[r] = the first index of the largest value of row r of x [rows, cols] (greedy sampling on the
   // device: only the ids come back).
   virtual void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) = 0;
+  // dst[pairs[2i]] = src[pairs[2i + 1]] for i < n: token ids that a step sampled on the device become
+  // inputs of the next step without a trip through the host (asynchronous scheduling).
+  virtual void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

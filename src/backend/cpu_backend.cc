@@ -109,6 +109,9 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < num_rows; ++r)
       std::memcpy(dst + r * cols, src + static_cast<int64_t>(rows[r]) * cols, static_cast<size_t>(cols) * 4);
   }
+  void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src) override {
+    for (int64_t i = 0; i < n; ++i) dst[pairs[2 * i]] = src[pairs[2 * i + 1]];
+  }
   void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = x + r * cols;

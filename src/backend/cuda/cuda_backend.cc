@@ -299,6 +299,9 @@ class CudaBackend final : public Backend {
                    float* dst) override {
     cuda_backend::gather_rows(src, rows, num_rows, cols, dst, stream_);
   }
+  void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src) override {
+    cuda_backend::feed_tokens(dst, pairs, n, src, stream_);
+  }
   void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
     cuda_backend::argmax_rows(x, rows, cols, ids, stream_);
   }

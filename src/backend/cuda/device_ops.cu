@@ -118,6 +118,18 @@ void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, void*
   CUDA_CHECK_LAUNCH();
 }
 
+__global__ void feed_kernel(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[pairs[2 * i]] = src[pairs[2 * i + 1]];
+}
+
+void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src, void* stream) {
+  if (n == 0) return;
+  feed_kernel<<<blocks_for(n, 256, 64), 256, 0, as_stream(stream)>>>(dst, pairs, n, src);
+  CUDA_CHECK_LAUNCH();
+}
+
 void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst,
                  void* stream) {
   if (num_rows == 0) return;

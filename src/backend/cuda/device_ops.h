@@ -19,5 +19,7 @@ void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_
                  void* stream);
 // ids[r] = the first index of the largest value of row r of x [rows, cols] (NaN never wins).
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, void* stream);
+// dst[pairs[2i]] = src[pairs[2i + 1]], i < n.
+void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src, void* stream);
 
 }  // namespace polylora::cuda_backend
