@@ -1,8 +1,12 @@
 // bench/device_bench.cc: `polylora_bench device`: a full-size model from config.json alone (dummy
-// weights) on a chosen backend: load time, memory, and prefill / decode tokens per second at several
-// batch sizes. Used on the GPU machine beside bench/hf_compare.py (Hugging Face transformers on the same
-// config and batches, same GPU, same run) by scripts/gpu_bench.sh.
+// weights) on a chosen backend, driven through the Engine like a server: load time, memory, and prefill /
+// decode tokens per second at several batch sizes (B greedy requests of --prompt-len tokens; prefill is
+// the steps until each has its first token, decode the next --decode-tokens - 1 steps, all B running),
+// with the GPU time inside a decode step and its share of the step's wall time. Used on the GPU machine
+// beside bench/hf_compare.py (Hugging Face transformers on the same config and batches, same GPU, same
+// run) by scripts/gpu_bench.sh.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -13,8 +17,10 @@
 
 #include "backend/backend.h"
 #include "bench_command.h"
+#include "common/error.h"
+#include "engine/engine.h"
+#include "greedy_run.h"
 #include "model/model.h"
-#include "worker/generator.h"
 
 namespace polylora::bench {
 namespace {
@@ -28,14 +34,17 @@ int run_device_bench(int argc, char** argv) {
   app.add_option("--dtype", dtype, "bfloat16 | float32")->check(CLI::IsMember({"bfloat16", "float32"}));
   app.add_option("--batches", batches_text, "Comma-separated batch sizes");
   app.add_option("--prompt-len", prompt_len, "Prompt tokens per sequence");
-  app.add_option("--decode-tokens", decode_tokens, "Generated tokens per sequence");
-  app.add_option("--max-batch-tokens", max_batch_tokens, "Tokens per prefill forward pass");
+  app.add_option("--decode-tokens", decode_tokens,
+                 "Generated tokens per sequence (the first by the prefill, the rest timed as decode)");
+  app.add_option("--max-batch-tokens", max_batch_tokens,
+                 "Token budget of an engine step (--max-num-batched-tokens)");
   app.add_option("--json-out", json_path, "Write the results as JSON here");
   bool enforce_eager = false;
-  app.add_flag("--enforce-eager", enforce_eager, "Decode without CUDA graphs");
+  app.add_flag("--enforce-eager", enforce_eager, "Decode without CUDA graphs (the engine's --enforce-eager)");
   bool host_argmax = false;
   app.add_flag("--host-argmax", host_argmax,
-               "Copy every decode step's logits to the host and take the argmax there");
+               "Ask for logprobs, so every decode step's logits come to the host and the CPU sampler "
+               "takes the argmax");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -44,6 +53,8 @@ int run_device_bench(int argc, char** argv) {
   std::vector<int64_t> batches;
   std::stringstream ss(batches_text);
   for (std::string item; std::getline(ss, item, ',');) batches.push_back(std::stoll(item));
+  if (batches.empty() || *std::min_element(batches.begin(), batches.end()) < 1 || prompt_len < 1)
+    fail("--batches needs sizes >= 1 and --prompt-len >= 1");
 
   BackendOptions bo;
   bo.device = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
@@ -52,7 +63,7 @@ int run_device_bench(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   ModelLoadOptions lo;
   lo.load_format = LoadFormat::kDummy;
-  auto model = Model::load(config_dir, lo, backend);
+  std::shared_ptr<Model> model = Model::load(config_dir, lo, backend);
   backend->synchronize();
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = model->config();
@@ -64,47 +75,55 @@ int run_device_bench(int argc, char** argv) {
       {"runs", nlohmann::json::array()}};
   std::fprintf(stderr, "loaded %s on %s in %.1f s (%.2f GB of weights)\n", c.model_type.c_str(),
                backend->name().c_str(), load_s, static_cast<double>(model->weights().num_bytes) / 1e9);
-  if (!enforce_eager) {
-    // Decode steps (no adapters) replay CUDA graphs, recorded at their first use.
-    GraphOptions go;
-    go.enabled = true;
-    go.sizes = batches;
-    go.max_blocks_per_seq = (prompt_len + decode_tokens + 15) / 16;
-    model->prepare_graphs({}, go);
-  }
+  // One engine for every batch size: no prefix caching (each run computes its prompts), a KV cache of
+  // exactly what the largest batch needs, CUDA graphs of the batch sizes (recorded at start) unless
+  // --enforce-eager, covering every context of the run.
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+  const int64_t decode_steps = std::max<int64_t>(1, decode_tokens - 1);  // the first token is prefill's
+  const int64_t max_tokens = greedy_run_max_tokens(max_batch, prompt_len, max_batch_tokens, decode_steps);
+  EngineConfig ec;
+  ec.cache.block_size = 16;
+  ec.cache.enable_prefix_caching = false;
+  ec.scheduler.max_model_len = prompt_len + max_tokens;
+  ec.cache.num_kv_blocks = max_batch * ((ec.scheduler.max_model_len + 15) / 16);
+  ec.scheduler.max_num_seqs = max_batch;
+  ec.scheduler.max_num_batched_tokens = max_batch_tokens;
+  ec.execution.enforce_eager = enforce_eager;
+  ec.execution.cuda_graph_sizes = batches;
+  ec.execution.cuda_graph_max_context =
+      std::max(ec.execution.cuda_graph_max_context, ec.scheduler.max_model_len);
+  Engine engine(model, ec, nullptr);
   out["cuda_graphs"] = model->graphs_enabled();
   model->set_gpu_timing(true);
-  Generator gen(*model,
-                {.block_size = 16, .max_batch_tokens = max_batch_tokens, .device_argmax = !host_argmax});
+  const char* mode = model->graphs_enabled() ? (host_argmax ? " (graphs, host argmax)" : " (graphs)")
+                                             : (host_argmax ? " (eager, host argmax)" : " (eager)");
   for (int64_t b : batches) {
-    std::vector<GenerateRequest> reqs;
+    std::vector<std::vector<int32_t>> prompts;
     for (int64_t i = 0; i < b; ++i) {
-      GenerateRequest r;
-      r.prompt.resize(static_cast<size_t>(prompt_len));
-      for (int64_t p = 0; p < prompt_len; ++p)
-        r.prompt[p] = static_cast<int32_t>((p * 7919 + i * 104729 + 17) % c.vocab_size);
-      r.max_tokens = decode_tokens;
-      reqs.push_back(std::move(r));
+      std::vector<int32_t> p(static_cast<size_t>(prompt_len));
+      for (int64_t k = 0; k < prompt_len; ++k)
+        p[k] = static_cast<int32_t>((k * 7919 + i * 104729 + 17) % c.vocab_size);
+      prompts.push_back(std::move(p));
     }
-    gen.run(reqs, {});  // warm-up
-    gen.run(reqs, {});
-    double prefill_tps = static_cast<double>(b * prompt_len) / gen.last_prefill_seconds();
-    double decode_tps = static_cast<double>(b * gen.last_decode_steps()) / gen.last_decode_seconds();
-    const double step_s = gen.last_decode_seconds() / static_cast<double>(gen.last_decode_steps());
-    const double gpu_s = gen.last_decode_gpu_seconds() / static_cast<double>(gen.last_decode_steps());
-    std::fprintf(
-        stderr, "batch %ld%s: decode step %.3f ms, GPU time in it %.3f ms (%.1f%%), host %.3f ms\n",
-        static_cast<long>(b),
-        model->graphs_enabled() ? (host_argmax ? " (graphs, host argmax)" : " (graphs)") : " (eager)",
-        1e3 * step_s, 1e3 * gpu_s, step_s > 0 ? 100 * gpu_s / step_s : 0.0, 1e3 * (step_s - gpu_s));
+    run_greedy_batch(engine, *model, prompts, decode_steps, host_argmax);  // warm-up
+    GreedyRunTiming t = run_greedy_batch(engine, *model, prompts, decode_steps, host_argmax);
+    const double prefill_tps = static_cast<double>(b * prompt_len) / t.prefill_seconds;
+    const double decode_tps = static_cast<double>(t.decode_tokens) / t.decode_seconds;
+    const double step_s = t.decode_seconds / static_cast<double>(t.decode_steps);
+    const double gpu_s = t.decode_gpu_seconds / static_cast<double>(t.decode_steps);
+    const double busy = step_s > 0 ? gpu_s / step_s : 0.0;
+    std::fprintf(stderr, "batch %ld%s: decode step %.3f ms, GPU time in it %.3f ms (%.1f%%), host %.3f ms\n",
+                 static_cast<long>(b), mode, 1e3 * step_s, 1e3 * gpu_s, 100 * busy, 1e3 * (step_s - gpu_s));
     std::fprintf(stderr, "batch %ld%s: prefill %.0f tok/s, decode %.1f tok/s (%.2f ms/step)\n",
-                 static_cast<long>(b), model->graphs_enabled() ? " (graphs)" : " (eager)", prefill_tps,
-                 decode_tps, 1e3 * gen.last_decode_seconds() / static_cast<double>(gen.last_decode_steps()));
+                 static_cast<long>(b), mode, prefill_tps, decode_tps, 1e3 * step_s);
     out["runs"].push_back({{"batch", b},
                            {"prefill_tok_per_s", prefill_tps},
+                           {"prefill_steps", t.prefill_steps},
                            {"decode_tok_per_s", decode_tps},
+                           {"decode_steps", t.decode_steps},
                            {"decode_ms_per_step", 1e3 * step_s},
-                           {"decode_gpu_ms_per_step", 1e3 * gpu_s}});
+                           {"decode_gpu_ms_per_step", 1e3 * gpu_s},
+                           {"decode_gpu_busy_fraction", busy}});
   }
   out["backend_allocated_bytes_peak"] = backend->allocated_bytes();
   std::printf("%s\n", out.dump(2).c_str());

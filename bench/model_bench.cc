@@ -1,7 +1,8 @@
 // bench/model_bench.cc: `polylora_bench model`: CPU prefill and decode throughput and peak memory of whole
 // models (the fixture models and a larger one with dummy weights from a config), set against the
 // machine's limits measured in the same run: OpenBLAS sgemm FLOP rate for prefill (compute bound) and
-// memory bandwidth for decode (weight-read bound). Reports measured numbers only.
+// memory bandwidth for decode (weight-read bound). Each model is driven through an Engine with greedy
+// requests (bench/greedy_run.h). Reports measured numbers only.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -13,9 +14,10 @@
 #include <vector>
 
 #include "bench_command.h"
+#include "engine/engine.h"
+#include "greedy_run.h"
 #include "machine_limits.h"
 #include "model/model.h"
-#include "worker/generator.h"
 
 namespace polylora::bench {
 namespace {
@@ -78,37 +80,41 @@ Row bench_model(const std::string& name, const std::string& dir, bool dummy, int
   auto t0 = std::chrono::steady_clock::now();
   ModelLoadOptions opts;
   opts.load_format = dummy ? LoadFormat::kDummy : LoadFormat::kSafetensors;
-  auto model = Model::load(dir, opts);
+  std::shared_ptr<Model> model = Model::load(dir, opts);
   row.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = model->config();
   row.params_m = static_cast<double>(c.num_parameters()) / 1e6;
-  Generator gen(*model, {.block_size = 16, .max_batch_tokens = 8192});
+  // Prefill: one prompt of prefill_len tokens; decode: batches of 1 and 8 after a 16-token prompt.
+  constexpr int64_t kDecodePrompt = 16, kMaxBatch = 8, kBudget = 8192;
+  EngineConfig ec;
+  ec.cache.block_size = 16;
+  ec.cache.enable_prefix_caching = false;
+  ec.scheduler.max_num_seqs = kMaxBatch;
+  ec.scheduler.max_num_batched_tokens = kBudget;
+  ec.scheduler.max_model_len =
+      std::max(prefill_len + greedy_run_max_tokens(1, prefill_len, kBudget, 0),
+               kDecodePrompt + greedy_run_max_tokens(kMaxBatch, kDecodePrompt, kBudget, decode_len));
+  ec.cache.num_kv_blocks = kMaxBatch * ((ec.scheduler.max_model_len + 15) / 16);
+  Engine engine(model, ec, nullptr);
   auto prompt = [&](int64_t n, int64_t seed) {
     std::vector<int32_t> p(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i)
       p[i] = static_cast<int32_t>((i * 7919 + seed * 104729 + 13) % c.vocab_size);
     return p;
   };
-  // Prefill: one prompt of prefill_len tokens, 1 generated token (its time counts as decode).
-  GenerateRequest pre;
-  pre.prompt = prompt(prefill_len, 1);
-  pre.max_tokens = 1;
-  gen.run({pre}, {});  // warm-up (page in weights)
-  gen.run({pre}, {});
+  // Prefill: the steps until the prompt's first token (sampling it included).
+  const std::vector<std::vector<int32_t>> pre = {prompt(prefill_len, 1)};
+  run_greedy_batch(engine, *model, pre, 0, false);  // warm-up (page in weights)
+  GreedyRunTiming pt = run_greedy_batch(engine, *model, pre, 0, false);
   row.prefill_len = prefill_len;
-  row.prefill_tok_s = static_cast<double>(prefill_len) / gen.last_prefill_seconds();
-  row.prefill_gflops = prefill_flops(c, prefill_len) / gen.last_prefill_seconds() / 1e9;
-  // Decode at batch 1 and 8 after a 16-token prompt.
-  for (int batch : {1, 8}) {
-    std::vector<GenerateRequest> reqs;
-    for (int b = 0; b < batch; ++b) {
-      GenerateRequest r;
-      r.prompt = prompt(16, b + 2);
-      r.max_tokens = decode_len + 1;
-      reqs.push_back(r);
-    }
-    gen.run(reqs, {});
-    double tok_s = static_cast<double>(gen.last_decode_steps() * batch) / gen.last_decode_seconds();
+  row.prefill_tok_s = static_cast<double>(prefill_len) / pt.prefill_seconds;
+  row.prefill_gflops = prefill_flops(c, prefill_len) / pt.prefill_seconds / 1e9;
+  // Decode: decode_len steps at batch 1 and 8 once every prompt has its first token.
+  for (int64_t batch : {int64_t{1}, kMaxBatch}) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t b = 0; b < batch; ++b) prompts.push_back(prompt(kDecodePrompt, b + 2));
+    GreedyRunTiming t = run_greedy_batch(engine, *model, prompts, decode_len, false);
+    double tok_s = static_cast<double>(t.decode_tokens) / t.decode_seconds;
     if (batch == 1) {
       row.decode_tok_s = tok_s;
       row.decode_gbs = tok_s * active_weight_bytes(c, 2.0) / 1e9;

@@ -8,8 +8,8 @@
 #include "lora/adapter.h"
 #include "model/model.h"
 #include "runtime/safetensors.h"
+#include "unit/engine_run.h"
 #include "unit/test_util.h"
-#include "worker/generator.h"
 
 namespace polylora {
 namespace {
@@ -52,12 +52,10 @@ class AdapterTest : public ::testing::Test {
     auto ref = SafetensorsFile::open((model_dir("llama-tiny") / "reference.safetensors").string(), kTypes);
     const TensorInfo* p = ref->find("prompt.1");
     const TensorInfo* g = ref->find("base.greedy.1");
-    GenerateRequest req;
-    req.prompt.assign(static_cast<const int32_t*>(p->data),
-                      static_cast<const int32_t*>(p->data) + p->numel());
-    req.max_tokens = 6;
-    Generator gen(*model_);
-    auto out = gen.run({req}, {})[0].output;
+    std::vector<int32_t> prompt(static_cast<const int32_t*>(p->data),
+                                static_cast<const int32_t*>(p->data) + p->numel());
+    Engine engine(model_, test_engine_config(), nullptr);
+    auto out = run_one(engine, greedy_request(prompt, 6)).output;
     auto* gi = static_cast<const int32_t*>(g->data);
     EXPECT_EQ(out, std::vector<int32_t>(gi, gi + 6));
   }
@@ -65,7 +63,7 @@ class AdapterTest : public ::testing::Test {
     return {
         {"peft_type", "LORA"}, {"r", r}, {"lora_alpha", 8}, {"target_modules", targets}, {"bias", "none"}};
   }
-  std::unique_ptr<Model> model_;
+  std::shared_ptr<Model> model_;
   fs::path tmp_;
 };
 

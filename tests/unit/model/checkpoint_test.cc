@@ -7,8 +7,8 @@
 #include "common/error.h"
 #include "model/model.h"
 #include "runtime/safetensors.h"
+#include "unit/engine_run.h"
 #include "unit/test_util.h"
-#include "worker/generator.h"
 
 namespace polylora {
 namespace {
@@ -109,14 +109,11 @@ TEST(Checkpoint, ShardedCheckpointMatchesSingleFile) {
   write_safetensors(dir / "model-00001-of-00002.safetensors", shard[0]);
   write_safetensors(dir / "model-00002-of-00002.safetensors", shard[1]);
   write_json(dir / "model.safetensors.index.json", index);
-  auto model = Model::load(dir.string());
+  std::shared_ptr<Model> model = Model::load(dir.string());
   std::vector<int32_t> prompt;
   std::vector<int32_t> expected = reference_greedy(llama_dir(), 1, &prompt);
-  Generator gen(*model);
-  GenerateRequest req;
-  req.prompt = prompt;
-  req.max_tokens = 8;
-  auto out = gen.run({req}, {})[0].output;
+  Engine engine(model, test_engine_config(), nullptr);
+  auto out = run_one(engine, greedy_request(prompt, 8)).output;
   EXPECT_EQ(out, std::vector<int32_t>(expected.begin(), expected.begin() + 8));
   fs::remove_all(dir);
 }
@@ -127,26 +124,31 @@ TEST(Checkpoint, DummyWeightsFromConfigAlone) {
     fs::copy_file(fs::path(data_dir()) / "models" / name / "config.json", dir / "config.json");
     ModelLoadOptions opts;
     opts.load_format = LoadFormat::kDummy;
-    auto model = Model::load(dir.string(), opts);
-    Generator gen(*model);
-    GenerateRequest req;
-    req.prompt = {1, 2, 3, 4, 5};
-    req.max_tokens = 4;
-    req.prompt_logits = true;
-    auto r = gen.run({req}, {})[0];
+    std::shared_ptr<Model> model = Model::load(dir.string(), opts);
+    Engine engine(model, test_engine_config(), nullptr);
+    EngineRequest req = greedy_request({1, 2, 3, 4, 5}, 4);
+    req.sampling.logprobs = 20;
+    req.sampling.prompt_logprobs = 20;
+    EngineRun r = run_one(engine, std::move(req));
     EXPECT_EQ(r.output.size(), 4u) << name;
-    for (float v : r.prompt_logits) ASSERT_TRUE(std::isfinite(v)) << name;
+    // Finite log-probs at every position (a NaN or infinite logit anywhere in a row would spoil its
+    // log-sum-exp and so every log-prob of that row).
+    std::vector<LogprobEntry> rows = r.logprobs;
+    for (const auto& e : r.prompt_logprobs)
+      if (e) rows.push_back(*e);
+    EXPECT_EQ(rows.size(), 4u + 4u) << name;
+    for (const LogprobEntry& e : rows) {
+      ASSERT_TRUE(std::isfinite(e.logprob)) << name;
+      for (const auto& t : e.top) ASSERT_TRUE(std::isfinite(t.logprob)) << name;
+    }
     fs::remove_all(dir);
   }
 }
 
 TEST(Checkpoint, TokenIdOutsideVocabularyIsAnError) {
-  auto model = Model::load(llama_dir().string());
-  Generator gen(*model);
-  GenerateRequest req;
-  req.prompt = {1, 5000};
-  req.max_tokens = 1;
-  EXPECT_THROW(gen.run({req}, {}), Error);
+  std::shared_ptr<Model> model = Model::load(llama_dir().string());
+  Engine engine(model, test_engine_config(), nullptr);
+  EXPECT_THROW(engine.add_request(greedy_request({1, 5000}, 1)), Error);
 }
 
 }  // namespace

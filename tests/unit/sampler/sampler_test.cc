@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "model/model.h"
-#include "worker/generator.h"
+#include "worker/kv_storage.h"
 
 namespace polylora {
 namespace {
@@ -348,14 +348,25 @@ TEST(SamplerDistribution, TemperatureAndTopKMatchRenormalisedSoftmax) {
 TEST(SamplerDistribution, RealModelLogitsRowMatchesSoftmax) {
   auto model = Model::load(std::string(POLYLORA_TEST_DATA) + "/models/llama-tiny");
   const int64_t vocab = model->config().vocab_size;
-  Generator generator(*model);
-  GenerateRequest request;
-  request.prompt = {1, 15, 27, 300, 42, 7};
-  request.max_tokens = 1;
-  request.prompt_logits = true;
-  auto results = generator.run({request}, std::span<const LoraAdapter* const>{});
-  ASSERT_EQ(results[0].prompt_logits.size(), request.prompt.size() * static_cast<size_t>(vocab));
-  std::vector<float> row(results[0].prompt_logits.end() - vocab, results[0].prompt_logits.end());
+  // The whole row after the last prompt token, from one forward pass of the model (the engine hands out
+  // only the top log-probs, and this test needs every logit).
+  const std::vector<int32_t> prompt = {1, 15, 27, 300, 42, 7};
+  const auto len = static_cast<int32_t>(prompt.size());
+  KvStorage kv(model->config(), model->backend(), 1, 16);
+  ForwardBatch b;
+  b.token_ids = prompt;
+  for (int32_t p = 0; p < len; ++p) {
+    b.positions.push_back(p);
+    b.slot_mapping.push_back(p);
+  }
+  b.query_start = {0, len};
+  b.context_lens = {len};
+  b.block_tables = {0};
+  b.max_blocks_per_seq = 1;
+  b.adapter_slots = {-1};
+  b.logits_rows = {len - 1};
+  std::vector<float> row(static_cast<size_t>(vocab));
+  model->forward(b, kv.views(), {}, row.data());
   check_distribution(row, SamplingParams{}, softmax(row));
 }
 
