@@ -20,6 +20,7 @@
 #include "kernels/moe/moe.h"
 #include "kernels/norm/rms_norm.h"
 #include "kernels/rope/rope.h"
+#include "kernels/sampling/sampling.h"
 
 namespace polylora {
 
@@ -133,6 +134,10 @@ class Backend {
   // dst[pairs[2i]] = src[pairs[2i + 1]] for i < n: token ids that a step sampled on the device become
   // inputs of the next step without a trip through the host (asynchronous scheduling).
   virtual void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src) = 0;
+  // Samples rows of logits in backend memory with the CPU sampler's semantics (kernels/sampling/sampling.h;
+  // worker/device_sampler.h builds the arguments). CUDA: queued kernels; CPU: the same algorithm's host
+  // version (kernels::ref::sample), run at once.
+  virtual void sample(const kernels::SampleArgs& args) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -112,6 +112,7 @@ class CpuBackend final : public Backend {
   void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src) override {
     for (int64_t i = 0; i < n; ++i) dst[pairs[2 * i]] = src[pairs[2 * i + 1]];
   }
+  void sample(const kernels::SampleArgs& a) override { kernels::ref::sample(a); }
   void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = x + r * cols;

@@ -305,6 +305,9 @@ class CudaBackend final : public Backend {
   void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
     cuda_backend::argmax_rows(x, rows, cols, ids, stream_);
   }
+  void sample(const k::SampleArgs& a) override {
+    timed("sample", [&] { k::cuda::sample(a, ctx()); });
+  }
 
  private:
   // POLYLORA_CUDA_PROFILE=1: each op is bracketed by stream synchronizations and its wall time summed per
