@@ -66,17 +66,20 @@ int run_sched_bench(int argc, char** argv) {
     }
     sched.add(std::move(r));
   }
-  ModelRunner::PreparedStep prepared;
+  BatchBuilder& builder = runner.builder();
+  BatchBuilder::Step prepared;
   std::unordered_map<RequestId, int32_t> sampled;
   auto one_step = [&]() {
     StepPlan plan = sched.schedule();
-    runner.apply_plan(plan);
-    runner.prepare(plan, adapter_of, prepared);
+    builder.apply(plan);
+    builder.build(plan, adapter_of, nullptr, prepared);
     sampled.clear();
     for (const auto& row : prepared.rows)
       if (row.sample) sampled[row.id] = 5;
     sched.update(plan, sampled);
-    runner.advance_for_benchmark(prepared, sampled);
+    builder.advance(prepared);
+    for (const auto& row : prepared.rows)
+      if (row.sample) builder.fill(row.id, row.position + 1, 5);
     return plan.num_scheduled_tokens;
   };
   // Prefill everything first (not timed), then time decode steps with all requests running.
@@ -88,14 +91,16 @@ int run_sched_bench(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     StepPlan plan = sched.schedule();
     auto t1 = std::chrono::steady_clock::now();
-    runner.apply_plan(plan);
-    runner.prepare(plan, adapter_of, prepared);
+    builder.apply(plan);
+    builder.build(plan, adapter_of, nullptr, prepared);
     auto t2 = std::chrono::steady_clock::now();
     sampled.clear();
     for (const auto& row : prepared.rows)
       if (row.sample) sampled[row.id] = 5;
     sched.update(plan, sampled);
-    runner.advance_for_benchmark(prepared, sampled);
+    builder.advance(prepared);
+    for (const auto& row : prepared.rows)
+      if (row.sample) builder.fill(row.id, row.position + 1, 5);
     auto t3 = std::chrono::steady_clock::now();
     times.push_back(std::chrono::duration<double, std::micro>(t3 - t0).count());
     (void)t1;

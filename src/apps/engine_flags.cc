@@ -56,6 +56,10 @@ void add_engine_flags(CLI::App& app, EngineConfig& c) {
   app.add_option("--cuda-graph-sizes", c.execution.cuda_graph_sizes,
                  "Decode batch sizes captured as CUDA graphs (default: 1 2 4 8 16 ... --max-num-seqs)")
       ->delimiter(',');
+  app.add_flag_function(
+      "--async-scheduling,!--no-async-scheduling",
+      [&c](int64_t n) { c.execution.async_scheduling = n > 0; },
+      "Plan and queue the next step while the current one runs (default: on with --device cuda)");
   app.add_option("--cuda-graph-max-context", c.execution.cuda_graph_max_context,
                  "Decode steps with longer contexts run eagerly")
       ->capture_default_str();

@@ -98,8 +98,9 @@ bool KvCacheManager::allocate(RequestId request, std::span<const int32_t> tokens
             "num_new_tokens = {}",
             request, num_computed_tokens, num_new_tokens);
   const int64_t num_tokens = num_computed_tokens + num_new_tokens;
-  CHECK_MSG(static_cast<int64_t>(tokens.size()) >= num_tokens,
-            "request {}: allocate() for {} tokens got only {} token ids", request, num_tokens, tokens.size());
+  CHECK_MSG(static_cast<int64_t>(tokens.size()) >= num_computed_tokens,
+            "request {}: allocate() with {} computed tokens got only {} token ids", request, num_computed_tokens,
+            tokens.size());
   auto existing = requests_.find(request);
   const bool is_new = existing == requests_.end();
 
@@ -171,7 +172,8 @@ bool KvCacheManager::allocate(RequestId request, std::span<const int32_t> tokens
 void KvCacheManager::cache_full_blocks(RequestState& state, std::span<const int32_t> tokens,
                                        int64_t num_tokens, const CacheKeyExtra& extra) {
   if (!prefix_caching_) return;
-  const int64_t num_full = num_tokens / block_size_;
+  // Only blocks whose ids are all known (a later call hashes the rest once they are).
+  const int64_t num_full = std::min(num_tokens, static_cast<int64_t>(tokens.size())) / block_size_;
   for (int64_t i = static_cast<int64_t>(state.block_hashes.size()); i < num_full; ++i) {
     const uint64_t parent = i == 0 ? kRootBlockHash : state.block_hashes[i - 1];
     const uint64_t hash = block_hash(parent, tokens.subspan(i * block_size_, block_size_), extra);

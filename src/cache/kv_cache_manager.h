@@ -55,9 +55,11 @@ class KvCacheManager {
   // request, `prefix` (from find_cached_prefix, possibly empty) becomes the start of its block table and
   // num_computed_tokens must equal prefix->num_tokens. Takes new blocks from the free list (evicting the
   // least recently freed cached block). Returns false and changes nothing if there are not enough free
-  // blocks. After success, every block that became full within the first num_computed_tokens +
-  // num_new_tokens tokens of `tokens` is hashed and registered in the prefix cache (`tokens` holds at
-  // least that many ids: prompt and generated tokens so far).
+  // blocks. After success, every full block within the first num_computed_tokens + num_new_tokens
+  // tokens whose ids are all in `tokens` is hashed and registered in the prefix cache. `tokens` holds the
+  // ids known so far (prompt and generated; at least num_computed_tokens of them): with asynchronous
+  // scheduling the last scheduled token may still be being sampled, and a block it completes is then
+  // hashed by the request's next allocate().
   bool allocate(RequestId request, std::span<const int32_t> tokens, int64_t num_computed_tokens,
                 int64_t num_new_tokens, const CacheKeyExtra& extra, const CachedPrefix* prefix = nullptr);
 

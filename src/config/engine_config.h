@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <vector>
 
 namespace polylora {
@@ -38,6 +39,10 @@ struct ExecutionConfig {
   bool enforce_eager = false;             // --enforce-eager: no CUDA graphs
   std::vector<int64_t> cuda_graph_sizes;  // --cuda-graph-sizes (empty: 1, 2, 4, 8, 16, ... max-num-seqs)
   int64_t cuda_graph_max_context = 8192;  // --cuda-graph-max-context: longer contexts decode eagerly
+  // --async-scheduling / --no-async-scheduling: the engine plans and queues step N+1 while step N runs
+  // (a request that stops at step N has one more token computed and discarded). Unset: on for the GPU,
+  // off for the CPU (where ops run synchronously, so it gains nothing; set, it runs the same logic).
+  std::optional<bool> async_scheduling;
 };
 
 struct EngineConfig {

@@ -101,7 +101,8 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
       static_cast<double>(num_kv_blocks_) / static_cast<double>(blocks_per_seq));
   auto kv = std::make_unique<KvCacheManager>(num_kv_blocks_, bs, config_.cache.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, config_.lora, std::move(kv));
-  runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs);
+  runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs, config_.scheduler.max_num_batched_tokens);
+  async_ = config_.execution.async_scheduling.value_or(gpu);
   size_t graph_bytes = 0;
   if (model_->backend().supports_graphs() && !config_.execution.enforce_eager) {
     GraphOptions go;
@@ -274,22 +275,43 @@ void Engine::finish_sequence(Sequence& seq, FinishReason reason, std::optional<S
 }
 
 bool Engine::has_unfinished() const {
-  return !groups_.empty();
+  return !groups_.empty() || inflight_plan_.has_value();
 }
 
 std::vector<RequestOutput> Engine::step() {
-  StepPlan plan = scheduler_->schedule();
-  StepResult result = runner_->execute(plan, [&](const std::string& key) { return adapter_by_key(key); });
-  std::unordered_map<RequestId, int32_t> sampled;
-  for (const auto& [id, t] : result.sampled) sampled[id] = t.token;
-  scheduler_->update(plan, sampled);
-
-  std::map<std::string, Group*> changed;
-  for (const auto& [id, entries] : result.prompt_logprobs) {
-    Sequence& seq = *sequences_.at(id);
-    for (const auto& [index, entry] : entries) seq.group->prompt_logprobs[static_cast<size_t>(index)] = entry;
+  auto adapter_of = [&](const std::string& key) { return adapter_by_key(key); };
+  if (!async_) {
+    StepPlan plan = scheduler_->schedule();
+    StepResult result = runner_->execute(plan, adapter_of);
+    launched(plan);
+    return complete(plan, result);
   }
-  // Prompt tokens computed this step, for the counters.
+  // Asynchronous: queue this step, then complete the one queued by the previous call while it runs. A
+  // step sampled on the host is completed first instead (the next step needs its ids).
+  std::vector<RequestOutput> outputs;
+  if (runner_->needs_collect_before_launch()) {
+    StepResult result = runner_->collect();
+    outputs = complete(*inflight_plan_, result);
+    inflight_plan_.reset();
+  }
+  StepPlan plan = scheduler_->schedule();
+  runner_->launch(plan, adapter_of);  // queues nothing for an empty plan
+  if (!plan.empty()) launched(plan);
+  if (inflight_plan_) {
+    StepResult result = runner_->collect();
+    std::vector<RequestOutput> more = complete(*inflight_plan_, result);
+    outputs.insert(outputs.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  }
+  if (plan.empty())
+    inflight_plan_.reset();
+  else
+    inflight_plan_ = std::move(plan);
+  return outputs;
+}
+
+void Engine::launched(const StepPlan& plan) {
+  scheduler_->launched(plan);
+  // Prompt tokens computed by this step, for the counters.
   auto count_prompt = [&](RequestId id, int64_t num) {
     const SchedRequest* r = scheduler_->get(id);
     auto it = sequences_.find(id);
@@ -301,9 +323,26 @@ std::vector<RequestOutput> Engine::step() {
   };
   for (const auto& n : plan.new_requests) count_prompt(n.id, n.num_scheduled_tokens);
   for (const auto& s : plan.running) count_prompt(s.id, s.num_scheduled_tokens);
+}
+
+std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResult& result) {
+  std::unordered_map<RequestId, int32_t> sampled;
+  for (const auto& [id, t] : result.sampled) sampled[id] = t.token;
+  scheduler_->completed(plan, sampled);
+
+  std::map<std::string, Group*> changed;
+  for (const auto& [id, entries] : result.prompt_logprobs) {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) continue;
+    for (const auto& [index, entry] : entries)
+      it->second->group->prompt_logprobs[static_cast<size_t>(index)] = entry;
+  }
 
   for (const auto& [id, tok] : result.sampled) {
-    Sequence& seq = *sequences_.at(id);
+    // A request that finished (or was aborted) while this step was queued: its token is discarded.
+    auto sit = sequences_.find(id);
+    if (sit == sequences_.end()) continue;
+    Sequence& seq = *sit->second;
     Group& g = *seq.group;
     const SamplingParams& sp = g.request.sampling;
     changed[g.request.request_id] = &g;

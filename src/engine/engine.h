@@ -59,6 +59,9 @@ class Engine {
   void add_request(EngineRequest request);
   void abort(const std::string& request_id);
   // Runs one step; returns the outputs of requests that changed (finished ones last time they appear).
+  // With asynchronous scheduling (on the GPU) a call queues the next step and returns the outputs of the
+  // one queued by the previous call, which the GPU ran meanwhile; a request that stopped there had one
+  // more token computed by the queued step, which is discarded.
   std::vector<RequestOutput> step();
   bool has_unfinished() const;
 
@@ -82,6 +85,10 @@ class Engine {
   struct Sequence;
   struct Group;
   void finish_sequence(Sequence& seq, FinishReason reason, std::optional<StopReason> stop_reason);
+  // After a step is queued: the scheduler's counts and the prompt-token counters.
+  void launched(const StepPlan& plan);
+  // After its results are back: tokens appended, stop conditions, outputs.
+  std::vector<RequestOutput> complete(const StepPlan& plan, const StepResult& result);
   const LoraAdapter* adapter_by_key(const std::string& key) const;
 
   std::shared_ptr<Model> model_;
@@ -91,6 +98,8 @@ class Engine {
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
+  bool async_ = false;                   // --async-scheduling on the GPU
+  std::optional<StepPlan> inflight_plan_;  // the step queued and not yet completed
   std::vector<int32_t> eos_ids_;
   std::map<std::string, std::shared_ptr<LoraAdapter>> adapters_;         // by name
   std::map<std::string, std::shared_ptr<LoraAdapter>> pinned_adapters_;  // by key, while requests use them

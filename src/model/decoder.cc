@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 
@@ -41,13 +42,38 @@ struct Model::Workspace {
   Buffer x, h, q, kk, v, attn, tmp, gate, up, act, router, route_w, route_ids, logits_in, logits, inputs;
   Buffer graph_inputs;  // fixed once graphs are prepared: every graph reads its inputs here
   Buffer ids;           // argmax ids of the output rows (forward_argmax)
-  std::vector<std::byte> staging;
-  uint64_t epoch = 0;  // moves when any buffer above is reallocated
+  std::vector<std::byte> staging;  // where a step's inputs are packed
+  // Two page-locked buffers the packed inputs are copied from, alternately: a step is staged while the
+  // copy of the previous one may still be queued. `consumed` marks when the copy out of it has run.
+  struct Pinned {
+    void* ptr = nullptr;
+    size_t cap = 0;
+    void* consumed = nullptr;
+    bool in_use = false;
+  };
+  std::array<Pinned, 2> pinned;
+  int next_pinned = 0;
+  int64_t output_rows = 0;  // logits rows of the last launch
+  uint64_t epoch = 0;       // moves when any buffer above is reallocated
+};
+
+// Events around each step (when timing is on): a ring, since a step is launched before the previous
+// one has completed.
+struct Model::StepTimer {
+  struct Slot {
+    void* start = nullptr;
+    void* end = nullptr;
+  };
+  std::array<Slot, 4> slots;
+  int next = 0;
+  std::deque<int> open;   // launched, not yet completed (oldest first)
+  int last_done = -1;     // slot of the last completed step
+  bool ended_last = true;  // end_step() was called for the most recent launch
 };
 
 // A step's inputs packed in host staging: offsets of each array, and the adapter bookkeeping.
 struct Model::StepInputs {
-  size_t o_ids = 0, o_pos = 0, o_qs = 0, o_ctx = 0, o_bt = 0, o_slot = 0, o_rows = 0, o_tslots = 0;
+  size_t o_ids = 0, o_pos = 0, o_qs = 0, o_ctx = 0, o_bt = 0, o_slot = 0, o_rows = 0, o_tslots = 0, o_feed = 0;
   int64_t num_slots = 0;
   std::map<int32_t, std::vector<int32_t>> slot_rows;  // dense LoRA: token rows of each slot
   std::map<int32_t, size_t> o_slot_rows;
@@ -151,7 +177,18 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
 
 Model::~Model() {
   if (!backend_) return;
+  backend_->synchronize();
   for (auto& [size, g] : graphs_) backend_->destroy_graph(g.exec);
+  if (ws_)
+    for (auto& p : ws_->pinned) {
+      backend_->free_host(p.ptr);
+      backend_->destroy_event(p.consumed);
+    }
+  if (timer_)
+    for (auto& s : timer_->slots) {
+      backend_->destroy_event(s.start);
+      backend_->destroy_event(s.end);
+    }
   for (auto& [gen, da] : adapters_)
     for (void* p : da->allocations) backend_->free(p);
 }
@@ -222,6 +259,14 @@ void Model::read_output(int64_t rows, float* logits, int32_t* ids) {
 
 void Model::forward_impl(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
                          std::span<const LoraAdapter* const> adapters, float* logits, int32_t* ids) {
+  launch(b, kv, adapters);
+  read_output(ws_->output_rows, logits, ids);
+  end_step();
+  step_completed();
+}
+
+void Model::launch(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
+                   std::span<const LoraAdapter* const> adapters, const TokenFeed& feed) {
   const ModelConfig& c = config_;
   Backend& be = *backend_;
   Workspace& ws = *ws_;
@@ -234,20 +279,84 @@ void Model::forward_impl(const ForwardBatch& b, std::span<const k::KvCacheView> 
     if (id < 0 || id >= c.vocab_size)
       fail("token id {} is outside the vocabulary (size {})", id, c.vocab_size);
   for (int32_t row : b.logits_rows) CHECK(row >= 0 && row < T);
+  CHECK(feed.pairs.size() % 2 == 0 && (feed.empty() || feed.src));
+  for (size_t i = 0; i < feed.pairs.size(); i += 2) CHECK(feed.pairs[i] >= 0 && feed.pairs[i] < T);
+  ws.output_rows = 0;
   if (T == 0) return;
-
-  if (graphs_enabled_ && graph_eligible(b, adapters)) return forward_graph(b, kv, logits, ids);
-  StepInputs si = stage(b, adapters);
+  if (gpu_timing_) {
+    if (!timer_) timer_ = std::make_unique<StepTimer>();
+    StepTimer& t = *timer_;
+    CHECK_MSG(t.open.size() < 2, "more than two steps launched without step_completed()");
+    int slot = t.next;
+    t.next = (t.next + 1) % static_cast<int>(t.slots.size());
+    if (!t.slots[slot].start) {
+      t.slots[slot].start = be.create_event();
+      t.slots[slot].end = be.create_event();
+    }
+    if (t.slots[slot].start) be.record_event(t.slots[slot].start);
+    t.open.push_back(slot);
+    t.ended_last = false;
+  }
+  ws.output_rows = static_cast<int64_t>(b.logits_rows.size());
+  if (graphs_enabled_ && graph_eligible(b, adapters)) return launch_graph(b, kv, feed);
+  StepInputs si = stage(b, adapters, feed.pairs);
   auto* inputs = ensure<std::byte>(be, ws.inputs, ws.staging.size(), ws.epoch);
-  if (gpu_timing_) be.gpu_timer_start();
-  be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
+  upload_inputs(inputs, si, feed);
   run_layers(b, kv, si, inputs);
-  const int64_t R = static_cast<int64_t>(b.logits_rows.size());
-  read_output(R, logits, ids);
-  if (gpu_timing_) last_gpu_seconds_ = be.gpu_timer_stop();
 }
 
-Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters) {
+const float* Model::device_logits() const {
+  return ws_->output_rows > 0 ? static_cast<const float*>(ws_->logits.ptr) : nullptr;
+}
+
+void Model::end_step() {
+  if (!timer_ || timer_->ended_last || timer_->open.empty()) return;
+  const StepTimer::Slot& s = timer_->slots[static_cast<size_t>(timer_->open.back())];
+  if (s.end) backend_->record_event(s.end);
+  timer_->ended_last = true;
+}
+
+void Model::step_completed() {
+  if (!timer_ || timer_->open.empty()) return;
+  StepTimer& t = *timer_;
+  if (t.open.size() == 1 && !t.ended_last) end_step();
+  const int slot = t.open.front();
+  t.open.pop_front();
+  const StepTimer::Slot& s = t.slots[static_cast<size_t>(slot)];
+  if (!s.end) return;
+  Backend& be = *backend_;
+  be.wait_event(s.end);
+  last_gpu_seconds_ = be.event_elapsed(s.start, s.end);
+  last_gap_seconds_ = t.last_done >= 0 ? be.event_elapsed(t.slots[static_cast<size_t>(t.last_done)].end, s.start) : 0;
+  t.last_done = slot;
+}
+
+void Model::upload_inputs(std::byte* dst, const StepInputs& si, const TokenFeed& feed) {
+  Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  Workspace::Pinned& p = ws.pinned[static_cast<size_t>(ws.next_pinned)];
+  ws.next_pinned ^= 1;
+  if (p.in_use) be.wait_event(p.consumed);  // its copy (two launches ago) has run: normally long since
+  const size_t n = ws.staging.size();
+  if (p.cap < n) {
+    be.free_host(p.ptr);
+    p.cap = std::max<size_t>({n, size_t{64} << 10, p.cap + p.cap / 2});
+    p.ptr = be.alloc_host(p.cap);
+    if (!p.consumed) p.consumed = be.create_event();
+  }
+  std::memcpy(p.ptr, ws.staging.data(), n);
+  be.copy_to_device_async(dst, p.ptr, n);
+  if (p.consumed) {
+    be.record_event(p.consumed);
+    p.in_use = true;
+  }
+  if (!feed.empty())
+    be.feed_tokens(reinterpret_cast<int32_t*>(dst + si.o_ids), reinterpret_cast<const int32_t*>(dst + si.o_feed),
+                   static_cast<int64_t>(feed.pairs.size() / 2), feed.src);
+}
+
+Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters,
+                               std::span<const int32_t> feed_pairs) {
   const ModelConfig& c = config_;
   Workspace& ws = *ws_;
   const int64_t T = b.num_tokens(), S = b.num_seqs(), E = c.num_experts;
@@ -302,6 +411,7 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
       if (used) o_expert_lora[l] = st.add(table);
     }
   }
+  si.o_feed = st.add(feed_pairs.data(), feed_pairs.size());
   return si;
 }
 
@@ -528,14 +638,13 @@ ForwardBatch Model::pad_for_graph(const ForwardBatch& b, int64_t size) const {
   return p;
 }
 
-void Model::forward_graph(const ForwardBatch& b, std::span<const k::KvCacheView> kv, float* logits,
-                          int32_t* ids) {
+void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> kv, const TokenFeed& feed) {
   Backend& be = *backend_;
   Workspace& ws = *ws_;
   const int64_t S = b.num_seqs();
   const int64_t size = *std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), S);
   ForwardBatch p = pad_for_graph(b, size);
-  StepInputs si = stage(p, {});
+  StepInputs si = stage(p, {}, feed.pairs);
   CHECK_MSG(ws.staging.size() <= ws.graph_inputs.cap, "graph inputs ({} bytes) exceed the reserved {}",
             ws.staging.size(), ws.graph_inputs.cap);
   auto* inputs = static_cast<std::byte*>(ws.graph_inputs.ptr);
@@ -543,32 +652,26 @@ void Model::forward_graph(const ForwardBatch& b, std::span<const k::KvCacheView>
   const float* kv_key = kv.empty() ? nullptr : kv[0].k;
   bool valid =
       g.exec && g.ws_epoch == ws.epoch && g.backend_epoch == be.workspace_epoch() && g.kv_key == kv_key;
-  if (!valid) {
-    // This step runs eagerly (sizing every buffer for this shape), then its shape is recorded.
-    if (g.exec) be.destroy_graph(g.exec);
-    g = Graph{};
-    be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
-    run_layers(p, kv, si, inputs);
-    read_output(S, logits, ids);
-    const uint64_t ws_epoch = ws.epoch, backend_epoch = be.workspace_epoch();
-    be.begin_capture();
-    run_layers(p, kv, si, inputs);
-    void* exec = be.end_capture();
-    if (!exec || ws.epoch != ws_epoch || be.workspace_epoch() != backend_epoch) {
-      if (exec) be.destroy_graph(exec);
-      spdlog::warn("CUDA graph capture of a {}-sequence decode step failed; running decode steps eagerly",
-                   size);
-      graphs_enabled_ = false;
-      return;
-    }
-    g = {exec, ws_epoch, backend_epoch, kv_key};
+  upload_inputs(inputs, si, feed);
+  if (valid) {
+    be.run_graph(g.exec);
     return;
   }
-  if (gpu_timing_) be.gpu_timer_start();
-  be.copy_to_device_async(inputs, ws.staging.data(), ws.staging.size());
-  be.run_graph(g.exec);
-  read_output(S, logits, ids);
-  if (gpu_timing_) last_gpu_seconds_ = be.gpu_timer_stop();
+  // This step runs eagerly (sizing every buffer for this shape), then its shape is recorded.
+  if (g.exec) be.destroy_graph(g.exec);
+  g = Graph{};
+  run_layers(p, kv, si, inputs);
+  const uint64_t ws_epoch = ws.epoch, backend_epoch = be.workspace_epoch();
+  be.begin_capture();
+  run_layers(p, kv, si, inputs);
+  void* exec = be.end_capture();
+  if (!exec || ws.epoch != ws_epoch || be.workspace_epoch() != backend_epoch) {
+    if (exec) be.destroy_graph(exec);
+    spdlog::warn("CUDA graph capture of a {}-sequence decode step failed; running decode steps eagerly", size);
+    graphs_enabled_ = false;
+    return;
+  }
+  g = {exec, ws_epoch, backend_epoch, kv_key};
 }
 
 void Model::warm_up(std::span<const k::KvCacheView> kv, int64_t tokens, int64_t logits_rows) {
@@ -609,22 +712,21 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
   graph_max_blocks_ = std::max<int64_t>(1, options.max_blocks_per_seq);
   auto t0 = std::chrono::steady_clock::now();
   Workspace& ws = *ws_;
-  std::vector<float> logits;
   // Warm-up: the largest prefill the engine will run, so that its buffers are in place before any capture
   // (a later growth would invalidate the graphs, which are then recorded again at their next use).
   if (options.warmup_tokens > 0 && !kv.empty())
     warm_up(kv, options.warmup_tokens, options.warmup_logits_rows);
   // The inputs every graph reads: sized for the largest one, never moved.
   // (An empty batch padded to a size is that size's dummy decode step: no KV written.)
-  stage(pad_for_graph(ForwardBatch{}, graph_sizes_.back()), {});
+  // (The feed pairs, staged last, take at most two ids per sequence.)
+  const std::vector<int32_t> max_feed(static_cast<size_t>(2 * graph_sizes_.back()), 0);
+  stage(pad_for_graph(ForwardBatch{}, graph_sizes_.back()), {}, max_feed);
   ensure<std::byte>(*backend_, ws.graph_inputs, ws.staging.size(), ws.epoch);
   // Largest first: smaller shapes then fit the buffers the larger ones sized. Without a KV cache the
   // graphs are recorded at their first use instead.
   for (auto it = graph_sizes_.rbegin(); it != graph_sizes_.rend() && graphs_enabled_ && !kv.empty(); ++it) {
     const int64_t n = *it;
-    ForwardBatch d = pad_for_graph(ForwardBatch{}, n);
-    logits.resize(static_cast<size_t>(n * config_.vocab_size));
-    forward_graph(d, kv, logits.data(), nullptr);
+    launch_graph(pad_for_graph(ForwardBatch{}, n), kv, {});
   }
   backend_->synchronize();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -33,6 +33,14 @@ struct RopeTable {
   static RopeTable from_config(const ModelConfig& cfg);
 };
 
+// Token ids of a step that come from the previous step's device-side samples instead of the host:
+// token row pairs[2i] of the batch takes src[pairs[2i + 1]] (src: backend memory, e.g. the sampler's ids).
+struct TokenFeed {
+  std::vector<int32_t> pairs;
+  const int32_t* src = nullptr;
+  bool empty() const { return pairs.empty(); }
+};
+
 // CUDA graphs of decode steps (ignored on backends without graphs).
 struct GraphOptions {
   bool enabled = false;
@@ -68,6 +76,18 @@ class Model {
   // only the ids come back). ids: host memory [batch.logits_rows.size()].
   void forward_argmax(const ForwardBatch& batch, std::span<const kernels::KvCacheView> kv,
                       std::span<const LoraAdapter* const> adapters, int32_t* ids);
+  // Asynchronous steps. launch() queues a forward pass on the backend and returns without waiting: its
+  // inputs go through one of two page-locked staging buffers (so the next launch can be staged while
+  // this one runs), `feed` patches token ids from the previous step's device-side samples, and the
+  // logits rows stay in device memory (device_logits(), [batch.logits_rows.size(), vocab]) until the
+  // next launch. The caller queues its sampling after it, then end_step(); once the host has waited for
+  // that step's results it calls step_completed() (timing). forward() / forward_argmax() are launch()
+  // plus a synchronous read.
+  void launch(const ForwardBatch& batch, std::span<const kernels::KvCacheView> kv,
+              std::span<const LoraAdapter* const> adapters, const TokenFeed& feed = {});
+  const float* device_logits() const;
+  void end_step();
+  void step_completed();
   // Frees the device copy of an adapter (by generation) after it is unloaded.
   void release_adapter(uint64_t generation);
   // Captures a graph per decode batch size (largest first, after a warm-up prefill). From then on a step
@@ -81,10 +101,12 @@ class Model {
   // buffer for the largest step, so memory can be measured (and graphs captured) after it.
   void warm_up(std::span<const kernels::KvCacheView> kv, int64_t tokens, int64_t logits_rows);
   bool graphs_enabled() const { return graphs_enabled_; }
-  // With timing on, each forward measures the GPU time from its first input copy to its logits (events;
-  // host staging before it is not included), for benchmarks: last_step_gpu_seconds().
+  // With timing on, each step measures (events) the GPU time from its first input copy to end_step()
+  // (its sampling included), and the idle gap on the GPU between the previous step's end and this
+  // step's start (host time the GPU waited for; ~0 when the step was queued ahead), for benchmarks.
   void set_gpu_timing(bool on) { gpu_timing_ = on; }
   double last_step_gpu_seconds() const { return last_gpu_seconds_; }
+  double last_step_gap_seconds() const { return last_gap_seconds_; }
 
  private:
   Model() = default;
@@ -93,8 +115,11 @@ class Model {
   struct StepInputs;
   struct Graph;
   const DeviceAdapter& device_adapter(const LoraAdapter& adapter);
-  // Packs a step's inputs into the host staging buffer.
-  StepInputs stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters);
+  // Packs a step's inputs into the host staging buffer (feed pairs last).
+  StepInputs stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters,
+                   std::span<const int32_t> feed_pairs = {});
+  // Copies the staged inputs to `dst` through the next page-locked buffer, then applies the feed.
+  void upload_inputs(std::byte* dst, const StepInputs& si, const TokenFeed& feed);
   // Every op of the forward pass, reading the staged inputs at `inputs` (backend memory); logits in ws.
   void run_layers(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv, const StepInputs& si,
                   std::byte* inputs);
@@ -103,8 +128,7 @@ class Model {
   // logits or ids (one of them non-null) receive the output rows.
   void forward_impl(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
                     std::span<const LoraAdapter* const> adapters, float* logits, int32_t* ids);
-  void forward_graph(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv, float* logits,
-                     int32_t* ids);
+  void launch_graph(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv, const TokenFeed& feed);
   // Copies the first `rows` logits rows, or their argmax ids, to the host.
   void read_output(int64_t rows, float* logits, int32_t* ids);
 
@@ -118,7 +142,9 @@ class Model {
   std::map<uint64_t, std::unique_ptr<DeviceAdapter>> adapters_;
   bool graphs_enabled_ = false;
   bool gpu_timing_ = false;
-  double last_gpu_seconds_ = 0;
+  double last_gpu_seconds_ = 0, last_gap_seconds_ = 0;
+  struct StepTimer;
+  std::unique_ptr<StepTimer> timer_;
   std::vector<int64_t> graph_sizes_;  // ascending
   int64_t graph_max_blocks_ = 0;
   std::map<int64_t, Graph> graphs_;

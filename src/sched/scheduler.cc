@@ -116,8 +116,10 @@ StepPlan Scheduler::schedule() {
   // 1. Running requests, in order: decodes and the next chunks of unfinished prefills.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     SchedRequest& r = *requests_.at(running_[i]);
-    int64_t num_new =
-        std::min<int64_t>(static_cast<int64_t>(r.tokens.size()) - r.num_computed_tokens, budget);
+    const int64_t num_tokens = static_cast<int64_t>(r.tokens.size()) + r.num_pending;
+    int64_t num_new = std::min<int64_t>(num_tokens - r.num_computed_tokens, budget);
+    // A pending token that reaches the limit ends the request (by length) once it is back.
+    if (r.num_pending > 0 && num_tokens >= r.max_total_tokens) num_new = 0;
     if (num_new <= 0) {
       ++i;
       continue;
@@ -159,7 +161,8 @@ StepPlan Scheduler::schedule() {
     for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0;) {
       if (static_cast<int64_t>(running_.size()) >= config_.max_num_seqs) break;
       SchedRequest& r = *requests_.at(*it);
-      if (r.wait_for || (!r.adapter.empty() && !held_adapters.count(r.adapter) &&
+      // (A request preempted while one of its tokens was being sampled waits for that token.)
+      if (r.wait_for || r.num_pending > 0 || (!r.adapter.empty() && !held_adapters.count(r.adapter) &&
                          static_cast<int64_t>(held_adapters.size()) >= lora_.max_loras)) {
         ++it;  // waits for a sibling's prompt, or for an adapter slot
         continue;
@@ -186,16 +189,19 @@ StepPlan Scheduler::schedule() {
 }
 
 void Scheduler::update(const StepPlan& plan, const std::unordered_map<RequestId, int32_t>& sampled) {
+  launched(plan);
+  completed(plan, sampled);
+}
+
+void Scheduler::launched(const StepPlan& plan) {
   auto advance = [&](RequestId id, int64_t num_scheduled) {
     auto it = requests_.find(id);
     if (it == requests_.end()) return;
     SchedRequest& r = *it->second;
     r.num_computed_tokens += num_scheduled;
-    if (r.num_computed_tokens >= static_cast<int64_t>(r.tokens.size())) {
-      auto s = sampled.find(id);
-      if (s != sampled.end()) r.tokens.push_back(s->second);
-    }
-    // A sibling waiting on this request's prompt may start once the prompt is in the cache.
+    if (r.num_computed_tokens >= static_cast<int64_t>(r.tokens.size()) + r.num_pending) ++r.num_pending;
+    // A sibling waiting on this request's prompt may start once the prompt is in the cache (any later
+    // step runs after this one on the device).
     bool prompt_done_now = r.num_computed_tokens >= r.num_prompt_tokens &&
                            r.num_computed_tokens - num_scheduled < r.num_prompt_tokens;
     if (prompt_done_now && any_waiting_for_sibling())
@@ -204,6 +210,20 @@ void Scheduler::update(const StepPlan& plan, const std::unordered_map<RequestId,
   };
   for (const auto& n : plan.new_requests) advance(n.id, n.num_scheduled_tokens);
   for (const auto& s : plan.running) advance(s.id, s.num_scheduled_tokens);
+}
+
+void Scheduler::completed(const StepPlan& plan, const std::unordered_map<RequestId, int32_t>& sampled) {
+  auto fill = [&](RequestId id) {
+    auto it = requests_.find(id);
+    auto s = sampled.find(id);
+    if (it == requests_.end() || s == sampled.end()) return;
+    SchedRequest& r = *it->second;
+    CHECK_MSG(r.num_pending > 0, "request {} got a token it was not waiting for", id);
+    --r.num_pending;
+    r.tokens.push_back(s->second);
+  };
+  for (const auto& n : plan.new_requests) fill(n.id);
+  for (const auto& s : plan.running) fill(s.id);
 }
 
 bool Scheduler::any_waiting_for_sibling() const {

@@ -29,6 +29,10 @@ struct SchedRequest {
   std::vector<int32_t> tokens;  // prompt + generated
   int64_t num_prompt_tokens = 0;
   int64_t num_computed_tokens = 0;
+  // Tokens sampled by launched steps whose ids have not come back yet (asynchronous scheduling: at most
+  // two, while one step is being collected and the next is queued). They count as the request's tokens for scheduling; their KV is computed by feeding the ids on
+  // the device.
+  int64_t num_pending = 0;
   int64_t max_total_tokens = 0;  // prompt + max_tokens, capped by max_model_len
   CacheKeyExtra cache_key;
   std::string adapter;
@@ -62,8 +66,16 @@ class Scheduler {
   void finish(RequestId id);
   StepPlan schedule();
   // After the step ran: advance computed counts; appends each sampled token (requests whose prefill
-  // is not complete sample nothing). sampled[id] = token.
+  // is not complete sample nothing). sampled[id] = token. The same as launched() then completed().
   void update(const StepPlan& plan, const std::unordered_map<RequestId, int32_t>& sampled);
+  // Asynchronous scheduling splits update(): launched() right after the plan is queued on the device
+  // (computed counts advance, each request that samples gets a pending token, so the next schedule()
+  // can plan its next token before this step's ids are back), completed() when the ids are back (the
+  // pending tokens get their values). A request with a pending token that would reach its token limit
+  // is not scheduled again (it finishes by length); one that stops on EOS or a stop string has one more
+  // token computed, which the engine discards. Requests gone in between are skipped.
+  void launched(const StepPlan& plan);
+  void completed(const StepPlan& plan, const std::unordered_map<RequestId, int32_t>& sampled);
 
   const SchedRequest* get(RequestId id) const;
   bool has_unfinished() const { return !requests_.empty(); }

@@ -1,13 +1,15 @@
-// worker/model_runner.h: executes a StepPlan: keeps the persistent per-request state the runner needs
-// (tokens, block table, adapter, and the sampling settings that arrive with the request in the plan), builds
-// the packed ForwardBatch (prefill chunks and decode tokens of different requests with different adapters),
-// runs the model, samples, and returns a StepResult. Must not: make scheduling decisions (what runs, and
-// when, comes from the plan).
+// worker/model_runner.h: executes StepPlans on the model: the BatchBuilder packs each step, the model runs
+// it, the step's rows are sampled (on the device where the logits are, when every row allows it; else on
+// the host with the CPU sampler) and a StepResult comes back. Steps can be queued ahead (launch() then,
+// later, collect()): a step's sampled ids stay on the device and feed the next step's inputs there, so
+// the engine plans and queues step N+1 while the GPU runs step N.
+// Must not: make scheduling decisions (what runs, and when, comes from the plan).
 #pragma once
 
 #include <cstdint>
+#include <array>
+#include <deque>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -18,6 +20,7 @@
 #include "lora/adapter.h"
 #include "model/model.h"
 #include "sched/step_plan.h"
+#include "worker/batch_builder.h"
 #include "worker/kv_storage.h"
 #include "worker/sampler.h"
 
@@ -36,55 +39,50 @@ struct StepResult {
 
 class ModelRunner {
  public:
-  ModelRunner(Model& model, int64_t num_blocks, int64_t block_size);
+  // max_step_tokens: the most tokens one step computes (--max-num-batched-tokens).
+  ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, int64_t max_step_tokens = 8192);
+  ~ModelRunner();
+  using AdapterOf = std::function<const LoraAdapter*(const std::string&)>;
 
-  // adapter_of(name) returns the loaded adapter (never nullptr for a name in the plan).
-  StepResult execute(const StepPlan& plan,
-                     const std::function<const LoraAdapter*(const std::string&)>& adapter_of);
+  // One step, synchronously: launch() then collect().
+  StepResult execute(const StepPlan& plan, const AdapterOf& adapter_of);
+  // Queues a step (at most two are in flight). Tokens that the previous step is still sampling are fed
+  // from its device-side ids. A step whose rows need the host (the CPU sampler: penalties whose history
+  // is not all known yet, prompt logprobs, or settings the device path does not cover) keeps its logits
+  // for collect(); the next launch then has to wait for that collect() (needs_collect_before_launch()).
+  void launch(const StepPlan& plan, const AdapterOf& adapter_of);
+  // Waits for the oldest queued step and returns its result.
+  StepResult collect();
+  bool in_flight() const { return !inflight_.empty(); }
+  bool needs_collect_before_launch() const { return !inflight_.empty() && inflight_.back().on_host; }
 
   const KvStorage& kv() const { return kv_; }
   // Captures the model's decode graphs over this runner's KV cache (see Model::prepare_graphs).
   void prepare_graphs(const GraphOptions& options) { model_.prepare_graphs(kv_.views(), options); }
-
-  // The two halves of execute() before the forward pass, public for the scheduler benchmark:
-  // apply the plan's deltas to the runner's request states, then pack the step's inputs.
-  struct RowOwner {
-    RequestId id;
-    int64_t position;  // token position whose next-token logits this row holds
-    bool sample;
-  };
-  struct PreparedStep {
-    ForwardBatch batch;
-    std::vector<RowOwner> rows;
-    std::vector<const LoraAdapter*> slots;
-    std::vector<std::pair<RequestId, int64_t>> order;  // (request, tokens computed this step)
-  };
-  void apply_plan(const StepPlan& plan);
-  void prepare(const StepPlan& plan, const std::function<const LoraAdapter*(const std::string&)>& adapter_of,
-               PreparedStep& out);
-  // Advances request states as execute() does after sampling (for benchmarks that skip the forward).
-  void advance_for_benchmark(const PreparedStep& step, const std::unordered_map<RequestId, int32_t>& sampled);
+  BatchBuilder& builder() { return builder_; }
 
  private:
-  struct State {
-    std::vector<int32_t> tokens;
-    int64_t num_prompt_tokens = 0;
-    std::vector<int32_t> blocks;
-    int64_t num_computed_tokens = 0;
-    std::string adapter;
-    bool prompt_logprobs = false;
-    std::shared_ptr<const RequestSampling> sampling;  // from the plan; never null
+  struct InFlight {
+    std::vector<BatchBuilder::Row> rows;
+    bool on_host = false;  // sampled at collect() from the logits on the device
+    int slot = 0;          // pinned ids buffer and event
   };
+  bool device_sampleable(const BatchBuilder::Step& step) const;
+  // Copies the step's logits to the host: prompt logprobs, then the CPU sampler on the sampled rows.
+  void sample_on_host(const std::vector<BatchBuilder::Row>& rows, StepResult& result);
+
   Model& model_;
   KvStorage kv_;
   Sampler sampler_;
-  std::unordered_map<RequestId, State> states_;
-  // Copies the step's logits to the host: prompt logprobs, then the CPU sampler on the sampled rows.
-  void sample_on_host(const std::vector<RowOwner>& rows, const ForwardBatch& b,
-                      const std::vector<const LoraAdapter*>& slots, StepResult& result);
+  BatchBuilder builder_;
+  BatchBuilder::Step step_;
+  int64_t max_rows_;
+  int32_t* d_ids_ = nullptr;  // [max_rows_] sampled ids of the last step, in backend memory
+  std::array<int32_t*, 2> h_ids_{};  // page-locked copies, one per in-flight step
+  std::array<void*, 2> done_{};      // events after each copy
+  int next_slot_ = 0;
+  std::deque<InFlight> inflight_;
   std::vector<float> logits_;
-  std::vector<int32_t> ids_;
-  PreparedStep step_;
 };
 
 }  // namespace polylora

@@ -14,7 +14,8 @@ struct RunResult {
   int64_t cached = 0;
 };
 
-class EnginePrefixTest : public ::testing::Test {
+// Every test runs twice: steps synchronous, and queued one ahead (asynchronous scheduling).
+class EnginePrefixTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     fixture_ = std::make_unique<Fixture>("qwen3-moe-tiny");
@@ -22,6 +23,7 @@ class EnginePrefixTest : public ::testing::Test {
     EngineConfig ec;
     ec.cache.block_size = 4;
     ec.cache.num_kv_blocks = 256;
+    ec.execution.async_scheduling = GetParam();
     engine_ = std::make_unique<Engine>(model_, ec, nullptr);
     for (const auto& a : fixture_->adapters) engine_->add_adapter(a);
     prompt_ = fixture_->prompt(2);  // 40 tokens
@@ -53,7 +55,7 @@ class EnginePrefixTest : public ::testing::Test {
   int next_ = 0;
 };
 
-TEST_F(EnginePrefixTest, SharedPrefixIsReusedAndOutputIdentical) {
+TEST_P(EnginePrefixTest, SharedPrefixIsReusedAndOutputIdentical) {
   RunResult first = run(prompt_);
   EXPECT_EQ(first.cached, 0);
   int64_t hits_before = engine_->stats().prefix_hits;
@@ -87,7 +89,7 @@ TEST_F(EnginePrefixTest, SharedPrefixIsReusedAndOutputIdentical) {
   EXPECT_EQ(cold.stats().prefix_hits, 0);
 }
 
-TEST_F(EnginePrefixTest, DifferentAdaptersAndSaltsNeverShare) {
+TEST_P(EnginePrefixTest, DifferentAdaptersAndSaltsNeverShare) {
   run(prompt_);
   EXPECT_EQ(run(prompt_, "experts-attn-r8").cached, 0);
   EXPECT_EQ(run(prompt_, "attn-only-r16").cached, 0);
@@ -97,7 +99,7 @@ TEST_F(EnginePrefixTest, DifferentAdaptersAndSaltsNeverShare) {
   EXPECT_EQ(run(prompt_, "", "tenant-a").cached, 36);
 }
 
-TEST_F(EnginePrefixTest, ReloadedAdapterNeverHitsOldBlocks) {
+TEST_P(EnginePrefixTest, ReloadedAdapterNeverHitsOldBlocks) {
   RunResult before = run(prompt_, "attn-only-r16");
   ASSERT_TRUE(engine_->remove_adapter("attn-only-r16"));
   auto reloaded =
@@ -109,7 +111,7 @@ TEST_F(EnginePrefixTest, ReloadedAdapterNeverHitsOldBlocks) {
   EXPECT_EQ(run(prompt_, "attn-only-r16").cached, 36);
 }
 
-TEST_F(EnginePrefixTest, ParallelSamplingSharesThePromptAndIsSeeded) {
+TEST_P(EnginePrefixTest, ParallelSamplingSharesThePromptAndIsSeeded) {
   auto sample = [&](uint64_t seed, int64_t n) {
     EngineRequest r;
     r.request_id = std::to_string(next_++);
@@ -140,6 +142,9 @@ TEST_F(EnginePrefixTest, ParallelSamplingSharesThePromptAndIsSeeded) {
   EXPECT_EQ(a, b) << "same seed, same outputs";
   EXPECT_NE(a[0], a[1]) << "siblings use different seeds";
 }
+
+INSTANTIATE_TEST_SUITE_P(Scheduling, EnginePrefixTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Async" : "Sync"; });
 
 }  // namespace
 }  // namespace polylora::golden

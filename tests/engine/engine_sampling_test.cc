@@ -26,7 +26,8 @@ struct SeqRun {
   int finish_reports = 0;
 };
 
-class EngineSamplingTest : public ::testing::Test {
+// Every test runs twice: steps synchronous, and queued one ahead (asynchronous scheduling).
+class EngineSamplingTest : public ::testing::TestWithParam<bool> {
  protected:
   static void SetUpTestSuite() {
     fixture_ = new Fixture("qwen3-moe-tiny");
@@ -43,6 +44,7 @@ class EngineSamplingTest : public ::testing::Test {
     EngineConfig ec;
     ec.cache.block_size = 4;
     ec.cache.num_kv_blocks = 512;
+    ec.execution.async_scheduling = GetParam();
     engine_ = std::make_unique<Engine>(*model_, ec, *tokenizer_);
     // Its greedy continuation starts with some 60 bytes of ASCII (".Header can can ..."), then byte
     // fragments (U+FFFD): room for stop strings inside and across tokens.
@@ -122,7 +124,7 @@ struct StopPick {
   size_t last_token = 0;  // index of the token whose text completes it
 };
 
-TEST_F(EngineSamplingTest, GreedyTextEqualsDecodeOfTokens) {
+TEST_P(EngineSamplingTest, GreedyTextEqualsDecodeOfTokens) {
   auto full = run(greedy(40));
   ASSERT_EQ(full[0].tokens.size(), 40u);
   EXPECT_EQ(full[0].text, tok().decode(full[0].tokens, true));
@@ -130,7 +132,7 @@ TEST_F(EngineSamplingTest, GreedyTextEqualsDecodeOfTokens) {
   EXPECT_FALSE(full[0].stop_reason.has_value());
 }
 
-TEST_F(EngineSamplingTest, MultiTokenStopStringIsCutAndNeverPartlyEmitted) {
+TEST_P(EngineSamplingTest, MultiTokenStopStringIsCutAndNeverPartlyEmitted) {
   const int64_t kMax = 48;
   auto full = run(greedy(kMax))[0];
   const std::string& text = full.text;
@@ -176,7 +178,7 @@ TEST_F(EngineSamplingTest, MultiTokenStopStringIsCutAndNeverPartlyEmitted) {
   }
 }
 
-TEST_F(EngineSamplingTest, UnmatchedStopStringsHoldBackButLoseNothing) {
+TEST_P(EngineSamplingTest, UnmatchedStopStringsHoldBackButLoseNothing) {
   auto full = run(greedy(40))[0];
   SamplingParams sp = greedy(40);
   sp.stop = {"\x01\x02\x03 a long stop string that never occurs"};
@@ -196,7 +198,7 @@ TEST_F(EngineSamplingTest, UnmatchedStopStringsHoldBackButLoseNothing) {
   }
 }
 
-TEST_F(EngineSamplingTest, EarliestStopStringWinsAndNSequencesStopIndependently) {
+TEST_P(EngineSamplingTest, EarliestStopStringWinsAndNSequencesStopIndependently) {
   auto full = run(greedy(40))[0];
   ASSERT_TRUE(ascii(full.text.substr(0, 12))) << full.text;
   std::string late = full.text.substr(8, 3), early = full.text.substr(2, 2);
@@ -234,7 +236,7 @@ TEST_F(EngineSamplingTest, EarliestStopStringWinsAndNSequencesStopIndependently)
   }
 }
 
-TEST_F(EngineSamplingTest, LogitBiasForcesAndForbidsTokens) {
+TEST_P(EngineSamplingTest, LogitBiasForcesAndForbidsTokens) {
   auto full = run(greedy(16))[0];
   int32_t forced = -1;
   for (int32_t id = 100; id < 1000; ++id)
@@ -264,7 +266,7 @@ TEST_F(EngineSamplingTest, LogitBiasForcesAndForbidsTokens) {
   for (const auto& s : run(sampled)) EXPECT_EQ(s.tokens, std::vector<int32_t>(16, forced));
 }
 
-TEST_F(EngineSamplingTest, MinTokensHoldsBackStopTokenIdsAndEos) {
+TEST_P(EngineSamplingTest, MinTokensHoldsBackStopTokenIdsAndEos) {
   auto full = run(greedy(16))[0];
   int32_t stop = -1;
   for (int32_t id = 200; id < 1000; ++id)
@@ -319,7 +321,7 @@ TEST_F(EngineSamplingTest, MinTokensHoldsBackStopTokenIdsAndEos) {
   }
 }
 
-TEST_F(EngineSamplingTest, MinTokensAndStopStrings) {
+TEST_P(EngineSamplingTest, MinTokensAndStopStrings) {
   auto full = run(greedy(40))[0];
   ASSERT_TRUE(ascii(full.text.substr(0, 20))) << full.text;
   // A one-byte stop string: a space; its first occurrence that ends after the first k tokens' text.
@@ -342,7 +344,7 @@ TEST_F(EngineSamplingTest, MinTokensAndStopStrings) {
   }
 }
 
-TEST_F(EngineSamplingTest, StopReasonVariantHoldsStringsForDigits) {
+TEST_P(EngineSamplingTest, StopReasonVariantHoldsStringsForDigits) {
   // Force the token of "3" (logit_bias), then stop on the string "3": a string, not the number 3.
   std::vector<int32_t> three = tok().encode("3", false);
   ASSERT_EQ(three.size(), 1u);
@@ -375,7 +377,7 @@ TEST_F(EngineSamplingTest, StopReasonVariantHoldsStringsForDigits) {
   EXPECT_FALSE(len.stop_reason.has_value());
 }
 
-TEST_F(EngineSamplingTest, SettingsSurviveTheMoveForEverySequence) {
+TEST_P(EngineSamplingTest, SettingsSurviveTheMoveForEverySequence) {
   // n = 3 seeded: every sequence gets the request's logit_bias, stop_token_ids and min_tokens.
   auto full = run(greedy(12))[0];
   int32_t stop = full.tokens[5];
@@ -396,6 +398,9 @@ TEST_F(EngineSamplingTest, SettingsSurviveTheMoveForEverySequence) {
     ASSERT_TRUE(s.stop_reason && std::holds_alternative<int32_t>(*s.stop_reason));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Scheduling, EngineSamplingTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Async" : "Sync"; });
 
 }  // namespace
 }  // namespace polylora::golden
