@@ -35,9 +35,10 @@ void SamplingParams::validate(int64_t vocab_size) const {
       fail("stop_token_ids: token id {} is outside the vocabulary (size {})", id, vocab_size);
   for (const auto& s : stop)
     if (s.empty()) fail("stop: stop strings must not be empty");
-  if (logprobs && (*logprobs < 0 || *logprobs > 20)) fail("logprobs must be in [0, 20], got {}", *logprobs);
-  if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > 20))
-    fail("prompt_logprobs must be in [0, 20], got {}", *prompt_logprobs);
+  if (logprobs && (*logprobs < 0 || *logprobs > kMaxLogprobs))
+    fail("logprobs must be in [0, {}], got {}", kMaxLogprobs, *logprobs);
+  if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > kMaxLogprobs))
+    fail("prompt_logprobs must be in [0, {}], got {}", kMaxLogprobs, *prompt_logprobs);
 }
 
 }  // namespace polylora

@@ -27,6 +27,7 @@ struct SamplingParams {
   std::vector<std::string> stop;  // stop strings, matched on the detokenized text
   bool include_stop_str_in_output = false;
   bool ignore_eos = false;
+  static constexpr int64_t kMaxLogprobs = 20;  // vLLM's default --max-logprobs
   std::optional<int64_t> logprobs;         // top alternatives per generated token (0: the sampled one only)
   std::optional<int64_t> prompt_logprobs;  // top alternatives per prompt token
   bool skip_special_tokens = true;

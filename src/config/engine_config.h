@@ -43,6 +43,10 @@ struct ExecutionConfig {
   // (a request that stops at step N has one more token computed and discarded). Unset: on for the GPU,
   // off for the CPU (where ops run synchronously, so it gains nothing; set, it runs the same logic).
   std::optional<bool> async_scheduling;
+  // Sampling where the logits are (worker/device_sampler.h) for every row it covers; the CPU sampler (the
+  // reference) for the rest. Unset: on for the GPU, off for the CPU (a config field for tests: the device
+  // sampler's host version runs the same algorithm on the CPU).
+  std::optional<bool> device_sampling;
 };
 
 struct EngineConfig {

@@ -71,6 +71,12 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
     model_->warm_up(probe.views(), warmup_tokens, config_.scheduler.max_num_seqs);
   }
   const size_t workspace_bytes = be.allocated_bytes() - weight_bytes;
+  // The device sampler's scratch is allocated before the KV cache takes what is left.
+  std::unique_ptr<DeviceSampler> device_sampler;
+  if (config_.execution.device_sampling.value_or(gpu))
+    device_sampler = std::make_unique<DeviceSampler>(be, mc.vocab_size, config_.scheduler.max_num_seqs,
+                                                     SamplingParams::kMaxLogprobs);
+  const size_t sampler_bytes = device_sampler ? device_sampler->device_bytes() : 0;
   constexpr double kGraphReserve = 256.0 * (1 << 20);  // CUDA graphs, cuBLAS and allocator slack
   double budget_total = 0;
   if (config_.cache.num_kv_blocks > 0) {
@@ -101,7 +107,8 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
       static_cast<double>(num_kv_blocks_) / static_cast<double>(blocks_per_seq));
   auto kv = std::make_unique<KvCacheManager>(num_kv_blocks_, bs, config_.cache.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, config_.lora, std::move(kv));
-  runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs, config_.scheduler.max_num_batched_tokens);
+  runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs, config_.scheduler.max_num_batched_tokens,
+                                          std::move(device_sampler));
   async_ = config_.execution.async_scheduling.value_or(gpu);
   size_t graph_bytes = 0;
   if (model_->backend().supports_graphs() && !config_.execution.enforce_eager) {
@@ -121,12 +128,11 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   if (gpu) {
     auto [free_bytes, total] = be.memory_info();
     spdlog::info(
-        "GPU memory: weights {:.2f} GiB, workspace {:.2f} GiB (profiled at {} tokens), CUDA graphs {:.1f} "
-        "MiB, "
-        "adapters 0 (copied on first use), KV cache {:.2f} GiB ({} blocks); {:.2f} GiB of {:.2f} GiB in use "
-        "(--gpu-memory-utilization {} allows {:.2f} GiB)",
+        "GPU memory: weights {:.2f} GiB, workspace {:.2f} GiB (profiled at {} tokens), sampler {:.1f} MiB, "
+        "CUDA graphs {:.1f} MiB, adapters 0 (copied on first use), KV cache {:.2f} GiB ({} blocks); {:.2f} "
+        "GiB of {:.2f} GiB in use (--gpu-memory-utilization {} allows {:.2f} GiB)",
         static_cast<double>(weight_bytes) / (1 << 30), static_cast<double>(workspace_bytes) / (1 << 30),
-        warmup_tokens, static_cast<double>(graph_bytes) / (1 << 20),
+        warmup_tokens, static_cast<double>(sampler_bytes) / (1 << 20), static_cast<double>(graph_bytes) / (1 << 20),
         static_cast<double>(num_kv_blocks_ * per_block) / (1 << 30), num_kv_blocks_,
         static_cast<double>(total - free_bytes) / (1 << 30), static_cast<double>(total) / (1 << 30),
         config_.cache.gpu_memory_utilization, budget_total / (1 << 30));

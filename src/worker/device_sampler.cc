@@ -195,7 +195,7 @@ void DeviceSampler::build_row(const DeviceSampleRow& row) {
   states_.push_back(k::init_sample_row_state(p, vocab_));
 }
 
-void DeviceSampler::launch(const float* device_logits, std::span<const DeviceSampleRow> rows) {
+int DeviceSampler::launch(const float* device_logits, std::span<const DeviceSampleRow> rows) {
   const auto n = static_cast<int64_t>(rows.size());
   CHECK_MSG(n <= max_rows_, "DeviceSampler: {} rows, but it was made for at most {}", n, max_rows_);
   Slot& slot = slots_[next_slot_];
@@ -215,7 +215,7 @@ void DeviceSampler::launch(const float* device_logits, std::span<const DeviceSam
   slot.rows = n;
   last_slot_ = next_slot_;
   next_slot_ ^= 1;
-  if (n == 0) return;
+  if (n == 0) return last_slot_;
 
   const InputLayout l = input_layout(params_.size(), edits_.size(), biases_.size());
   if (l.bytes > slot.in_capacity) {
@@ -258,11 +258,17 @@ void DeviceSampler::launch(const float* device_logits, std::span<const DeviceSam
   be_.copy_to_host_async(slot.pinned_out, out_, static_cast<size_t>(words) * sizeof(int32_t));
   be_.record_event(slot.event);
   slot.in_flight = true;
+  return last_slot_;
 }
 
 std::vector<SampleResult> DeviceSampler::wait() {
   if (last_slot_ < 0) return {};
-  Slot& slot = slots_[last_slot_];
+  return wait(last_slot_);
+}
+
+std::vector<SampleResult> DeviceSampler::wait(int ticket) {
+  CHECK_MSG(ticket == 0 || ticket == 1, "DeviceSampler::wait: bad ticket {}", ticket);
+  Slot& slot = slots_[ticket];
   if (slot.in_flight) {
     be_.wait_event(slot.event);
     slot.in_flight = false;

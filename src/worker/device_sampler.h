@@ -52,7 +52,8 @@ class DeviceSampler {
   // wait(): the earlier launch's results are then dropped. Throws polylora::Error (nothing queued) for
   // token ids outside the vocabulary (where the CPU sampler's CHECK aborts) or more logprobs than
   // max_top_logprobs.
-  void launch(const float* device_logits, std::span<const DeviceSampleRow> rows);
+  // Returns a ticket for wait(ticket): the results of the last two launches stay available.
+  int launch(const float* device_logits, std::span<const DeviceSampleRow> rows);
   // The sampled ids of the last launch, [rows] int32 in backend memory: valid for work queued on the
   // backend after launch() and before the next launch() (e.g. to feed them to the next step).
   const int32_t* device_ids() const { return out_; }
@@ -60,6 +61,8 @@ class DeviceSampler {
   // Sampler::sample / Sampler::prompt_logprob fill them (logprob, rank and top only when asked). Empty
   // before the first launch; the same results again when called twice.
   std::vector<SampleResult> wait();
+  // The same for one of the last two launches (its ticket): a step queued ahead of the one completed.
+  std::vector<SampleResult> wait(int ticket);
 
   int64_t vocab_size() const { return vocab_; }
   int64_t max_rows() const { return max_rows_; }

@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "sched/step_plan.h"
 #include "worker/batch_builder.h"
+#include "worker/device_sampler.h"
 #include "worker/kv_storage.h"
 #include "worker/sampler.h"
 
@@ -39,8 +40,11 @@ struct StepResult {
 
 class ModelRunner {
  public:
-  // max_step_tokens: the most tokens one step computes (--max-num-batched-tokens).
-  ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, int64_t max_step_tokens = 8192);
+  // max_step_tokens: the most tokens one step computes (--max-num-batched-tokens). With a device sampler
+  // every step it can take is sampled there (the sampled ids also feed the next step); without one only
+  // plain greedy steps are (an argmax on the backend) and the rest use the CPU sampler.
+  ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, int64_t max_step_tokens = 8192,
+              std::unique_ptr<DeviceSampler> device_sampler = nullptr);
   ~ModelRunner();
   using AdapterOf = std::function<const LoraAdapter*(const std::string&)>;
 
@@ -62,12 +66,17 @@ class ModelRunner {
   BatchBuilder& builder() { return builder_; }
 
  private:
+  enum class Sampling { kArgmax, kDevice, kHost };
   struct InFlight {
     std::vector<BatchBuilder::Row> rows;
     bool on_host = false;  // sampled at collect() from the logits on the device
+    bool device_sampler = false;
+    int ticket = 0;        // of the device sampler's launch
+    std::vector<char> want_logprobs;  // per row (the request's state may be gone by collect())
     int slot = 0;          // pinned ids buffer and event
   };
-  bool device_sampleable(const BatchBuilder::Step& step) const;
+  Sampling choose_sampling(const BatchBuilder::Step& step) const;
+  void launch_device_sampler(const BatchBuilder::Step& step, InFlight& f);
   // Copies the step's logits to the host: prompt logprobs, then the CPU sampler on the sampled rows.
   void sample_on_host(const std::vector<BatchBuilder::Row>& rows, StepResult& result);
 
@@ -83,6 +92,8 @@ class ModelRunner {
   int next_slot_ = 0;
   std::deque<InFlight> inflight_;
   std::vector<float> logits_;
+  std::unique_ptr<DeviceSampler> device_sampler_;
+  std::vector<DeviceSampleRow> sample_rows_;
 };
 
 }  // namespace polylora

@@ -138,6 +138,7 @@ class EngineAsyncTest : public ::testing::Test {
     ec.scheduler.max_num_seqs = 16;
     ec.scheduler.max_num_batched_tokens = 64;
     ec.execution.async_scheduling = async;
+    ec.execution.device_sampling = device_sampling_;
     Engine engine(*model_, ec, *tokenizer_);
     EXPECT_TRUE(engine.model_config().vocab_size > 11);
     for (const auto& a : fixture_->adapters) engine.add_adapter(a);
@@ -223,6 +224,7 @@ class EngineAsyncTest : public ::testing::Test {
     }
   }
 
+  bool device_sampling_ = false;  // the device sampler (its host version here) instead of the CPU one
   static Fixture* fixture_;
   static std::shared_ptr<Model>* model_;
   static std::shared_ptr<const tokenizer::Tokenizer>* tokenizer_;
@@ -233,7 +235,9 @@ std::shared_ptr<Model>* EngineAsyncTest::model_ = nullptr;
 std::shared_ptr<const tokenizer::Tokenizer>* EngineAsyncTest::tokenizer_ = nullptr;
 
 TEST_F(EngineAsyncTest, SameResultsAsSynchronousSteps) {
+  for (bool device : {false, true})
   for (bool greedy_only : {false, true}) {
+  device_sampling_ = device;
   Workload w = workload(greedy_only);
   // A stop id from the greedy continuation of case 6 (its third token), so that it really stops there.
   auto sync_probe = run(false, w, 1024);
@@ -256,7 +260,9 @@ TEST_F(EngineAsyncTest, SameResultsAsSynchronousSteps) {
 }
 
 TEST_F(EngineAsyncTest, SameResultsUnderPreemption) {
+  for (bool device : {false, true})
   for (bool greedy_only : {false, true}) {
+  device_sampling_ = device;
   Workload w = workload(greedy_only);
   int64_t pre_sync = 0, pre_async = 0;
   // 40 blocks of 4 tokens: far fewer than 18 requests (some n = 3) of ~10-30 tokens need together.
