@@ -45,6 +45,9 @@ int run_device_bench(int argc, char** argv) {
   app.add_flag("--host-argmax", host_argmax,
                "Ask for logprobs, so every decode step's logits come to the host and the CPU sampler "
                "takes the argmax");
+  bool no_async = false;
+  app.add_flag("--no-async-scheduling", no_async,
+               "Complete each step before planning the next (the engine's --no-async-scheduling)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -89,14 +92,18 @@ int run_device_bench(int argc, char** argv) {
   ec.scheduler.max_num_seqs = max_batch;
   ec.scheduler.max_num_batched_tokens = max_batch_tokens;
   ec.execution.enforce_eager = enforce_eager;
+  ec.execution.async_scheduling = !no_async && bo.device == DeviceKind::kCuda;
+  if (host_argmax) ec.execution.device_sampling = false;  // logprobs rows go to the CPU sampler
   ec.execution.cuda_graph_sizes = batches;
   ec.execution.cuda_graph_max_context =
       std::max(ec.execution.cuda_graph_max_context, ec.scheduler.max_model_len);
   Engine engine(model, ec, nullptr);
   out["cuda_graphs"] = model->graphs_enabled();
   model->set_gpu_timing(true);
-  const char* mode = model->graphs_enabled() ? (host_argmax ? " (graphs, host argmax)" : " (graphs)")
-                                             : (host_argmax ? " (eager, host argmax)" : " (eager)");
+  std::string mode_text = std::string(" (") + (model->graphs_enabled() ? "graphs" : "eager") +
+                          (host_argmax ? ", host argmax" : "") +
+                          (*ec.execution.async_scheduling ? ", async" : ", sync") + ")";
+  const char* mode = mode_text.c_str();
   for (int64_t b : batches) {
     std::vector<std::vector<int32_t>> prompts;
     for (int64_t i = 0; i < b; ++i) {
@@ -112,8 +119,13 @@ int run_device_bench(int argc, char** argv) {
     const double step_s = t.decode_seconds / static_cast<double>(t.decode_steps);
     const double gpu_s = t.decode_gpu_seconds / static_cast<double>(t.decode_steps);
     const double busy = step_s > 0 ? gpu_s / step_s : 0.0;
-    std::fprintf(stderr, "batch %ld%s: decode step %.3f ms, GPU time in it %.3f ms (%.1f%%), host %.3f ms\n",
-                 static_cast<long>(b), mode, 1e3 * step_s, 1e3 * gpu_s, 100 * busy, 1e3 * (step_s - gpu_s));
+    const double gap_s =
+        t.decode_steps > 1 ? t.decode_gap_seconds / static_cast<double>(t.decode_steps - 1) : 0.0;
+    std::fprintf(stderr,
+                 "batch %ld%s: decode step %.3f ms, GPU time in it %.3f ms (%.1f%%), host %.3f ms, GPU idle "
+                 "between steps %.1f us\n",
+                 static_cast<long>(b), mode, 1e3 * step_s, 1e3 * gpu_s, 100 * busy, 1e3 * (step_s - gpu_s),
+                 1e6 * gap_s);
     std::fprintf(stderr, "batch %ld%s: prefill %.0f tok/s, decode %.1f tok/s (%.2f ms/step)\n",
                  static_cast<long>(b), mode, prefill_tps, decode_tps, 1e3 * step_s);
     out["runs"].push_back({{"batch", b},
@@ -123,7 +135,8 @@ int run_device_bench(int argc, char** argv) {
                            {"decode_steps", t.decode_steps},
                            {"decode_ms_per_step", 1e3 * step_s},
                            {"decode_gpu_ms_per_step", 1e3 * gpu_s},
-                           {"decode_gpu_busy_fraction", busy}});
+                           {"decode_gpu_busy_fraction", busy},
+                           {"decode_gpu_idle_us_between_steps", 1e6 * gap_s}});
   }
   out["backend_allocated_bytes_peak"] = backend->allocated_bytes();
   std::printf("%s\n", out.dump(2).c_str());

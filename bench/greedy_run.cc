@@ -68,6 +68,7 @@ GreedyRunTiming run_greedy_batch(Engine& engine, const Model& model,
   for (int64_t s = 0; s < decode_steps && engine.has_unfinished(); ++s) {
     collect(engine.step());
     t.decode_gpu_seconds += model.last_step_gpu_seconds();
+    if (s > 0) t.decode_gap_seconds += model.last_step_gap_seconds();  // the first follows a prefill
     ++t.decode_steps;
   }
   t.decode_seconds = seconds(t1, Clock::now());

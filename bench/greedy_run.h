@@ -20,6 +20,7 @@ struct GreedyRunTiming {
   double decode_seconds = 0;  // host clock over the timed decode steps
   int64_t decode_steps = 0;
   int64_t decode_tokens = 0;      // tokens returned during them
+  double decode_gap_seconds = 0;  // Model::last_step_gap_seconds() summed: the GPU idle between steps
   double decode_gpu_seconds = 0;  // Model::last_step_gpu_seconds() summed after each (timing must be on)
 };
 
