@@ -39,6 +39,42 @@ struct BackendOptions {
   int64_t bf16_split_max_rows = kernels::CudaContext::kBf16SplitMaxRowsDefault;
 };
 
+// One block of a weight upload (the staged loader, model/weight_upload.h): `rows` x `cols` values of
+// `src_dtype`, row-major and contiguous in a staging buffer, stored in backend memory at `dst` as
+// `dst_dtype`: element (i, j) at dst[i * dst_ld + j], or transposed at dst[j * dst_ld + i] (dst_ld in
+// elements). Conversions: F32/F16/BF16 -> F32/BF16, and any dtype to itself (exact).
+struct UploadBlock {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  DType src_dtype = DType::kBF16;
+  void* dst = nullptr;
+  DType dst_dtype = DType::kBF16;
+  int64_t dst_ld = 0;
+  bool transpose = false;
+};
+// Fails (CHECK) unless `b` is a valid block for a staging buffer of `buffer_bytes` (every implementation
+// checks its blocks with it).
+void check_upload_block(const UploadBlock& b, size_t buffer_bytes);
+
+// Host staging buffers for weight uploads and the uploads out of them (Backend::make_upload_staging).
+// Reader threads fill buffer(i); one thread (the owner) queues upload(i, ...) and finally finish(). On CUDA
+// the buffers are page-locked and the uploads are queued on copy and conversion streams of their own, so
+// they overlap the reads; a buffer may be refilled once wait(i) returned (any thread may call it). The
+// destructor waits for uploads still queued before it frees the buffers (also after an error).
+class UploadStaging {
+ public:
+  virtual ~UploadStaging() = default;
+  virtual int num_buffers() const = 0;
+  virtual size_t buffer_bytes() const = 0;
+  virtual std::byte* buffer(int i) = 0;
+  // Blocks until no queued upload reads buffer i any more.
+  virtual void wait(int i) = 0;
+  // Queues the upload of `block`, whose values are the first bytes of buffer i (at most buffer_bytes()).
+  virtual void upload(int i, const UploadBlock& block) = 0;
+  // Waits for every upload; their results are then visible to everything queued on the backend later.
+  virtual void finish() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -70,6 +106,11 @@ class Backend {
   virtual size_t allocated_bytes() const = 0;
   // Free and total device memory in bytes ({0, 0} where not meaningful, e.g. on the CPU).
   virtual std::pair<size_t, size_t> memory_info() const { return {0, 0}; }
+
+  // Staging for weight uploads: `num_buffers` buffers of `buffer_bytes`. Uploads are ordered after
+  // everything queued on the backend before this call (allocations included). Default (host memory, the
+  // CPU): plain buffers, each upload done at once on the calling thread.
+  virtual std::unique_ptr<UploadStaging> make_upload_staging(int num_buffers, size_t buffer_bytes);
 
   // Asynchronous host -> backend copy, queued before the ops that follow; the host buffer may be reused
   // as soon as it returns (pageable source). Default: the synchronous copy.

@@ -151,23 +151,9 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
   std::unique_ptr<Model> m(new Model());
   m->config_ = config;
   m->backend_ = backend ? std::move(backend) : std::shared_ptr<Backend>(make_cpu_backend());
-  WeightLoader loader(checkpoint, *m->backend_, m->weights_, options.seed);
-  switch (config.arch) {
-    case Architecture::kLlama:
-    case Architecture::kQwen3:
-      arch::bind_llama(config, loader, m->weights_);
-      break;
-    case Architecture::kQwen3Moe:
-      arch::bind_qwen3_moe(config, loader, m->weights_);
-      break;
-    case Architecture::kMixtral:
-      arch::bind_mixtral(config, loader, m->weights_);
-      break;
-    case Architecture::kGptOss:
-      arch::bind_gpt_oss(config, loader, m->weights_);
-      break;
-  }
-  loader.finish();
+  WeightLoader loader(checkpoint, *m->backend_, m->weights_, options.seed, options.upload);
+  arch::bind(config, loader, m->weights_);
+  loader.finish();  // the staged path reads and uploads everything here
   m->rope_ = RopeTable::from_config(config);
   m->inv_freq_ = m->backend_->vector_from_host(m->rope_.inv_freq.data(), m->rope_.inv_freq.size());
   m->ws_ = std::make_unique<Workspace>();

@@ -1,10 +1,12 @@
-// model/weight_loader.cc: parameter fetching with name/shape checks, and random dummy weights.
+// model/weight_loader.cc: parameter fetching with name/shape checks, random dummy weights, the plan mode,
+// and the staged path's job recording (the pipeline itself is model/weight_upload.cc).
 #include "model/weight_loader.h"
 
 #include <cmath>
 #include <cstring>
 
 #include "common/error.h"
+#include "common/log.h"
 
 namespace polylora {
 namespace {
@@ -23,15 +25,71 @@ uint64_t splitmix(uint64_t& state) {
 }
 
 constexpr float kDummyStddev = 0.02f;
+constexpr size_t kSlotAlign = 256;  // expert slots of one allocation start 256-byte aligned, as alloc()'s
+
+size_t round_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 }  // namespace
 
 WeightLoader::WeightLoader(const Checkpoint* checkpoint, Backend& backend, ModelWeights& weights,
-                           uint64_t seed)
-    : checkpoint_(checkpoint), backend_(backend), weights_(weights), seed_(seed) {}
+                           uint64_t seed, const WeightUploadOptions& upload)
+    : checkpoint_(checkpoint),
+      backend_(&backend),
+      weights_(weights),
+      seed_(seed),
+      upload_options_(upload),
+      start_(std::chrono::steady_clock::now()) {
+  if (!checkpoint_) {
+    mode_ = Mode::kDummy;
+    return;
+  }
+  switch (upload.path) {
+    case UploadPath::kAuto:
+      mode_ = backend.kind() == DeviceKind::kCpu ? Mode::kPerTensor : Mode::kStaged;
+      break;
+    case UploadPath::kPerTensor:
+      mode_ = Mode::kPerTensor;
+      break;
+    case UploadPath::kStaged:
+      mode_ = Mode::kStaged;
+      break;
+  }
+}
+
+WeightLoader::WeightLoader(std::vector<ExpectedTensor>& plan, ModelWeights& weights)
+    : checkpoint_(nullptr),
+      backend_(nullptr),
+      weights_(weights),
+      seed_(0),
+      mode_(Mode::kPlan),
+      plan_(&plan),
+      start_(std::chrono::steady_clock::now()) {}
 
 bool WeightLoader::has(const std::string& name) const {
   return checkpoint_ && checkpoint_->find(name);
+}
+
+void WeightLoader::plan(const std::string& name, std::vector<int64_t> shape, bool is_vector, float fill) {
+  if (!used_.insert(name).second) return;
+  plan_->push_back({name, std::move(shape), is_vector, fill});
+}
+
+DType WeightLoader::stored_dtype(DType src, bool keep_f32) const {
+  if (backend_->kind() == DeviceKind::kCpu) return src;
+  return keep_f32 ? DType::kF32 : backend_->weight_dtype();
+}
+
+std::byte* WeightLoader::expert_block(const std::string& name, int64_t num_experts, size_t slot_bytes) {
+  auto it = expert_blocks_.find(name);
+  if (it != expert_blocks_.end()) return it->second;
+  auto* p = static_cast<std::byte*>(backend_->alloc(static_cast<size_t>(num_experts) * slot_bytes));
+  return expert_blocks_.emplace(name, p).first->second;
 }
 
 const TensorInfo& WeightLoader::tensor(const std::string& name, const std::vector<int64_t>& shape) {
@@ -48,23 +106,50 @@ const TensorInfo& WeightLoader::tensor(const std::string& name, const std::vecto
 
 const float* WeightLoader::upload(const std::vector<float>& v) {
   weights_.num_bytes += v.size() * sizeof(float);
-  return backend_.vector_from_host(v.data(), v.size());
+  return backend_->vector_from_host(v.data(), v.size());
 }
 
 kernels::WeightView WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols, bool keep_f32) {
   kernels::WeightView view;
-  if (dummy()) {
-    view = backend_.random_matrix(rows, cols, kDummyStddev, seed_++);
-  } else {
-    const TensorInfo& t = tensor(name, {rows, cols});
-    view = keep_f32 ? backend_.matrix_from_host_as({t.data, t.dtype, rows, cols}, DType::kF32)
-                    : backend_.matrix_from_host({t.data, t.dtype, rows, cols});
+  switch (mode_) {
+    case Mode::kPlan:
+      plan(name, {rows, cols});
+      return {nullptr, DType::kBF16, rows, cols};
+    case Mode::kDummy:
+      view = backend_->random_matrix(rows, cols, kDummyStddev, seed_++);
+      break;
+    case Mode::kPerTensor: {
+      const TensorInfo& t = tensor(name, {rows, cols});
+      view = keep_f32 ? backend_->matrix_from_host_as({t.data, t.dtype, rows, cols}, DType::kF32)
+                      : backend_->matrix_from_host({t.data, t.dtype, rows, cols});
+      bytes_per_tensor_path_ += t.num_bytes;
+      break;
+    }
+    case Mode::kStaged: {
+      const TensorInfo& t = tensor(name, {rows, cols});
+      const DType target = stored_dtype(t.dtype, keep_f32);
+      void* dst = backend_->alloc(static_cast<size_t>(rows * cols) * dtype_size(target));
+      jobs_.push_back({&t, 0, rows, cols, dst, target, cols, false});
+      view = {dst, target, rows, cols};
+      break;
+    }
   }
   weights_.num_bytes += static_cast<size_t>(rows * cols) * dtype_size(view.dtype);
   return view;
 }
 
 const float* WeightLoader::vector(const std::string& name, int64_t n, float fill) {
+  if (mode_ == Mode::kPlan) {
+    plan(name, {n}, true, fill);
+    return nullptr;
+  }
+  if (mode_ == Mode::kStaged) {
+    const TensorInfo& t = tensor(name, {n});
+    auto* dst = static_cast<float*>(backend_->alloc(static_cast<size_t>(n) * sizeof(float)));
+    jobs_.push_back({&t, 0, 1, n, dst, DType::kF32, n, false});
+    weights_.num_bytes += static_cast<size_t>(n) * sizeof(float);
+    return dst;
+  }
   std::vector<float> v(static_cast<size_t>(n));
   if (dummy()) {
     uint64_t state = seed_++;
@@ -75,15 +160,31 @@ const float* WeightLoader::vector(const std::string& name, int64_t n, float fill
   } else {
     const TensorInfo& t = tensor(name, {n});
     convert_to_f32(t.data, t.dtype, v.size(), v.data());
+    bytes_per_tensor_path_ += t.num_bytes;
   }
   return upload(v);
 }
 
 kernels::WeightView WeightLoader::expert_transposed(const std::string& name, int64_t num_experts, int64_t a,
                                                     int64_t b, int64_t expert) {
+  if (mode_ == Mode::kPlan) {
+    plan(name, {num_experts, a, b});
+    return {nullptr, DType::kBF16, b, a};
+  }
   if (dummy()) return matrix(name, b, a);
   size_t n = static_cast<size_t>(a * b);
   const TensorInfo& t = tensor(name, {num_experts, a, b});
+  if (mode_ == Mode::kStaged) {
+    // One allocation for all experts of the tensor; expert e's [a, b] slice is transposed on upload.
+    const DType target = stored_dtype(t.dtype, false);
+    const size_t slot = round_up(n * dtype_size(target), kSlotAlign);
+    std::byte* dst = expert_block(name, num_experts, slot) + static_cast<size_t>(expert) * slot;
+    jobs_.push_back(
+        {&t, static_cast<uint64_t>(expert) * n * dtype_size(t.dtype), a, b, dst, target, a, true});
+    weights_.num_bytes += n * dtype_size(target);
+    return {dst, target, b, a};
+  }
+  bytes_per_tensor_path_ += n * dtype_size(t.dtype);
   size_t esize = dtype_size(t.dtype);
   const char* src = static_cast<const char*>(t.data) + static_cast<size_t>(expert) * n * esize;
   kernels::WeightView host;
@@ -102,7 +203,7 @@ kernels::WeightView WeightLoader::expert_transposed(const std::string& name, int
       for (int64_t j = 0; j < b; ++j) dst[j * a + i] = s[i * b + j];
     host = {dst, t.dtype, b, a};
   }
-  kernels::WeightView view = backend_.matrix_from_host(host);
+  kernels::WeightView view = backend_->matrix_from_host(host);
   weights_.num_bytes += n * dtype_size(view.dtype);
   if (view.data != host.data) {  // copied to the device: the host copy is no longer needed
     if (t.dtype == DType::kF32)
@@ -115,6 +216,22 @@ kernels::WeightView WeightLoader::expert_transposed(const std::string& name, int
 
 const float* WeightLoader::expert_vector(const std::string& name, int64_t num_experts, int64_t n,
                                          int64_t expert) {
+  if (mode_ == Mode::kPlan) {
+    plan(name, {num_experts, n}, true, 0.0f);
+    return nullptr;
+  }
+  if (mode_ == Mode::kStaged) {
+    // The whole [E, n] tensor is uploaded (as f32, each row in its own aligned slot) at its first use.
+    const TensorInfo& t = tensor(name, {num_experts, n});
+    const size_t slot = round_up(static_cast<size_t>(n) * sizeof(float), kSlotAlign);
+    const bool first = !expert_blocks_.count(name);
+    std::byte* block = expert_block(name, num_experts, slot);
+    if (first)
+      jobs_.push_back(
+          {&t, 0, num_experts, n, block, DType::kF32, static_cast<int64_t>(slot / sizeof(float)), false});
+    weights_.num_bytes += static_cast<size_t>(n) * sizeof(float);
+    return reinterpret_cast<const float*>(block + static_cast<size_t>(expert) * slot);
+  }
   std::vector<float> v(static_cast<size_t>(n));
   if (dummy()) {
     uint64_t state = seed_++;
@@ -125,19 +242,21 @@ const float* WeightLoader::expert_vector(const std::string& name, int64_t num_ex
     const char* src =
         static_cast<const char*>(t.data) + static_cast<size_t>(expert * n) * dtype_size(t.dtype);
     convert_to_f32(src, t.dtype, v.size(), v.data());
+    bytes_per_tensor_path_ += static_cast<size_t>(n) * dtype_size(t.dtype);
   }
   return upload(v);
 }
 
 const kernels::ExpertView* WeightLoader::experts_to_device(const std::vector<kernels::ExpertView>& experts) {
+  if (mode_ == Mode::kPlan) return nullptr;
   size_t bytes = experts.size() * sizeof(kernels::ExpertView);
-  void* p = backend_.alloc(bytes);
-  backend_.copy_to_device(p, experts.data(), bytes);
+  void* p = backend_->alloc(bytes);
+  backend_->copy_to_device(p, experts.data(), bytes);
   return static_cast<const kernels::ExpertView*>(p);
 }
 
-void WeightLoader::finish() const {
-  if (dummy()) return;
+void WeightLoader::finish() {
+  if (mode_ == Mode::kPlan || dummy()) return;
   for (const std::string& name : checkpoint_->names()) {
     if (used_.count(name)) continue;
     if (name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;
@@ -146,6 +265,31 @@ void WeightLoader::finish() const {
         "num_hidden_layers, num_experts and tie_word_embeddings in config.json)",
         checkpoint_->location(), name);
   }
+  if (mode_ == Mode::kPerTensor) {
+    backend_->synchronize();
+    const double seconds = seconds_since(start_);
+    const double gb = static_cast<double>(bytes_per_tensor_path_) / 1e9;
+    if (backend_->kind() == DeviceKind::kCpu)
+      spdlog::info("Loaded weights: {:.2f} GB in {:.2f} s (zero-copy views into the mapped checkpoint)", gb,
+                   seconds);
+    else
+      spdlog::info("Loaded weights: {:.2f} GB in {:.2f} s (one synchronous copy per tensor, {:.2f} GB/s)", gb,
+                   seconds, gb / std::max(seconds, 1e-9));
+    return;
+  }
+  const double bind_seconds = seconds_since(start_);
+  const UploadStats st = run_uploads(*backend_, jobs_, upload_options_);
+  jobs_.clear();
+  const double seconds = seconds_since(start_);
+  const double gb = static_cast<double>(st.bytes_read) / 1e9;
+  spdlog::info(
+      "Loaded weights: {:.2f} GB in {:.2f} s (read+copy overlapped, {:.2f} GB/s: {:.2f} s read+copy at "
+      "{:.2f} "
+      "GB/s with {} reader threads and {} x {:.1f} MiB staging buffers, {:.2f} s of it staging set-up; "
+      "{:.2f} s "
+      "allocating device memory before)",
+      gb, seconds, gb / std::max(seconds, 1e-9), st.seconds, gb / std::max(st.seconds, 1e-9), st.num_threads,
+      st.num_buffers, static_cast<double>(st.buffer_bytes) / (1 << 20), st.setup_seconds, bind_seconds);
 }
 
 }  // namespace polylora

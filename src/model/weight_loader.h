@@ -2,24 +2,44 @@
 // random values (--load-format dummy), checking each name and shape against the config, and places them
 // in backend memory. Errors name the first mismatch: a missing tensor, a wrong shape, or (at finish())
 // a tensor of the checkpoint that the architecture does not use.
+// How checkpoint bytes reach the backend (WeightUploadOptions::path): on the CPU backend matrices are
+// zero-copy views into the mapping; elsewhere the binders only allocate and record upload jobs, and
+// finish() runs them through the staged pipeline (model/weight_upload.h: parallel reads overlapped with
+// device copies, experts transposed and dtypes converted on the device). A planner (plan mode) records
+// the names and shapes an architecture asks for without loading anything (checkpoint writers).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/weight_upload.h"
 #include "model/weights.h"
 
 namespace polylora {
 
 enum class LoadFormat { kAuto, kSafetensors, kDummy };
 
+// A tensor an architecture reads, as a checkpoint holds it (plan mode).
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool is_vector = false;  // norms, biases, sinks (read as f32)
+  float fill = 0;          // for vectors: the value the dummy loader centres on (1 for norm weights)
+};
+
 class WeightLoader {
  public:
   // checkpoint: nullptr in dummy mode. weights: receives owned host buffers.
-  WeightLoader(const Checkpoint* checkpoint, Backend& backend, ModelWeights& weights, uint64_t seed = 0);
+  WeightLoader(const Checkpoint* checkpoint, Backend& backend, ModelWeights& weights, uint64_t seed = 0,
+               const WeightUploadOptions& upload = {});
+  // Plan mode: every call records what it asks for into `plan` (each tensor once, in the order asked) and
+  // returns empty views; nothing is read or allocated.
+  WeightLoader(std::vector<ExpectedTensor>& plan, ModelWeights& weights);
 
   bool dummy() const { return checkpoint_ == nullptr; }
   bool has(const std::string& name) const;
@@ -36,18 +56,33 @@ class WeightLoader {
   const float* expert_vector(const std::string& name, int64_t num_experts, int64_t n, int64_t expert);
   // Copies a host array of expert views into backend memory.
   const kernels::ExpertView* experts_to_device(const std::vector<kernels::ExpertView>& experts);
-  // Throws if the checkpoint holds a tensor nothing asked for.
-  void finish() const;
+  // Throws if the checkpoint holds a tensor nothing asked for; then (staged path) reads and uploads every
+  // tensor, and logs the time and rate of the load.
+  void finish();
 
  private:
+  enum class Mode { kPlan, kDummy, kPerTensor, kStaged };
   const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape);
   const float* upload(const std::vector<float>& v);
+  void plan(const std::string& name, std::vector<int64_t> shape, bool is_vector = false, float fill = 0);
+  // Stored dtype of a matrix of checkpoint dtype `src` (the CPU keeps checkpoint dtypes, as its
+  // zero-copy views do; devices store weight_dtype(), or f32 when asked).
+  DType stored_dtype(DType src, bool keep_f32) const;
+  // Backend memory of a whole [E, ...] tensor loaded for its experts: E slots of `slot_bytes` each.
+  std::byte* expert_block(const std::string& name, int64_t num_experts, size_t slot_bytes);
 
   const Checkpoint* checkpoint_;
-  Backend& backend_;
+  Backend* backend_;  // nullptr in plan mode
   ModelWeights& weights_;
   uint64_t seed_;
+  WeightUploadOptions upload_options_;
+  Mode mode_;
+  std::vector<ExpectedTensor>* plan_ = nullptr;
   std::set<std::string> used_;
+  std::vector<UploadJob> jobs_;                      // staged: queued until finish()
+  std::map<std::string, std::byte*> expert_blocks_;  // staged: per 3-D/2-D expert tensor
+  uint64_t bytes_per_tensor_path_ = 0;               // per-tensor path: checkpoint bytes read
+  std::chrono::steady_clock::time_point start_;
 };
 
 }  // namespace polylora

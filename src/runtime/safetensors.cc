@@ -136,8 +136,10 @@ struct Range {
   size_t tensor_idx = 0;
 };
 
+// file_offset: where the data section starts in the file.
 TensorInfo parse_entry(const std::string& name, const Json& entry, std::span<const std::byte> data_section,
-                       const std::string& file, std::span<const DType> allowed, Range& range) {
+                       uint64_t file_offset, const std::string& file, std::span<const DType> allowed,
+                       Range& range) {
   if (!entry.is_object()) fail_tensor(name, file, "its header entry is not a JSON object");
   TensorInfo info;
   info.name = name;
@@ -202,6 +204,7 @@ TensorInfo parse_entry(const std::string& name, const Json& entry, std::span<con
   }
   info.data = data_section.data() + *begin;
   info.num_bytes = static_cast<size_t>(num_bytes);
+  info.file_offset = file_offset + *begin;
   range.begin = *begin;
   range.end = *end;
   return info;
@@ -330,7 +333,8 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::parse(std::span<const std::byt
     }
     Range range;
     range.tensor_idx = file->tensors_.size();
-    file->tensors_.push_back(parse_entry(key, entry, data_section, name, allowed_dtypes, range));
+    file->tensors_.push_back(
+        parse_entry(key, entry, data_section, kHeaderLengthBytes + header_len, name, allowed_dtypes, range));
     ranges.push_back(range);
     file->index_.emplace(key, range.tensor_idx);
   }

@@ -29,7 +29,8 @@ struct TensorInfo {
   std::vector<int64_t> shape;  // row-major; empty for a scalar
   const void* data = nullptr;  // points into the file mapping (valid while the owning file is open)
   size_t num_bytes = 0;
-  std::string file;  // path of the file holding it, for error messages
+  std::string file;          // path of the file holding it, for error messages (and the fast loader's reads)
+  uint64_t file_offset = 0;  // where `data` starts in that file (header included), for pread
 
   int64_t numel() const;
   std::string shape_string() const;  // "[2, 3]"

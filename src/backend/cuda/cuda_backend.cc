@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/device_ops.h"
@@ -44,6 +45,128 @@ namespace k = kernels;
 
 // Host -> device weight conversion goes through the workspace in chunks of at most this many bytes.
 constexpr size_t kStagingBytes = size_t{64} << 20;
+
+// Weight-upload staging (UploadStaging): page-locked host buffers, a device scratch buffer per host buffer,
+// and two streams of its own: `copy_` runs the host -> device copies, `convert_` the conversions and
+// transposes out of the scratch buffers. Per buffer i, event copied_[i] marks its copy done (the host
+// buffer may then be refilled: wait()) and converted_[i] marks the conversion out of scratch i done (the
+// next copy into scratch i waits for it on the device). A block stored as it is read (same dtype, not
+// transposed) goes straight from the host buffer to its destination.
+class CudaUploadStaging final : public UploadStaging {
+ public:
+  CudaUploadStaging(int device, cudaStream_t after, int num_buffers, size_t buffer_bytes)
+      : device_(device), bytes_(buffer_bytes) {
+    const auto n = static_cast<size_t>(num_buffers);
+    host_.assign(n, nullptr);
+    scratch_.assign(n, nullptr);
+    copied_.assign(n, nullptr);
+    converted_.assign(n, nullptr);
+    try {
+      CUDA_CHECK(cudaSetDevice(device_));
+      CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaStreamCreateWithFlags(&convert_, cudaStreamNonBlocking));
+      for (size_t i = 0; i < n; ++i) {
+        cudaError_t err = cudaHostAlloc(&host_[i], bytes_, cudaHostAllocDefault);
+        if (err != cudaSuccess) {
+          cudaGetLastError();
+          host_[i] = nullptr;
+          fail("cannot allocate {} page-locked staging buffers of {} bytes for loading weights: {}", n,
+               bytes_, cudaGetErrorString(err));
+        }
+        err = cudaMalloc(&scratch_[i], bytes_);
+        if (err != cudaSuccess) {
+          cudaGetLastError();
+          scratch_[i] = nullptr;
+          fail("out of GPU memory allocating {} staging buffers of {} bytes for loading weights: {}", n,
+               bytes_, cudaGetErrorString(err));
+        }
+        CUDA_CHECK(cudaEventCreateWithFlags(&copied_[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&converted_[i], cudaEventDisableTiming));
+      }
+      // Uploads come after everything already queued on the backend's stream (the zeroing of the
+      // destinations by alloc() included).
+      cudaEvent_t ready = nullptr;
+      CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+      cudaError_t err = cudaEventRecord(ready, after);
+      if (err == cudaSuccess) err = cudaStreamWaitEvent(copy_, ready, 0);
+      if (err == cudaSuccess) err = cudaStreamWaitEvent(convert_, ready, 0);
+      cudaEventDestroy(ready);  // released once the waits have seen it
+      CUDA_CHECK(err);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CudaUploadStaging() override { release(); }
+
+  int num_buffers() const override { return static_cast<int>(host_.size()); }
+  size_t buffer_bytes() const override { return bytes_; }
+  std::byte* buffer(int i) override { return static_cast<std::byte*>(host_.at(static_cast<size_t>(i))); }
+  void wait(int i) override { CUDA_CHECK(cudaEventSynchronize(copied_.at(static_cast<size_t>(i)))); }
+  void upload(int i, const UploadBlock& b) override {
+    check_upload_block(b, bytes_);
+    const auto idx = static_cast<size_t>(i);
+    const size_t n = static_cast<size_t>(b.rows * b.cols);
+    if (n == 0) return;
+    CUDA_CHECK(cudaSetDevice(device_));  // the calling thread may not have made the backend
+    const size_t ssize = dtype_size(b.src_dtype), dsize = dtype_size(b.dst_dtype);
+    if (b.src_dtype == b.dst_dtype && !b.transpose) {
+      if (b.dst_ld == b.cols) {
+        CUDA_CHECK(cudaMemcpyAsync(b.dst, host_[idx], n * ssize, cudaMemcpyHostToDevice, copy_));
+      } else {
+        const size_t width = static_cast<size_t>(b.cols) * ssize;
+        CUDA_CHECK(cudaMemcpy2DAsync(b.dst, static_cast<size_t>(b.dst_ld) * dsize, host_[idx], width, width,
+                                     static_cast<size_t>(b.rows), cudaMemcpyHostToDevice, copy_));
+      }
+      CUDA_CHECK(cudaEventRecord(copied_[idx], copy_));
+      return;
+    }
+    CUDA_CHECK(cudaStreamWaitEvent(copy_, converted_[idx], 0));  // scratch idx is free again
+    CUDA_CHECK(cudaMemcpyAsync(scratch_[idx], host_[idx], n * ssize, cudaMemcpyHostToDevice, copy_));
+    CUDA_CHECK(cudaEventRecord(copied_[idx], copy_));
+    CUDA_CHECK(cudaStreamWaitEvent(convert_, copied_[idx], 0));
+    cuda_backend::upload_block(scratch_[idx], b.src_dtype, b.rows, b.cols, b.dst, b.dst_dtype, b.dst_ld,
+                               b.transpose, convert_);
+    CUDA_CHECK(cudaEventRecord(converted_[idx], convert_));
+  }
+  void finish() override {
+    CUDA_CHECK(cudaStreamSynchronize(copy_));
+    CUDA_CHECK(cudaStreamSynchronize(convert_));
+  }
+
+ private:
+  // Waits for everything queued (errors ignored: this also runs after a failure), then frees it all.
+  void release() {
+    cudaSetDevice(device_);
+    if (copy_) cudaStreamSynchronize(copy_);
+    if (convert_) cudaStreamSynchronize(convert_);
+    for (void* p : host_)
+      if (p) cudaFreeHost(p);
+    for (void* p : scratch_)
+      if (p) cudaFree(p);
+    for (cudaEvent_t e : copied_)
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : converted_)
+      if (e) cudaEventDestroy(e);
+    if (copy_) cudaStreamDestroy(copy_);
+    if (convert_) cudaStreamDestroy(convert_);
+    host_.clear();
+    scratch_.clear();
+    copied_.clear();
+    converted_.clear();
+    copy_ = convert_ = nullptr;
+    cudaGetLastError();
+  }
+
+  int device_;
+  size_t bytes_;
+  cudaStream_t copy_ = nullptr;
+  cudaStream_t convert_ = nullptr;
+  std::vector<void*> host_;     // page-locked, bytes_ each
+  std::vector<void*> scratch_;  // device, bytes_ each
+  std::vector<cudaEvent_t> copied_;
+  std::vector<cudaEvent_t> converted_;
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -107,6 +230,10 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  std::unique_ptr<UploadStaging> make_upload_staging(int num_buffers, size_t buffer_bytes) override {
+    CHECK(num_buffers > 0 && buffer_bytes > 0);
+    return std::make_unique<CudaUploadStaging>(device_, stream_, num_buffers, buffer_bytes);
+  }
   void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));

@@ -137,4 +137,134 @@ void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_
   CUDA_CHECK_LAUNCH();
 }
 
+// Weight-upload blocks (the staged loader). Values pass through f32, which is exact for a dtype to itself.
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float upload_to_f32(T v);
+template <>
+__device__ __forceinline__ float upload_to_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float upload_to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float upload_to_f32<__half>(__half v) {
+  return __half2float(v);
+}
+template <typename T>
+__device__ __forceinline__ T upload_from_f32(float v);
+template <>
+__device__ __forceinline__ float upload_from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 upload_from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half upload_from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;
+
+// dst[j * ld + i] = src[i * cols + j] through a 32 x 32 shared tile (coalesced reads and writes); the grid
+// strides over tile rows, so any number of rows fits.
+template <typename S, typename D>
+__global__ void upload_transpose_kernel(const S* src, int64_t rows, int64_t cols, D* dst, int64_t ld) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t tile_rows = (rows + kTile - 1) / kTile;
+  for (int64_t by = blockIdx.y; by < tile_rows; by += gridDim.y) {
+    const int64_t i0 = by * kTile;
+    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+      const int64_t i = i0 + r, j = j0 + threadIdx.x;
+      if (i < rows && j < cols) tile[r][threadIdx.x] = upload_to_f32(src[i * cols + j]);
+    }
+    __syncthreads();
+    for (int r = threadIdx.y; r < kTile; r += kTileRows) {
+      const int64_t j = j0 + r, i = i0 + threadIdx.x;
+      if (i < rows && j < cols) dst[j * ld + i] = upload_from_f32<D>(tile[threadIdx.x][r]);
+    }
+    __syncthreads();
+  }
+}
+
+// dst[i * ld + j] = src[i * cols + j].
+template <typename S, typename D>
+__global__ void upload_rows_kernel(const S* src, int64_t rows, int64_t cols, D* dst, int64_t ld) {
+  const int64_t n = rows * cols;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = k / cols, j = k - i * cols;
+    dst[i * ld + j] = upload_from_f32<D>(upload_to_f32(src[k]));
+  }
+}
+
+template <typename S, typename D>
+void launch_upload(const void* src, int64_t rows, int64_t cols, void* dst, int64_t ld, bool transpose,
+                   cudaStream_t stream) {
+  const auto* s = static_cast<const S*>(src);
+  auto* d = static_cast<D*>(dst);
+  if (transpose) {
+    // A block fits a staging buffer, so cols / 32 is far below the grid's 2^31 - 1 columns; rows may
+    // exceed 65535 tiles: the kernel strides over them.
+    const int64_t tiles_x = (cols + kTile - 1) / kTile, tiles_y = (rows + kTile - 1) / kTile;
+    dim3 grid(static_cast<unsigned>(tiles_x), static_cast<unsigned>(std::min<int64_t>(tiles_y, 65535)));
+    upload_transpose_kernel<S, D><<<grid, dim3(kTile, kTileRows), 0, stream>>>(s, rows, cols, d, ld);
+  } else {
+    upload_rows_kernel<S, D><<<blocks_for(rows * cols, 256, 8192), 256, 0, stream>>>(s, rows, cols, d, ld);
+  }
+}
+
+template <typename S>
+void launch_upload_from(const void* src, int64_t rows, int64_t cols, void* dst, DType dst_dtype, int64_t ld,
+                        bool transpose, cudaStream_t stream) {
+  switch (dst_dtype) {
+    case DType::kF32:
+      return launch_upload<S, float>(src, rows, cols, dst, ld, transpose, stream);
+    case DType::kBF16:
+      return launch_upload<S, __nv_bfloat16>(src, rows, cols, dst, ld, transpose, stream);
+    case DType::kF16:
+      return launch_upload<S, __half>(src, rows, cols, dst, ld, transpose, stream);
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+}
+
+}  // namespace
+
+void upload_block(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, DType dst_dtype,
+                  int64_t dst_ld, bool transpose, void* stream) {
+  if (rows <= 0 || cols <= 0) return;
+  cudaStream_t st = as_stream(stream);
+  if (!transpose && dst_ld == cols && (dst_dtype == DType::kF32 || dst_dtype == DType::kBF16) &&
+      src_dtype != dst_dtype) {
+    convert(src, src_dtype, dst, dst_dtype, static_cast<size_t>(rows * cols), stream);
+    return;
+  }
+  switch (src_dtype) {
+    case DType::kF32:
+      launch_upload_from<float>(src, rows, cols, dst, dst_dtype, dst_ld, transpose, st);
+      break;
+    case DType::kBF16:
+      launch_upload_from<__nv_bfloat16>(src, rows, cols, dst, dst_dtype, dst_ld, transpose, st);
+      break;
+    case DType::kF16:
+      launch_upload_from<__half>(src, rows, cols, dst, dst_dtype, dst_ld, transpose, st);
+      break;
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      break;
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace polylora::cuda_backend

@@ -12,6 +12,11 @@ namespace polylora::cuda_backend {
 
 // dst[i] = src[i] converted (F32/F16/BF16 -> F32/BF16, bf16 rounding to nearest even), i < n.
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n, void* stream);
+// A weight-upload block (backend.h's UploadBlock): src [rows, cols] row-major of src_dtype, element (i, j)
+// stored converted at dst[i * dst_ld + j], or at dst[j * dst_ld + i] when `transpose` (F32/F16/BF16 to
+// F32/F16/BF16; a dtype to itself is exact).
+void upload_block(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, DType dst_dtype,
+                  int64_t dst_ld, bool transpose, void* stream);
 // n values uniform in [−√3·stddev, √3·stddev] (standard deviation `stddev`) from a counter hash of (seed, i).
 void fill_random(void* dst, DType dtype, size_t n, float stddev, uint64_t seed, void* stream);
 void add_inplace(float* y, const float* x, int64_t n, void* stream);

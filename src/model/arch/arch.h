@@ -2,6 +2,8 @@
 // The forward pass itself is shared (model/decoder.cc), parameterised by ModelConfig.
 #pragma once
 
+#include <vector>
+
 #include "config/model_config.h"
 #include "model/weight_loader.h"
 #include "model/weights.h"
@@ -12,6 +14,11 @@ void bind_llama(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w); 
 void bind_qwen3_moe(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w);
 void bind_mixtral(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w);
 void bind_gpt_oss(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w);
+
+// The binder of cfg.arch.
+void bind(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w);
+// The tensors a checkpoint of `cfg` must hold, in the order the binder reads them (a planning loader).
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& cfg);
 
 // Shared pieces: embeddings, final norm and LM head; one layer's attention and norms; a dense MLP.
 void bind_common(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w);

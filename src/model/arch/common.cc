@@ -1,7 +1,34 @@
-// model/arch/common.cc: checkpoint names shared by the Llama-family layouts of all four architectures.
+// model/arch/common.cc: the binder dispatch, and checkpoint names shared by the Llama-family layouts of all
+// four architectures.
 #include "model/arch/arch.h"
 
 namespace polylora::arch {
+
+void bind(const ModelConfig& cfg, WeightLoader& loader, ModelWeights& w) {
+  switch (cfg.arch) {
+    case Architecture::kLlama:
+    case Architecture::kQwen3:
+      bind_llama(cfg, loader, w);
+      return;
+    case Architecture::kQwen3Moe:
+      bind_qwen3_moe(cfg, loader, w);
+      return;
+    case Architecture::kMixtral:
+      bind_mixtral(cfg, loader, w);
+      return;
+    case Architecture::kGptOss:
+      bind_gpt_oss(cfg, loader, w);
+      return;
+  }
+}
+
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& cfg) {
+  std::vector<ExpectedTensor> plan;
+  ModelWeights unused;
+  WeightLoader planner(plan, unused);
+  bind(cfg, planner, unused);
+  return plan;
+}
 
 std::string layer_prefix(int64_t layer) {
   return "model.layers." + std::to_string(layer) + ".";
