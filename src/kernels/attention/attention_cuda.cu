@@ -355,12 +355,14 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
 // ---- decode: flash decoding ----
 
 // NV = head_dim / 32: float4 per lane per key (8 lanes per key). The CTA takes the visible keys
-// [first + split·split_len, first + (split+1)·split_len) ∩ [first, pos] of its (row, head). part ==
+// [first + split·split_len, first + (split+1)·split_len) ∩ [first, pos] of its (row, head), where
+// split_len = ceil(visible / splits) of the row's own visible keys: the split count is fixed by the
+// longest possible context (a CUDA graph's shape), the work is spread over the context there is. part ==
 // nullptr: one split, the output is written; else the split's (unnormalised acc [D], m, l) go to
 // part[((t·num_heads + h)·splits + split)·(D + 2)].
 template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
-    attention_decode_kernel(AttentionArgs a, int64_t split_len, float* part) {
+    attention_decode_kernel(AttentionArgs a, float* part) {
   constexpr int D = NV * 32;
   const KvCacheView& c = a.cache;
   const int64_t t = blockIdx.x, h = blockIdx.y;
@@ -372,6 +374,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
   const int64_t kvh = h / (a.num_heads / c.num_kv_heads);
   const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
+  const int64_t split_len = (pos + 1 - first + splits - 1) / splits;
   const int64_t j_begin = first + split * split_len;
   const int64_t j_end = min(pos + 1, j_begin + split_len);  // exclusive
 
@@ -527,7 +530,6 @@ int num_sms() {
 // possible context (max_blocks_per_seq · block_size).
 struct DecodeSplit {
   int splits = 1;
-  int64_t split_len = 0;
 };
 DecodeSplit decode_split(const AttentionArgs& a) {
   const int64_t max_ctx = std::max<int64_t>(1, a.max_blocks_per_seq * a.cache.block_size);
@@ -537,7 +539,6 @@ DecodeSplit decode_split(const AttentionArgs& a) {
   const int64_t most = (visible + 63) / 64;
   DecodeSplit ds;
   ds.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, 64})));
-  ds.split_len = (visible + ds.splits - 1) / ds.splits;
   return ds;
 }
 
@@ -585,7 +586,7 @@ void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
   }
   dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads),
             static_cast<unsigned>(ds.splits));
-  attention_decode_kernel<NV><<<grid, kWarps * 32, 0, st>>>(a, ds.split_len, part);
+  attention_decode_kernel<NV><<<grid, kWarps * 32, 0, st>>>(a, part);
   CUDA_CHECK_LAUNCH();
   if (part != nullptr) {
     dim3 cgrid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
