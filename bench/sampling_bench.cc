@@ -56,7 +56,8 @@ std::vector<float> make_logits(int64_t rows, int64_t vocab, uint64_t seed) {
   std::vector<float> v(static_cast<size_t>(rows * vocab));
   for (float& x : v) x = normal(rng);
   for (int64_t r = 0; r < rows; ++r)
-    for (int k = 0; k < 32; ++k) v[static_cast<size_t>(r * vocab + static_cast<int64_t>(rng() % vocab))] += 8.0f;
+    for (int k = 0; k < 32; ++k)
+      v[static_cast<size_t>(r * vocab + static_cast<int64_t>(rng() % vocab))] += 8.0f;
   return v;
 }
 
@@ -67,7 +68,8 @@ struct Check {
 Check check(Backend& be, DeviceSampler& ds, const float* dev, const std::vector<float>& host, int64_t rows,
             int64_t vocab, const SamplingParams& params, const std::vector<std::vector<int32_t>>& outputs) {
   std::vector<DeviceSampleRow> drows;
-  for (int64_t r = 0; r < rows; ++r) drows.push_back({&params, {}, outputs[r], {}, 1234 + static_cast<uint64_t>(r), {}});
+  for (int64_t r = 0; r < rows; ++r)
+    drows.push_back({&params, {}, outputs[r], {}, 1234 + static_cast<uint64_t>(r), {}});
   ds.launch(dev, drows);
   const auto got = ds.wait();
   Sampler sampler(vocab);
@@ -86,7 +88,8 @@ Check check(Backend& be, DeviceSampler& ds, const float* dev, const std::vector<
     bool ok = std::fabs(ref.logprob - got[r].logprob) <= 1e-4f && ref.rank == got[r].rank &&
               ref.top.size() == got[r].top.size();
     for (size_t j = 0; ok && j < ref.top.size(); ++j)
-      ok = ref.top[j].id == got[r].top[j].id && std::fabs(ref.top[j].logprob - got[r].top[j].logprob) <= 1e-4f;
+      ok =
+          ref.top[j].id == got[r].top[j].id && std::fabs(ref.top[j].logprob - got[r].top[j].logprob) <= 1e-4f;
     c.bad_logprobs += !ok;
   }
   return c;
@@ -101,6 +104,11 @@ int run_sampling_bench(int argc, char** argv) {
   app.add_option("--rows", rows_text, "Comma-separated batch sizes");
   app.add_option("--logprobs", logprobs, "Top log-probs of the topk+topp mode");
   app.add_option("--iters", iters, "Timed calls per measurement");
+  std::string kernels = "both", mode_filter;
+  app.add_option("--kernels", kernels,
+                 "fused | phases | both (CUDA: one cooperative kernel or one per phase)")
+      ->check(CLI::IsMember({"fused", "phases", "both"}));
+  app.add_option("--mode", mode_filter, "Time only this mode (greedy, topk+topp+logprobs, topp, minp)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -115,8 +123,9 @@ int run_sampling_bench(int argc, char** argv) {
   bo.device = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   std::unique_ptr<Backend> be = make_backend(bo);
   DeviceSampler ds(*be, vocab, max_rows, 20);
-  std::fprintf(stderr, "sampling on %s: vocab %ld, up to %ld rows, %.1f MB of device memory\n", be->name().c_str(),
-               static_cast<long>(vocab), static_cast<long>(max_rows), static_cast<double>(ds.device_bytes()) / 1e6);
+  std::fprintf(stderr, "sampling on %s: vocab %ld, up to %ld rows, %.1f MB of device memory\n",
+               be->name().c_str(), static_cast<long>(vocab), static_cast<long>(max_rows),
+               static_cast<double>(ds.device_bytes()) / 1e6);
   // Two logits sets, alternated while timing.
   std::vector<float> host[2] = {make_logits(max_rows, vocab, 1), make_logits(max_rows, vocab, 2)};
   float* dev[2];
@@ -128,40 +137,51 @@ int run_sampling_bench(int argc, char** argv) {
   for (int64_t r = 0; r < max_rows; ++r) outputs[r].assign(static_cast<size_t>(r % 17), 0);
 
   bool failed = false;
-  for (const Mode& m : modes(logprobs)) {
-    const int64_t rows = std::min<int64_t>(max_rows, 256);
-    const Check c = check(*be, ds, dev[0], host[0], rows, vocab, m.params, outputs);
-    const double equal = 1.0 - static_cast<double>(c.differ) / static_cast<double>(c.rows);
-    const bool ok = (m.params.greedy() ? c.differ == 0 : equal >= 0.99) && c.bad_logprobs == 0;
-    std::printf("check %-20s rows %4ld: %ld token(s) differ, %ld logprob mismatch(es): %s\n", m.name.c_str(),
-                static_cast<long>(c.rows), static_cast<long>(c.differ), static_cast<long>(c.bad_logprobs),
-                ok ? "ok" : "FAILED");
-    failed |= !ok;
-  }
+  for (const Mode& m : modes(logprobs))
+    for (bool fused : {true, false}) {
+      ds.set_fused_kernel(fused);
+      const int64_t rows = std::min<int64_t>(max_rows, 256);
+      const Check c = check(*be, ds, dev[0], host[0], rows, vocab, m.params, outputs);
+      const double equal = 1.0 - static_cast<double>(c.differ) / static_cast<double>(c.rows);
+      const bool ok = (m.params.greedy() ? c.differ == 0 : equal >= 0.99) && c.bad_logprobs == 0;
+      std::printf("check %-20s %-6s rows %4ld: %ld token(s) differ, %ld logprob mismatch(es): %s\n",
+                  m.name.c_str(), fused ? "fused" : "phases", static_cast<long>(c.rows),
+                  static_cast<long>(c.differ), static_cast<long>(c.bad_logprobs), ok ? "ok" : "FAILED");
+      failed |= !ok;
+    }
   if (failed) return 1;
 
-  std::printf("\n%-20s %6s %14s %14s\n", "mode", "rows", "us/call e2e", "us/call gpu");
+  std::printf("\n%-20s %-7s %6s %14s %14s\n", "mode", "kernels", "rows", "us/call e2e", "us/call gpu");
+  std::vector<bool> variants;
+  if (kernels != "phases") variants.push_back(true);
+  if (kernels != "fused") variants.push_back(false);
   for (const Mode& m : modes(logprobs)) {
-    for (int64_t rows : batches) {
-      std::vector<DeviceSampleRow> drows;
-      for (int64_t r = 0; r < rows; ++r) drows.push_back({&m.params, {}, outputs[r], {}, 99 + static_cast<uint64_t>(r), {}});
-      for (int i = 0; i < 10; ++i) {
-        ds.launch(dev[i & 1], drows);
+    if (!mode_filter.empty() && m.name != mode_filter) continue;
+    for (bool fused : variants)
+      for (int64_t rows : batches) {
+        ds.set_fused_kernel(fused);
+        std::vector<DeviceSampleRow> drows;
+        for (int64_t r = 0; r < rows; ++r)
+          drows.push_back({&m.params, {}, outputs[r], {}, 99 + static_cast<uint64_t>(r), {}});
+        for (int i = 0; i < 10; ++i) {
+          ds.launch(dev[i & 1], drows);
+          ds.wait();
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < iters; ++i) {
+          ds.launch(dev[i & 1], drows);
+          ds.wait();
+        }
+        const double e2e =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+        be->gpu_timer_start();
+        for (int64_t i = 0; i < iters; ++i) ds.launch(dev[i & 1], drows);
+        const double gpu = be->gpu_timer_stop() / iters;
         ds.wait();
+        std::printf("%-20s %-7s %6ld %14.1f %14.1f\n", m.name.c_str(), fused ? "fused" : "phases",
+                    static_cast<long>(rows), e2e * 1e6, gpu * 1e6);
+        std::fflush(stdout);
       }
-      auto t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < iters; ++i) {
-        ds.launch(dev[i & 1], drows);
-        ds.wait();
-      }
-      const double e2e = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
-      be->gpu_timer_start();
-      for (int64_t i = 0; i < iters; ++i) ds.launch(dev[i & 1], drows);
-      const double gpu = be->gpu_timer_stop() / iters;
-      ds.wait();
-      std::printf("%-20s %6ld %14.1f %14.1f\n", m.name.c_str(), static_cast<long>(rows), e2e * 1e6, gpu * 1e6);
-      std::fflush(stdout);
-    }
   }
   for (float* p : dev) be->free(p);
   return 0;

@@ -37,10 +37,12 @@ InputLayout input_layout(size_t rows, size_t edits, size_t biases) {
 
 DeviceSampler::DeviceSampler(Backend& backend, int64_t vocab, int64_t max_rows, int64_t max_top_logprobs)
     : be_(backend), vocab_(vocab), max_rows_(max_rows), max_top_(max_top_logprobs) {
-  CHECK_MSG(vocab > 0 && vocab <= k::kSampleMaxVocab, "DeviceSampler: vocabulary size {} out of range", vocab);
+  CHECK_MSG(vocab > 0 && vocab <= k::kSampleMaxVocab, "DeviceSampler: vocabulary size {} out of range",
+            vocab);
   CHECK_MSG(max_rows > 0 && max_rows <= 65535, "DeviceSampler: max_rows {} out of range", max_rows);
   CHECK_MSG(max_top_logprobs >= 0 && max_top_logprobs <= k::kSampleMaxTop,
-            "DeviceSampler: max_top_logprobs {} out of range (at most {})", max_top_logprobs, k::kSampleMaxTop);
+            "DeviceSampler: max_top_logprobs {} out of range (at most {})", max_top_logprobs,
+            k::kSampleMaxTop);
   shape_ = {max_rows, vocab, max_top_logprobs};
   scratch_bytes_ = k::sample_scratch_bytes(shape_);
   scratch_ = be_.alloc(scratch_bytes_);  // zeroed, as the op requires
@@ -174,7 +176,8 @@ void DeviceSampler::build_row(const DeviceSampleRow& row) {
     out.flags = e.flags;
     out.count = e.count;
     out.bias_begin = static_cast<int32_t>(biases_.size());
-    while (bi < row_biases_.size() && row_biases_[bi].first == e.token) biases_.push_back(row_biases_[bi++].second);
+    while (bi < row_biases_.size() && row_biases_[bi].first == e.token)
+      biases_.push_back(row_biases_[bi++].second);
     out.bias_end = static_cast<int32_t>(biases_.size());
     edits_.push_back(out);
   }
@@ -249,11 +252,13 @@ int DeviceSampler::launch(const float* device_logits, std::span<const DeviceSamp
   args.any_random = std::any_of(params_.begin(), params_.end(), [](const k::SampleRowParams& p) {
     return p.mode == static_cast<int32_t>(k::SampleMode::kRandom);
   });
+  args.fused = fused_;
   args.scratch = scratch_;
   args.out = out_;
   be_.sample(args);
 
-  const bool any_logprobs = std::any_of(slot.meta.begin(), slot.meta.end(), [](const RowMeta& m) { return m.want_logprobs; });
+  const bool any_logprobs =
+      std::any_of(slot.meta.begin(), slot.meta.end(), [](const RowMeta& m) { return m.want_logprobs; });
   const int64_t words = any_logprobs ? k::sample_out_layout(n, max_top_).words : n;
   be_.copy_to_host_async(slot.pinned_out, out_, static_cast<size_t>(words) * sizeof(int32_t));
   be_.record_event(slot.event);

@@ -1,9 +1,9 @@
 // worker/device_sampler.h: sampling where the logits are (the backend's memory), with the results of
 // worker/sampler.h's Sampler: the same processing order, the same counter-based uniform, the same
 // SampleResult. Only the sampled ids (and the log-probs asked for) come back to the host.
-// Owns: the op's device scratch (about 4 * max_rows * vocab bytes for the processed logits, plus small
-// histograms), one device input buffer, and two page-locked host staging areas with an event each, so
-// that a launch can be queued while the previous one's copies are still in flight.
+// Owns: the op's device scratch (4 * max_rows * vocab bytes for the processed logits, plus about 96 KB
+// a row of histograms and candidate buffers), one device input buffer, and two page-locked host staging areas
+// with an event each, so that a launch can be queued while the previous one's copies are still in flight.
 // Must not: keep request state between calls (everything arrives in DeviceSampleRow each launch), make
 // scheduling decisions, or synchronize inside launch() (except to grow its input buffer when a step's
 // edit lists outgrow every earlier one's).
@@ -64,6 +64,10 @@ class DeviceSampler {
   // The same for one of the last two launches (its ticket): a step queued ahead of the one completed.
   std::vector<SampleResult> wait(int ticket);
 
+  // CUDA: run the op as one cooperative kernel (the default) or as a kernel per phase (the same results;
+  // for tests and benchmarks).
+  void set_fused_kernel(bool fused) { fused_ = fused; }
+
   int64_t vocab_size() const { return vocab_; }
   int64_t max_rows() const { return max_rows_; }
   int64_t max_top_logprobs() const { return max_top_; }
@@ -105,6 +109,7 @@ class DeviceSampler {
   size_t out_bytes_ = 0;
   void* in_ = nullptr;  // device copy of a launch's inputs
   size_t in_bytes_ = 0;
+  bool fused_ = true;
   Slot slots_[2];
   int next_slot_ = 0;
   int last_slot_ = -1;

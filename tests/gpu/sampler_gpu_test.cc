@@ -35,23 +35,26 @@ TEST(GpuSampler, SeededMatchesCpu) {
   sc::seeded_matches(backend(), 4096, 512, true, 0.99);
 }
 
-// The CUDA kernels and the host version of the same algorithm: identical results at several batch
-// sizes (the CUDA chunking changes with the batch; the integer sums must not).
+// The CUDA kernels (fused and one per phase) and the host version of the same algorithm: identical
+// results at several batch sizes (the CUDA chunking changes with the batch; the integer sums must not).
 TEST(GpuSampler, KernelsEqualHostVersion) {
   SKIP_WITHOUT_GPU();
   for (int64_t vocab : {1000, 201088}) {
     for (int64_t rows : {1, 7, 64, 300}) {
-      for (bool tied : {false, true}) {
-        const auto logits = tied ? sc::tied_logits(rows, vocab, 81 + rows) : sc::normal_logits(rows, vocab, 82 + rows);
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool tied = variant & 1, fused = variant < 2;
+        const auto logits =
+            tied ? sc::tied_logits(rows, vocab, 81 + rows) : sc::normal_logits(rows, vocab, 82 + rows);
         auto cases = sc::seeded_cases(rows, vocab, 83 + rows);
         for (int64_t r = 0; r < rows; r += 5) cases[r].params.temperature = 0.0;
         for (int64_t r = 2; r < rows; r += 11) cases[r].forced = static_cast<int32_t>(r * 131 % vocab);
         sc::DeviceRows dev_gpu(backend(), logits), dev_cpu(cpu(), logits);
         DeviceSampler gpu(backend(), vocab, rows, 20), host(cpu(), vocab, rows, 20);
+        gpu.set_fused_kernel(fused);
         const auto a = sc::device_results(gpu, dev_gpu.get(), cases);
         const auto b = sc::device_results(host, dev_cpu.get(), cases);
         const std::string what = "vocab " + std::to_string(vocab) + " rows " + std::to_string(rows) +
-                                 (tied ? " tied" : "");
+                                 (tied ? " tied" : "") + (fused ? " fused" : " per phase");
         ASSERT_EQ(a.size(), b.size());
         for (size_t r = 0; r < a.size(); ++r) {
           ASSERT_EQ(a[r].token, b[r].token) << what << " row " << r;

@@ -18,7 +18,6 @@ SampleScratchLayout sample_scratch_layout(const SampleShape& s) {
   SampleScratchLayout l;
   const auto rows = static_cast<size_t>(std::max<int64_t>(s.max_rows, 1));
   const auto vocab = static_cast<size_t>(std::max<int64_t>(s.vocab, 1));
-  const auto top = static_cast<size_t>(std::max<int64_t>(s.max_top, 1));
   l.max_chunks = (std::max<int64_t>(s.vocab, 1) + kSampleMinChunk - 1) / kSampleMinChunk;
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -32,7 +31,9 @@ SampleScratchLayout sample_scratch_layout(const SampleShape& s) {
   l.hist_mass = take(rows * kSampleBins * sizeof(uint64_t));
   l.counters = take(rows * sizeof(uint32_t));
   l.chunk_sums = take(rows * static_cast<size_t>(l.max_chunks) * sizeof(uint64_t));
-  l.cand = take(rows * top * sizeof(uint64_t));
+  l.cand_raw = take(rows * kSampleGatherCap * sizeof(uint64_t));
+  l.cand_proc = take(rows * kSampleGatherCap * sizeof(uint64_t));
+  l.control = take(16 * sizeof(uint32_t));
   l.bytes = off;
   return l;
 }
@@ -53,13 +54,13 @@ SampleRowState init_sample_row_state(const SampleRowParams& p, int64_t vocab) {
   for (SampleSelector& s : st.sel) s.shift = start;
   if (p.want_logprobs && p.num_top > 0) {
     st.sel[kSelectRaw].status = kSelectorRunning;
-    st.sel[kSelectRaw].need = static_cast<uint64_t>(p.num_top);
+    st.sel[kSelectRaw].need = st.sel[kSelectRaw].target = static_cast<uint64_t>(p.num_top);
   }
   if (p.mode == static_cast<int32_t>(SampleMode::kRandom)) {
     const bool top_k = p.top_k > 0;
     if (top_k) {
       st.sel[kSelectTopK].status = kSelectorRunning;
-      st.sel[kSelectTopK].need = static_cast<uint64_t>(p.top_k);
+      st.sel[kSelectTopK].need = st.sel[kSelectTopK].target = static_cast<uint64_t>(p.top_k);
     }
     if (p.top_p < 1.0) {
       st.sel[kSelectTopP].status = top_k ? kSelectorPending : kSelectorRunning;
@@ -73,12 +74,12 @@ int32_t sample_num_rounds(const SampleRowParams* params, int64_t rows) {
   int32_t rounds = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const SampleRowParams& p = params[r];
-    if (p.want_logprobs && p.num_top > 0) rounds = std::max(rounds, 5);
+    if (p.want_logprobs && p.num_top > 0) rounds = std::max(rounds, 4);
     if (p.mode != static_cast<int32_t>(SampleMode::kRandom)) continue;
     const bool top_k = p.top_k > 0, top_p = p.top_p < 1.0;
-    if (top_k && top_p) rounds = std::max(rounds, 8);
+    if (top_k && top_p) rounds = std::max(rounds, 7);
     if (top_p) rounds = std::max(rounds, 5);
-    if (top_k) rounds = std::max(rounds, 3);
+    if (top_k) rounds = std::max(rounds, 2);
   }
   return rounds;
 }

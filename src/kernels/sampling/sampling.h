@@ -19,6 +19,9 @@
 //      (weight_fix of exp(p - m), the CPU sampler's own exp), so sums do not depend on the order or
 //      the split of the work: results are identical at any batch size and on any backend.
 //      top_k (value only, ties kept) runs first; top_p runs over the survivors of min_p and top_k.
+//      CUDA shortcut: once at most kSampleGatherCap elements lie at or above a selector's bucket (after
+//      one or two rounds for the usual top-N, top_k and peaked top_p), they are gathered and sorted in one
+//      block, which finishes the selection (and, for top_k / top_p, the draw) exactly as the rounds would.
 //   3. draw: the kept ids (valid, >= the top_k key, passing min_p, at or above the top_p pivot) in
 //      ascending id order; the first whose cumulative fixed-point weight exceeds
 //      floor(u * total) for the uniform u of sampler_uniform(seed, step).
@@ -66,16 +69,16 @@ inline constexpr int32_t kPenaltyPresence = 4;
 
 // One row's settings, built on the host (worker/device_sampler.cc) from SamplingParams.
 struct SampleRowParams {
-  int32_t mode = 0;          // SampleMode
-  int32_t forced_token = 0;  // kForced: the token reported
-  int32_t want_logprobs = 0; // 1: logprob and rank of the token (and num_top alternatives) are reported
-  int32_t num_top = 0;       // raw top log-probs reported, 0 .. max_top (<= vocab)
-  float temperature = 1.0f;  // kRandom: processed logits are divided by it when != 1
-  int32_t top_k = 0;         // kRandom: 0 = off, else 0 < top_k < vocab
-  double log_min_p = 0;      // kRandom: log(min_p); -inf = off
-  double top_p = 1.0;        // kRandom: >= 1 = off
-  int32_t filtered = 0;      // kRandom: 1 when min_p, top_k or top_p is on (picks the all -inf fallback)
-  int32_t penalty_flags = 0; // kPenalty* the row uses
+  int32_t mode = 0;           // SampleMode
+  int32_t forced_token = 0;   // kForced: the token reported
+  int32_t want_logprobs = 0;  // 1: logprob and rank of the token (and num_top alternatives) are reported
+  int32_t num_top = 0;        // raw top log-probs reported, 0 .. max_top (<= vocab)
+  float temperature = 1.0f;   // kRandom: processed logits are divided by it when != 1
+  int32_t top_k = 0;          // kRandom: 0 = off, else 0 < top_k < vocab
+  double log_min_p = 0;       // kRandom: log(min_p); -inf = off
+  double top_p = 1.0;         // kRandom: >= 1 = off
+  int32_t filtered = 0;       // kRandom: 1 when min_p, top_k or top_p is on (picks the all -inf fallback)
+  int32_t penalty_flags = 0;  // kPenalty* the row uses
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
@@ -90,6 +93,9 @@ inline constexpr int32_t kSelectorIdle = 0;
 inline constexpr int32_t kSelectorPending = 1;  // top_p waits for top_k
 inline constexpr int32_t kSelectorRunning = 2;
 inline constexpr int32_t kSelectorDone = 3;
+// CUDA only: the bucket and everything above it hold at most kSampleGatherCap elements, so the next
+// round collects them (composite >= prefix << shift) and its last block finishes the search by sorting.
+inline constexpr int32_t kSelectorGather = 4;
 // SampleRowState::selector indices
 inline constexpr int kSelectRaw = 0;   // the num_top best raw logits (count)
 inline constexpr int kSelectTopK = 1;  // the top_k-th best processed value (count, value only)
@@ -100,10 +106,13 @@ inline constexpr int kSelectTopP = 2;  // the top_p pivot (mass, then count amon
 // the top. When done, the selected elements are those with composite >= prefix << shift.
 struct SampleSelector {
   uint64_t prefix = 0;
-  uint64_t need = 0;  // mass selectors start at 0: top_p * total, set by the first round
+  uint64_t need = 0;    // mass selectors start at 0: top_p * total, set by the first round
+  uint64_t target = 0;  // the whole need (N, top_k, or top_p's mass target once known)
   int32_t shift = 0;
   int32_t status = kSelectorIdle;
   int32_t mass_mode = 0;
+  uint32_t count_above = 0;  // domain elements above the bucket (in earlier rounds' higher bins)
+  uint32_t gathered = 0;     // CUDA: candidates collected by a gather round
   int32_t pad = 0;
 };
 
@@ -117,9 +126,9 @@ struct SampleRowState {
   uint64_t draw_total = 0;  // fixed-point weight of the kept ids
   uint64_t lse_sum = 0;     // fixed-point sum of exp(raw - raw max)
   uint32_t rank = 0;
-  uint32_t num_cand = 0;  // top-N candidates gathered
-  int32_t token = -1;     // kRandom: the drawn id
-  int32_t pad = 0;
+  uint32_t num_cand = 0;    // top-N candidates gathered by the finish phase
+  int32_t token = -1;       // kRandom: the drawn id (-1 until drawn)
+  uint32_t raw_sorted = 0;  // CUDA: the top-N already sorted by a gather round (cand_raw[0, raw_sorted))
 };
 
 // Where the per-row results go: one array of 32-bit words, `rows` entries per array (rows of the call).
@@ -154,6 +163,8 @@ struct SampleShape {
 inline constexpr int64_t kSampleMaxTop = 1024;
 inline constexpr int64_t kSampleMaxVocab = int64_t{1} << 22;
 inline constexpr int kSampleBins = 2048;
+// CUDA: the most candidates a gather round collects and sorts in one block (>= kSampleMaxTop).
+inline constexpr int kSampleGatherCap = 4096;
 // Blocks cover at least this many elements of a row (the CUDA chunking; see sampling_cuda.cu).
 inline constexpr int64_t kSampleMinChunk = 1024;
 
@@ -164,7 +175,9 @@ struct SampleScratchLayout {
   size_t hist_mass = 0;   // uint64 [max_rows, kSampleBins]
   size_t counters = 0;    // uint32 [max_rows]: blocks done in the current kernel
   size_t chunk_sums = 0;  // uint64 [max_rows, max_chunks]
-  size_t cand = 0;        // uint64 [max_rows, max_top]: top-N composites
+  size_t cand_raw = 0;    // uint64 [max_rows, kSampleGatherCap]: raw composites (top-N)
+  size_t cand_proc = 0;   // uint64 [max_rows, kSampleGatherCap]: processed composites (top_k / top_p)
+  size_t control = 0;     // uint32 [16]: CUDA grid barrier and per-round activity counts
   size_t bytes = 0;
   int64_t max_chunks = 0;
 };
@@ -182,16 +195,20 @@ struct SampleArgs {
   SampleRowState* state = nullptr;          // [rows], from init_sample_row_state(); updated
   const SampleEdit* edits = nullptr;        // the rows' edit ranges
   const float* biases = nullptr;            // the edits' bias ranges
-  int32_t num_rounds = 0;                   // selection rounds: sample_num_rounds(params, rows)
+  int32_t num_rounds = 0;                   // CUDA round kernels: sample_num_rounds(params, rows)
   bool any_random = true;                   // false: no row is kRandom (the draw phase is skipped)
-  void* scratch = nullptr;                  // sample_scratch_bytes(shape) bytes, 256-byte aligned
-  int32_t* out = nullptr;                   // [sample_out_layout(rows, shape.max_top).words]
+  // CUDA: every phase in one cooperative kernel (grid barriers between phases, rounds stop once no row
+  // needs one); false: one kernel per phase and round. Same results.
+  bool fused = true;
+  void* scratch = nullptr;  // sample_scratch_bytes(shape) bytes, 256-byte aligned
+  int32_t* out = nullptr;   // [sample_out_layout(rows, shape.max_top).words]
 };
 
 // The state a row starts a call with.
 SampleRowState init_sample_row_state(const SampleRowParams& params, int64_t vocab);
-// Selection rounds the rows need: 0 (no selector), 5 (top-N or top_k or top_p alone / together with
-// top-N), 8 (top_k followed by top_p).
+// Round kernels the CUDA version launches for these rows (the first histogram of top-N and top_k is
+// made by its prepare kernel): 0 without selectors, 2 (top_k), 4 (top-N), 5 (top_p), 7 (top_k then top_p).
+// The host version runs rounds until every selector is done.
 int32_t sample_num_rounds(const SampleRowParams* params, int64_t rows);
 // Bits of the id part of composite keys: ceil(log2(vocab)), at least 1.
 int32_t sample_id_bits(int64_t vocab);

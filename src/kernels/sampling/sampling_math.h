@@ -174,6 +174,20 @@ POLYLORA_HD bool in_top_p_domain(float p, uint32_t key, uint32_t k_key, float m,
   return p > kNegInf && key >= k_key && static_cast<double>(p) - static_cast<double>(m) >= log_min_p;
 }
 
+// The smallest order key whose value v passes min_p against maximum m ((double)v - m >= log_min_p),
+// over the non-NaN keys (the predicate is monotone in v); above every key when none passes.
+POLYLORA_HD uint32_t min_p_key(float m, double log_min_p) {
+  uint32_t lo = order_key(kNegInf), hi = order_key(-kNegInf) + 1;  // answer in [lo, hi]
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (static_cast<double>(key_float(mid)) - static_cast<double>(m) >= log_min_p)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
 // The low bit of the digit a selector at `shift` examines next: rounds of 11, 11 and 10 value bits,
 // then the id in at most two rounds of 11 bits.
 POLYLORA_HD int32_t next_low_bit(int32_t shift, int32_t id_bits) {
@@ -203,9 +217,10 @@ POLYLORA_HD uint64_t top_p_need(uint64_t total, double top_p) {
 // Where one round's histogram crosses the selector's need, counting from the top bin.
 // (A plain aggregate, so that kernels can keep one in shared memory; value-initialise it.)
 struct SelectorCrossing {
-  bool found;          // the bucket holds at least `need`
-  int32_t bin;         // the crossing bin
-  uint64_t above;      // count or mass in the bins above it
+  bool found;            // the bucket holds at least `need`
+  int32_t bin;           // the crossing bin
+  uint64_t above;        // count or mass in the bins above it
+  uint32_t above_count;  // elements in the bins above it
   uint32_t bin_count;
   uint64_t bin_mass;
 };
@@ -214,6 +229,7 @@ struct SelectorCrossing {
 // top_p's first round, with top_p_need()). When top_k finishes it records the key and starts top_p.
 POLYLORA_HD void selector_decide(SampleRowState& st, int which, int32_t id_bits, const SelectorCrossing& c) {
   SampleSelector& s = st.sel[which];
+  if (s.target == 0) s.target = s.need;
   if (!c.found) {
     // Fewer than needed in the bucket (only in a first round): the whole bucket is selected.
     s.status = kSelectorDone;
@@ -221,6 +237,7 @@ POLYLORA_HD void selector_decide(SampleRowState& st, int which, int32_t id_bits,
   } else {
     const int32_t lo = next_low_bit(s.shift, id_bits);
     s.need -= c.above;
+    s.count_above += c.above_count;
     s.prefix = (s.prefix << (s.shift - lo)) | static_cast<uint64_t>(c.bin);
     s.shift = lo;
     if (s.shift == id_bits) {  // the value is decided; the bucket is its tie

@@ -27,17 +27,20 @@ SelectorCrossing find_crossing(const std::vector<uint32_t>& count, const std::ve
   SelectorCrossing c{};
   if (need == 0) return c;
   uint64_t acc = 0;
+  uint32_t acc_count = 0;
   for (int32_t b = static_cast<int32_t>(count.size()) - 1; b >= 0; --b) {
     const uint64_t x = mass ? (*mass)[b] : count[b];
     if (acc + x >= need) {
       c.found = true;
       c.bin = b;
       c.above = acc;
+      c.above_count = acc_count;
       c.bin_count = count[b];
       c.bin_mass = mass ? (*mass)[b] : 0;
       return c;
     }
     acc += x;
+    acc_count += count[b];
   }
   return c;
 }
@@ -89,12 +92,15 @@ void sample(const SampleArgs& a) {
     const float m = best_value(st.proc_best);
     const bool m_valid = mode == SampleMode::kRandom && m > kNegInf;
 
-    // (2) selection rounds
-    for (int32_t round = 0; round < a.num_rounds; ++round) {
+    // (2) selection rounds, until every selector is done
+    for (;;) {
       const bool raw_run = st.sel[kSelectRaw].status == kSelectorRunning;
       int which = -1;
-      if (m_valid && st.sel[kSelectTopK].status == kSelectorRunning) which = kSelectTopK;
-      else if (m_valid && st.sel[kSelectTopP].status == kSelectorRunning) which = kSelectTopP;
+      if (m_valid && st.sel[kSelectTopK].status == kSelectorRunning)
+        which = kSelectTopK;
+      else if (m_valid && st.sel[kSelectTopP].status == kSelectorRunning)
+        which = kSelectTopP;
+      if (!raw_run && which < 0) break;
       if (raw_run) {
         SampleSelector& s = st.sel[kSelectRaw];
         count.assign(size_t{1} << (s.shift - next_low_bit(s.shift, id_bits)), 0);

@@ -76,10 +76,11 @@ inline std::vector<SampleResult> cpu_results(const std::vector<float>& logits, i
   std::vector<float> row(static_cast<size_t>(vocab));
   for (size_t r = 0; r < cases.size(); ++r) {
     const Case& c = cases[r];
-    std::copy(logits.begin() + static_cast<int64_t>(r) * vocab, logits.begin() + static_cast<int64_t>(r + 1) * vocab,
-              row.begin());
+    std::copy(logits.begin() + static_cast<int64_t>(r) * vocab,
+              logits.begin() + static_cast<int64_t>(r + 1) * vocab, row.begin());
     if (c.forced) {
-      out.push_back(Sampler::prompt_logprob(row.data(), vocab, *c.forced, c.params.prompt_logprobs.value_or(0)));
+      out.push_back(
+          Sampler::prompt_logprob(row.data(), vocab, *c.forced, c.params.prompt_logprobs.value_or(0)));
     } else {
       SamplerRow sr{row.data(), &c.params, c.prompt, c.output, c.eos, c.seed};
       out.push_back(sampler.sample_row(sr));
@@ -124,7 +125,8 @@ inline int64_t compare(const std::vector<SampleResult>& cpu, const std::vector<S
       EXPECT_TRUE(b.top.empty() && b.rank == 0) << what << " row " << r << ": log-probs not asked for";
       continue;
     }
-    EXPECT_TRUE(close(a.logprob, b.logprob)) << what << " row " << r << ": " << a.logprob << " vs " << b.logprob;
+    EXPECT_TRUE(close(a.logprob, b.logprob))
+        << what << " row " << r << ": " << a.logprob << " vs " << b.logprob;
     EXPECT_EQ(a.rank, b.rank) << what << " row " << r;
     EXPECT_EQ(a.top.size(), b.top.size()) << what << " row " << r;
     for (size_t j = 0; j < std::min(a.top.size(), b.top.size()); ++j) {
@@ -137,8 +139,9 @@ inline int64_t compare(const std::vector<SampleResult>& cpu, const std::vector<S
 }
 
 // Runs `cases` over `logits` on both samplers; tokens must agree on at least min_equal of the rows.
-inline void check_cases(Backend& be, int64_t vocab, const std::vector<float>& logits, const std::vector<Case>& cases,
-                        double min_equal, const std::string& what, int64_t max_top = 20) {
+inline void check_cases(Backend& be, int64_t vocab, const std::vector<float>& logits,
+                        const std::vector<Case>& cases, double min_equal, const std::string& what,
+                        int64_t max_top = 20) {
   DeviceRows dev(be, logits);
   DeviceSampler ds(be, vocab, static_cast<int64_t>(cases.size()), max_top);
   const auto cpu = cpu_results(logits, vocab, cases);
@@ -178,7 +181,8 @@ inline std::vector<Case> seeded_cases(int64_t rows, int64_t vocab, uint64_t seed
     const int kind = static_cast<int>(r % 7);
     if (kind == 1 || kind == 4 || kind == 6) p.top_k = std::uniform_int_distribution<int64_t>(1, 200)(rng);
     if (kind == 5) p.top_k = std::uniform_int_distribution<int64_t>(1000, 6000)(rng);
-    if (kind == 2 || kind == 4 || kind == 5) p.top_p = std::uniform_real_distribution<double>(0.05, 0.99)(rng);
+    if (kind == 2 || kind == 4 || kind == 5)
+      p.top_p = std::uniform_real_distribution<double>(0.05, 0.99)(rng);
     if (kind == 3 || kind == 6) p.min_p = std::uniform_real_distribution<double>(0.001, 0.3)(rng);
     if (r % 3 == 0) p.logprobs = static_cast<int64_t>(r % 21);
     cases[r].seed = rng();
@@ -335,7 +339,8 @@ inline void distribution_matches(Backend& be, const SamplingParams& params, cons
   for (int start = 0; start < draws; start += kBatch) {
     const int64_t n = std::min<int64_t>(kBatch, draws - start);
     for (int64_t r = 0; r < n; ++r)
-      rows[r] = {&params, {}, std::span<const int32_t>(history.data(), static_cast<size_t>(start + r)), {}, 2024, {}};
+      rows[r] = {&params, {},   std::span<const int32_t>(history.data(), static_cast<size_t>(start + r)),
+                 {},      2024, {}};
     ds.launch(dev.get(), std::span<const DeviceSampleRow>(rows.data(), static_cast<size_t>(n)));
     for (const SampleResult& res : ds.wait()) ++counts[static_cast<size_t>(res.token)];
   }
@@ -383,7 +388,8 @@ inline void distributions_match(Backend& be) {
   filtered.min_p = 0.02;
   std::vector<float> scaled(row.size());
   for (size_t i = 0; i < row.size(); ++i) scaled[i] = row[i] / static_cast<float>(filtered.temperature);
-  const auto kept = filter_min_p_top_k_top_p(scaled.data(), 64, filtered.min_p, filtered.top_k, filtered.top_p);
+  const auto kept =
+      filter_min_p_top_k_top_p(scaled.data(), 64, filtered.min_p, filtered.top_k, filtered.top_p);
   ASSERT_GT(kept.size(), 1u);
   distribution_matches(be, filtered, row, softmax_kept(row, 0.7, kept));
 }

@@ -44,7 +44,8 @@ TEST(DeviceSamplerMath, UniformIsTheSamplersUniform) {
   // The draw target is floor(u * total) exactly.
   const uint64_t h = ks::uniform_bits(5, 3);
   const uint64_t total = (uint64_t{1} << 44) * 3 + 12345;
-  const long double exact = static_cast<long double>(h >> 11) * static_cast<long double>(total) / 9007199254740992.0L;
+  const long double exact =
+      static_cast<long double>(h >> 11) * static_cast<long double>(total) / 9007199254740992.0L;
   EXPECT_EQ(ks::draw_target(h, total), static_cast<uint64_t>(exact));
 }
 
@@ -110,7 +111,8 @@ TEST(DeviceSamplerCpu, TopPAndTopKKeptSetsMatchTheFilter) {
     c.params.min_p = i % 3 == 0 ? 0.05 : 0.0;
     c.seed = 99 + static_cast<uint64_t>(i);
     cases.push_back(c);
-    for (int64_t t = 0; t < kVocab; ++t) logits.push_back(i % 4 == 0 ? 0.0f : static_cast<float>((t * 37 + i) % 9) * 0.25f);
+    for (int64_t t = 0; t < kVocab; ++t)
+      logits.push_back(i % 4 == 0 ? 0.0f : static_cast<float>((t * 37 + i) % 9) * 0.25f);
   }
   sc::check_cases(cpu(), kVocab, logits, cases, 1.0, "flat and quantised");
 }
