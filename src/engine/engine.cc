@@ -36,6 +36,7 @@ struct Engine::Group {
   bool counted_prompt = false;
   size_t max_stop_len = 0;
   bool aborted = false;
+  bool scheduled = false;  // its first step was queued (metrics: queue time)
 };
 
 namespace {
@@ -328,6 +329,13 @@ void Engine::launched(const StepPlan& plan) {
     adapter_counters_[it->second->group->request.adapter].prompt_tokens += in_prompt;
   };
   for (const auto& n : plan.new_requests) count_prompt(n.id, n.num_scheduled_tokens);
+  // Metrics: requests scheduled for the first time.
+  for (const auto& n : plan.new_requests) {
+    auto it = sequences_.find(n.id);
+    if (it == sequences_.end() || it->second->group->scheduled) continue;
+    it->second->group->scheduled = true;
+    first_scheduled_.push_back(it->second->group->request.request_id);
+  }
   for (const auto& s : plan.running) count_prompt(s.id, s.num_scheduled_tokens);
 }
 

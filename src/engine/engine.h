@@ -73,6 +73,12 @@ class Engine {
   bool has_adapter(const std::string& name) const;
 
   EngineStats stats() const;
+  // Metrics: the ids of requests whose first step was queued since the last call (each once).
+  std::vector<std::string> take_first_scheduled() {
+    std::vector<std::string> out;
+    out.swap(first_scheduled_);
+    return out;
+  }
   int64_t max_model_len() const { return max_model_len_; }
   int64_t num_kv_blocks() const { return num_kv_blocks_; }
   const ModelConfig& model_config() const { return model_->config(); }
@@ -109,6 +115,7 @@ class Engine {
   RequestId next_id_ = 1;
   int64_t total_prompt_tokens_ = 0, total_generation_tokens_ = 0;
   std::map<std::string, AdapterCounters> adapter_counters_;
+  std::vector<std::string> first_scheduled_;  // for take_first_scheduled()
 };
 
 }  // namespace polylora

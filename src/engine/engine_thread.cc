@@ -1,6 +1,10 @@
 // engine/engine_thread.cc: the engine loop on its own thread and its thread-safe handle.
 #include "engine/engine_thread.h"
 
+#include <spdlog/fmt/ranges.h>
+
+#include <algorithm>
+
 #include "common/error.h"
 #include "common/log.h"
 
@@ -44,10 +48,27 @@ bool OutputStream::done() const {
   return finished_ && queue_.empty();
 }
 
-EngineThread::EngineThread(std::unique_ptr<Engine> engine)
+EngineThread::EngineThread(std::unique_ptr<Engine> engine, EngineThreadOptions options)
     : engine_(std::move(engine)),
       model_config_(engine_->model_config()),
-      max_model_len_(engine_->max_model_len()) {
+      max_model_len_(engine_->max_model_len()),
+      options_(options),
+      stats_logger_(options.log_stats_interval, Clock::now()) {
+  const CacheConfig& cc = engine_->config().cache;
+  auto fmt_double = [](double v) {
+    std::string t = fmt::format("{}", v);
+    return t;
+  };
+  cache_config_ = {
+      {"block_size", std::to_string(cc.block_size)},
+      {"cache_dtype", "auto"},
+      {"enable_prefix_caching", cc.enable_prefix_caching ? "True" : "False"},
+      {"gpu_memory_utilization", fmt_double(cc.gpu_memory_utilization)},
+      {"num_cpu_blocks", "None"},
+      {"num_gpu_blocks", std::to_string(engine_->num_kv_blocks())},
+      {"num_gpu_blocks_override", cc.num_kv_blocks > 0 ? std::to_string(cc.num_kv_blocks) : "None"},
+      {"swap_space", "0"},
+  };
   publish();
   thread_ = std::thread([this] { loop(); });
 }
@@ -76,12 +97,7 @@ std::shared_ptr<OutputStream> EngineThread::add_request(EngineRequest request) {
       fail_with(ErrorKind::kOverloaded, "the server is shutting down and accepts no new requests");
   }
   return call<std::shared_ptr<OutputStream>>([this, r = std::move(request)]() mutable {
-    std::string id = r.request_id;
-    engine_->add_request(std::move(r));  // throws on invalid input; nothing is registered then
-    auto stream = std::make_shared<OutputStream>();
-    streams_[id] = stream;
-    timings_[id] = {Clock::now(), Clock::now(), false};
-    return stream;
+    return accept(std::move(r));
   });
 }
 
@@ -93,11 +109,7 @@ void EngineThread::add_request_async(EngineRequest request, AddCallback done) {
         std::shared_ptr<OutputStream> stream;
         std::exception_ptr error;
         try {
-          std::string id = r.request_id;
-          engine_->add_request(std::move(r));  // throws on invalid input; nothing is registered then
-          stream = std::make_shared<OutputStream>();
-          streams_[id] = stream;
-          timings_[id] = {Clock::now(), Clock::now(), false};
+          stream = accept(std::move(r));
         } catch (...) {
           error = std::current_exception();
         }
@@ -152,9 +164,94 @@ EngineSnapshot EngineThread::snapshot() const {
   return snapshot_;
 }
 
+std::shared_ptr<OutputStream> EngineThread::accept(EngineRequest r) {
+  const std::string id = r.request_id;
+  const SamplingParams& sp = r.sampling;
+  const int64_t prompt_len = static_cast<int64_t>(r.prompt_ids.size());
+  const int64_t max_tokens = sp.max_tokens.value_or(std::max<int64_t>(0, max_model_len_ - prompt_len));
+  if (options_.log_requests) {
+    std::string stop;
+    for (const auto& st : sp.stop) stop += (stop.empty() ? "'" : ", '") + st + "'";
+    spdlog::info(
+        "Received request {}: prompt length: {} tokens, params: SamplingParams(n={}, presence_penalty={}, "
+        "frequency_penalty={}, repetition_penalty={}, temperature={}, top_p={}, top_k={}, min_p={}, seed={}, "
+        "stop=[{}], stop_token_ids={}, ignore_eos={}, max_tokens={}, min_tokens={}, logprobs={}, "
+        "prompt_logprobs={}, skip_special_tokens={}), lora_request: {}.",
+        id, prompt_len, sp.n, sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty, sp.temperature,
+        sp.top_p, sp.top_k, sp.min_p, sp.seed ? std::to_string(*sp.seed) : "None", stop,
+        fmt::join(sp.stop_token_ids, ", "), sp.ignore_eos ? "True" : "False",
+        sp.max_tokens ? std::to_string(*sp.max_tokens) : "None", sp.min_tokens,
+        sp.logprobs ? std::to_string(*sp.logprobs) : "None",
+        sp.prompt_logprobs ? std::to_string(*sp.prompt_logprobs) : "None",
+        sp.skip_special_tokens ? "True" : "False", r.adapter.empty() ? "None" : r.adapter);
+  }
+  const int64_t n = sp.n;
+  engine_->add_request(std::move(r));  // throws on invalid input; nothing is registered then
+  if (options_.log_requests) spdlog::info("Added request {}.", id);
+  auto stream = std::make_shared<OutputStream>();
+  streams_[id] = stream;
+  Timing t;
+  t.arrival = t.last_token = Clock::now();
+  timings_[id] = t;
+  metrics_.params_n.observe(static_cast<double>(n));
+  metrics_.params_max_tokens.observe(static_cast<double>(max_tokens));
+  return stream;
+}
+
+void EngineThread::record_finished(const std::string& rid, const RequestOutput& out, Clock::time_point now) {
+  const Timing& t = timings_[rid];
+  auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  metrics_.e2e.observe(secs(t.arrival, now));
+  metrics_.prompt_tokens.observe(static_cast<double>(out.num_prompt_tokens));
+  int64_t generated = 0;
+  std::string reasons;
+  for (const auto& s : out.sequences) {
+    generated = std::max(generated, s.num_output_tokens);
+    if (s.finish_reason) {
+      ++metrics_.finished_by_reason[finish_reason_name(*s.finish_reason)];
+      reasons += (reasons.empty() ? "" : ",") + std::string(finish_reason_name(*s.finish_reason));
+    }
+  }
+  metrics_.generation_tokens.observe(static_cast<double>(generated));
+  // As vLLM: the phases of a request that was scheduled (a request aborted while waiting has none).
+  if (t.was_scheduled) {
+    metrics_.queue_time.observe(secs(t.arrival, t.scheduled));
+    Clock::time_point last = t.first_token ? t.last_token : now;
+    metrics_.inference_time.observe(secs(t.scheduled, last));
+    if (t.first_token) {
+      metrics_.prefill_time.observe(secs(t.scheduled, t.first_token_time));
+      metrics_.decode_time.observe(secs(t.first_token_time, t.last_token));
+    }
+  }
+  if (options_.log_requests) {
+    if (out.error)
+      spdlog::info("Aborted request {}: {}.", rid, *out.error);
+    else
+      spdlog::info("Finished request {}: finish_reason: {}, prompt tokens: {}, generated tokens: {}, e2e: {:.3f} s.",
+                   rid, reasons.empty() ? "None" : reasons, out.num_prompt_tokens, generated,
+                   secs(t.arrival, now));
+  }
+}
+
+void EngineThread::log_stats_if_due() {
+  if (!stats_logger_.enabled() || Clock::now() < stats_logger_.next_due()) return;
+  if (auto line = stats_logger_.maybe_log(engine_->stats(), Clock::now())) {
+    if (line->idle)
+      spdlog::debug("{}", line->text);
+    else
+      spdlog::info("{}", line->text);
+  }
+}
+
 void EngineThread::publish() {
   EngineSnapshot s;
   s.stats = engine_->stats();
+  // Tokens of the steps since the last publish (one step, when called after a step).
+  const int64_t step_tokens = s.stats.prompt_tokens + s.stats.generation_tokens;
+  if (step_tokens > last_step_tokens_)
+    metrics_.iteration_tokens.observe(static_cast<double>(step_tokens - last_step_tokens_));
+  last_step_tokens_ = step_tokens;
+  s.cache_config = cache_config_;
   for (const auto& a : engine_->adapters())
     s.adapters.push_back({a->name, a->path, a->generation, a->max_rank});
   s.metrics = metrics_.snapshot();
@@ -186,7 +283,11 @@ void EngineThread::loop() {
     std::deque<Command> commands;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return exit_ || !commands_.empty() || engine_->has_unfinished(); });
+      auto ready = [&] { return exit_ || !commands_.empty() || engine_->has_unfinished(); };
+      if (stats_logger_.enabled())
+        cv_.wait_until(lock, stats_logger_.next_due(), ready);  // wakes to log the stats line when idle
+      else
+        cv_.wait(lock, ready);
       commands.swap(commands_);
       if (exit_) {
         // Requests handed over before the exit still get their streams (finished with an error below).
@@ -195,10 +296,12 @@ void EngineThread::loop() {
       }
     }
     for (auto& c : commands) c();
+    log_stats_if_due();
     if (!engine_->has_unfinished()) {
       publish();
       continue;
     }
+    const auto step_start = Clock::now();
     std::vector<RequestOutput> outputs;
     try {
       outputs = engine_->step();
@@ -224,6 +327,12 @@ void EngineThread::loop() {
       continue;
     }
     auto now = Clock::now();
+    for (const std::string& rid : engine_->take_first_scheduled()) {
+      auto t = timings_.find(rid);
+      if (t == timings_.end()) continue;
+      t->second.scheduled = step_start;
+      t->second.was_scheduled = true;
+    }
     // Metrics and the snapshot first, the streams after: a client that has its answer sees /metrics
     // without its request (not still running).
     std::vector<std::pair<std::shared_ptr<OutputStream>, RequestOutput>> ready;
@@ -241,18 +350,12 @@ void EngineThread::loop() {
           metrics_.ttft.observe(since);
         else
           metrics_.itl.observe(since);
+        if (!t.first_token) t.first_token_time = now;
         t.first_token = true;
         t.last_token = now;
       }
       if (out.finished) {
-        metrics_.e2e.observe(std::chrono::duration<double>(now - t.arrival).count());
-        metrics_.prompt_tokens.observe(static_cast<double>(out.num_prompt_tokens));
-        int64_t generated = 0;
-        for (const auto& s : out.sequences) {
-          generated = std::max(generated, s.num_output_tokens);
-          if (s.finish_reason) ++metrics_.finished_by_reason[finish_reason_name(*s.finish_reason)];
-        }
-        metrics_.generation_tokens.observe(static_cast<double>(generated));
+        record_finished(rid, out, now);
         ready.emplace_back(it->second, std::move(out));
         streams_.erase(it);
         timings_.erase(rid);
@@ -262,6 +365,7 @@ void EngineThread::loop() {
     }
     publish();
     for (auto& [stream, out] : ready) stream->push(std::move(out));
+    log_stats_if_due();
   }
   // Exit: abort whatever is left so readers see a final output.
   for (auto& [id, stream] : streams_) {

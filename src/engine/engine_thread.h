@@ -22,6 +22,7 @@
 
 #include "engine/engine.h"
 #include "engine/metrics.h"
+#include "engine/stats_logger.h"
 
 namespace polylora {
 
@@ -56,11 +57,18 @@ struct EngineSnapshot {
   EngineStats stats;
   std::vector<AdapterInfo> adapters;
   MetricsSnapshot metrics;
+  // The cache configuration as vLLM's cache_config_info labels (name, value), fixed at start.
+  std::vector<std::pair<std::string, std::string>> cache_config;
+};
+
+struct EngineThreadOptions {
+  double log_stats_interval = 10;  // seconds between stats lines; <= 0: none (--disable-log-stats)
+  bool log_requests = false;       // a line per request received and finished (--enable-log-requests)
 };
 
 class EngineThread {
  public:
-  explicit EngineThread(std::unique_ptr<Engine> engine);
+  explicit EngineThread(std::unique_ptr<Engine> engine, EngineThreadOptions options = {});
   ~EngineThread();
 
   // Thread-safe. Hands the request to the engine thread and waits for it to be accepted; throws the
@@ -89,6 +97,11 @@ class EngineThread {
   template <typename T>
   T call(std::function<T()> fn);
   void publish();
+  void log_stats_if_due();  // the periodic stats line (engine thread)
+  // On the engine thread: validates and queues a request, registers its stream and timing (throws as
+  // Engine::add_request).
+  std::shared_ptr<OutputStream> accept(EngineRequest request);
+  void record_finished(const std::string& rid, const RequestOutput& out, std::chrono::steady_clock::time_point now);
 
   std::unique_ptr<Engine> engine_;
   ModelConfig model_config_;
@@ -102,11 +115,16 @@ class EngineThread {
   // Engine-thread state.
   std::map<std::string, std::shared_ptr<OutputStream>> streams_;
   struct Timing {
-    std::chrono::steady_clock::time_point arrival, last_token;
+    std::chrono::steady_clock::time_point arrival, last_token, scheduled, first_token_time;
     bool first_token = false;
+    bool was_scheduled = false;
   };
   std::map<std::string, Timing> timings_;
   Metrics metrics_;
+  EngineThreadOptions options_;
+  StatsLogger stats_logger_;
+  int64_t last_step_tokens_ = 0;  // prompt + generation tokens at the last publish (iteration tokens)
+  std::vector<std::pair<std::string, std::string>> cache_config_;
   // Published snapshot.
   mutable std::mutex snapshot_mu_;
   EngineSnapshot snapshot_;

@@ -1,11 +1,13 @@
 // engine/metrics.h: request-level serving metrics (histograms of time to first token, inter-token
-// latency, end-to-end latency, prompt and generation lengths), with Prometheus' cumulative buckets.
+// latency, end-to-end latency, queue / prefill / decode / inference time, prompt and generation lengths,
+// tokens per engine step, request parameters), with Prometheus' cumulative buckets and vLLM's bounds.
 // Recorded by the engine thread; read as snapshots. Must not: format HTTP responses.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace polylora {
@@ -29,6 +31,11 @@ class Histogram {
 
 struct MetricsSnapshot {
   HistogramSnapshot ttft, itl, e2e, prompt_tokens, generation_tokens;
+  // Per request, as vLLM's: queue = first scheduled - arrival, prefill = first token - first scheduled,
+  // decode = last token - first token, inference = last token - first scheduled.
+  HistogramSnapshot queue_time, prefill_time, decode_time, inference_time;
+  HistogramSnapshot iteration_tokens;  // prompt + generation tokens of each engine step
+  HistogramSnapshot params_n, params_max_tokens;
   std::map<std::string, uint64_t> finished_by_reason;  // "stop", "length", "abort"
 };
 
@@ -36,6 +43,9 @@ class Metrics {
  public:
   Metrics();
   Histogram ttft, itl, e2e, prompt_tokens, generation_tokens;
+  Histogram queue_time, prefill_time, decode_time, inference_time;
+  Histogram iteration_tokens;
+  Histogram params_n, params_max_tokens;
   std::map<std::string, uint64_t> finished_by_reason;
   MetricsSnapshot snapshot() const;
 };

@@ -60,6 +60,18 @@ WeightLoader::WeightLoader(const Checkpoint* checkpoint, Backend& backend, Model
       mode_ = Mode::kStaged;
       break;
   }
+  for (const std::string& name : checkpoint_->names()) ++shard_tensors_[checkpoint_->get(name).file].second;
+}
+
+void WeightLoader::shard_progress(const TensorInfo& t) {
+  auto it = shard_tensors_.find(t.file);
+  if (it == shard_tensors_.end() || ++it->second.first != it->second.second) return;
+  ++shards_done_;
+  const size_t n = shard_tensors_.size();
+  // The staged path reads in finish(): here its shards are bound (allocated and queued), not yet read.
+  spdlog::info("Loading safetensors checkpoint shards: {:3.0f}% Completed | {}/{} [{:.2f} s]{}",
+               100.0 * static_cast<double>(shards_done_) / static_cast<double>(n), shards_done_, n,
+               seconds_since(start_), mode_ == Mode::kStaged ? " (bound; read and copied next)" : "");
 }
 
 WeightLoader::WeightLoader(std::vector<ExpectedTensor>& plan, ModelWeights& weights)
@@ -100,7 +112,7 @@ const TensorInfo& WeightLoader::tensor(const std::string& name, const std::vecto
   if (t->shape != shape)
     fail("checkpoint {} does not match its config: tensor '{}' has shape {}, expected {}",
          checkpoint_->location(), name, t->shape_string(), shape_str(shape));
-  used_.insert(name);
+  if (used_.insert(name).second) shard_progress(*t);
   return *t;
 }
 
@@ -265,6 +277,9 @@ void WeightLoader::finish() {
         "num_hidden_layers, num_experts and tie_word_embeddings in config.json)",
         checkpoint_->location(), name);
   }
+  if (shards_done_ < shard_tensors_.size())  // shards holding only tensors that are not parameters
+    spdlog::info("Loading safetensors checkpoint shards: 100% Completed | {0}/{0} [{1:.2f} s]",
+                 shard_tensors_.size(), seconds_since(start_));
   if (mode_ == Mode::kPerTensor) {
     backend_->synchronize();
     const double seconds = seconds_since(start_);

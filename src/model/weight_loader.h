@@ -83,6 +83,10 @@ class WeightLoader {
   std::map<std::string, std::byte*> expert_blocks_;  // staged: per 3-D/2-D expert tensor
   uint64_t bytes_per_tensor_path_ = 0;               // per-tensor path: checkpoint bytes read
   std::chrono::steady_clock::time_point start_;
+  // Progress of the checkpoint's shards (files), logged as vLLM's "Loading safetensors checkpoint shards".
+  void shard_progress(const TensorInfo& t);
+  std::map<std::string, std::pair<size_t, size_t>> shard_tensors_;  // file -> (tensors used, tensors)
+  size_t shards_done_ = 0;
 };
 
 }  // namespace polylora

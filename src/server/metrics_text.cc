@@ -88,6 +88,24 @@ std::string prometheus_text(const EngineSnapshot& snap, const std::string& model
   histogram(o, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens, labels);
   histogram(o, "vllm:request_generation_tokens", "Number of generation tokens processed.",
             m.generation_tokens, labels);
+  histogram(o, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+            m.queue_time, labels);
+  histogram(o, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+            m.prefill_time, labels);
+  histogram(o, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+            m.decode_time, labels);
+  histogram(o, "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+            m.inference_time, labels);
+  histogram(o, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+            m.iteration_tokens, labels);
+  histogram(o, "vllm:request_params_n", "Histogram of the n request parameter.", m.params_n, labels);
+  histogram(o, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+            m.params_max_tokens, labels);
+  // The cache configuration as labels of a constant gauge (vLLM's cache_config_info).
+  header(o, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+  o << "vllm:cache_config_info{";
+  for (const auto& [k, v] : snap.cache_config) o << k << "=\"" << escape_label(v) << "\",";
+  o << labels << "} 1\n";
   // Adapters: which are loaded, and per-adapter request and token counters ("base" for the base model).
   header(o, "vllm:lora_requests_info", "gauge", "Running stats on LoRA requests.");
   std::string loaded;
