@@ -7,6 +7,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/error.h"
+
 namespace polylora::bench_client {
 namespace {
 
@@ -74,9 +76,31 @@ LatencyStats latency_stats(const std::vector<double>& values_s, const std::vecto
   return stats;
 }
 
+GoodputSlos parse_goodput(const std::vector<std::string>& items) {
+  GoodputSlos slos;
+  for (const auto& item : items) {
+    auto colon = item.find(':');
+    std::string key = item.substr(0, colon);
+    if (colon == std::string::npos || (key != "ttft" && key != "tpot" && key != "e2el"))
+      fail("--goodput: '{}' must be KEY:VALUE with KEY one of ttft, tpot, e2el (e.g. ttft:200 tpot:50)", item);
+    std::string text = item.substr(colon + 1);
+    double value = -1;
+    try {
+      size_t used = 0;
+      value = std::stod(text, &used);
+      if (used != text.size()) value = -1;
+    } catch (const std::exception&) {
+    }
+    if (!(value >= 0) || std::isinf(value)) fail("--goodput: '{}' is not a non-negative number of ms", text);
+    slos[key] = value;
+  }
+  return slos;
+}
+
 BenchMetrics compute_metrics(const std::vector<RequestOutcome>& outcomes, double duration_s,
-                             const std::vector<double>& percentiles) {
+                             const std::vector<double>& percentiles, const GoodputSlos& slos) {
   BenchMetrics metrics;
+  int64_t good = 0;
   std::vector<double> ttfts, tpots, itls, e2els;
   for (const auto& outcome : outcomes) {
     if (!outcome.success) {
@@ -92,7 +116,19 @@ BenchMetrics compute_metrics(const std::vector<RequestOutcome>& outcomes, double
     itls.insert(itls.end(), outcome.itl.begin(), outcome.itl.end());
     ttfts.push_back(outcome.ttft);
     e2els.push_back(outcome.latency);
+    if (!slos.empty()) {
+      double tpot = outcome.output_tokens > 1
+                        ? (outcome.latency - outcome.ttft) / static_cast<double>(outcome.output_tokens - 1)
+                        : 0.0;
+      bool ok = true;
+      for (const auto& [key, limit_ms] : slos) {
+        double value = key == "ttft" ? outcome.ttft : key == "tpot" ? tpot : outcome.latency;
+        ok = ok && value <= limit_ms / 1000.0;
+      }
+      good += ok ? 1 : 0;
+    }
   }
+  if (!slos.empty()) metrics.request_goodput = duration_s > 0 ? static_cast<double>(good) / duration_s : 0.0;
   if (duration_s > 0) {
     metrics.request_throughput = static_cast<double>(metrics.completed) / duration_s;
     metrics.output_throughput = static_cast<double>(metrics.total_output) / duration_s;
@@ -156,6 +192,7 @@ std::string format_summary(const BenchDescription& description, const BenchMetri
   out += row("Total input tokens:", metrics.total_input);
   out += row("Total generated tokens:", metrics.total_output);
   out += row("Request throughput (req/s):", metrics.request_throughput);
+  if (metrics.request_goodput) out += row("Request goodput (req/s):", *metrics.request_goodput);
   out += row("Output token throughput (tok/s):", metrics.output_throughput);
   out += row("Peak output token throughput (tok/s):", metrics.max_output_tokens_per_s);
   out += row("Peak concurrent requests:", metrics.max_concurrent_requests);
@@ -179,10 +216,12 @@ nlohmann::json result_json(const BenchDescription& description, const BenchMetri
                            const std::vector<std::string>& selected_metrics, bool detailed) {
   nlohmann::json result = {
       {"date", description.date},
+      {"endpoint_type", description.backend},
       {"backend", description.backend},
+      {"label", description.label.empty() ? description.backend : description.label},
       {"endpoint", description.endpoint},
       {"model_id", description.model_id},
-      {"tokenizer_id", description.model_id},
+      {"tokenizer_id", description.tokenizer_id.empty() ? description.model_id : description.tokenizer_id},
       {"num_prompts", description.num_prompts},
       {"burstiness", description.burstiness},
       {"duration", duration_s},
@@ -191,7 +230,7 @@ nlohmann::json result_json(const BenchDescription& description, const BenchMetri
       {"total_input_tokens", metrics.total_input},
       {"total_output_tokens", metrics.total_output},
       {"request_throughput", metrics.request_throughput},
-      {"request_goodput", nullptr},
+      {"request_goodput", metrics.request_goodput ? nlohmann::json(*metrics.request_goodput) : nullptr},
       {"output_throughput", metrics.output_throughput},
       {"total_token_throughput", metrics.total_token_throughput},
       {"max_output_tokens_per_s", metrics.max_output_tokens_per_s},
@@ -207,6 +246,11 @@ nlohmann::json result_json(const BenchDescription& description, const BenchMetri
   } else {
     result["max_concurrency"] = nullptr;
   }
+  if (!description.ramp_up_strategy.empty()) {
+    result["ramp_up_strategy"] = description.ramp_up_strategy;
+    result["ramp_up_start_rps"] = description.ramp_up_start_rps;
+    result["ramp_up_end_rps"] = description.ramp_up_end_rps;
+  }
   if (!description.lora_modules.empty()) {
     result["lora_modules"] = description.lora_modules;
     result["lora_assignment"] = description.lora_assignment;
@@ -221,6 +265,7 @@ nlohmann::json result_json(const BenchDescription& description, const BenchMetri
       result[fmt::format("p{}_{}_ms", percentile_word(p), m.key)] = value;
     }
   }
+  for (const auto& [key, value] : description.metadata.items()) result[key] = value;
   if (detailed) {
     auto& input_lens = result["input_lens"] = nlohmann::json::array();
     auto& output_lens = result["output_lens"] = nlohmann::json::array();

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,7 @@ struct BenchMetrics {
   double total_token_throughput = 0;   // (input + output tokens) / duration
   double max_output_tokens_per_s = 0;  // busiest one-second bucket of content chunks
   double max_concurrent_requests = 0;  // most requests in flight within one second bucket
+  std::optional<double> request_goodput;  // --goodput: completed requests meeting every SLO / duration
   LatencyStats ttft;
   LatencyStats tpot;  // per request: (e2el - ttft) / (output_tokens - 1), requests with > 1 token
   LatencyStats itl;   // every inter-chunk gap of every request
@@ -57,8 +60,17 @@ double percentile(std::vector<double> values, double p);
 // Statistics of values (seconds) in ms.
 LatencyStats latency_stats(const std::vector<double>& values_s, const std::vector<double>& percentiles);
 
+// vLLM's --goodput SLOs: metric ("ttft", "tpot", "e2el") → limit in ms.
+using GoodputSlos = std::map<std::string, double>;
+
+// Parses vLLM's --goodput items ("ttft:200", "tpot:50", "e2el:1000"); fails on unknown metrics or
+// values that are not non-negative numbers.
+GoodputSlos parse_goodput(const std::vector<std::string>& items);
+
+// With non-empty slos, request_goodput counts the completed requests whose ttft, tpot (0 for a single
+// output token, as vLLM) and e2el are all within their limits (<=), divided by the duration.
 BenchMetrics compute_metrics(const std::vector<RequestOutcome>& outcomes, double duration_s,
-                             const std::vector<double>& percentiles);
+                             const std::vector<double>& percentiles, const GoodputSlos& slos = {});
 
 // The metrics the summary and the JSON report on ("ttft", "tpot", "itl", "e2el").
 bool is_known_metric(const std::string& name);
@@ -75,6 +87,11 @@ struct BenchDescription {
   std::vector<std::string> lora_modules;
   std::string lora_assignment;
   std::string date;  // YYYYmmdd-HHMMSS
+  std::string label;         // --label (default: the backend)
+  std::string tokenizer_id;  // --tokenizer, else the model id
+  std::string ramp_up_strategy;  // "" when no ramp-up
+  double ramp_up_start_rps = 0, ramp_up_end_rps = 0;
+  nlohmann::json metadata = nlohmann::json::object();  // --metadata KEY=VALUE, merged into the JSON
 };
 
 // vLLM's summary table ("============ Serving Benchmark Result ============" ...), newline-terminated.

@@ -38,9 +38,13 @@ std::string error_message(const std::string& body) {
   return truncated(body);
 }
 
-httplib::Headers auth_headers(const std::string& api_key) {
+httplib::Headers auth_headers(const ClientOptions& options) {
   httplib::Headers headers;
-  if (!api_key.empty()) headers.emplace("Authorization", "Bearer " + api_key);
+  if (!options.api_key.empty()) headers.emplace("Authorization", "Bearer " + options.api_key);
+  for (const auto& [key, value] : options.headers) {
+    headers.erase(key);
+    headers.emplace(key, value);
+  }
   return headers;
 }
 
@@ -94,7 +98,7 @@ OpenAiClient::~OpenAiClient() = default;
 
 std::vector<std::string> OpenAiClient::list_models() {
   std::string path = address_.path_prefix + "/v1/models";
-  auto result = http_->Get(path, auth_headers(options_.api_key));
+  auto result = http_->Get(path, auth_headers(options_));
   if (!result) {
     fail("GET {}{}: {} (is the server running? check --base-url, --host, --port)", address_.scheme_host_port,
          path, httplib::to_string(result.error()));
@@ -116,7 +120,7 @@ std::vector<std::string> OpenAiClient::list_models() {
 std::optional<std::vector<int32_t>> OpenAiClient::tokenize(const std::string& model,
                                                            const std::string& text) {
   nlohmann::json body = {{"model", model}, {"prompt", text}, {"add_special_tokens", false}};
-  auto result = http_->Post(address_.path_prefix + "/tokenize", auth_headers(options_.api_key), body.dump(),
+  auto result = http_->Post(address_.path_prefix + "/tokenize", auth_headers(options_), body.dump(),
                             "application/json");
   if (!result || result->status != 200) return std::nullopt;
   auto parsed = nlohmann::json::parse(result->body, nullptr, false);
@@ -150,6 +154,9 @@ nlohmann::json OpenAiClient::request_body(const BenchRequest& request) const {
       body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", request.prompt_text}}});
       break;
   }
+  if (options_.top_p) body["top_p"] = *options_.top_p;
+  if (options_.top_k) body["top_k"] = *options_.top_k;
+  if (options_.min_p) body["min_p"] = *options_.min_p;
   if (options_.ignore_eos) body["ignore_eos"] = true;
   return body;
 }
@@ -227,7 +234,7 @@ RequestOutcome OpenAiClient::send(const BenchRequest& request) {
   httplib::Request http_request;
   http_request.method = "POST";
   http_request.path = address_.path_prefix + options_.endpoint;
-  http_request.headers = auth_headers(options_.api_key);
+  http_request.headers = auth_headers(options_);
   http_request.headers.emplace("Content-Type", "application/json");
   http_request.headers.emplace("Accept", "text/event-stream");
   http_request.body = request_body(request).dump();

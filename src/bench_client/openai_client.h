@@ -39,8 +39,11 @@ struct ClientOptions {
   std::string base_url = "http://127.0.0.1:8000";
   std::string endpoint = "/v1/completions";  // appended to the base URL's path
   std::string api_key;                       // sent as "Authorization: Bearer ..." when non-empty
-  bool ignore_eos = true;                    // vLLM's extension, so outputs run to max_tokens
-  double temperature = 0.0;
+  bool ignore_eos = false;                   // vLLM's extension, so outputs run to max_tokens (off as in vLLM)
+  double temperature = 0.0;                  // vLLM's bench default: greedy
+  std::optional<double> top_p, min_p;        // sent only when given
+  std::optional<int64_t> top_k;
+  std::vector<std::pair<std::string, std::string>> headers;  // --header KEY=VALUE, on every request
   double timeout_s = 6 * 3600.0;  // read timeout per request (vLLM's aiohttp default is 6 h)
 };
 

@@ -9,11 +9,16 @@
 #include <condition_variable>
 #include <ctime>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "common/error.h"
+#include "tokenizer/tokenizer.h"
 
 namespace polylora::bench_client {
 namespace {
@@ -38,15 +43,34 @@ std::string now_date() {
   return buffer;
 }
 
-// Distinct token ids of the random word list, as the server's tokenizer encodes them; empty when the
-// server has no /tokenize.
-std::vector<int32_t> probe_token_pool(OpenAiClient& client, const std::string& model) {
+// Distinct token ids of the random word list, as the server's tokenizer (or the local one) encodes them;
+// empty when neither is available.
+std::vector<int32_t> probe_token_pool(OpenAiClient& client, const std::string& model,
+                                      const tokenizer::Tokenizer* local) {
   std::string text;
   for (const auto& word : random_words()) text += (text.empty() ? "" : " ") + word;
-  auto ids = client.tokenize(model, text);
+  auto ids = local ? std::optional(local->encode(text, false)) : client.tokenize(model, text);
   if (!ids) return {};
   std::set<int32_t> unique(ids->begin(), ids->end());
   return {unique.begin(), unique.end()};
+}
+
+// --tokenizer: a model folder, or a tokenizer.json(.gz) file (its folder is loaded).
+std::unique_ptr<tokenizer::Tokenizer> load_tokenizer(const std::string& path) {
+  std::filesystem::path p(path);
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec))
+    fail("--tokenizer {}: no such file or folder (give a tokenizer.json or a model folder)", path);
+  std::string dir = std::filesystem::is_directory(p, ec) ? path : p.parent_path().string();
+  if (dir.empty()) dir = ".";
+  if (!std::filesystem::is_directory(p, ec) && p.filename() != "tokenizer.json" &&
+      p.filename() != "tokenizer.json.gz") {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    return std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_json(buffer.str()));
+  }
+  return std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::load(dir));
 }
 
 }  // namespace
@@ -142,17 +166,58 @@ BenchReport run_benchmark(const BenchConfig& config, const LogFn& log) {
     if (ids.empty()) fail("GET /v1/models listed no model; pass --model");
     model = ids.front();
   }
-  std::vector<int32_t> token_pool;
-  if (config.use_tokenize && *kind == EndpointKind::kCompletions)
-    token_pool = probe_token_pool(client, model);
-  log(token_pool.empty() ? "Prompts: random words (no POST /tokenize, or a chat endpoint)"
-                         : fmt::format("Prompts: random token ids ({} distinct ids from POST /tokenize)",
-                                       token_pool.size()));
+  std::unique_ptr<tokenizer::Tokenizer> local;
+  if (!config.tokenizer.empty()) local = load_tokenizer(config.tokenizer);
+  const std::string& request_model = config.served_model_name.empty() ? model : config.served_model_name;
+  const std::string& dataset = config.datasets.name;
+  bool synthetic = dataset == "random" || dataset == "prefix_repetition";
 
-  std::vector<BenchRequest> requests = make_random_requests(config.dataset, token_pool, model);
+  std::vector<int32_t> token_pool;
+  if (synthetic && (config.use_tokenize || local) && *kind == EndpointKind::kCompletions)
+    token_pool = probe_token_pool(client, request_model, local.get());
+  // How text prompts are counted: the local tokenizer, else POST /tokenize, else one token per word.
+  bool server_tokenize = !synthetic && !local && config.use_tokenize && client.tokenize(request_model, "probe").has_value();
+  TokenCountFn count = [&](const std::string& text) -> int64_t {
+    if (local) return static_cast<int64_t>(local->encode(text, true).size());
+    if (server_tokenize) {
+      auto ids = client.tokenize(request_model, text);
+      if (ids) return static_cast<int64_t>(ids->size());
+    }
+    return count_words(text);
+  };
+  if (synthetic) {
+    log(token_pool.empty() ? "Prompts: random words (no tokenizer, or a chat endpoint)"
+                           : fmt::format("Prompts: random token ids ({} distinct ids from {})", token_pool.size(),
+                                         local ? "--tokenizer" : "POST /tokenize"));
+  } else {
+    log(fmt::format("Prompts: {} dataset {}; tokens counted with {}", dataset, config.datasets.path,
+                    local ? "--tokenizer" : server_tokenize ? "POST /tokenize" : "one token per word"));
+  }
+
+  DatasetOptions options = config.datasets;
+  options.num_prompts = config.dataset.num_prompts;
+  options.seed = config.dataset.seed;
+  std::vector<BenchRequest> requests;
+  if (dataset == "random") {
+    requests = make_random_requests(config.dataset, token_pool, request_model);
+  } else if (dataset == "sharegpt") {
+    requests = load_sharegpt(options, count, request_model);
+  } else if (dataset == "custom") {
+    requests = load_custom(options, count, request_model);
+  } else if (dataset == "sonnet") {
+    requests = load_sonnet(options, count, request_model);
+  } else if (dataset == "prefix_repetition") {
+    requests = make_prefix_repetition_requests(options, token_pool, request_model);
+  } else {
+    fail("--dataset-name '{}' is not supported (random, sharegpt, custom, sonnet, prefix_repetition)", dataset);
+  }
   assign_adapters(requests, config.lora_modules, config.lora_assignment, config.dataset.seed);
-  std::vector<double> arrivals = arrival_times(static_cast<int64_t>(requests.size()), config.request_rate,
-                                               config.burstiness, config.dataset.seed);
+  std::vector<double> arrivals =
+      config.ramp_up ? ramp_up_arrival_times(static_cast<int64_t>(requests.size()), *config.ramp_up,
+                                             config.ramp_up_start_rps, config.ramp_up_end_rps, config.burstiness,
+                                             config.dataset.seed)
+                     : arrival_times(static_cast<int64_t>(requests.size()), config.request_rate,
+                                     config.burstiness, config.dataset.seed);
 
   if (config.initial_test) {
     log("Starting initial single prompt test run...");
@@ -164,6 +229,19 @@ BenchReport run_benchmark(const BenchConfig& config, const LogFn& log) {
           config.client.base_url, config.client.endpoint, test.error);
     }
     log("Initial test run completed. Starting main benchmark run...");
+  }
+  if (config.num_warmups < 0) fail("--num-warmups must not be negative (got {})", config.num_warmups);
+  if (config.num_warmups > 0) {
+    log(fmt::format("Warming up with {} requests...", config.num_warmups));
+    std::vector<BenchRequest> warmups(static_cast<size_t>(config.num_warmups), requests.front());
+    double warmup_s = 0;
+    run_requests(config.client, warmups, std::vector<double>(warmups.size(), 0.0), config.max_concurrency,
+                 warmup_s);
+    log("Warmup run completed.");
+  }
+  if (config.ramp_up) {
+    log(fmt::format("Ramp-up strategy: {} from {} to {} RPS", config.ramp_up == RampUp::kLinear ? "linear" : "exponential",
+                    config.ramp_up_start_rps, config.ramp_up_end_rps));
   }
   log(fmt::format("Traffic request rate: {}",
                   std::isinf(config.request_rate) ? "inf" : fmt::format("{}", config.request_rate)));
@@ -177,15 +255,23 @@ BenchReport run_benchmark(const BenchConfig& config, const LogFn& log) {
   size_t report_every = std::max<size_t>(1, num_requests / 10);
   report.outcomes = run_requests(config.client, requests, arrivals, config.max_concurrency, report.duration_s,
                                  [&](size_t num_done) {
-                                   if (num_done % report_every == 0 || num_done == num_requests) {
+                                   if (config.progress) {
+                                     config.progress(num_done, num_requests);
+                                   } else if (num_done % report_every == 0 || num_done == num_requests) {
                                      log(fmt::format("  {}/{} requests done", num_done, num_requests));
                                    }
                                  });
-  report.metrics = compute_metrics(report.outcomes, report.duration_s, config.percentiles);
+  report.metrics = compute_metrics(report.outcomes, report.duration_s, config.percentiles, config.goodput);
 
   auto& d = report.description;
-  d.backend = *kind == EndpointKind::kChatCompletions ? "openai-chat" : "openai";
+  d.backend = config.backend;
   d.model_id = model;
+  d.tokenizer_id = config.tokenizer.empty() ? model : config.tokenizer;
+  if (config.ramp_up) {
+    d.ramp_up_strategy = *config.ramp_up == RampUp::kLinear ? "linear" : "exponential";
+    d.ramp_up_start_rps = config.ramp_up_start_rps;
+    d.ramp_up_end_rps = config.ramp_up_end_rps;
+  }
   d.endpoint = config.client.endpoint;
   d.num_prompts = static_cast<int64_t>(num_requests);
   d.request_rate = config.request_rate;

@@ -18,8 +18,17 @@ namespace polylora::bench_client {
 
 struct BenchConfig {
   ClientOptions client;
+  std::string backend = "vllm";  // vllm | openai (completions) | openai-chat; for the report
   std::string model;  // empty: the first id of GET /v1/models
+  std::string served_model_name;  // --served-model-name: the "model" field sent (default: model)
+  std::string tokenizer;  // --tokenizer: a tokenizer.json or model folder; empty: the server's /tokenize
   RandomDatasetConfig dataset;
+  DatasetOptions datasets;  // name and the options of the non-random datasets (num_prompts, seed copied)
+  GoodputSlos goodput;      // --goodput
+  int64_t num_warmups = 0;  // --num-warmups: copies of the first request sent before the run
+  std::optional<RampUp> ramp_up;  // --ramp-up-strategy (replaces --request-rate)
+  double ramp_up_start_rps = 0, ramp_up_end_rps = 0;
+  std::function<void(size_t done, size_t total)> progress;  // called as requests finish (serialized)
   std::vector<std::string> lora_modules;  // non-empty: each request's "model" is one of these
   AdapterAssignment lora_assignment = AdapterAssignment::kRoundRobin;
   double request_rate = INFINITY;  // requests per second; inf sends everything at once

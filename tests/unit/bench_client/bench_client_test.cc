@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <fstream>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -80,6 +81,7 @@ class FakeOpenAiServer {
  private:
   void stream(const httplib::Request& req, httplib::Response& res, bool chat) {
     json body = json::parse(req.body);
+    body["_x_bench_header"] = req.get_header_value("X-Bench");
     {
       std::lock_guard lock(mutex_);
       bodies_.push_back(body);
@@ -302,6 +304,7 @@ TEST(BaseUrl, SplitsHostAndPrefix) {
 TEST(FakeServer, CompletionsMetricsMatchTheStream) {
   FakeOpenAiServer server;
   BenchConfig config = fake_config(server);
+  config.client.ignore_eos = true;
   BenchReport report = run_benchmark(config, quiet);
   const BenchMetrics& m = report.metrics;
   EXPECT_EQ(m.completed, 8);
@@ -344,7 +347,7 @@ TEST(FakeServer, ChatWithoutUsageCountsContentChunks) {
   FakeOpenAiServer server;
   BenchConfig config = fake_config(server);
   config.client.endpoint = "/v1/chat/completions";
-  config.client.ignore_eos = false;
+  config.backend = "openai-chat";
   config.initial_test = false;
   BenchReport report = run_benchmark(config, quiet);
   EXPECT_EQ(report.metrics.completed, 8);
@@ -466,6 +469,315 @@ TEST(Report, SummaryAndJsonUseVllmKeys) {
     ASSERT_TRUE(only_ttft.contains(key)) << key;
     EXPECT_EQ(only_ttft[key].size(), 4u) << key;
   }
+}
+
+std::string data_path(const std::string& name) { return std::string(POLYLORA_TEST_DATA) + "/bench/" + name; }
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Defaults, IgnoreEosIsOffAsInVllm) {
+  ClientOptions options;
+  EXPECT_FALSE(options.ignore_eos);
+  EXPECT_EQ(options.temperature, 0.0);
+}
+
+TEST(Dataset, ShareGptFirstTurnsFilteredAndOversampled) {
+  DatasetOptions options;
+  options.name = "sharegpt";
+  options.path = data_path("sharegpt_tiny.json");
+  options.num_prompts = 10;
+  json data = json::parse(std::ifstream(options.path));
+  std::map<std::string, std::string> completion_of;
+  for (const auto& entry : data) {
+    if (entry["conversations"].size() >= 2)
+      completion_of[entry["conversations"][0]["value"]] = entry["conversations"][1]["value"];
+  }
+  auto requests = load_sharegpt(options, count_words, "m");
+  ASSERT_EQ(requests.size(), 10u);
+  std::set<std::string> prompts;
+  for (const auto& r : requests) {
+    ASSERT_TRUE(completion_of.count(r.prompt_text)) << r.prompt_text;
+    EXPECT_NE(r.prompt_text, "Hi");  // prompt under 4 tokens: dropped as vLLM does
+    EXPECT_EQ(r.prompt_len, count_words(r.prompt_text));
+    EXPECT_EQ(r.output_len, count_words(completion_of[r.prompt_text]));
+    EXPECT_EQ(r.model, "m");
+    EXPECT_TRUE(r.prompt_token_ids.empty());
+    prompts.insert(r.prompt_text);
+  }
+  EXPECT_EQ(prompts.size(), 10u);  // the 10 valid conversations, each once
+  options.sharegpt_output_len = 7;
+  options.num_prompts = 25;
+  auto oversampled = load_sharegpt(options, count_words, "m");
+  ASSERT_EQ(oversampled.size(), 25u);
+  for (const auto& r : oversampled) EXPECT_EQ(r.output_len, 7);
+  // Shuffled with the seed: same seed, same order; another seed, another order.
+  options.num_prompts = 10;
+  options.sharegpt_output_len.reset();
+  auto again = load_sharegpt(options, count_words, "m");
+  for (size_t i = 0; i < again.size(); ++i) EXPECT_EQ(again[i].prompt_text, requests[i].prompt_text);
+  options.seed = 7;
+  auto other = load_sharegpt(options, count_words, "m");
+  bool differs = false;
+  for (size_t i = 0; i < other.size(); ++i) differs |= other[i].prompt_text != requests[i].prompt_text;
+  EXPECT_TRUE(differs);
+
+  // Too long: a prompt over 1024 tokens, or prompt + output over 2048; a short output; kept: the last one.
+  std::string long_prompt, long_output;
+  for (int i = 0; i < 1100; ++i) long_prompt += "word ";
+  for (int i = 0; i < 1500; ++i) long_output += "word ";
+  json filtered = json::array();
+  auto conv = [](const std::string& h, const std::string& g) {
+    return json{{"conversations", {{{"from", "human"}, {"value", h}}, {{"from", "gpt"}, {"value", g}}}}};
+  };
+  filtered.push_back(conv(long_prompt, "a fine short answer here"));
+  filtered.push_back(conv(long_output.substr(0, 5 * 900), long_output));
+  filtered.push_back(conv("a prompt of enough words", "no"));
+  filtered.push_back(conv("a prompt of enough words", "an answer of enough words"));
+  options.path = write_temp("sharegpt_filtered.json", filtered.dump());
+  options.num_prompts = 3;
+  auto kept = load_sharegpt(options, count_words, "m");
+  ASSERT_EQ(kept.size(), 3u);
+  for (const auto& r : kept) EXPECT_EQ(r.output_len, 5);
+  // With --sharegpt-output-len the short-output check is skipped (vLLM's skip_min_output_len_check).
+  options.sharegpt_output_len = 2;
+  std::set<int64_t> lens;
+  for (const auto& r : load_sharegpt(options, count_words, "m")) lens.insert(r.prompt_len);
+  EXPECT_EQ(lens, (std::set<int64_t>{5, 900}));  // 900 + 2 fits in 2048 now
+
+  options.path = write_temp("not_sharegpt.json", R"({"conversations": []})");
+  EXPECT_THROW(load_sharegpt(options, count_words, "m"), Error);
+  options.path = data_path("missing.json");
+  EXPECT_THROW(load_sharegpt(options, count_words, "m"), Error);
+  options.path = "";
+  EXPECT_THROW(load_sharegpt(options, count_words, "m"), Error);
+}
+
+TEST(Dataset, CustomJsonl) {
+  DatasetOptions options;
+  options.path = data_path("custom_tiny.jsonl");
+  options.num_prompts = 5;
+  auto requests = load_custom(options, count_words, "m");
+  ASSERT_EQ(requests.size(), 5u);
+  std::set<std::string> prompts;
+  for (const auto& r : requests) {
+    EXPECT_EQ(r.output_len, 256);  // vLLM's --custom-output-len default
+    EXPECT_EQ(r.prompt_len, count_words(r.prompt_text));
+    prompts.insert(r.prompt_text);
+  }
+  EXPECT_EQ(prompts.size(), 5u);
+  EXPECT_TRUE(prompts.count("What is the capital of France and why is it famous?"));
+  options.custom_output_len = 9;
+  options.num_prompts = 12;
+  auto more = load_custom(options, count_words, "m");
+  ASSERT_EQ(more.size(), 12u);
+  EXPECT_EQ(more[11].output_len, 9);
+  options.path = write_temp("bad.jsonl", "{\"prompt\": \"ok\"}\n{\"text\": \"no prompt\"}\n");
+  EXPECT_THROW(load_custom(options, count_words, "m"), Error);
+}
+
+TEST(Dataset, SonnetLinesWithASharedPrefix) {
+  DatasetOptions options;
+  options.path = data_path("sonnet_tiny.txt");
+  options.num_prompts = 6;
+  options.sonnet_input_len = 60;
+  options.sonnet_prefix_len = 20;
+  options.sonnet_output_len = 11;
+  auto requests = load_sonnet(options, count_words, "m");
+  ASSERT_EQ(requests.size(), 6u);
+  const std::string base = "Pick as many lines as you can from these poem lines:\n";
+  // 11 base words; lines average about 8 words: round((20 - 11) / 8) = 1 prefix line.
+  const std::string prefix = base + "Shall I compare thee to a summer's day?\n";
+  for (const auto& r : requests) {
+    EXPECT_EQ(r.prompt_text.rfind(prefix, 0), 0u) << r.prompt_text;
+    EXPECT_LE(r.prompt_len, 60);
+    EXPECT_GT(r.prompt_len, 30);
+    EXPECT_EQ(r.output_len, 11);
+  }
+  options.sonnet_input_len = 5;  // not above the base prompt
+  EXPECT_THROW(load_sonnet(options, count_words, "m"), Error);
+}
+
+TEST(Dataset, PrefixRepetitionSharesPrefixes) {
+  DatasetOptions options;
+  options.num_prompts = 12;
+  options.prefix_repetition_prefix_len = 10;
+  options.prefix_repetition_suffix_len = 6;
+  options.prefix_repetition_num_prefixes = 3;
+  options.prefix_repetition_output_len = 4;
+  std::vector<int32_t> pool(200);
+  std::iota(pool.begin(), pool.end(), 1);
+  auto requests = make_prefix_repetition_requests(options, pool, "m");
+  ASSERT_EQ(requests.size(), 12u);
+  std::map<std::vector<int32_t>, int> prefixes;
+  for (const auto& r : requests) {
+    ASSERT_EQ(r.prompt_token_ids.size(), 16u);
+    EXPECT_EQ(r.prompt_len, 16);
+    EXPECT_EQ(r.output_len, 4);
+    ++prefixes[std::vector<int32_t>(r.prompt_token_ids.begin(), r.prompt_token_ids.begin() + 10)];
+  }
+  ASSERT_EQ(prefixes.size(), 3u);
+  for (const auto& [prefix, n] : prefixes) EXPECT_EQ(n, 4);
+  auto words = make_prefix_repetition_requests(options, {}, "m");
+  for (const auto& r : words) EXPECT_EQ(count_words(r.prompt_text), 16);
+}
+
+TEST(Dataset, RandomPrefixLen) {
+  RandomDatasetConfig config = dataset_of(10, 5, 3, 0.0, 2);
+  config.prefix_len = 8;
+  std::vector<int32_t> pool(100);
+  std::iota(pool.begin(), pool.end(), 0);
+  auto requests = make_random_requests(config, pool, "m");
+  for (const auto& r : requests) {
+    ASSERT_EQ(r.prompt_token_ids.size(), 13u);
+    EXPECT_EQ(r.prompt_len, 13);
+    EXPECT_TRUE(std::equal(r.prompt_token_ids.begin(), r.prompt_token_ids.begin() + 8,
+                           requests[0].prompt_token_ids.begin()));
+  }
+  for (const auto& r : make_random_requests(config, {}, "m")) EXPECT_EQ(count_words(r.prompt_text), 13);
+}
+
+TEST(Goodput, CountsRequestsWithinEverySlo) {
+  EXPECT_THROW(parse_goodput({"ttft"}), Error);
+  EXPECT_THROW(parse_goodput({"itl:5"}), Error);
+  EXPECT_THROW(parse_goodput({"ttft:-1"}), Error);
+  EXPECT_THROW(parse_goodput({"ttft:abc"}), Error);
+  GoodputSlos slos = parse_goodput({"ttft:200", "tpot:50"});
+  EXPECT_EQ(slos.size(), 2u);
+  EXPECT_EQ(slos["ttft"], 200.0);
+  auto outcome = [](double ttft, double latency, int64_t tokens, bool success = true) {
+    RequestOutcome o;
+    o.success = success;
+    o.ttft = ttft;
+    o.latency = latency;
+    o.output_tokens = tokens;
+    return o;
+  };
+  std::vector<RequestOutcome> outcomes = {
+      outcome(0.1, 0.1 + 0.04 * 10, 11),  // ttft 100 ms, tpot 40 ms: good
+      outcome(0.3, 0.3 + 0.04 * 10, 11),  // ttft too slow
+      outcome(0.1, 0.1 + 0.06 * 10, 11),  // tpot too slow
+      outcome(0.2, 5.0, 1),               // one token: tpot 0, ttft exactly at the limit: good
+      outcome(0.01, 0.02, 2, false),      // failed: not counted
+  };
+  BenchMetrics m = compute_metrics(outcomes, 2.0, {99}, slos);
+  ASSERT_TRUE(m.request_goodput);
+  EXPECT_DOUBLE_EQ(*m.request_goodput, 1.0);  // 2 good requests / 2 s
+  EXPECT_FALSE(compute_metrics(outcomes, 2.0, {99}).request_goodput);
+  BenchMetrics e2el = compute_metrics(outcomes, 4.0, {99}, parse_goodput({"e2el:600"}));
+  EXPECT_DOUBLE_EQ(*e2el.request_goodput, 0.25);  // only the first (0.5 s) of 4 requests, over 4 s
+  BenchDescription d;
+  json with = result_json(d, m, 2.0, outcomes, {"ttft"}, false);
+  EXPECT_DOUBLE_EQ(with["request_goodput"].get<double>(), 1.0);
+  EXPECT_TRUE(result_json(d, compute_metrics(outcomes, 2.0, {99}), 2.0, outcomes, {"ttft"}, false)["request_goodput"]
+                  .is_null());
+  EXPECT_NE(format_summary(d, m, 2.0, {"ttft"}).find("Request goodput (req/s):"), std::string::npos);
+}
+
+TEST(RampUp, LinearAndExponentialRates) {
+  EXPECT_EQ(parse_ramp_up("linear"), RampUp::kLinear);
+  EXPECT_EQ(parse_ramp_up("exponential"), RampUp::kExponential);
+  EXPECT_FALSE(parse_ramp_up("step"));
+  EXPECT_DOUBLE_EQ(ramp_up_rate(RampUp::kLinear, 1, 9, 0, 5), 1);
+  EXPECT_DOUBLE_EQ(ramp_up_rate(RampUp::kLinear, 1, 9, 2, 5), 5);
+  EXPECT_DOUBLE_EQ(ramp_up_rate(RampUp::kLinear, 1, 9, 4, 5), 9);
+  EXPECT_DOUBLE_EQ(ramp_up_rate(RampUp::kExponential, 1, 16, 2, 5), 4);
+  EXPECT_DOUBLE_EQ(ramp_up_rate(RampUp::kExponential, 1, 16, 4, 5), 16);
+  // Gaps shrink as the rate grows: the mean gap of the first quarter is far above the last quarter's.
+  auto times = ramp_up_arrival_times(4000, RampUp::kLinear, 10, 1000, 1.0, 3);
+  ASSERT_EQ(times.size(), 4000u);
+  EXPECT_EQ(times[0], 0.0);
+  for (size_t i = 1; i < times.size(); ++i) EXPECT_GE(times[i], times[i - 1]);
+  double first = times[1000] - times[0], last = times[3999] - times[2999];
+  EXPECT_GT(first, 5 * last);
+  // Linear from 10 to 1000 RPS: the expected total is sum of 1/rate(i) ≈ (n-1)/(end-start) * ln(end/start).
+  double expected = 3999.0 / 990.0 * std::log(100.0);
+  EXPECT_NEAR(times.back(), expected, expected * 0.15);
+  auto from_zero = ramp_up_arrival_times(10, RampUp::kLinear, 0, 100, 1.0, 0);
+  for (double t : from_zero) EXPECT_TRUE(std::isfinite(t));
+  EXPECT_THROW(ramp_up_arrival_times(10, RampUp::kExponential, 0, 10, 1.0, 0), Error);
+  EXPECT_THROW(ramp_up_arrival_times(10, RampUp::kLinear, 20, 10, 1.0, 0), Error);
+}
+
+TEST(FakeServer, HeadersSamplingWarmupsServedNameAndGoodput) {
+  FakeOpenAiServer server;
+  BenchConfig config = fake_config(server);
+  config.dataset.num_prompts = 4;
+  config.initial_test = false;
+  config.num_warmups = 3;
+  config.served_model_name = "served";
+  config.client.headers = {{"X-Bench", "yes"}};
+  config.client.top_p = 0.9;
+  config.client.top_k = 20;
+  config.client.min_p = 0.05;
+  config.goodput = parse_goodput({"ttft:60000"});
+  config.ramp_up = RampUp::kLinear;
+  config.ramp_up_start_rps = 50;
+  config.ramp_up_end_rps = 200;
+  std::vector<size_t> progress;
+  config.progress = [&](size_t done, size_t total) {
+    EXPECT_EQ(total, 4u);
+    progress.push_back(done);
+  };
+  BenchReport report = run_benchmark(config, quiet);
+  EXPECT_EQ(report.metrics.completed, 4);
+  EXPECT_EQ(progress, (std::vector<size_t>{1, 2, 3, 4}));
+  ASSERT_TRUE(report.metrics.request_goodput);
+  EXPECT_NEAR(*report.metrics.request_goodput, report.metrics.request_throughput, 1e-9);
+  auto bodies = server.bodies();
+  ASSERT_EQ(bodies.size(), 7u);  // 3 warm-ups and 4 measured
+  for (const auto& body : bodies) {
+    EXPECT_EQ(body["model"], "served");
+    EXPECT_EQ(body["_x_bench_header"], "yes");
+    EXPECT_DOUBLE_EQ(body["top_p"].get<double>(), 0.9);
+    EXPECT_EQ(body["top_k"], 20);
+    EXPECT_DOUBLE_EQ(body["min_p"].get<double>(), 0.05);
+    EXPECT_EQ(body["temperature"], 0.0);
+    EXPECT_FALSE(body.contains("ignore_eos"));
+  }
+  EXPECT_EQ(report.description.model_id, "fake-model");
+  EXPECT_EQ(report.description.ramp_up_strategy, "linear");
+  report.description.label = "mylabel";
+  report.description.metadata["gpu"] = "h200";
+  json result = result_json(report.description, report.metrics, report.duration_s, report.outcomes, {"ttft"}, false);
+  EXPECT_EQ(result["label"], "mylabel");
+  EXPECT_EQ(result["endpoint_type"], "vllm");
+  EXPECT_EQ(result["gpu"], "h200");
+  EXPECT_EQ(result["ramp_up_strategy"], "linear");
+  EXPECT_EQ(result["ramp_up_start_rps"], 50.0);
+  EXPECT_TRUE(result["request_goodput"].is_number());
+}
+
+TEST(FakeServer, ShareGptThroughTheServersTokenize) {
+  FakeOpenAiServer server;
+  BenchConfig config = fake_config(server);
+  config.datasets.name = "sharegpt";
+  config.datasets.path = data_path("sharegpt_tiny.json");
+  config.dataset.num_prompts = 10;
+  config.initial_test = false;
+  BenchReport report = run_benchmark(config, quiet);
+  EXPECT_EQ(report.metrics.completed, 10);
+  for (const auto& body : server.bodies()) EXPECT_TRUE(body["prompt"].is_string());
+  config.datasets.name = "hf";
+  EXPECT_THROW(run_benchmark(config, quiet), Error);
+}
+
+TEST(LocalTokenizer, CountsShareGptPrompts) {
+  FakeOpenAiServer server;
+  BenchConfig config = fake_config(server);
+  config.tokenizer = std::string(POLYLORA_TEST_DATA) + "/models/qwen3-moe-tiny/tokenizer.json";
+  config.datasets.name = "sharegpt";
+  config.datasets.path = data_path("sharegpt_tiny.json");
+  config.dataset.num_prompts = 3;
+  config.initial_test = false;
+  BenchReport report = run_benchmark(config, quiet);
+  EXPECT_EQ(report.metrics.completed, 3);
+  EXPECT_EQ(report.description.tokenizer_id, config.tokenizer);
+  config.tokenizer = "/nonexistent/tokenizer.json";
+  EXPECT_THROW(run_benchmark(config, quiet), Error);
 }
 
 }  // namespace
