@@ -61,7 +61,7 @@ int run_generate(int argc, char** argv) {
   ModelFlags mf;
   EngineConfig ec;
   add_model_flags(app, mf, true);
-  add_engine_flags(app, ec);
+  add_engine_flags(app, ec, mf);
   std::string adapter, requests_path;
   std::vector<std::string> prompt_ids, prompts;
   SamplingParams sp;
@@ -96,6 +96,7 @@ int run_generate(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  finish_model_flags(mf, ec);
   if (prompt_ids.empty() && prompts.empty() && requests_path.empty())
     fail("nothing to generate: give --prompt-ids, --prompt or --requests");
   sp.max_tokens = max_tokens;

@@ -7,12 +7,19 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <unistd.h>
 #include <thread>
 
 #include "apps/command.h"
 #include "apps/engine_flags.h"
+#include "apps/vllm_flags.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "config/generation_config.h"
+#include "config/hf_cache.h"
 #include "config/server_config.h"
 #include "engine/engine_thread.h"
 #include "server/http_server.h"
@@ -34,14 +41,79 @@ std::string default_model_dir() {
   fail("no --model given and no built-in model found under {}", POLYLORA_SOURCE_DIR);
 }
 
+// vLLM's CORS flags take a JSON list ('["a", "b"]'); plain values are accepted too.
+std::vector<std::string> cors_list(const std::vector<std::string>& given, const char* flag,
+                                   std::vector<std::string> fallback) {
+  if (given.empty()) return fallback;
+  std::vector<std::string> out;
+  for (const std::string& v : given) {
+    if (!v.empty() && v.front() == '[') {
+      auto j = nlohmann::json::parse(v, nullptr, false);
+      if (j.is_discarded() || !j.is_array()) fail("{} '{}': not a JSON list", flag, v);
+      for (const auto& x : j) {
+        if (!x.is_string()) fail("{} '{}': the list must hold strings", flag, v);
+        out.push_back(x.get<std::string>());
+      }
+    } else {
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+// --chat-template: a readable file is used as is; text that cannot be a path (it holds '{', '}' or a
+// newline, vLLM's test) is the template itself, written to a temporary file for the server.
+std::string chat_template_file(const std::string& value) {
+  if (value.empty() || fs::is_regular_file(value)) return value;
+  if (value.find_first_of("{}\n") == std::string::npos)
+    fail("--chat-template {}: no such file (and it does not look like an inline template)", value);
+  fs::path file = fs::temp_directory_path() / ("polylora-chat-template-" + std::to_string(getpid()) + ".jinja");
+  std::ofstream out(file);
+  out << value;
+  if (!out) fail("--chat-template: cannot write the inline template to {}", file.string());
+  spdlog::info("--chat-template: an inline template ({} bytes)", value.size());
+  return file.string();
+}
+
 int run_serve(int argc, char** argv) {
   CLI::App app{"OpenAI-compatible server with many LoRA adapters", "polylora serve"};
   ModelFlags mf;
   EngineConfig ec;
   ServerConfig sc;
   sc.web_root = (fs::path(POLYLORA_SOURCE_DIR) / "web/dist").string();
+  IgnoredFlags ignored;
+  std::optional<uint64_t> seed;
+  bool disable_log_requests = false;
+  std::vector<std::string> origins, methods, headers;
+  app.add_option("model_tag", mf.model_tag, "The model (as vLLM's `serve MODEL`): same as --model");
   add_model_flags(app, mf, false);
-  add_engine_flags(app, ec);
+  add_engine_flags(app, ec, mf);
+  app.add_option("--config", "vLLM config file: a flat YAML of `flag-name: value` (the command line wins)");
+  app.add_option("--seed", seed, "Seeds the generators of requests that give no seed (default: random)");
+  app.add_flag("--enable-lora", mf.enable_lora, "Accepted for vLLM compatibility: LoRA is always on");
+  app.add_option("--generation-config", mf.generation_config,
+                 "auto: defaults and EOS ids from the model's generation_config.json; vllm: ignore it; DIR: "
+                 "read DIR/generation_config.json")
+      ->capture_default_str();
+  app.add_option("--override-generation-config", mf.override_generation_config,
+                 "JSON over the generation config, e.g. '{\"temperature\": 0.5}'");
+  app.add_flag("--enable-log-requests,!--no-enable-log-requests", sc.enable_log_requests, "Log every request");
+  app.add_flag("--disable-log-requests", disable_log_requests, "No request logs (the default; vLLM's old flag)");
+  app.add_flag("--disable-log-stats", sc.disable_log_stats, "No periodic stats line");
+  app.add_option("--log-stats-interval", sc.log_stats_interval, "Seconds between stats lines")
+      ->capture_default_str();
+  app.add_option("--uvicorn-log-level", sc.uvicorn_log_level, "Log level of the HTTP server's access log")
+      ->check(CLI::IsMember({"critical", "error", "warning", "info", "debug", "trace"}))
+      ->capture_default_str();
+  app.add_flag("--enable-request-id-headers", sc.enable_request_id_headers, "X-Request-Id on every response");
+  app.add_option("--response-role", sc.response_role, "Role of generated chat messages")->capture_default_str();
+  app.add_flag("--return-tokens-as-token-ids", sc.return_tokens_as_token_ids,
+               "Logprob tokens as 'token_id:N' (tokens that are not valid UTF-8 stay identifiable)");
+  app.add_option("--allowed-origins", origins, "CORS origins: a JSON list or values (default [\"*\"])");
+  app.add_option("--allowed-methods", methods, "CORS methods: a JSON list or values (default [\"*\"])");
+  app.add_option("--allowed-headers", headers, "CORS headers: a JSON list or values (default [\"*\"])");
+  app.add_flag("--allow-credentials", sc.allow_credentials, "CORS: allow credentials (default off)");
+  add_ignored_vllm_flags(app, ignored);
   app.add_option("--host", sc.host)->capture_default_str();
   app.add_option("--port", sc.port)->capture_default_str();
   app.add_option("--api-key", sc.api_key, "Require this key (Authorization: Bearer) on /v1 routes");
@@ -50,7 +122,8 @@ int run_serve(int argc, char** argv) {
                "Enable /v1/load_lora_adapter and /v1/unload_lora_adapter");
   app.add_option("--lora-allowed-dirs", sc.lora_allowed_dirs,
                  "Directories runtime adapter loads may read from");
-  app.add_option("--chat-template", sc.chat_template, "Jinja chat template file (default: the tokenizer's)");
+  app.add_option("--chat-template", sc.chat_template,
+                 "Jinja chat template: a file, or the template itself (default: the tokenizer's)");
   app.add_option("--metrics-api-key", sc.metrics_api_key,
                  "Require this key (Authorization: Bearer) on /metrics (default: /metrics is open)");
   app.add_option("--shutdown-timeout", sc.shutdown_grace_seconds, "Seconds running requests get on SIGTERM")
@@ -90,10 +163,19 @@ int run_serve(int argc, char** argv) {
                  "Built playground (npm run build in web/), served at /; '' disables it")
       ->capture_default_str();
   try {
-    app.parse(argc, argv);
+    parse_args(app, expand_vllm_argv(argc, argv, app));
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  check_ignored_vllm_flags(ignored);
+  finish_model_flags(mf, ec);
+  ec.seed = seed;
+  if (disable_log_requests) sc.enable_log_requests = false;
+  if (mf.enable_lora) spdlog::info("--enable-lora: accepted; LoRA is always enabled in polylora");
+  sc.allowed_origins = cors_list(origins, "--allowed-origins", sc.allowed_origins);
+  sc.allowed_methods = cors_list(methods, "--allowed-methods", sc.allowed_methods);
+  sc.allowed_headers = cors_list(headers, "--allowed-headers", sc.allowed_headers);
+  sc.chat_template = chat_template_file(sc.chat_template);
   if (sc.api_key.empty())
     for (const char* env : {"POLYLORA_API_KEY", "VLLM_API_KEY"})
       if (const char* v = std::getenv(env)) sc.api_key = v;
@@ -115,9 +197,21 @@ int run_serve(int argc, char** argv) {
     sc.served_model_names.push_back(default_model ? fs::path(mf.model_dir).filename().string()
                                                   : mf.model_dir);
   sc.model_root = mf.model_dir;
+  {
+    std::string dir = resolve_model_path(mf.model_dir, mf.revision, "model");
+    sc.generation_defaults =
+        load_generation_defaults(mf.generation_config, dir, mf.override_generation_config);
+    ec.extra_eos_token_ids = sc.generation_defaults.eos_token_ids;
+    if (!sc.generation_defaults.empty())
+      spdlog::info("generation config ({}): request defaults {}", mf.generation_config,
+                   sc.generation_defaults.describe());
+  }
   LoadedEngine le = load_engine(mf, ec);
   auto tokenizer = le.tokenizer;
-  EngineThread engine(std::move(le.engine));
+  EngineThreadOptions eto;
+  eto.log_stats_interval = sc.disable_log_stats ? 0 : sc.log_stats_interval;
+  eto.log_requests = sc.enable_log_requests;
+  EngineThread engine(std::move(le.engine), eto);
   server::HttpServer http(sc, engine, tokenizer, {ec.lora.max_lora_rank});
 
   std::signal(SIGTERM, on_signal);

@@ -1,33 +1,44 @@
 // apps/engine_flags.cc: flag definitions and engine construction shared by the subcommands.
 #include "apps/engine_flags.h"
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "apps/backend_flags.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "config/cli_values.h"
+#include "config/hf_cache.h"
 #include "lora/adapter.h"
 
 namespace polylora::apps {
 
 void add_model_flags(CLI::App& app, ModelFlags& f, bool model_required) {
-  auto* m =
-      app.add_option("--model", f.model_dir, "Hugging Face model directory (config.json + safetensors)");
+  auto* m = app.add_option("--model", f.model_dir,
+                           "Model: a Hugging Face model directory (config.json + safetensors) or a hub id "
+                           "(org/name) in the local Hugging Face cache");
   if (model_required) m->required();
-  app.add_option("--tokenizer", f.tokenizer_dir, "Tokenizer directory (default: the model directory)");
+  app.add_option("--revision", f.revision, "Hub revision of a hub-id --model: a ref (branch, tag) or a commit")
+      ->capture_default_str();
+  app.add_option("--tokenizer", f.tokenizer_dir,
+                 "Tokenizer directory or hub id (default: the model directory)");
   app.add_option("--device", f.device, "cpu | cuda | auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--dtype", f.dtype,
-                 "auto | bfloat16 | float32 (weights and GEMMs on the GPU; the CPU computes in "
-                 "float32)")
-      ->check(CLI::IsMember({"auto", "bfloat16", "float32"}));
+                 "auto | bfloat16 | float32 | float | half | float16 (GPU weights and GEMMs; auto: bfloat16 "
+                 "on the GPU; half/float16 run as bfloat16, with a warning; the CPU computes in float32)")
+      ->check(CLI::IsMember({"auto", "bfloat16", "float32", "float", "half", "float16"}));
   app.add_option("--load-format", f.load_format,
                  "auto | safetensors | dummy (random weights from config.json)")
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
-  app.add_option("--lora,--lora-modules", f.loras, "LoRA adapters to load, NAME=DIR (repeatable)");
+  app.add_option("--lora,--lora-modules", f.loras,
+                 "LoRA adapters to load: NAME=PATH or JSON {\"name\", \"path\", \"base_model_name\"} "
+                 "(PATH a directory or a hub id; repeatable, several per flag)");
 }
 
-void add_engine_flags(CLI::App& app, EngineConfig& c) {
+void add_engine_flags(CLI::App& app, EngineConfig& c, ModelFlags& f) {
   app.add_option("--block-size", c.cache.block_size, "Tokens per KV-cache block")->capture_default_str();
   app.add_option("--num-kv-blocks", c.cache.num_kv_blocks,
                  "KV-cache blocks (overrides the computed capacity)");
@@ -38,10 +49,13 @@ void add_engine_flags(CLI::App& app, EngineConfig& c) {
       ->capture_default_str();
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.cache.enable_prefix_caching,
                "Reuse KV blocks of identical prefixes (default on)");
-  app.add_option("--max-num-batched-tokens", c.scheduler.max_num_batched_tokens, "Token budget per step")
-      ->capture_default_str();
+  app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens,
+                 "Token budget per step (8192; 8k, 8K forms as vLLM)");
   app.add_option("--max-num-seqs", c.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
-  app.add_option("--max-model-len", c.scheduler.max_model_len, "Context length (default: the model's)");
+  app.add_option("--max-model-len", f.max_model_len,
+                 "Context length (default: the model's; 32k = 32000, 32K = 32768, auto or -1: the model's)");
+  app.add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", f.chunked_prefill,
+               "Split long prompts over steps within the token budget (default on; =false turns it off)");
   app.add_option("--scheduling-policy", c.scheduler.policy, "fcfs | priority")
       ->transform(CLI::CheckedTransformer(std::map<std::string, SchedulingPolicy>{
           {"fcfs", SchedulingPolicy::kFcfs}, {"priority", SchedulingPolicy::kPriority}}));
@@ -51,7 +65,8 @@ void add_engine_flags(CLI::App& app, EngineConfig& c) {
   app.add_option("--max-loras", c.lora.max_loras, "Distinct adapters in one step")->capture_default_str();
   app.add_option("--max-lora-rank", c.lora.max_lora_rank, "Largest LoRA rank accepted")
       ->capture_default_str();
-  app.add_option("--max-cpu-loras", c.lora.max_cpu_loras, "Adapters kept loaded")->capture_default_str();
+  app.add_option("--max-cpu-loras", f.max_cpu_loras,
+                 "Adapters kept loaded (default: --max-loras as vLLM, raised to the number of --lora-modules)");
   app.add_flag("--enforce-eager", c.execution.enforce_eager, "Run every step eagerly (no CUDA graphs)");
   app.add_option("--cuda-graph-sizes", c.execution.cuda_graph_sizes,
                  "Decode batch sizes captured as CUDA graphs (default: 1 2 4 8 16 ... --max-num-seqs)")
@@ -65,17 +80,84 @@ void add_engine_flags(CLI::App& app, EngineConfig& c) {
       ->capture_default_str();
 }
 
+LoraModuleSpec parse_lora_module(const std::string& spec) {
+  LoraModuleSpec m;
+  std::string s = spec;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.erase(s.begin());
+  if (!s.empty() && s.front() == '{') {
+    auto j = nlohmann::json::parse(s, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) fail("--lora-modules '{}': not a valid JSON object", spec);
+    for (const auto& [key, value] : j.items()) {
+      if (key != "name" && key != "path" && key != "base_model_name")
+        fail("--lora-modules '{}': unknown field '{}' (expected name, path, base_model_name)", spec, key);
+      if (!value.is_string()) fail("--lora-modules '{}': '{}' must be a string", spec, key);
+    }
+    if (!j.contains("name") || !j.contains("path"))
+      fail("--lora-modules '{}': the JSON form needs \"name\" and \"path\"", spec);
+    m.name = j["name"].get<std::string>();
+    m.path = j["path"].get<std::string>();
+    if (j.contains("base_model_name")) m.base_model_name = j["base_model_name"].get<std::string>();
+  } else {
+    size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+      fail("--lora-modules '{}': expected NAME=PATH or a JSON object", spec);
+    m.name = spec.substr(0, eq);
+    m.path = spec.substr(eq + 1);
+  }
+  if (m.name.empty() || m.path.empty()) fail("--lora-modules '{}': empty name or path", spec);
+  return m;
+}
+
+void finish_model_flags(ModelFlags& f, EngineConfig& c) {
+  if (!f.model_tag.empty()) {
+    if (!f.model_dir.empty() && f.model_dir != f.model_tag)
+      spdlog::warn("both the positional model '{}' and --model '{}' given: serving '{}' (as vLLM)", f.model_tag,
+                   f.model_dir, f.model_tag);
+    f.model_dir = f.model_tag;
+  }
+  if (!f.max_model_len.empty()) {
+    if (f.max_model_len == "auto") {
+      c.scheduler.max_model_len = 0;
+    } else {
+      int64_t v = parse_human_int(f.max_model_len, "--max-model-len");
+      if (v < -1 || v == 0) fail("--max-model-len must be positive (or -1 / auto: the model's), got {}", v);
+      c.scheduler.max_model_len = v == -1 ? 0 : v;
+    }
+  }
+  if (!f.max_num_batched_tokens.empty())
+    c.scheduler.max_num_batched_tokens = parse_human_int(f.max_num_batched_tokens, "--max-num-batched-tokens");
+  c.scheduler.enable_chunked_prefill = f.chunked_prefill;
+  if (f.max_cpu_loras) {
+    c.lora.max_cpu_loras = *f.max_cpu_loras;
+  } else {
+    // vLLM: max_cpu_loras defaults to max_loras. polylora keeps every registered adapter resident (there
+    // is no reload from disk), so the default is raised to the number of adapters given at startup.
+    c.lora.max_cpu_loras = std::max<int64_t>(c.lora.max_loras, static_cast<int64_t>(f.loras.size()));
+  }
+  if (f.dtype == "half" || f.dtype == "float16") {
+    spdlog::warn("--dtype {}: polylora computes in bfloat16 or float32, not float16; using bfloat16 (the same "
+                 "size, with float32's range)",
+                 f.dtype);
+    f.dtype = "bfloat16";
+  } else if (f.dtype == "float") {
+    f.dtype = "float32";
+  }
+}
+
 LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   namespace fs = std::filesystem;
   LoadedEngine le;
   ModelLoadOptions opts;
   opts.load_format = f.load_format == "dummy" ? LoadFormat::kDummy : LoadFormat::kSafetensors;
   std::shared_ptr<Backend> backend = make_backend(backend_options(f.device, f.dtype));
-  le.model = Model::load(f.model_dir, opts, backend);
+  std::string model_dir = resolve_model_path(f.model_dir, f.revision, "model");
+  if (model_dir != f.model_dir) spdlog::info("model '{}' (revision {}): {}", f.model_dir, f.revision, model_dir);
+  le.model = Model::load(model_dir, opts, backend);
   spdlog::info("loaded {} ({}, {} layers, {:.1f} MB of parameters) on {}", le.model->source(),
                le.model->config().model_type, le.model->config().num_layers,
                static_cast<double>(le.model->weights().num_bytes) / 1e6, backend->name());
-  std::string tok_dir = f.tokenizer_dir.empty() ? f.model_dir : f.tokenizer_dir;
+  std::string tok_dir =
+      f.tokenizer_dir.empty() ? model_dir : resolve_model_path(f.tokenizer_dir, "main", "tokenizer");
   bool has_tok =
       fs::exists(fs::path(tok_dir) / "tokenizer.json") || fs::exists(fs::path(tok_dir) / "tokenizer.json.gz");
   if (!f.tokenizer_dir.empty() && !has_tok) fail("--tokenizer {}: no tokenizer.json there", f.tokenizer_dir);
@@ -86,13 +168,11 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
                  tok_dir);
   le.engine = std::make_unique<Engine>(le.model, config, le.tokenizer);
   for (const std::string& spec : f.loras) {
-    size_t eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
-      fail("--lora '{}': expected NAME=DIR", spec);
-    std::string name = spec.substr(0, eq);
-    auto adapter =
-        load_peft_adapter(spec.substr(eq + 1), name, le.model->config(), {config.lora.max_lora_rank});
-    spdlog::info("loaded adapter '{}' (rank {}, {:.1f} MB){}", name, adapter->max_rank,
+    LoraModuleSpec m = parse_lora_module(spec);
+    std::string name = m.name;
+    std::string path = resolve_model_path(m.path, "main", "adapter");
+    auto adapter = load_peft_adapter(path, name, le.model->config(), {config.lora.max_lora_rank});
+    spdlog::info("loaded adapter '{}' from {} (rank {}, {:.1f} MB){}", name, path, adapter->max_rank,
                  static_cast<double>(adapter->num_bytes()) / 1e6,
                  adapter->has_expert_lora ? " with expert LoRA" : "");
     le.engine->add_adapter(std::move(adapter));

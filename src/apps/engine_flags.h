@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,16 +15,38 @@
 namespace polylora::apps {
 
 struct ModelFlags {
-  std::string model_dir;
+  std::string model_dir;      // --model or the positional MODEL: a directory or a hub id (org/name)
+  std::string model_tag;      // the positional MODEL (vLLM's `serve MODEL`); wins over --model
+  std::string revision = "main";  // --revision: the hub revision (ref or commit hash) of a hub id
   std::string tokenizer_dir;  // empty: the model directory when it has a tokenizer
   std::string device = "auto";
   std::string dtype = "auto";
   std::string load_format = "auto";
-  std::vector<std::string> loras;  // NAME=DIR
+  std::vector<std::string> loras;  // NAME=DIR or vLLM's JSON {"name": ..., "path": ..., "base_model_name": ...}
+  std::string max_model_len;         // --max-model-len (human-readable: 32k, 32K, auto)
+  std::string max_num_batched_tokens;  // --max-num-batched-tokens (human-readable)
+  std::optional<int64_t> max_cpu_loras;  // --max-cpu-loras (unset: --max-loras, as vLLM)
+  std::optional<uint64_t> seed;       // --seed
+  bool enable_lora = false;           // --enable-lora (LoRA is always on here)
+  bool chunked_prefill = true;        // --enable-chunked-prefill[=false] / --no-enable-chunked-prefill
+  std::string generation_config = "auto";  // --generation-config auto | vllm | DIR
+  std::string override_generation_config;  // --override-generation-config JSON
 };
 
+// One --lora-modules entry.
+struct LoraModuleSpec {
+  std::string name;
+  std::string path;  // a directory or a hub id
+  std::string base_model_name;
+};
+// Parses `name=path` or vLLM's JSON form; throws polylora::Error naming the flag.
+LoraModuleSpec parse_lora_module(const std::string& spec);
+// The flag values that need the parsed command line (sizes, defaults depending on other flags, hub ids)
+// applied to the engine config and the flags themselves: call after parsing, before load_engine.
+void finish_model_flags(ModelFlags& flags, EngineConfig& config);
+
 void add_model_flags(CLI::App& app, ModelFlags& flags, bool model_required);
-void add_engine_flags(CLI::App& app, EngineConfig& config);
+void add_engine_flags(CLI::App& app, EngineConfig& config, ModelFlags& flags);
 
 struct LoadedEngine {
   std::shared_ptr<Model> model;

@@ -54,6 +54,11 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   LoraConfig lora;
   ExecutionConfig execution;
+  // --generation-config: EOS ids of generation_config.json added to the model's (config.json, tokenizer).
+  std::vector<int64_t> extra_eos_token_ids;
+  // --seed: seeds the generators of requests that give no seed of their own (unset: random per request),
+  // so a server started with the same seed answers the same unseeded request sequence the same way.
+  std::optional<uint64_t> seed;
   // Throws polylora::Error naming the flag.
   void validate() const;
 };

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "config/generation_config.h"
+
 namespace polylora {
 
 struct ServerConfig {
@@ -16,7 +18,9 @@ struct ServerConfig {
   bool allow_runtime_lora_updating =
       false;  // --enable-lora-runtime-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING)
   std::vector<std::string> lora_allowed_dirs;  // --lora-allowed-dirs: where runtime loads may read adapters
-  std::string chat_template;                   // --chat-template FILE (default: the tokenizer's)
+  // --chat-template FILE (default: the tokenizer's). vLLM also takes the template inline; apps/ writes an
+  // inline template to a file and puts its path here, so this is always a file.
+  std::string chat_template;
   std::string metrics_api_key;                 // --metrics-api-key: /metrics needs this key (else open)
   int64_t shutdown_grace_seconds = 30;         // SIGTERM: time given to running requests (--shutdown-timeout)
   // HTTP transport limits (server/http_transport.h). Connections hold no thread; at the connection limit
@@ -36,6 +40,24 @@ struct ServerConfig {
   int64_t http_worker_threads = 0;  // --http-worker-threads: request handlers (0: cores, 4..16)
   std::string model_root;           // reported as `root` in /v1/models
   std::string web_root;             // --web-root: the playground's built files, served at / (web/dist)
+
+  // vLLM frontend flags (issue 18). apps/ fills them; the server's use of each is noted.
+  // --generation-config / --override-generation-config: defaults for requests that omit the field
+  // (temperature, top_p, top_k, min_p, repetition_penalty, max_tokens); apply where requests are parsed.
+  // The EOS ids also go to EngineConfig::extra_eos_token_ids (applied by the engine).
+  GenerationDefaults generation_defaults;
+  bool enable_log_requests = false;       // --enable-log-requests (vLLM default off; --disable-log-requests: off)
+  bool disable_log_stats = false;         // --disable-log-stats: no periodic stats line
+  double log_stats_interval = 10.0;       // --log-stats-interval seconds (vLLM's VLLM_LOG_STATS_INTERVAL)
+  std::string uvicorn_log_level = "info"; // --uvicorn-log-level: debug|info|warning|error|critical|trace
+  bool enable_request_id_headers = false; // --enable-request-id-headers: X-Request-Id on responses
+  std::string response_role = "assistant";  // --response-role: role of chat completion messages
+  bool return_tokens_as_token_ids = false;  // --return-tokens-as-token-ids: logprob tokens as "token_id:N"
+  // CORS (vLLM's defaults: everything allowed, no credentials).
+  std::vector<std::string> allowed_origins = {"*"};  // --allowed-origins (JSON list or repeated)
+  std::vector<std::string> allowed_methods = {"*"};  // --allowed-methods
+  std::vector<std::string> allowed_headers = {"*"};  // --allowed-headers
+  bool allow_credentials = false;                    // --allow-credentials
 };
 
 }  // namespace polylora

@@ -142,6 +142,10 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   if (tokenizer_ && tokenizer_->eos_id() &&
       std::find(eos_ids_.begin(), eos_ids_.end(), *tokenizer_->eos_id()) == eos_ids_.end())
     eos_ids_.push_back(*tokenizer_->eos_id());
+  for (int64_t id : config_.extra_eos_token_ids)  // --generation-config's eos_token_id
+    if (id >= 0 && std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end())
+      eos_ids_.push_back(static_cast<int32_t>(id));
+  if (config_.seed) seed_rng_.seed(*config_.seed);
 }
 
 Engine::~Engine() = default;
@@ -252,7 +256,9 @@ void Engine::add_request(EngineRequest request) {
     auto sampling = std::make_shared<RequestSampling>();
     sampling->params = sp;
     sampling->seed =
-        sp.seed ? *sp.seed + static_cast<uint64_t>(i) : (static_cast<uint64_t>(rd()) << 32) ^ rd();
+        sp.seed ? *sp.seed + static_cast<uint64_t>(i)
+        : config_.seed ? seed_rng_()
+                       : (static_cast<uint64_t>(rd()) << 32) ^ rd();
     if (!sp.ignore_eos) sampling->eos_ids = eos_ids_;
     sr->sampling = std::move(sampling);  // reaches the runner inside the plan
     scheduler_->add(std::move(sr));

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -107,6 +108,7 @@ class Engine {
   bool async_ = false;                   // --async-scheduling on the GPU
   std::optional<StepPlan> inflight_plan_;  // the step queued and not yet completed
   std::vector<int32_t> eos_ids_;
+  std::mt19937_64 seed_rng_;  // --seed: generators of unseeded requests
   std::map<std::string, std::shared_ptr<LoraAdapter>> adapters_;         // by name
   std::map<std::string, std::shared_ptr<LoraAdapter>> pinned_adapters_;  // by key, while requests use them
   std::map<std::string, int64_t> pinned_uses_;
