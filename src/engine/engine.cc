@@ -7,6 +7,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "engine/stop_rules.h"
+#include "engine/text_stream.h"
 
 namespace polylora {
 
@@ -15,10 +17,7 @@ struct Engine::Sequence {
   Group* group = nullptr;
   int64_t index = 0;
   std::vector<int32_t> output_ids;
-  std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;
-  std::string text;            // detokenized output so far (stop strings applied)
-  size_t min_tokens_text = 0;  // bytes of `text` from the first min_tokens tokens: no stop string ends there
-  size_t emitted_text = 0;     // bytes of `text` already returned
+  std::unique_ptr<TextStream> text;  // detokenized output, stop strings, holdback
   size_t emitted_tokens = 0;
   std::vector<LogprobEntry> logprobs;  // one per output token when asked
   std::optional<FinishReason> finish_reason;
@@ -34,20 +33,9 @@ struct Engine::Group {
   bool prompt_logprobs_sent = false;
   int64_t num_cached_tokens = 0;
   bool counted_prompt = false;
-  size_t max_stop_len = 0;
   bool aborted = false;
   bool scheduled = false;  // its first step was queued (metrics: queue time)
 };
-
-namespace {
-
-// Largest position <= pos that starts a UTF-8 character.
-size_t utf8_boundary(const std::string& s, size_t pos) {
-  while (pos > 0 && pos < s.size() && (static_cast<unsigned char>(s[pos]) & 0xC0) == 0x80) --pos;
-  return pos;
-}
-
-}  // namespace
 
 Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
                std::shared_ptr<const tokenizer::Tokenizer> tokenizer)
@@ -228,7 +216,6 @@ void Engine::add_request(EngineRequest request) {
     pinned_adapters_[g.adapter_key] = adapter;
     pinned_uses_[g.adapter_key] += sp.n;
   }
-  for (const auto& s : sp.stop) g.max_stop_len = std::max(g.max_stop_len, s.size());
   if (sp.prompt_logprobs) g.prompt_logprobs.assign(static_cast<size_t>(prompt_len), std::nullopt);
   // Clamped first, so that a huge max_tokens (up to 2^63 - 1) cannot overflow the sum below.
   int64_t max_tokens = std::min(sp.max_tokens.value_or(max_model_len_), max_model_len_);
@@ -239,8 +226,8 @@ void Engine::add_request(EngineRequest request) {
     seq->id = next_id_++;
     seq->group = &g;
     seq->index = i;
-    if (tokenizer_)
-      seq->detok = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_, sp.skip_special_tokens);
+    seq->text = std::make_unique<TextStream>(tokenizer_.get(), sp.skip_special_tokens, sp.stop,
+                                             sp.include_stop_str_in_output);
     auto sr = std::make_unique<SchedRequest>();
     sr->id = seq->id;
     sr->tokens = g.request.prompt_ids;
@@ -284,7 +271,7 @@ void Engine::finish_sequence(Sequence& seq, FinishReason reason, std::optional<S
   seq.stop_reason = std::move(stop_reason);
   scheduler_->finish(seq.id);
   // A matched stop string has cut the text; otherwise whatever the detokenizer holds is part of it.
-  if (seq.detok && !by_stop_string) seq.text += seq.detok->flush();
+  if (!by_stop_string) seq.text->flush();
 }
 
 bool Engine::has_unfinished() const {
@@ -376,49 +363,26 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
     if (tok.logprob) seq.logprobs.push_back(*tok.logprob);
     ++total_generation_tokens_;
     ++adapter_counters_[g.request.adapter].generation_tokens;
-    int64_t num_out = static_cast<int64_t>(seq.output_ids.size());
-    int64_t total = static_cast<int64_t>(g.request.prompt_ids.size()) + num_out;
-    bool is_eos = std::find(eos_ids_.begin(), eos_ids_.end(), tok.token) != eos_ids_.end();
-    bool is_stop_id =
-        std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok.token) != sp.stop_token_ids.end();
-    bool stop_by_eos = is_eos && !sp.ignore_eos;
-    bool stop_by_token = num_out >= sp.min_tokens && (stop_by_eos || is_stop_id);
+    const auto num_out = static_cast<int64_t>(seq.output_ids.size());
+    const int64_t total = static_cast<int64_t>(g.request.prompt_ids.size()) + num_out;
+    const std::optional<TokenStop> token_stop = check_token_stop(tok.token, num_out, sp, eos_ids_);
     // The text of a stop token (EOS or stop_token_ids) is left out unless include_stop_str_in_output
     // (as vLLM's detokenizer does).
-    if (seq.detok && (!stop_by_token || sp.include_stop_str_in_output))
-      seq.text += seq.detok->push(tok.token);
-    if (num_out <= sp.min_tokens) seq.min_tokens_text = seq.text.size();
-    if (stop_by_token) {
-      // EOS first, as vLLM: an EOS id that is also in stop_token_ids reports no stop_reason.
-      finish_sequence(seq, FinishReason::kStop,
-                      is_stop_id && !stop_by_eos ? std::optional<StopReason>(tok.token) : std::nullopt);
+    if (!token_stop || sp.include_stop_str_in_output) seq.text->push(tok.token);
+    if (num_out <= sp.min_tokens) seq.text->mark_min_tokens();
+    if (token_stop) {
+      finish_sequence(seq, token_stop->reason, token_stop->stop_reason);
       continue;
     }
     // As vLLM: stop strings count once more than min_tokens tokens are out, and only a match that ends
     // in the text of those later tokens.
-    if (!sp.stop.empty() && num_out > sp.min_tokens) {
-      // Search only where a new match can be: the new text plus the longest stop string's tail.
-      size_t new_len = seq.text.size() - std::min(seq.text.size(), seq.emitted_text);
-      size_t from =
-          seq.text.size() > new_len + g.max_stop_len ? seq.text.size() - new_len - g.max_stop_len : 0;
-      size_t best = std::string::npos;
-      const std::string* hit = nullptr;
-      for (const auto& s : sp.stop) {
-        size_t min_start = seq.min_tokens_text + 1 > s.size() ? seq.min_tokens_text + 1 - s.size() : 0;
-        size_t pos = seq.text.find(s, std::max(from, min_start));
-        if (pos != std::string::npos && pos < best) {
-          best = pos;
-          hit = &s;
-        }
-      }
-      if (hit) {
-        seq.text.resize(sp.include_stop_str_in_output ? best + hit->size() : best);
-        seq.emitted_text = std::min(seq.emitted_text, seq.text.size());
-        finish_sequence(seq, FinishReason::kStop, StopReason(*hit));
+    if (num_out > sp.min_tokens) {
+      if (std::optional<std::string> hit = seq.text->find_stop()) {
+        finish_sequence(seq, FinishReason::kStop, StopReason(std::move(*hit)));
         continue;
       }
     }
-    if ((sp.max_tokens && num_out >= *sp.max_tokens) || total >= max_model_len_)
+    if (reached_length(num_out, total, sp, max_model_len_))
       finish_sequence(seq, FinishReason::kLength, std::nullopt);
   }
   for (auto& [rid, group] : groups_)
@@ -439,12 +403,9 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
     for (auto& sp : g.seqs) {
       Sequence& seq = *sp;
       all_finished &= seq.finish_reason.has_value();
-      size_t text_end = seq.text.size();
-      if (!seq.finish_reason && g.max_stop_len > 1)  // hold back what could still become a stop string
-        text_end = utf8_boundary(
-            seq.text, seq.text.size() > g.max_stop_len - 1 ? seq.text.size() - (g.max_stop_len - 1) : 0);
-      bool has_new = seq.emitted_tokens < seq.output_ids.size() || text_end > seq.emitted_text ||
-                     (seq.finish_reason && !seq.reported_finish);
+      const bool finished = seq.finish_reason.has_value();
+      bool has_new = seq.emitted_tokens < seq.output_ids.size() || seq.text->has_new(finished) ||
+                     (finished && !seq.reported_finish);
       if (!has_new) continue;
       SequenceOutput so;
       so.index = seq.index;
@@ -453,9 +414,7 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
       if (seq.logprobs.size() >= seq.output_ids.size())
         so.new_logprobs.assign(seq.logprobs.begin() + static_cast<long>(seq.emitted_tokens),
                                seq.logprobs.end());
-      if (text_end > seq.emitted_text)
-        so.new_text = seq.text.substr(seq.emitted_text, text_end - seq.emitted_text);
-      seq.emitted_text = std::max(seq.emitted_text, text_end);
+      so.new_text = seq.text->take_new(finished);  // holds back what could still become a stop string
       seq.emitted_tokens = seq.output_ids.size();
       so.finish_reason = seq.finish_reason;
       so.stop_reason = seq.stop_reason;
