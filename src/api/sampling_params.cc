@@ -35,6 +35,15 @@ void SamplingParams::validate(int64_t vocab_size) const {
       fail("stop_token_ids: token id {} is outside the vocabulary (size {})", id, vocab_size);
   for (const auto& s : stop)
     if (s.empty()) fail("stop: stop strings must not be empty");
+  for (int32_t id : allowed_token_ids)
+    if (id < 0 || id >= vocab_size)
+      fail("allowed_token_ids: token id {} is outside the vocabulary (size {})", id, vocab_size);
+  for (const auto& word : bad_words_token_ids)
+    for (int32_t id : word)
+      if (id < 0 || id >= vocab_size)
+        fail("bad_words: token id {} is outside the vocabulary (size {})", id, vocab_size);
+  if (truncate_prompt_tokens && *truncate_prompt_tokens < 1)
+    fail("truncate_prompt_tokens must be at least 1, got {}", *truncate_prompt_tokens);
   if (logprobs && (*logprobs < 0 || *logprobs > kMaxLogprobs))
     fail("logprobs must be in [0, {}], got {}", kMaxLogprobs, *logprobs);
   if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > kMaxLogprobs))

@@ -31,8 +31,22 @@ struct SamplingParams {
   std::optional<int64_t> logprobs;         // top alternatives per generated token (0: the sampled one only)
   std::optional<int64_t> prompt_logprobs;  // top alternatives per prompt token
   bool skip_special_tokens = true;
+  // Accepted for vLLM's API; as in vLLM, it changes nothing with a fast (tokenizer.json) tokenizer, the
+  // only kind polylora loads.
+  bool spaces_between_special_tokens = true;
+  // Only these ids may be sampled (empty: all). vLLM's allowed_token_ids.
+  std::vector<int32_t> allowed_token_ids;
+  // vLLM's bad_words: the words as sent, and their token ids (each word tokenized with and without a
+  // leading space; filled by the server, which has the tokenizer). The last token of a word is banned when
+  // the tokens generated just before match the word's other tokens.
+  std::vector<std::string> bad_words;
+  std::vector<std::vector<int32_t>> bad_words_token_ids;
+  // Keep only the last N prompt tokens (vLLM's truncate_prompt_tokens; applied by the server).
+  std::optional<int64_t> truncate_prompt_tokens;
 
   bool greedy() const { return temperature < 1e-5; }
+  // Logit masks only the host sampler applies (allowed_token_ids, bad_words).
+  bool needs_host_masks() const { return !allowed_token_ids.empty() || !bad_words_token_ids.empty(); }
   // Throws polylora::Error naming the field, e.g. "temperature must be >= 0, got -1".
   void validate(int64_t vocab_size) const;
 };

@@ -358,6 +358,7 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
     if (!g.counted_prompt && r) {
       g.num_cached_tokens = r->num_cached_tokens;
       g.counted_prompt = true;
+      prompt_tokens_total_ += static_cast<int64_t>(g.request.prompt_ids.size());
     }
     seq.output_ids.push_back(tok.token);
     if (tok.logprob) seq.logprobs.push_back(*tok.logprob);
@@ -456,6 +457,7 @@ EngineStats Engine::stats() const {
   s.prefix_hits = ss.prefix.hits;
   s.num_preemptions = ss.num_preemptions;
   s.prompt_tokens = total_prompt_tokens_;
+  s.prompt_tokens_total = prompt_tokens_total_;
   s.generation_tokens = total_generation_tokens_;
   s.adapters = adapter_counters_;
   return s;

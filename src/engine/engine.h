@@ -44,6 +44,9 @@ struct EngineStats {
   int64_t num_preemptions = 0;
   int64_t prompt_tokens = 0;      // total computed prompt tokens of finished + running requests
   int64_t generation_tokens = 0;  // total generated tokens
+  // Every prompt token of the requests whose prefill has finished, prefix-cache hits included (vLLM's
+  // vllm:prompt_tokens_total; prompt_tokens above counts computed tokens only).
+  int64_t prompt_tokens_total = 0;
   std::map<std::string, AdapterCounters> adapters;  // "" = base model
 };
 
@@ -85,6 +88,9 @@ class Engine {
   const ModelConfig& model_config() const { return model_->config(); }
   const EngineConfig& config() const { return config_; }
   const std::shared_ptr<const tokenizer::Tokenizer>& tokenizer() const { return tokenizer_; }
+  // Forgets every cached prefix block (the blocks stay in use by their requests); the next requests
+  // compute their prompts anew. vLLM's /reset_prefix_cache.
+  void reset_prefix_cache() { scheduler_->kv().reset_prefix_cache(); }
   // For tests: the scheduler's invariants (empty when all hold).
   std::string check_invariants() const { return scheduler_->check_invariants(); }
 
@@ -116,6 +122,7 @@ class Engine {
   std::unordered_map<RequestId, Sequence*> sequences_;
   RequestId next_id_ = 1;
   int64_t total_prompt_tokens_ = 0, total_generation_tokens_ = 0;
+  int64_t prompt_tokens_total_ = 0;  // EngineStats::prompt_tokens_total
   std::map<std::string, AdapterCounters> adapter_counters_;
   std::vector<std::string> first_scheduled_;  // for take_first_scheduled()
 };

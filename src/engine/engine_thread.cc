@@ -152,6 +152,14 @@ bool EngineThread::remove_adapter(const std::string& name) {
   });
 }
 
+void EngineThread::reset_prefix_cache() {
+  call<bool>([this] {
+    engine_->reset_prefix_cache();
+    publish();
+    return true;
+  });
+}
+
 bool EngineThread::has_adapter(const std::string& name) const {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   for (const auto& a : snapshot_.adapters)

@@ -82,6 +82,8 @@ class EngineThread {
   void add_adapter(std::shared_ptr<LoraAdapter> adapter);  // throws
   bool remove_adapter(const std::string& name);
   bool has_adapter(const std::string& name) const;
+  // Runs Engine::reset_prefix_cache on the engine thread and waits for it.
+  void reset_prefix_cache();
   EngineSnapshot snapshot() const;
   // Stops accepting requests; waits up to `grace` for running ones to finish, then aborts the rest and
   // stops the thread.

@@ -27,7 +27,9 @@ TokenizeResult tokenize_request(const json& body, const ParseContext& ctx) {
   if (!ctx.tokenizer) fail("this server has no tokenizer");
   TokenizeResult out;
   if (body.contains("messages")) {
-    ParsedRequest p = parse_chat(body, ctx);
+    json chat = body;  // /tokenize's own field is not a chat completion field
+    chat.erase("return_token_strs");
+    ParsedRequest p = parse_chat(chat, ctx);
     out.ids = p.prompts.front().prompt_ids;
   } else {
     const std::string* prompt = string_field(body, "prompt");

@@ -37,7 +37,9 @@ Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokeniz
       responder_(std::move(responder)),
       post_work_(std::move(post_work)) {
   chat_ = parsed_.kind == ApiKind::kChat;
-  id_ = (chat_ ? "chatcmpl-" : "cmpl-") + random_suffix();
+  id_ = (chat_ ? "chatcmpl-" : "cmpl-") + (parsed_.request_id.empty() ? random_suffix() : parsed_.request_id);
+  // A client's request id need not be unique: the engine's ids get a random part of their own.
+  engine_id_ = parsed_.request_id.empty() ? id_ : id_ + "-" + random_suffix();
   created_ = static_cast<int64_t>(std::time(nullptr));
   size_t num_prompts = parsed_.prompts.size();
   choices_.resize(num_prompts * static_cast<size_t>(parsed_.n));
@@ -47,7 +49,8 @@ Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokeniz
   echo_sent_.assign(num_prompts, false);
   if (parsed_.echo)
     for (size_t i = 0; i < num_prompts; ++i)
-      for (int64_t k = 0; k < parsed_.n; ++k) choices_[i * parsed_.n + k].text = parsed_.prompt_texts[i];
+      for (int64_t k = 0; k < parsed_.n; ++k)
+        choices_[i * parsed_.n + k].text = chat_ ? parsed_.chat_echo : parsed_.prompt_texts[i];
 }
 
 void Generation::start() {
@@ -62,7 +65,7 @@ void Generation::start() {
   });
   for (size_t i = 0; i < parsed_.prompts.size(); ++i) {
     EngineRequest r = parsed_.prompts[i];
-    r.request_id = id_ + "-" + std::to_string(i);
+    r.request_id = engine_request_id(i);
     engine_.add_request_async(std::move(r),
                               [self, i](std::shared_ptr<OutputStream> stream, std::exception_ptr error) {
                                 self->post_work_([self, i, stream = std::move(stream), error]() mutable {
@@ -90,7 +93,7 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
   } else {
     streams_[prompt_idx] = stream;
     if (finished_) {  // the client went (or another prompt failed) meanwhile
-      engine_.abort(id_ + "-" + std::to_string(prompt_idx));
+      engine_.abort(engine_request_id(prompt_idx));
       stream_done_[prompt_idx] = true;
       return;
     }
@@ -108,11 +111,22 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
     stream_started_ = true;
     std::string out;
     if (chat_)  // the first chunk of every choice announces the role
-      for (size_t c = 0; c < choices_.size(); ++c)
-        out += sse(chunk({{"index", c},
-                          {"delta", {{"role", "assistant"}, {"content", ""}}},
+      for (size_t c = 0; c < choices_.size(); ++c) {
+        json j = chunk({{"index", c},
+                        {"delta", {{"role", "assistant"}, {"content", ""}}},
+                        {"logprobs", nullptr},
+                        {"finish_reason", nullptr}});
+        if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
+        out += sse(j);
+        if (parsed_.echo && !parsed_.chat_echo.empty()) {  // vLLM: the echoed content follows the role
+          json e = chunk({{"index", c},
+                          {"delta", {{"content", parsed_.chat_echo}}},
                           {"logprobs", nullptr},
-                          {"finish_reason", nullptr}}));
+                          {"finish_reason", nullptr}});
+          if (parsed_.continuous_usage) e["usage"] = continuous_usage(c);
+          out += sse(e);
+        }
+      }
     if (!chat_ && parsed_.echo && !parsed_.logprobs)
       for (size_t i = 0; i < parsed_.prompts.size(); ++i) write_echo_chunks(i, out);
     responder_->write(std::move(out));
@@ -149,6 +163,14 @@ json Generation::finish_json(const ChoiceState& ch) const {
   return finish_reason_name(*ch.finish_reason);
 }
 
+// vLLM's continuous usage: the choice's prompt tokens and the tokens it has generated so far.
+json Generation::continuous_usage(size_t choice) const {
+  size_t p = choice / static_cast<size_t>(parsed_.n);
+  auto prompt = static_cast<int64_t>(parsed_.prompts[p].prompt_ids.size());
+  auto generated = static_cast<int64_t>(choices_[choice].token_ids.size());
+  return {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
+}
+
 void Generation::write_echo_chunks(size_t prompt_idx, std::string& out) {
   if (echo_sent_[prompt_idx]) return;
   echo_sent_[prompt_idx] = true;
@@ -158,11 +180,13 @@ void Generation::write_echo_chunks(size_t prompt_idx, std::string& out) {
                                        {}, parsed_, tokenizer_);
   for (int64_t k = 0; k < parsed_.n; ++k) {
     size_t c = prompt_idx * static_cast<size_t>(parsed_.n) + static_cast<size_t>(k);
-    out += sse(chunk({{"index", c},
-                      {"text", parsed_.prompt_texts[prompt_idx]},
-                      {"logprobs", lp},
-                      {"finish_reason", nullptr},
-                      {"stop_reason", nullptr}}));
+    json j = chunk({{"index", c},
+                    {"text", parsed_.prompt_texts[prompt_idx]},
+                    {"logprobs", lp},
+                    {"finish_reason", nullptr},
+                    {"stop_reason", nullptr}});
+    if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
+    out += sse(j);
   }
 }
 
@@ -208,8 +232,7 @@ void Generation::pump() {
               {"index", c}, {"text", so.new_text}, {"logprobs", lp}, {"finish_reason", finish_json(ch)}};
         if (so.finish_reason) choice["stop_reason"] = stop_reason_json(so.stop_reason);
         json j = chunk(std::move(choice));
-        if (parsed_.continuous_usage)
-          j["usage"] = usage_json(prompt_tokens_, completion_tokens_, cached_tokens_);
+        if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
         out += sse(j);
       }
       if (o->finished) {
@@ -237,7 +260,7 @@ void Generation::pump() {
 void Generation::abort_all() {
   for (size_t i = 0; i < streams_.size(); ++i) {
     if (streams_[i]) streams_[i]->set_listener(nullptr);
-    if (streams_[i] && !stream_done_[i]) engine_.abort(id_ + "-" + std::to_string(i));
+    if (streams_[i] && !stream_done_[i]) engine_.abort(engine_request_id(i));
     stream_done_[i] = true;
   }
   finished_ = true;

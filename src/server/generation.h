@@ -45,7 +45,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::shared_ptr<HttpResponder> responder_;
   PostWork post_work_;
   bool chat_ = false;
-  std::string id_;
+  std::string id_;         // the response id: "cmpl-" / "chatcmpl-" + the request id
+  std::string engine_id_;  // the engine's request ids: engine_id_ + "-" + prompt index (unique)
+  std::string engine_request_id(size_t prompt_idx) const { return engine_id_ + "-" + std::to_string(prompt_idx); }
+  nlohmann::ordered_json continuous_usage(size_t choice) const;
   int64_t created_ = 0;
 
   std::mutex mu_;

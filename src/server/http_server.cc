@@ -6,6 +6,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "common/error.h"
@@ -62,6 +63,46 @@ const char* content_type_of(const fs::path& p) {
   return "application/octet-stream";
 }
 
+bool is_preflight(const HttpRequest& req) {
+  return req.method == "OPTIONS" && req.header("origin") && req.header("access-control-request-method");
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+  return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+}
+
+std::string percent_decode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+std::string random_hex(size_t n) {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += hex[rng() % 16];
+  return s;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
 }  // namespace
 
 struct HttpServer::Route {
@@ -110,6 +151,7 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
       [](int status, const std::string& message) { return error_response(status, message); },
       static_cast<size_t>(std::max<int64_t>(1, config_.http_io_threads)), workers);
   // Authentication before anything else, a compressed body's inflation included.
+  transport_->set_response_headers([this](const HttpRequest& req) { return response_headers(req); });
   transport_->set_precheck([this](const HttpRequest& req) -> std::optional<HttpResponse> {
     if (authorized(req)) return std::nullopt;
     return error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)");
@@ -142,7 +184,9 @@ void HttpServer::stop(std::chrono::milliseconds drain) {
 bool HttpServer::authorized(const HttpRequest& req) const {
   const std::string& p = req.path;
   const std::string* key = nullptr;
-  if (p.rfind("/v1/", 0) == 0 || p == "/v1" || p == "/tokenize" || p == "/detokenize")
+  if (is_preflight(req)) return true;  // CORS preflights carry no credentials (vLLM lets OPTIONS through)
+  if (p.rfind("/v1/", 0) == 0 || p == "/v1" || p == "/tokenize" || p == "/detokenize" ||
+      p == "/invocations" || p == "/reset_prefix_cache" || p == "/server_info")
     key = &config_.api_key;
   else if (p == "/metrics")
     key = &config_.metrics_api_key;
@@ -163,11 +207,21 @@ void HttpServer::handle(HttpRequest& req, const std::shared_ptr<HttpResponder>& 
       {"GET", "/health", &HttpServer::health},
       {"GET", "/version", &HttpServer::version},
       {"GET", "/metrics", &HttpServer::metrics},
+      {"GET", "/ping", &HttpServer::ping},
+      {"POST", "/ping", &HttpServer::ping},
+      {"POST", "/invocations", &HttpServer::invocations},
+      {"GET", "/server_info", &HttpServer::server_info},
+      {"POST", "/reset_prefix_cache", &HttpServer::reset_prefix_cache},
   };
   try {
+    if (is_preflight(req)) return res->send(preflight(req));
     if (!authorized(req))
       return res->send(
           error_response(401, "Unauthorized: a valid API key is required (Authorization: Bearer <key>)"));
+    if (req.path.rfind("/v1/models/", 0) == 0 && req.path.size() > 11) {
+      if (req.method == "GET") return model_by_id(req, res);
+      return res->send(error_response(405, "method " + req.method + " is not allowed on " + req.path));
+    }
     bool path_known = false;
     for (const Route& r : kRoutes) {
       if (req.path != r.path) continue;
@@ -205,23 +259,72 @@ ParseContext HttpServer::parse_context() const {
   return ctx;
 }
 
-void HttpServer::completions(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
-  ParsedRequest parsed = parse_completion(body_json(req), parse_context());
+void HttpServer::start_generation(ParsedRequest parsed, const HttpRequest& req,
+                                  const std::shared_ptr<HttpResponder>& res) {
+  // vLLM: the X-Request-Id header, else the body's request_id, else a random id, after "cmpl-" / "chatcmpl-".
+  if (const std::string* h = req.header("x-request-id"); h && !h->empty()) parsed.request_id = *h;
   auto g = std::make_shared<Generation>(
       std::move(parsed), engine_, tokenizer_.get(), res,
       [this](std::function<void()> fn) { transport_->post_work(std::move(fn)); });
   g->start();
+}
+
+void HttpServer::completions(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  start_generation(parse_completion(body_json(req), parse_context()), req, res);
 }
 
 void HttpServer::chat_completions(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
-  ParsedRequest parsed = parse_chat(body_json(req), parse_context());
-  auto g = std::make_shared<Generation>(
-      std::move(parsed), engine_, tokenizer_.get(), res,
-      [this](std::function<void()> fn) { transport_->post_work(std::move(fn)); });
-  g->start();
+  start_generation(parse_chat(body_json(req), parse_context()), req, res);
 }
 
-void HttpServer::models(HttpRequest&, const std::shared_ptr<HttpResponder>& res) {
+// SageMaker's inference route, as vLLM routes it: a body with `messages` is a chat completion, one with
+// `prompt` a completion.
+void HttpServer::invocations(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  json body = body_json(req);
+  if (!body.is_object()) fail("the request body must be a JSON object");
+  if (body.contains("messages")) return start_generation(parse_chat(body, parse_context()), req, res);
+  if (body.contains("prompt")) return start_generation(parse_completion(body, parse_context()), req, res);
+  fail("/invocations: the body needs 'messages' (chat completions) or 'prompt' (completions)");
+}
+
+void HttpServer::ping(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  health(req, res);
+}
+
+void HttpServer::server_info(HttpRequest&, const std::shared_ptr<HttpResponder>& res) {
+  const ModelConfig& m = engine_.model_config();
+  json model = {{"model_type", m.model_type},
+                {"vocab_size", m.vocab_size},
+                {"hidden_size", m.hidden_size},
+                {"num_layers", m.num_layers},
+                {"num_heads", m.num_heads},
+                {"num_kv_heads", m.num_kv_heads},
+                {"head_dim", m.head_dim},
+                {"max_position_embeddings", m.max_position_embeddings},
+                {"max_model_len", engine_.max_model_len()}};
+  json cache = json::object();
+  for (const auto& [k, v] : engine_.snapshot().cache_config) cache[k] = v;
+  json server = {{"served_model_names", config_.served_model_names},
+                 {"model", config_.model_root},
+                 {"allowed_origins", config_.allowed_origins},
+                 {"allowed_methods", config_.allowed_methods},
+                 {"allowed_headers", config_.allowed_headers},
+                 {"allow_credentials", config_.allow_credentials},
+                 {"enable_request_id_headers", config_.enable_request_id_headers},
+                 {"runtime_lora_updating", config_.allow_runtime_lora_updating}};
+  res->send(json_response(200, {{"version", POLYLORA_VERSION_STRING},
+                                {"model_config", model},
+                                {"cache_config", cache},
+                                {"server_config", server}}));
+}
+
+void HttpServer::reset_prefix_cache(HttpRequest&, const std::shared_ptr<HttpResponder>& res) {
+  engine_.reset_prefix_cache();
+  spdlog::info("prefix cache reset");
+  res->send(text_response("", ""));
+}
+
+json HttpServer::model_cards() const {
   int64_t created = static_cast<int64_t>(std::time(nullptr));
   json data = json::array();
   for (const auto& name : config_.served_model_names)
@@ -240,7 +343,114 @@ void HttpServer::models(HttpRequest&, const std::shared_ptr<HttpResponder>& res)
                     {"root", a.path},
                     {"parent", config_.served_model_names.front()},
                     {"max_model_len", engine_.max_model_len()}});
-  res->send(json_response(200, {{"object", "list"}, {"data", data}}));
+  return data;
+}
+
+void HttpServer::models(HttpRequest&, const std::shared_ptr<HttpResponder>& res) {
+  res->send(json_response(200, {{"object", "list"}, {"data", model_cards()}}));
+}
+
+// GET /v1/models/{id} (OpenAI's "retrieve model"): the one model object, or a 404 as OpenAI's.
+void HttpServer::model_by_id(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  std::string id = percent_decode(req.path.substr(std::string("/v1/models/").size()));
+  for (const auto& card : model_cards())
+    if (card["id"] == id) return res->send(json_response(200, card));
+  json err = error_json(404, "The model `" + sanitize_utf8(id) + "` does not exist.");
+  err["error"]["param"] = "model";
+  err["error"]["code"] = "model_not_found";
+  res->send(json_response(404, err));
+}
+
+bool HttpServer::origin_allowed(const std::string& origin) const {
+  return contains(config_.allowed_origins, "*") || contains(config_.allowed_origins, origin);
+}
+
+std::vector<std::pair<std::string, std::string>> HttpServer::response_headers(const HttpRequest& req) const {
+  std::vector<std::pair<std::string, std::string>> h;
+  if (config_.enable_request_id_headers) {
+    const std::string* rid = req.header("x-request-id");
+    h.emplace_back("X-Request-Id", rid && !rid->empty() ? *rid : random_hex(32));
+  }
+  const std::string* origin = req.header("origin");
+  if (!origin || is_preflight(req)) return h;
+  // Starlette's simple response: "*" when every origin is allowed (the origin itself when the request
+  // carries cookies), the origin itself (with Vary) when it is listed, nothing otherwise.
+  const bool all = contains(config_.allowed_origins, "*");
+  if (all && !req.header("cookie")) h.emplace_back("Access-Control-Allow-Origin", "*");
+  if (config_.allow_credentials) h.emplace_back("Access-Control-Allow-Credentials", "true");
+  if ((all && req.header("cookie")) || (!all && origin_allowed(*origin))) {
+    h.emplace_back("Access-Control-Allow-Origin", *origin);
+    h.emplace_back("Vary", "Origin");
+  }
+  return h;
+}
+
+HttpResponse HttpServer::preflight(const HttpRequest& req) const {
+  static const std::vector<std::string> kAllMethods = {"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"};
+  const std::string& origin = *req.header("origin");
+  const std::string& method = *req.header("access-control-request-method");
+  const std::string* requested_headers = req.header("access-control-request-headers");
+  const bool all_origins = contains(config_.allowed_origins, "*");
+  const bool explicit_origin = !all_origins || config_.allow_credentials;
+  const std::vector<std::string>& methods =
+      contains(config_.allowed_methods, "*") ? kAllMethods : config_.allowed_methods;
+  const bool all_headers = contains(config_.allowed_headers, "*");
+  // Starlette: the safelisted headers and the configured ones, sorted as given (the header's value), and
+  // compared in lower case.
+  std::vector<std::string> listed = {"Accept", "Accept-Language", "Content-Language", "Content-Type"};
+  for (const auto& h : config_.allowed_headers)
+    if (!contains(listed, h)) listed.push_back(h);
+  std::sort(listed.begin(), listed.end());
+  std::vector<std::string> allow_headers;
+  for (const auto& h : listed) allow_headers.push_back(lower(h));
+
+  HttpResponse r;
+  r.content_type = "text/plain; charset=utf-8";
+  if (explicit_origin)
+    r.headers.emplace_back("Vary", "Origin");
+  else
+    r.headers.emplace_back("Access-Control-Allow-Origin", "*");
+  std::string joined;
+  for (const auto& m : methods) joined += (joined.empty() ? "" : ", ") + m;
+  r.headers.emplace_back("Access-Control-Allow-Methods", joined);
+  r.headers.emplace_back("Access-Control-Max-Age", "600");
+  if (!all_headers) {
+    std::string hs;
+    for (const auto& h : listed) hs += (hs.empty() ? "" : ", ") + h;
+    r.headers.emplace_back("Access-Control-Allow-Headers", hs);
+  }
+  if (config_.allow_credentials) r.headers.emplace_back("Access-Control-Allow-Credentials", "true");
+  std::vector<std::string> failures;
+  if (origin_allowed(origin)) {
+    if (explicit_origin) r.headers.emplace_back("Access-Control-Allow-Origin", origin);
+  } else {
+    failures.push_back("origin");
+  }
+  if (!contains(methods, method)) failures.push_back("method");
+  if (all_headers && requested_headers) {
+    r.headers.emplace_back("Access-Control-Allow-Headers", *requested_headers);
+  } else if (requested_headers) {
+    std::string list = lower(*requested_headers);
+    size_t pos = 0;
+    while (pos <= list.size()) {
+      size_t comma = list.find(',', pos);
+      std::string h = trim(list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+      if (!contains(allow_headers, h)) {
+        failures.push_back("headers");
+        break;
+      }
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+  }
+  if (!failures.empty()) {
+    r.status = 400;
+    r.body = "Disallowed CORS ";
+    for (size_t i = 0; i < failures.size(); ++i) r.body += (i ? ", " : "") + failures[i];
+  } else {
+    r.body = "OK";
+  }
+  return r;
 }
 
 void HttpServer::load_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {

@@ -54,6 +54,18 @@ class HttpServer {
   void health(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
   void version(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
   void metrics(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
+  void model_by_id(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
+  void ping(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
+  void invocations(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
+  void server_info(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
+  void reset_prefix_cache(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
+  void start_generation(ParsedRequest parsed, const HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
+  nlohmann::ordered_json model_cards() const;
+  // CORS (Starlette's CORSMiddleware, as vLLM configures it): headers of a simple response, and the answer
+  // to a preflight (OPTIONS with Access-Control-Request-Method).
+  std::vector<std::pair<std::string, std::string>> response_headers(const HttpRequest& req) const;
+  bool origin_allowed(const std::string& origin) const;
+  HttpResponse preflight(const HttpRequest& req) const;
   void playground_missing(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
 
   ServerConfig config_;

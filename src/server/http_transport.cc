@@ -153,6 +153,7 @@ struct HttpTransport::Impl : std::enable_shared_from_this<HttpTransport::Impl> {
   HttpHandler handler;
   HttpErrorBody error_body;
   HttpPrecheck precheck;
+  HttpResponseHeaders response_headers;
   size_t num_io_threads;
   net::thread_pool workers;
   net::io_context ioc;
@@ -177,6 +178,8 @@ class Responder : public HttpResponder {
   void write(std::string data) override;
   void end() override;
   bool disconnected() const override { return gone_.load(); }
+  // Set once on the worker before the handler runs.
+  void set_extra_headers(std::vector<std::pair<std::string, std::string>> h) { extra_ = std::move(h); }
   void on_disconnect(std::function<void()> fn) override {
     std::unique_lock<std::mutex> lock(mu_);
     if (gone_.load()) {
@@ -204,6 +207,7 @@ class Responder : public HttpResponder {
   std::mutex mu_;
   std::atomic<bool> gone_{false};
   std::function<void()> on_gone_;
+  std::vector<std::pair<std::string, std::string>> extra_;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -528,6 +532,13 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!reading_ && buf_.size() < pipeline_cap()) start_read_some();  // notices a client that goes away
     auto t = t_;
     t_->post_work([t, req = std::move(req), responder = responder_]() mutable {
+      if (t->response_headers) {
+        try {
+          responder->set_extra_headers(t->response_headers(req));
+        } catch (const std::exception& e) {
+          spdlog::error("HTTP response headers failed: {}", e.what());
+        }
+      }
       if (t->precheck) {
         try {
           if (auto early = t->precheck(req)) return responder->send(std::move(*early));
@@ -613,12 +624,14 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 void Responder::send(HttpResponse response) {
+  for (const auto& h : extra_) response.headers.push_back(h);
   net::post(ex_, [w = session_, r = std::move(response)]() mutable {
     if (auto s = w.lock()) s->queue_response(std::move(r));
   });
 }
 void Responder::start_stream(int status, std::string content_type,
                              std::vector<std::pair<std::string, std::string>> headers) {
+  for (const auto& h : extra_) headers.push_back(h);
   net::post(ex_, [w = session_, status, ct = std::move(content_type), h = std::move(headers)] {
     if (auto s = w.lock()) s->queue_stream_start(status, ct, h);
   });
@@ -777,6 +790,10 @@ void HttpTransport::stop(std::chrono::milliseconds drain) {
       impl->stop_timer.async_wait([impl](beast::error_code) { impl->ioc.stop(); });
     });
   });
+}
+
+void HttpTransport::set_response_headers(HttpResponseHeaders fn) {
+  impl_->response_headers = std::move(fn);
 }
 
 void HttpTransport::set_precheck(HttpPrecheck precheck) {

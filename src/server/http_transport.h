@@ -78,6 +78,11 @@ using HttpErrorBody = std::function<HttpResponse(int status, const std::string& 
 // Looks at a request before its body is decoded (e.g. authentication): a response answers it at once.
 using HttpPrecheck = std::function<std::optional<HttpResponse>(const HttpRequest& request)>;
 
+// Header fields added to every response of a request (CORS, request ids): computed from the request on a
+// worker before anything else runs.
+using HttpResponseHeaders =
+    std::function<std::vector<std::pair<std::string, std::string>>(const HttpRequest& request)>;
+
 class HttpTransport {
  public:
   HttpTransport(HttpLimits limits, HttpHandler handler, HttpErrorBody error_body, size_t num_io_threads,
@@ -97,6 +102,8 @@ class HttpTransport {
   void stop(std::chrono::milliseconds drain);
   // Set before run(): called on a worker for every request before gzip/deflate bodies are inflated.
   void set_precheck(HttpPrecheck precheck);
+  // Set before run(): the header fields added to every response the handler (or the precheck) gives.
+  void set_response_headers(HttpResponseHeaders fn);
   // Runs `fn` on the worker pool.
   void post_work(std::function<void()> fn);
   int64_t num_connections() const;

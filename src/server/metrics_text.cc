@@ -67,7 +67,7 @@ std::string prometheus_text(const EngineSnapshot& snap, const std::string& model
   counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
           static_cast<double>(s.num_preemptions));
   counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
-          static_cast<double>(s.prompt_tokens));
+          static_cast<double>(s.prompt_tokens_total));
   counter("vllm:generation_tokens_total", "Number of generation tokens processed.",
           static_cast<double>(s.generation_tokens));
   header(o, "vllm:request_success_total", "counter", "Count of successfully processed requests.");

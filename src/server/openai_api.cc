@@ -1,7 +1,10 @@
 // server/openai_api.cc: completion / chat request parsing and response pieces (OpenAI + vLLM fields).
 #include "server/openai_api.h"
 
+#include <algorithm>
+
 #include "common/error.h"
+#include "common/utf8.h"
 #include "server/request_json.h"
 
 namespace polylora::server {
@@ -40,8 +43,36 @@ void resolve_model(const json& body, const ParseContext& ctx, ParsedRequest& out
   fail_with(ErrorKind::kNotFound, "The model `{}` does not exist.", out.model);
 }
 
-void read_common(const json& body, ParsedRequest& out, SamplingParams& sp) {
+void check_fields(const json& body, ApiKind kind) {
+  const auto& known = known_fields(kind);
+  for (const auto& [key, value] : body.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    fail("'{}' is not a field polylora accepts on {} (unknown or not implemented)",
+         sanitize_utf8(key), kind == ApiKind::kChat ? "/v1/chat/completions" : "/v1/completions");
+  }
+  if (bool_field(body, "use_beam_search", false))
+    fail("'use_beam_search' is not supported: polylora has no beam search");
+  if (const json* lp = get(body, "length_penalty")) {
+    if (!lp->is_number() || lp->get<double>() != 1.0)
+      fail("'length_penalty' applies to beam search only, which polylora does not have; only 1.0 is accepted");
+  }
+  if (const json* u = get(body, "user"))
+    if (!u->is_string()) fail("'user' must be a string");
+  if (const json* rid = get(body, "request_id"))
+    if (!rid->is_string() || rid->get<std::string>().empty()) fail("'request_id' must be a non-empty string");
+}
+
+void read_common(const json& body, ParsedRequest& out, SamplingParams& sp, const ParseContext& ctx) {
   read_sampling_fields(body, sp);
+  if (const json* rid = get(body, "request_id")) out.request_id = rid->get<std::string>();
+  if (sp.truncate_prompt_tokens && *sp.truncate_prompt_tokens == -1)
+    sp.truncate_prompt_tokens = ctx.max_model_len;
+  if (!sp.bad_words.empty()) {
+    if (!ctx.tokenizer) fail("'bad_words' needs a tokenizer, which this server has not");
+    const tokenizer::Tokenizer* tok = ctx.tokenizer;
+    tokenize_bad_words(sp, [tok](const std::string& w) { return tok->encode(w, false); });
+    if (ctx.vocab_size > 0) sp.validate(ctx.vocab_size);
+  }
   out.stream = bool_field(body, "stream", false);
   if (const json* so = get(body, "stream_options")) {
     if (!so->is_object()) fail("'stream_options' must be an object");
@@ -73,7 +104,15 @@ EngineRequest base_request(const json& body, const ParsedRequest& out, const Sam
   return r;
 }
 
-void check_length(const EngineRequest& r, const ParseContext& ctx) {
+// truncate_prompt_tokens: the last N prompt tokens (vLLM truncates from the left).
+void truncate_prompt(EngineRequest& r) {
+  const auto& t = r.sampling.truncate_prompt_tokens;
+  if (t && static_cast<int64_t>(r.prompt_ids.size()) > *t)
+    r.prompt_ids.erase(r.prompt_ids.begin(), r.prompt_ids.end() - *t);
+}
+
+void check_length(EngineRequest& r, const ParseContext& ctx) {
+  truncate_prompt(r);
   int64_t prompt = static_cast<int64_t>(r.prompt_ids.size());
   if (prompt == 0) fail("the prompt is empty");
   if (prompt >= ctx.max_model_len)
@@ -111,8 +150,9 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   ParsedRequest out;
   out.kind = ApiKind::kCompletion;
   resolve_model(body, ctx, out);
+  check_fields(body, ApiKind::kCompletion);
   SamplingParams sp;  // completions default: max_tokens 16, temperature 1
-  read_common(body, out, sp);
+  read_common(body, out, sp, ctx);
   out.echo = bool_field(body, "echo", false);
   if (sp.logprobs) out.logprobs = sp.logprobs;
   out.prompt_logprobs = sp.prompt_logprobs;
@@ -132,9 +172,11 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
     if (!ctx.tokenizer) fail("this server has no tokenizer: send the prompt as token ids");
     EngineRequest r = base_request(body, out, sp);
     r.prompt_ids = ctx.tokenizer->encode(text, bool_field(body, "add_special_tokens", true));
+    bool truncated = r.sampling.truncate_prompt_tokens &&
+                     static_cast<int64_t>(r.prompt_ids.size()) > *r.sampling.truncate_prompt_tokens;
     check_length(r, ctx);
+    out.prompt_texts.push_back(truncated ? ctx.tokenizer->decode(r.prompt_ids) : text);
     out.prompts.push_back(std::move(r));
-    out.prompt_texts.push_back(text);
   };
   auto add_ids = [&](const json& list) {
     check_count();
@@ -176,8 +218,9 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   out.kind = ApiKind::kChat;
   resolve_model(body, ctx, out);
   SamplingParams sp;
+  check_fields(body, ApiKind::kChat);
   sp.max_tokens.reset();  // chat: up to the context length unless max_tokens / max_completion_tokens
-  read_common(body, out, sp);
+  read_common(body, out, sp, ctx);
   if (const json* lp = get(body, "logprobs")) {
     if (!lp->is_boolean()) fail("'logprobs' must be a boolean for chat completions");
     if (lp->get<bool>())
@@ -226,6 +269,24 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
     if (!obody["chat_template_kwargs"].is_object()) fail("'chat_template_kwargs' must be an object");
     in.kwargs = obody["chat_template_kwargs"];
   }
+  if (const json* re = get(body, "reasoning_effort")) {
+    // vLLM hands it to the chat template as the variable `reasoning_effort` (GPT-OSS's template reads it).
+    if (!re->is_string() || (re->get<std::string>() != "low" && re->get<std::string>() != "medium" &&
+                             re->get<std::string>() != "high"))
+      fail("'reasoning_effort' must be one of 'low', 'medium', 'high'");
+    if (!in.kwargs.contains("reasoning_effort")) in.kwargs["reasoning_effort"] = *re;
+  }
+  if (const json* tc = get(body, "tool_choice")) {
+    if (!tc->is_string() || tc->get<std::string>() != "none")
+      fail("'tool_choice' other than \"none\" needs tool-call parsing, which polylora does not implement");
+  }
+  out.echo = bool_field(body, "echo", false);
+  if (out.echo) {
+    // vLLM: the final message's content is echoed when that message is the assistant's (the response role).
+    const json& last = in.messages.back();
+    if (last.value("role", "") == "assistant" && last.contains("content") && last["content"].is_string())
+      out.chat_echo = last["content"].get<std::string>();
+  }
   const tokenizer::Tokenizer& tok = *ctx.tokenizer;
   if (tok.bos_id()) in.bos_token = tok.id_to_token(*tok.bos_id());
   in.eos_token = tok.eos_token();
@@ -262,6 +323,36 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   out.prompt_texts.push_back(rendered);
   out.prompts.push_back(std::move(r));
   return out;
+}
+
+const std::vector<std::string>& known_fields(ApiKind kind) {
+  // vLLM's CompletionRequest / ChatCompletionRequest fields that polylora implements, plus `user` (an
+  // end-user identifier with no effect on generation, in vLLM too) and `spaces_between_special_tokens`
+  // (no effect with a fast tokenizer, in vLLM too). use_beam_search and length_penalty are accepted only
+  // with their default values. Guided decoding, response_format, logits_processors, prompt_embeds,
+  // kv_transfer_params, vllm_xargs, documents, mm_processor_kwargs, parallel_tool_calls, include_reasoning
+  // and return_token_ids are refused.
+  static const std::vector<std::string> common = {
+      "model", "stream", "stream_options", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed",
+      "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "max_tokens",
+      "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
+      "spaces_between_special_tokens", "logprobs", "prompt_logprobs", "allowed_token_ids", "bad_words",
+      "truncate_prompt_tokens", "add_special_tokens", "priority", "request_id", "cache_salt",
+      "return_tokens_as_token_ids", "user", "use_beam_search", "length_penalty", "echo"};
+  static const std::vector<std::string> completion = [] {
+    std::vector<std::string> v = common;
+    for (const char* f : {"prompt", "suffix"}) v.push_back(f);
+    return v;
+  }();
+  static const std::vector<std::string> chat = [] {
+    std::vector<std::string> v = common;
+    for (const char* f : {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                          "chat_template", "chat_template_kwargs", "add_generation_prompt",
+                          "continue_final_message", "reasoning_effort"})
+      v.push_back(f);
+    return v;
+  }();
+  return kind == ApiKind::kChat ? chat : completion;
 }
 
 std::string token_text(int32_t id, const ParsedRequest& req, const tokenizer::Tokenizer* tok) {

@@ -24,6 +24,8 @@ struct ParsedRequest {
   std::string adapter;  // empty: base model
   std::vector<EngineRequest> prompts;
   std::vector<std::string> prompt_texts;  // for echo
+  std::string chat_echo;                  // chat echo: the final message's content when it is the assistant's
+  std::string request_id;                 // the client's request_id field (empty: none)
   bool stream = false;
   bool include_usage = false;
   bool continuous_usage = false;
@@ -43,6 +45,10 @@ struct ParseContext {
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;  // token ids must be below it (0: unchecked)
 };
+
+// The top-level fields a route accepts (vLLM's protocol, less what polylora does not implement); any other
+// field is refused with a 400 naming it. "/v1/completions" or "/v1/chat/completions".
+const std::vector<std::string>& known_fields(ApiKind kind);
 
 // Throws polylora::Error (kInvalid -> 400, kNotFound -> 404) naming the offending field.
 ParsedRequest parse_completion(const nlohmann::ordered_json& body, const ParseContext& ctx);

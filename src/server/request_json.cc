@@ -145,6 +145,48 @@ void read_sampling_fields(const json& body, SamplingParams& p) {
     if (p.logprobs) p.logprobs = k;
   }
   if (field(body, "prompt_logprobs")) p.prompt_logprobs = integer(body, "prompt_logprobs");
+  if (field(body, "spaces_between_special_tokens"))
+    p.spaces_between_special_tokens = boolean(body, "spaces_between_special_tokens");
+  if (field(body, "allowed_token_ids")) {
+    p.allowed_token_ids = id_list(body, "allowed_token_ids");
+    if (p.allowed_token_ids.empty()) fail("'allowed_token_ids' must not be empty");
+    if (p.allowed_token_ids.size() > kMaxAllowedTokenIds)
+      fail("'allowed_token_ids' has {} ids; at most {} are allowed", p.allowed_token_ids.size(),
+           kMaxAllowedTokenIds);
+  }
+  if (const json* bw = field(body, "bad_words")) {
+    if (!bw->is_array()) fail("'bad_words' must be a list of strings");
+    p.bad_words.clear();
+    for (const auto& w : *bw) {
+      if (!w.is_string()) fail("'bad_words' must be a list of strings");
+      p.bad_words.push_back(w.get<std::string>());
+    }
+    if (p.bad_words.size() > kMaxStopStrings)
+      fail("'bad_words' has {} words; at most {} are allowed", p.bad_words.size(), kMaxStopStrings);
+    for (const auto& w : p.bad_words)
+      if (w.size() > kMaxStopStringBytes)
+        fail("'bad_words': a word is {} bytes long; at most {} are allowed", w.size(), kMaxStopStringBytes);
+  }
+  if (field(body, "truncate_prompt_tokens")) {
+    int64_t t = integer(body, "truncate_prompt_tokens");
+    if (t < -1 || t == 0) fail("'truncate_prompt_tokens' must be -1 or at least 1, got {}", t);
+    p.truncate_prompt_tokens = t;  // -1: the model's context length (resolved by the caller)
+  }
+}
+
+void tokenize_bad_words(SamplingParams& p, const std::function<std::vector<int32_t>(const std::string&)>& encode) {
+  p.bad_words_token_ids.clear();
+  for (const auto& word : p.bad_words) {
+    // As vLLM's SamplingParams.update_from_tokenizer: the word alone, and with a leading space when that
+    // gives a different first token and the same number of tokens.
+    size_t start = word.find_first_not_of(" \t\n\r\f\v");
+    std::string stripped = start == std::string::npos ? std::string() : word.substr(start);
+    std::vector<int32_t> plain = encode(stripped);
+    if (!plain.empty()) p.bad_words_token_ids.push_back(plain);
+    std::vector<int32_t> spaced = encode(" " + stripped);
+    if (!spaced.empty() && (plain.empty() || (spaced[0] != plain[0] && spaced.size() == plain.size())))
+      p.bad_words_token_ids.push_back(spaced);
+  }
 }
 
 nlohmann::json logprob_entry_json(const LogprobEntry& e) {

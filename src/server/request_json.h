@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -13,8 +14,12 @@
 namespace polylora::server {
 
 // Reads every sampling field present in `body` into `params` (fields absent keep their value). Unknown
-// fields are ignored. Type and range errors name the field; integers are checked for range before use.
+// fields are not checked here (see known_fields). Type and range errors name the field; integers are checked for range before use.
 void read_sampling_fields(const nlohmann::ordered_json& body, SamplingParams& params);
+
+// Fills params.bad_words_token_ids from params.bad_words with `encode` (no special tokens), as vLLM.
+void tokenize_bad_words(SamplingParams& params,
+                        const std::function<std::vector<int32_t>(const std::string&)>& encode);
 
 // The largest `n` a request may ask for (checked before anything is allocated).
 inline constexpr int64_t kMaxN = 1024;
@@ -24,6 +29,7 @@ inline constexpr int64_t kMaxSequencesPerRequest = 4096;
 inline constexpr size_t kMaxStopStrings = 256;
 inline constexpr size_t kMaxStopStringBytes = 4096;
 inline constexpr size_t kMaxStopTokenIds = 4096;
+inline constexpr size_t kMaxAllowedTokenIds = 1 << 20;
 
 // JSON of a LogprobEntry as {"id", "logprob", "rank", "top": [{"id", "logprob"}]}.
 nlohmann::json logprob_entry_json(const LogprobEntry& entry);

@@ -57,6 +57,8 @@ ModelRunner::Sampling ModelRunner::choose_sampling(const BatchBuilder::Step& ste
     argmax &= o.sample && p.greedy() && !p.logprobs && p.logit_bias.empty() && !penalties &&
               (s->num_output() >= p.min_tokens || (s->sampling->eos_ids.empty() && p.stop_token_ids.empty()));
     device &= !(penalties && s->pending_row >= 0);
+    device &= !p.needs_host_masks();  // allowed_token_ids / bad_words: the host sampler's masks
+    argmax &= !p.needs_host_masks();
   }
   return argmax && !device ? Sampling::kArgmax : device ? Sampling::kDevice : Sampling::kHost;
 }

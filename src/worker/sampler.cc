@@ -329,6 +329,30 @@ void apply_logit_bias(float* logits, int64_t vocab, const SamplingParams& params
   }
 }
 
+void apply_allowed_token_ids(float* logits, int64_t vocab, const SamplingParams& params) {
+  if (params.allowed_token_ids.empty()) return;
+  std::vector<float> keep(params.allowed_token_ids.size());
+  for (size_t i = 0; i < keep.size(); ++i) {
+    check_id(params.allowed_token_ids[i], vocab);
+    keep[i] = logits[params.allowed_token_ids[i]];
+  }
+  std::fill(logits, logits + vocab, kNegInf);
+  for (size_t i = 0; i < keep.size(); ++i) logits[params.allowed_token_ids[i]] = keep[i];
+}
+
+void apply_bad_words(float* logits, int64_t vocab, const SamplingParams& params,
+                     std::span<const int32_t> output_ids) {
+  for (const auto& word : params.bad_words_token_ids) {
+    if (word.empty() || word.size() > output_ids.size() + 1) continue;
+    const size_t prefix = word.size() - 1;
+    if (std::equal(word.begin(), word.begin() + static_cast<std::ptrdiff_t>(prefix),
+                   output_ids.end() - static_cast<std::ptrdiff_t>(prefix))) {
+      check_id(word.back(), vocab);
+      logits[word.back()] = kNegInf;
+    }
+  }
+}
+
 void apply_penalties(float* logits, int64_t vocab, const SamplingParams& params,
                      std::span<const int32_t> prompt_ids, std::span<const int32_t> output_ids) {
   const bool use_rep = params.repetition_penalty != 1.0;
@@ -413,6 +437,8 @@ SampleResult Sampler::sample_row(const SamplerRow& row) const {
   const auto num_output = static_cast<int64_t>(row.output_ids.size());
   apply_min_tokens(logits, vocab, params, num_output, row.eos_ids);
   apply_logit_bias(logits, vocab, params);
+  apply_allowed_token_ids(logits, vocab, params);
+  apply_bad_words(logits, vocab, params, row.output_ids);
   apply_penalties(logits, vocab, params, row.prompt_ids, row.output_ids);
 
   if (params.greedy()) {

@@ -56,6 +56,12 @@ void apply_min_tokens(float* logits, int64_t vocab, const SamplingParams& params
                       std::span<const int32_t> eos_ids);
 // Adds params.logit_bias to the listed logits.
 void apply_logit_bias(float* logits, int64_t vocab, const SamplingParams& params);
+// allowed_token_ids: every other logit set to -inf (nothing when the list is empty).
+void apply_allowed_token_ids(float* logits, int64_t vocab, const SamplingParams& params);
+// bad_words (vLLM's semantics): for each word's token ids, its last token is set to -inf when the output
+// so far ends with the word's other tokens (a one-token word is always banned).
+void apply_bad_words(float* logits, int64_t vocab, const SamplingParams& params,
+                     std::span<const int32_t> output_ids);
 // Repetition penalty on tokens seen in the prompt or the output (logit > 0: divided, else multiplied),
 // then frequency_penalty * count and presence_penalty * [count > 0] subtracted for output tokens.
 void apply_penalties(float* logits, int64_t vocab, const SamplingParams& params,
