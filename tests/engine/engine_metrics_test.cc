@@ -21,6 +21,7 @@ TEST_P(EngineMetricsTest, PhasesIterationTokensAndParams) {
   EngineConfig ec;
   ec.cache.block_size = 4;
   ec.cache.num_kv_blocks = 256;
+  ec.scheduler.max_model_len = 64;  // the request without max_tokens generates up to here
   ec.execution.async_scheduling = GetParam();
   auto engine = std::make_unique<Engine>(model, ec, nullptr);
   EngineThreadOptions opts;
