@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <unistd.h>
+#include <sstream>
 #include <thread>
 
 #include "apps/command.h"
@@ -55,7 +56,17 @@ std::vector<std::string> cors_list(const std::vector<std::string>& given, const 
         out.push_back(x.get<std::string>());
       }
     } else {
-      out.push_back(v);
+      // CLI11 splits a bracketed list itself and leaves each element's JSON quotes on; a comma list
+      // (GET,POST) is split here.
+      std::stringstream ss(v);
+      for (std::string item; std::getline(ss, item, ',');) {
+        const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+        if (b == std::string::npos) continue;
+        item = item.substr(b, e - b + 1);
+        if (item.size() >= 2 && (item.front() == '"' || item.front() == '\'') && item.back() == item.front())
+          item = item.substr(1, item.size() - 2);
+        out.push_back(item);
+      }
     }
   }
   return out;

@@ -343,12 +343,12 @@ describe('request fields and routes', () => {
   });
 });
 
-// The flags are repeated: `--allowed-origins '["..."]'` (vLLM's JSON form) keeps its quotes in cmd_serve today.
+// vLLM's JSON-list forms of the flags (and a comma list).
 describe('CORS with explicit origins, methods, headers and credentials', () => {
   let server;
   before(async () => {
     server = await startServer(['--model', MODEL, '--max-model-len', '256', '--api-key', 'k',
-      '--allowed-origins', 'http://good.example', '--allowed-methods', 'GET', '--allowed-methods', 'POST',
+      '--allowed-origins', '["http://good.example"]', '--allowed-methods', '["GET", "POST"]',
       '--allowed-headers', 'Authorization', '--allow-credentials']);
   });
   after(async () => { await server.stop(); });
