@@ -81,7 +81,9 @@ struct GrammarSpec {
 };
 
 // Words of a token bitmask over a vocabulary of `vocab_size` ids.
-inline size_t mask_words(int64_t vocab_size) { return static_cast<size_t>((vocab_size + 31) / 32); }
+inline size_t mask_words(int64_t vocab_size) {
+  return static_cast<size_t>((vocab_size + 31) / 32);
+}
 
 class CompiledGrammar;  // immutable rules plus a thread-safe cache of states, transitions and masks
 
@@ -125,8 +127,8 @@ class GrammarMatcher {
   // Sets bit (id % 32) of mask[id / 32] for every allowed id and clears every other bit; mask has at
   // least mask_words(vocab size) words. After termination only stop tokens are set.
   void fill_mask(std::span<uint32_t> mask) const;
-  bool can_terminate() const;   // the text so far is a complete match
-  bool is_terminated() const;   // a stop token was accepted
+  bool can_terminate() const;  // the text so far is a complete match
+  bool is_terminated() const;  // a stop token was accepted
   // True when no byte can follow (the only way on is a stop token).
   bool must_terminate() const;
   // Undoes the last num_tokens accepted tokens (at most as many as were accepted).

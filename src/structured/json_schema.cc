@@ -1,0 +1,544 @@
+// structured/json_schema.cc: JSON Schema -> GBNF. Supported: type (one or a list), properties /
+// required / additionalProperties (absent means false, as OpenAI's strict mode and xgrammar), enum,
+// const, anyOf, oneOf (as anyOf), allOf of one schema, $ref to "#" and JSON pointers into the document
+// ($defs, definitions), items / prefixItems / minItems / maxItems, string minLength / maxLength /
+// pattern / format (date-time, date, time, uuid, email, ipv4), integer minimum / maximum / exclusive
+// bounds exactly, number bounds by sign only. Known keywords that cannot be enforced are refused by name;
+// annotations and unknown keywords are ignored. Properties come out in the schema's order.
+#include "structured/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "common/error.h"
+#include "structured/grammar.h"
+
+namespace polylora::structured {
+namespace {
+
+using nlohmann::ordered_json;
+
+constexpr int64_t kIntLimit = 999'999'999'999'999'999;  // 18 digits: the integers a grammar can bound
+
+std::string digit_class(char lo, char hi) {
+  if (lo == hi) return std::string("\"") + lo + "\"";
+  return std::string("[") + lo + "-" + hi + "]";
+}
+
+void same_length(const std::string& a, const std::string& b, const std::string& prefix,
+                 std::vector<std::string>& out) {
+  if (a.empty()) {
+    out.push_back(prefix.empty() ? "\"\"" : prefix);
+    return;
+  }
+  auto join = [&](const std::string& x) { return prefix.empty() ? x : prefix + " " + x; };
+  if (a[0] == b[0]) {
+    same_length(a.substr(1), b.substr(1), join(digit_class(a[0], a[0])), out);
+    return;
+  }
+  const size_t rest = a.size() - 1;
+  char lo = a[0], hi = b[0];
+  const bool a_zeros = a.find_first_not_of('0', 1) == std::string::npos;
+  const bool b_nines = b.find_first_not_of('9', 1) == std::string::npos;
+  if (!a_zeros) {
+    same_length(a.substr(1), std::string(rest, '9'), join(digit_class(a[0], a[0])), out);
+    ++lo;
+  }
+  if (lo <= hi - (b_nines ? 0 : 1)) {
+    std::string e = join(digit_class(lo, static_cast<char>(b_nines ? hi : hi - 1)));
+    if (rest) e += fmt::format(" [0-9]{{{}}}", rest);
+    out.push_back(e);
+  }
+  if (!b_nines) same_length(std::string(rest, '0'), b.substr(1), join(digit_class(b[0], b[0])), out);
+}
+
+void nonnegative_range(int64_t lo, int64_t hi, std::vector<std::string>& out) {
+  std::string l = std::to_string(lo), h = std::to_string(hi);
+  for (size_t d = l.size(); d <= h.size(); ++d) {
+    std::string a = d == l.size() ? l : "1" + std::string(d - 1, '0');
+    std::string b = d == h.size() ? h : std::string(d, '9');
+    same_length(a, b, "", out);
+  }
+}
+
+std::string alternatives(const std::vector<std::string>& alts) {
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out + ")";
+}
+
+const std::set<std::string>& unsupported_keywords() {
+  static const std::set<std::string> k = {"not",
+                                          "if",
+                                          "then",
+                                          "else",
+                                          "patternProperties",
+                                          "propertyNames",
+                                          "dependentRequired",
+                                          "dependentSchemas",
+                                          "dependencies",
+                                          "unevaluatedProperties",
+                                          "unevaluatedItems",
+                                          "contains",
+                                          "minContains",
+                                          "maxContains",
+                                          "uniqueItems",
+                                          "multipleOf",
+                                          "minProperties",
+                                          "maxProperties",
+                                          "$dynamicRef",
+                                          "$recursiveRef",
+                                          "contentSchema",
+                                          "additionalItems"};
+  return k;
+}
+
+class SchemaConverter {
+ public:
+  SchemaConverter(const ordered_json& root, std::string prefix) : root_(root), prefix_(std::move(prefix)) {}
+
+  std::string convert() {
+    std::string body = visit(root_, "#");
+    std::string out = prefix_ + " ::= " + body + "\n";
+    for (const auto& [name, def] : rules_) out += name + " ::= " + def + "\n";
+    return out;
+  }
+
+  // Only the generic-value rules (json_object).
+  std::string object_only() {
+    std::string out = prefix_ + " ::= " + basic("object") + "\n";
+    for (const auto& [name, def] : rules_) out += name + " ::= " + def + "\n";
+    return out;
+  }
+
+ private:
+  template <typename... Args>
+  [[noreturn]] static void error(const std::string& path, fmt::format_string<Args...> f, Args&&... args) {
+    fail("json_schema: {} (at {})", fmt::format(f, std::forward<Args>(args)...), path);
+  }
+
+  // Shared building blocks, defined once under the prefix.
+  std::string basic(const std::string& what) {
+    std::string name = prefix_ + "-" + what;
+    if (rules_.count(name)) return name;
+    rules_[name] = "";  // reserve (recursion)
+    std::string ws = prefix_ + "-ws";
+    std::string def;
+    if (what == "ws") {
+      def = "[ \\t\\n]{0,20}";
+    } else if (what == "char") {
+      def = "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})";
+    } else if (what == "string") {
+      def = "\"\\\"\" " + basic("char") + "* \"\\\"\"";
+    } else if (what == "int") {
+      def = "\"0\" | [1-9] [0-9]{0,17}";
+    } else if (what == "integer") {
+      def = "\"-\"? " + basic("int");
+    } else if (what == "number") {
+      def = "\"-\"? " + basic("int") + " (\".\" [0-9]{1,17})? ([eE] [-+]? [0-9]{1,3})?";
+    } else if (what == "boolean") {
+      def = "\"true\" | \"false\"";
+    } else if (what == "null") {
+      def = "\"null\"";
+    } else if (what == "value") {
+      def = basic("object") + " | " + basic("array") + " | " + basic("string") + " | " + basic("number") +
+            " | " + basic("boolean") + " | " + basic("null");
+    } else if (what == "object") {
+      basic("ws");
+      std::string member = basic("string") + " " + ws + " \":\" " + ws + " " + basic("value");
+      def =
+          "\"{\" " + ws + " (" + member + " (" + ws + " \",\" " + ws + " " + member + ")* " + ws + ")? \"}\"";
+    } else if (what == "array") {
+      basic("ws");
+      def = "\"[\" " + ws + " (" + basic("value") + " (" + ws + " \",\" " + ws + " " + basic("value") +
+            ")* " + ws + ")? \"]\"";
+    }
+    rules_[name] = def;
+    return name;
+  }
+
+  std::string new_rule_name(const std::string& hint) {
+    std::string clean;
+    for (char c : hint) clean += (std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '-';
+    if (clean.size() > 40) clean.resize(40);
+    return fmt::format("{}-{}{}", prefix_, clean, counter_++);
+  }
+
+  const ordered_json& resolve(const std::string& ref, const std::string& path) {
+    if (ref == "#") return root_;
+    if (!ref.starts_with("#/"))
+      error(path, "$ref '{}' is not supported: only references into this schema (\"#/$defs/Name\")", ref);
+    try {
+      return root_.at(ordered_json::json_pointer(ref.substr(1)));
+    } catch (const std::exception&) {
+      error(path, "$ref '{}' points at nothing in the schema", ref);
+    }
+  }
+
+  std::string literal_value(const ordered_json& v) { return gbnf_literal(v.dump()); }
+
+  std::string visit(const ordered_json& s, const std::string& path) {
+    if (++depth_ > 64) error(path, "the schema is nested too deeply");
+    std::string out = visit_inner(s, path);
+    --depth_;
+    return out;
+  }
+
+  std::string visit_inner(const ordered_json& s, const std::string& path) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) error(path, "the schema `false` matches nothing");
+      return basic("value");
+    }
+    if (!s.is_object()) error(path, "a schema must be an object or a boolean, got {}", s.type_name());
+    for (const auto& [key, value] : s.items())
+      if (unsupported_keywords().count(key)) error(path, "the keyword '{}' is not supported", key);
+    if (s.contains("$ref")) {
+      if (!s["$ref"].is_string()) error(path, "$ref must be a string");
+      std::string ref = s["$ref"].get<std::string>();
+      auto it = refs_.find(ref);
+      if (it != refs_.end()) return it->second;
+      std::string name = new_rule_name("ref-" + ref.substr(ref.rfind('/') + 1));
+      refs_[ref] = name;
+      rules_[name] = "";
+      rules_[name] = visit(resolve(ref, path), ref);
+      return name;
+    }
+    if (s.contains("const")) return literal_value(s["const"]);
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array() || s["enum"].empty()) error(path, "enum must be a non-empty array");
+      std::vector<std::string> alts;
+      for (const auto& v : s["enum"]) alts.push_back(literal_value(v));
+      return alternatives(alts);
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (!s.contains(key)) continue;
+      const auto& list = s[key];
+      if (!list.is_array() || list.empty()) error(path, "{} must be a non-empty array", key);
+      std::vector<std::string> alts;
+      for (size_t i = 0; i < list.size(); ++i)
+        alts.push_back(visit(list[i], fmt::format("{}/{}/{}", path, key, i)));
+      return alternatives(alts);
+    }
+    if (s.contains("allOf")) {
+      const auto& list = s["allOf"];
+      if (!list.is_array() || list.size() != 1)
+        error(path, "allOf is supported with exactly one schema (merging several is not)");
+      return visit(list[0], path + "/allOf/0");
+    }
+    std::vector<std::string> types;
+    if (s.contains("type")) {
+      const auto& t = s["type"];
+      if (t.is_string()) {
+        types.push_back(t.get<std::string>());
+      } else if (t.is_array()) {
+        for (const auto& x : t) {
+          if (!x.is_string()) error(path, "type must be a string or a list of strings");
+          types.push_back(x.get<std::string>());
+        }
+      } else {
+        error(path, "type must be a string or a list of strings");
+      }
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+      types.push_back("object");
+    } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
+               s.contains("maxItems")) {
+      types.push_back("array");
+    } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") ||
+               s.contains("maxLength")) {
+      types.push_back("string");
+    } else {
+      return basic("value");
+    }
+    if (s.contains("nullable") && s["nullable"].is_boolean() && s["nullable"].get<bool>())
+      types.push_back("null");
+    std::vector<std::string> alts;
+    for (const std::string& t : types) alts.push_back(visit_type(s, t, path));
+    return alts.size() == 1 ? alts[0] : alternatives(alts);
+  }
+
+  static std::optional<double> number_of(const ordered_json& s, const char* key, const std::string& path) {
+    if (!s.contains(key)) return std::nullopt;
+    if (!s[key].is_number()) error(path, "{} must be a number", key);
+    return s[key].get<double>();
+  }
+  static std::optional<int64_t> count_of(const ordered_json& s, const char* key, const std::string& path) {
+    if (!s.contains(key)) return std::nullopt;
+    if (!s[key].is_number_integer() || s[key].get<int64_t>() < 0)
+      error(path, "{} must be a non-negative integer", key);
+    return s[key].get<int64_t>();
+  }
+
+  std::string visit_type(const ordered_json& s, const std::string& t, const std::string& path) {
+    if (t == "string") return string_schema(s, path);
+    if (t == "integer") return integer_schema(s, path);
+    if (t == "number") return number_schema(s, path);
+    if (t == "boolean") return basic("boolean");
+    if (t == "null") return basic("null");
+    if (t == "object") return object_schema(s, path);
+    if (t == "array") return array_schema(s, path);
+    error(path, "unknown type '{}'", t);
+  }
+
+  std::string string_schema(const ordered_json& s, const std::string& path) {
+    std::string q = "\"\\\"\"";
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) error(path, "pattern must be a string");
+      return q + " " + regex_to_gbnf_json_string(s["pattern"].get<std::string>()) + " " + q;
+    }
+    if (s.contains("format")) {
+      if (!s["format"].is_string()) error(path, "format must be a string");
+      std::string f = s["format"].get<std::string>();
+      static const std::map<std::string, std::string> formats = {
+          {"date-time",
+           R"([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))"},
+          {"date", R"([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01]))"},
+          {"time",
+           R"(([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))"},
+          {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
+          {"email", R"([A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){1,8})"},
+          {"ipv4",
+           R"(((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))"},
+      };
+      auto it = formats.find(f);
+      if (it == formats.end())
+        error(path, "format '{}' is not supported (supported: date-time, date, time, uuid, email, ipv4)", f);
+      return q + " " + regex_to_gbnf_json_string(it->second) + " " + q;
+    }
+    std::optional<int64_t> min = count_of(s, "minLength", path), max = count_of(s, "maxLength", path);
+    if (!min && !max) return basic("string");
+    int64_t lo = min.value_or(0);
+    if (max && *max < lo) error(path, "maxLength {} is below minLength {}", *max, lo);
+    if (lo > 10000 || (max && *max > 10000))
+      error(path, "minLength / maxLength above 10000 are not supported");
+    std::string rep = max ? fmt::format("{{{},{}}}", lo, *max) : fmt::format("{{{},}}", lo);
+    return q + " " + basic("char") + rep + " " + q;
+  }
+
+  std::string integer_schema(const ordered_json& s, const std::string& path) {
+    std::optional<double> min = number_of(s, "minimum", path), max = number_of(s, "maximum", path);
+    // exclusiveMinimum: a number (draft 6+) or a flag on minimum (draft 4).
+    auto exclusive = [&](const char* key, std::optional<double>& bound, bool lower) {
+      if (!s.contains(key)) return;
+      const auto& v = s[key];
+      if (v.is_boolean()) {
+        if (v.get<bool>() && bound) bound = lower ? std::floor(*bound) + 1 : std::ceil(*bound) - 1;
+      } else if (v.is_number()) {
+        double b = lower ? std::floor(v.get<double>()) + 1 : std::ceil(v.get<double>()) - 1;
+        bound = bound ? (lower ? std::max(*bound, b) : std::min(*bound, b)) : b;
+      } else {
+        error(path, "{} must be a number", key);
+      }
+    };
+    exclusive("exclusiveMinimum", min, true);
+    exclusive("exclusiveMaximum", max, false);
+    if (!min && !max) return basic("integer");
+    const auto limit = static_cast<double>(kIntLimit);
+    if ((min && std::ceil(*min) > limit) || (max && std::floor(*max) < -limit) ||
+        (min && std::ceil(*min) < -limit) || (max && std::floor(*max) > limit))
+      error(path, "integer bounds beyond ±{} are not supported", kIntLimit);
+    const int64_t lo = min ? static_cast<int64_t>(std::ceil(*min)) : -kIntLimit;
+    const int64_t hi = max ? static_cast<int64_t>(std::floor(*max)) : kIntLimit;
+    if (lo > hi) error(path, "no integer lies between minimum {} and maximum {}", lo, hi);
+    return integer_range_gbnf(lo, hi);
+  }
+
+  std::string number_schema(const ordered_json& s, const std::string& path) {
+    // Bounds are approximated by their sign: a minimum >= 0 forbids the minus sign (see the docs).
+    std::optional<double> min = number_of(s, "minimum", path);
+    if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_number()) {
+      double b = s["exclusiveMinimum"].get<double>();
+      min = min ? std::max(*min, b) : b;
+    }
+    number_of(s, "maximum", path);
+    if (min && *min >= 0) {
+      basic("number");
+      return basic("int") + " (\".\" [0-9]{1,17})? ([eE] [-+]? [0-9]{1,3})?";
+    }
+    return basic("number");
+  }
+
+  std::string object_schema(const ordered_json& s, const std::string& path) {
+    std::string ws = basic("ws");
+    std::vector<std::pair<std::string, const ordered_json*>> props;
+    if (s.contains("properties")) {
+      if (!s["properties"].is_object()) error(path, "properties must be an object");
+      for (const auto& [k, v] : s["properties"].items()) props.push_back({k, &v});
+    }
+    std::set<std::string> required;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) error(path, "required must be an array of names");
+      for (const auto& r : s["required"]) {
+        if (!r.is_string()) error(path, "required must be an array of names");
+        required.insert(r.get<std::string>());
+      }
+    }
+    // Extra members: additionalProperties true / {} / a schema allow them (after the listed ones).
+    std::string extra;
+    if (s.contains("additionalProperties")) {
+      const auto& ap = s["additionalProperties"];
+      if (!(ap.is_boolean() && !ap.get<bool>())) {
+        std::string value = ap.is_boolean() ? basic("value") : visit(ap, path + "/additionalProperties");
+        extra = basic("string") + " " + ws + " \":\" " + ws + " " + value;
+      }
+    } else if (props.empty()) {
+      extra = basic("string") + " " + ws + " \":\" " + ws + " " + basic("value");
+    }
+    for (const std::string& r : required) {
+      bool listed = std::any_of(props.begin(), props.end(), [&](const auto& p) { return p.first == r; });
+      if (!listed && extra.empty())
+        error(path, "required property '{}' is not in properties and additionalProperties is false", r);
+    }
+    // first[i]: members i.. when none was written yet; rest[i]: after one was (each with its comma).
+    const size_t n = props.size();
+    std::vector<std::string> first(n + 1), rest(n + 1);
+    std::string base = new_rule_name("obj");
+    std::string tail_first =
+        extra.empty() ? "\"\"" : "(" + extra + " (" + ws + " \",\" " + ws + " " + extra + ")*)?";
+    std::string tail_rest = extra.empty() ? "\"\"" : "(" + ws + " \",\" " + ws + " " + extra + ")*";
+    first[n] = base + "-f" + std::to_string(n);
+    rest[n] = base + "-r" + std::to_string(n);
+    rules_[first[n]] = tail_first;
+    rules_[rest[n]] = tail_rest;
+    for (size_t i = n; i-- > 0;) {
+      const auto& [key, schema] = props[i];
+      std::string member = gbnf_literal(ordered_json(key).dump()) + " " + ws + " \":\" " + ws + " " +
+                           visit(*schema, path + "/properties/" + key);
+      std::string member_rule = new_rule_name("prop-" + key);
+      rules_[member_rule] = member;
+      first[i] = base + "-f" + std::to_string(i);
+      rest[i] = base + "-r" + std::to_string(i);
+      bool req = required.count(key) > 0;
+      rules_[first[i]] = member_rule + " " + rest[i + 1] + (req ? "" : " | " + first[i + 1]);
+      rules_[rest[i]] =
+          ws + " \",\" " + ws + " " + member_rule + " " + rest[i + 1] + (req ? "" : " | " + rest[i + 1]);
+    }
+    return "\"{\" " + ws + " " + first[0] + " " + ws + " \"}\"";
+  }
+
+  std::string array_schema(const ordered_json& s, const std::string& path) {
+    std::string ws = basic("ws");
+    std::optional<int64_t> min = count_of(s, "minItems", path), max = count_of(s, "maxItems", path);
+    int64_t lo = min.value_or(0);
+    if (max && *max < lo) error(path, "maxItems {} is below minItems {}", *max, lo);
+    if (lo > 1000 || (max && *max > 1000)) error(path, "minItems / maxItems above 1000 are not supported");
+    std::vector<std::string> prefix;
+    if (s.contains("prefixItems")) {
+      if (!s["prefixItems"].is_array()) error(path, "prefixItems must be an array of schemas");
+      for (size_t i = 0; i < s["prefixItems"].size(); ++i)
+        prefix.push_back(visit(s["prefixItems"][i], fmt::format("{}/prefixItems/{}", path, i)));
+    }
+    std::string item;
+    bool items_false = false;
+    if (s.contains("items")) {
+      const auto& it = s["items"];
+      if (it.is_boolean() && !it.get<bool>()) {
+        items_false = true;
+      } else if (it.is_array()) {
+        error(path, "items as an array (draft 4 tuples) is not supported: use prefixItems");
+      } else {
+        item = visit(it, path + "/items");
+      }
+    } else {
+      item = basic("value");
+    }
+    // Element k (0-based) is prefix[k] while k < prefix.size(), then item.
+    auto elem = [&](int64_t k) {
+      return static_cast<size_t>(k) < prefix.size() ? prefix[static_cast<size_t>(k)] : item;
+    };
+    int64_t hard_max = max.value_or(-1);
+    if (items_false)
+      hard_max = hard_max < 0 ? static_cast<int64_t>(prefix.size())
+                              : std::min<int64_t>(hard_max, static_cast<int64_t>(prefix.size()));
+    if (hard_max >= 0 && hard_max < lo) error(path, "minItems {} cannot be met", lo);
+    std::string sep = ws + " \",\" " + ws + " ";
+    // Build from the back: tail(k) = what may follow once k elements are written.
+    std::string name = new_rule_name("arr");
+    int64_t fixed = std::max<int64_t>(lo, static_cast<int64_t>(prefix.size()));
+    if (hard_max >= 0) fixed = std::min(fixed, hard_max);
+    // After `fixed` elements: optional more, bounded by hard_max.
+    std::string more;
+    if (hard_max < 0) {
+      more = "(" + sep + item + ")*";
+    } else {
+      more = "\"\"";
+      for (int64_t k = hard_max - 1; k >= fixed; --k) more = "(" + sep + elem(k) + " " + more + ")?";
+    }
+    // Elements 0..fixed-1; those at or above lo optional (only prefix ones can be).
+    std::string body = more;
+    for (int64_t k = fixed - 1; k >= 0; --k) {
+      std::string e = (k == 0 ? "" : sep) + elem(k) + " " + body;
+      body = k >= lo ? "(" + e + ")?" : e;
+    }
+    if (fixed == 0) {
+      // Nothing required: the first element is optional, then the rest.
+      if (hard_max == 0) {
+        rules_[name] = "\"[\" " + ws + " \"]\"";
+      } else {
+        std::string rest_part;
+        if (hard_max < 0) {
+          rest_part = "(" + sep + item + ")*";
+        } else {
+          rest_part = "\"\"";
+          for (int64_t k = hard_max - 1; k >= 1; --k)
+            rest_part = "(" + sep + elem(k) + " " + rest_part + ")?";
+        }
+        rules_[name] = "\"[\" " + ws + " (" + elem(0) + " " + rest_part + " " + ws + ")? \"]\"";
+      }
+    } else {
+      rules_[name] = "\"[\" " + ws + " " + body + " " + ws + " \"]\"";
+    }
+    return name;
+  }
+
+  const ordered_json& root_;
+  std::string prefix_;
+  std::map<std::string, std::string> rules_;
+  std::map<std::string, std::string> refs_;
+  int counter_ = 0;
+  int depth_ = 0;
+};
+
+std::string check_prefix(std::string_view root_name) {
+  std::string p(root_name);
+  if (p.empty()) fail("json_schema_to_gbnf: the rule name is empty");
+  for (char c : p)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'))
+      fail("json_schema_to_gbnf: rule name '{}' may hold only letters, digits, '-' and '_'", p);
+  return p;
+}
+
+}  // namespace
+
+std::string integer_range_gbnf(int64_t lo, int64_t hi) {
+  CHECK(lo <= hi && lo >= -kIntLimit && hi <= kIntLimit);
+  std::vector<std::string> alts;
+  if (lo < 0) {
+    std::vector<std::string> neg;
+    nonnegative_range(hi < 0 ? -hi : 1, -lo, neg);
+    alts.push_back("\"-\" " + alternatives(neg));
+  }
+  if (hi >= 0) nonnegative_range(std::max<int64_t>(lo, 0), hi, alts);
+  return alternatives(alts);
+}
+
+std::string json_schema_to_gbnf(std::string_view schema_json, std::string_view root_name) {
+  std::string prefix = check_prefix(root_name);
+  ordered_json schema;
+  try {
+    schema = ordered_json::parse(schema_json);
+  } catch (const std::exception& e) {
+    fail("json_schema: the schema is not valid JSON: {}", e.what());
+  }
+  return SchemaConverter(schema, prefix).convert();
+}
+
+std::string json_object_gbnf(std::string_view root_name) {
+  ordered_json empty = ordered_json::object();
+  return SchemaConverter(empty, check_prefix(root_name)).object_only();
+}
+
+}  // namespace polylora::structured
