@@ -1,0 +1,351 @@
+// Reasoning and tool-call parsers (server/output_parser.h) on hand-written model outputs and on assistant
+// turns rendered by the real chat templates (tests/data/chat_templates), whole and streamed in chunks of
+// every size from 1 byte (so chunks split the markers) and at random cut points.
+#include "server/output_parser.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "tokenizer/chat_template.h"
+
+namespace polylora::server {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Everything a stream sends, put back together.
+struct Streamed {
+  std::string reasoning, content;
+  std::vector<ParsedToolCall> calls;
+  std::string error;  // a rule of the delta protocol that was broken
+};
+
+void apply(const OutputDelta& d, Streamed& s) {
+  s.reasoning += d.reasoning;
+  s.content += d.content;
+  for (const auto& c : d.calls) {
+    if (c.is_new) {
+      if (c.index != s.calls.size()) s.error = "new call with index " + std::to_string(c.index);
+      if (c.name.empty()) s.error = "new call without a name";
+      s.calls.push_back({c.name, ""});
+    } else if (c.index >= s.calls.size()) {
+      s.error = "arguments for a call not announced";
+      continue;
+    }
+    s.calls[c.index].arguments += c.arguments;
+  }
+}
+
+Streamed stream(const OutputParserOptions& o, const std::string& text, const std::vector<size_t>& cuts) {
+  OutputParser p(o);
+  Streamed s;
+  size_t prev = 0;
+  for (size_t cut : cuts) {
+    apply(p.feed(std::string_view(text).substr(prev, cut - prev)), s);
+    prev = cut;
+  }
+  apply(p.feed(std::string_view(text).substr(prev)), s);
+  apply(p.finish(), s);
+  return s;
+}
+
+// Checks that streaming in every chunk size (and random cuts) sends exactly the non-streamed result.
+void expect_stream_matches(const OutputParserOptions& o, const std::string& text) {
+  OutputParser::Result whole = OutputParser::parse(o, text);
+  std::mt19937 rng(7);
+  std::vector<std::vector<size_t>> plans;
+  for (size_t k = 1; k <= 9; ++k) {
+    std::vector<size_t> cuts;
+    for (size_t c = k; c < text.size(); c += k) cuts.push_back(c);
+    plans.push_back(cuts);
+  }
+  for (int r = 0; r < 20; ++r) {
+    std::vector<size_t> cuts;
+    for (size_t c = 1 + rng() % 6; c < text.size(); c += 1 + rng() % 6) cuts.push_back(c);
+    plans.push_back(cuts);
+  }
+  for (const auto& cuts : plans) {
+    Streamed s = stream(o, text, cuts);
+    SCOPED_TRACE("chunks cut at " + ::testing::PrintToString(cuts));
+    EXPECT_EQ(s.error, "");
+    EXPECT_EQ(s.reasoning, whole.reasoning);
+    EXPECT_EQ(s.content, whole.content);
+    ASSERT_EQ(s.calls.size(), whole.tool_calls.size());
+    for (size_t i = 0; i < s.calls.size(); ++i) {
+      EXPECT_EQ(s.calls[i].name, whole.tool_calls[i].name);
+      EXPECT_EQ(json::parse(s.calls[i].arguments), json::parse(whole.tool_calls[i].arguments));
+    }
+  }
+}
+
+std::string read_template(const std::string& name) {
+  std::ifstream in(std::string(POLYLORA_TEST_DATA) + "/chat_templates/" + name);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const json kTools = json::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+  {"type": "function", "function": {"name": "get_time", "description": "Local time",
+   "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}])");
+
+// The text a model writes for `assistant` after the template's generation prompt: the rendering of the
+// conversation with the assistant turn, less the rendering of the prompt, less the end-of-turn marker.
+std::string rendered_turn(const std::string& tmpl_name, const json& assistant, const std::string& prompt_tail,
+                          const std::string& end_marker) {
+  ChatTemplate t = ChatTemplate::compile(read_template(tmpl_name));
+  ChatTemplateInputs in;
+  in.tools = kTools;
+  in.date = "2025-01-01";
+  in.messages = json::array({{{"role", "user"}, {"content", "Weather in Paris and the time there?"}}});
+  std::string prompt = t.render(in);
+  in.messages.push_back(assistant);
+  std::string full = t.render(in);
+  EXPECT_EQ(full.compare(0, prompt.size(), prompt), 0) << full;
+  std::string turn = full.substr(prompt.size());
+  EXPECT_EQ(turn.compare(0, prompt_tail.size(), prompt_tail), 0) << turn;
+  turn = turn.substr(prompt_tail.size());
+  size_t end = turn.rfind(end_marker);
+  EXPECT_NE(end, std::string::npos) << turn;
+  return turn.substr(0, end);
+}
+
+OutputParserOptions opts(ToolParserKind t, ReasoningParserKind r) {
+  OutputParserOptions o;
+  o.tools = t;
+  o.reasoning = r;
+  return o;
+}
+
+// ---- harmony (GPT-OSS) ----
+
+TEST(HarmonyParser, FinalOnly) {
+  auto o = opts(ToolParserKind::kOpenai, ReasoningParserKind::kGptOss);
+  std::string out = "<|channel|>final<|message|>Paris is sunny today.";  // <|return|> stops (not in the text)
+  auto r = OutputParser::parse(o, out);
+  EXPECT_EQ(r.content, "Paris is sunny today.");
+  EXPECT_EQ(r.reasoning, "");
+  EXPECT_TRUE(r.tool_calls.empty());
+  expect_stream_matches(o, out);
+}
+
+TEST(HarmonyParser, AnalysisThenFinal) {
+  auto o = opts(ToolParserKind::kNone, ReasoningParserKind::kGptOss);
+  std::string out =
+      "<|channel|>analysis<|message|>User asks about <weather>; answer briefly.<|end|>"
+      "<|start|>assistant<|channel|>final<|message|>It is 21 °C in Paris.<|return|>";
+  auto r = OutputParser::parse(o, out);
+  EXPECT_EQ(r.reasoning, "User asks about <weather>; answer briefly.");
+  EXPECT_EQ(r.content, "It is 21 °C in Paris.");
+  EXPECT_TRUE(r.has_reasoning);
+  expect_stream_matches(o, out);
+}
+
+TEST(HarmonyParser, ToolCallAsTheTemplateRendersIt) {
+  json assistant = {{"role", "assistant"},
+                    {"thinking", "Need the weather tool."},
+                    {"tool_calls", json::array({{{"type", "function"},
+                                                 {"function", {{"name", "get_weather"},
+                                                               {"arguments", {{"city", "Paris"}}}}}}})}};
+  // The prompt ends with "<|start|>assistant": the model's text is what follows it.
+  std::string out = rendered_turn("gpt-oss.jinja", assistant, "<|start|>assistant", "<|call|>");
+  ASSERT_NE(out.find("to=functions.get_weather"), std::string::npos) << out;
+  auto o = opts(ToolParserKind::kOpenai, ReasoningParserKind::kGptOss);
+  auto r = OutputParser::parse(o, out);
+  EXPECT_EQ(r.reasoning, "Need the weather tool.");
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.tool_calls.size(), 1u) << out;
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(json::parse(r.tool_calls[0].arguments), json({{"city", "Paris"}}));
+  expect_stream_matches(o, out);
+}
+
+TEST(HarmonyParser, SeveralToolCallsWithConstrainAndAnalysis) {
+  std::string out =
+      "<|channel|>analysis<|message|>Two tools.<|end|>"
+      "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+      "{\"city\": \"Paris\"}<|call|>"
+      "<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>"
+      "{\"tz\": \"Europe/Paris\", \"nested\": {\"a\": [1, 2]}}<|call|>";
+  auto o = opts(ToolParserKind::kOpenai, ReasoningParserKind::kGptOss);
+  auto r = OutputParser::parse(o, out);
+  EXPECT_EQ(r.reasoning, "Two tools.");
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.tool_calls[1].name, "get_time");
+  EXPECT_EQ(json::parse(r.tool_calls[1].arguments)["nested"]["a"][1], 2);
+  expect_stream_matches(o, out);
+}
+
+TEST(HarmonyParser, StreamHoldsAPartialMarker) {
+  OutputParser p(opts(ToolParserKind::kOpenai, ReasoningParserKind::kGptOss));
+  EXPECT_TRUE(p.feed("<|chan").empty());
+  EXPECT_TRUE(p.feed("nel|>final<|mess").empty());
+  OutputDelta d = p.feed("age|>Hi<|");
+  EXPECT_EQ(d.content, "Hi");  // "<|" may begin <|end|>: held
+  d = p.feed("end|>");
+  EXPECT_EQ(d.content, "");
+  EXPECT_TRUE(p.finish().empty());
+  EXPECT_EQ(p.result().content, "Hi");
+}
+
+// ---- hermes (Qwen) and qwen3 reasoning ----
+
+TEST(HermesParser, ContentOnly) {
+  auto o = opts(ToolParserKind::kHermes, ReasoningParserKind::kQwen3);
+  std::string out = "Just text, with a < sign and <tool but no call.";
+  auto r = OutputParser::parse(o, out);
+  EXPECT_EQ(r.content, out);
+  EXPECT_TRUE(r.tool_calls.empty());
+  EXPECT_FALSE(r.has_reasoning);
+  expect_stream_matches(o, out);
+}
+
+TEST(HermesParser, ThinkThenAnswer) {
+  auto o = opts(ToolParserKind::kHermes, ReasoningParserKind::kQwen3);
+  std::string out = "<think>\nThe user greets me.\n</think>\n\nHello!";
+  auto r = OutputParser::parse(o, out);
+  EXPECT_EQ(r.reasoning, "\nThe user greets me.\n");
+  EXPECT_EQ(r.content, "Hello!");
+  expect_stream_matches(o, out);
+  // The template opened <think> in the prompt: the output starts inside the reasoning.
+  o.starts_in_reasoning = true;
+  r = OutputParser::parse(o, "Greeting.</think>Hi");
+  EXPECT_EQ(r.reasoning, "Greeting.");
+  EXPECT_EQ(r.content, "Hi");
+  expect_stream_matches(o, "Greeting.</think>Hi");
+}
+
+TEST(HermesParser, OneToolCallAsTheTemplateRendersIt) {
+  json assistant = {{"role", "assistant"},
+                    {"content", ""},
+                    {"tool_calls", json::array({{{"type", "function"},
+                                                 {"function", {{"name", "get_weather"},
+                                                               {"arguments", {{"city", "Paris"}}}}}}})}};
+  std::string out = rendered_turn("qwen2.5-instruct.jinja", assistant, "<|im_start|>assistant\n", "<|im_end|>");
+  ASSERT_NE(out.find("<tool_call>"), std::string::npos) << out;
+  auto o = opts(ToolParserKind::kHermes, ReasoningParserKind::kQwen3);
+  auto r = OutputParser::parse(o, out);
+  ASSERT_EQ(r.tool_calls.size(), 1u) << out;
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(json::parse(r.tool_calls[0].arguments), json({{"city", "Paris"}}));
+  EXPECT_EQ(r.content, "");
+  expect_stream_matches(o, out);
+}
+
+TEST(HermesParser, SeveralToolCallsAfterThinkingAndText) {
+  std::string out =
+      "<think>two calls</think>Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Paris \\\"<tool_call>\\\"\"}}\n</tool_call>\n<tool_call>\n{\"arguments\": {\"tz\": "
+      "\"CET\"}, \"name\": \"get_time\"}\n</tool_call>";
+  auto o = opts(ToolParserKind::kHermes, ReasoningParserKind::kQwen3);
+  auto r = OutputParser::parse(o, out);
+  EXPECT_EQ(r.reasoning, "two calls");
+  EXPECT_EQ(r.content, "Let me check.\n");
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(json::parse(r.tool_calls[0].arguments)["city"], "Paris \"<tool_call>\"");
+  EXPECT_EQ(r.tool_calls[1].name, "get_time");  // keys in the other order still parse
+  EXPECT_EQ(json::parse(r.tool_calls[1].arguments), json({{"tz", "CET"}}));
+  expect_stream_matches(o, out);
+}
+
+TEST(HermesParser, ArgumentsStreamBeforeTheCallEnds) {
+  OutputParser p(opts(ToolParserKind::kHermes, ReasoningParserKind::kNone));
+  OutputDelta d = p.feed("<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"ci");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_TRUE(d.calls[0].is_new);
+  EXPECT_EQ(d.calls[0].name, "get_weather");
+  EXPECT_EQ(d.calls[0].arguments, "{\"ci");
+  d = p.feed("ty\": \"Rome\"}}</tool_");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_FALSE(d.calls[0].is_new);
+  EXPECT_EQ(d.calls[0].arguments, "ty\": \"Rome\"}");
+  d = p.finish();
+  EXPECT_TRUE(d.calls.empty());
+}
+
+TEST(HermesParser, BrokenCallIsContent) {
+  std::string out = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": }</tool_call>";
+  auto r = OutputParser::parse(opts(ToolParserKind::kHermes, ReasoningParserKind::kNone), out);
+  EXPECT_TRUE(r.tool_calls.empty());
+  EXPECT_EQ(r.content, out);
+}
+
+// ---- llama3_json, mistral, required, named ----
+
+TEST(Llama3JsonParser, CallsAndContent) {
+  auto o = opts(ToolParserKind::kLlama3Json, ReasoningParserKind::kNone);
+  std::string out =
+      "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}; {\"name\": "
+      "\"get_time\", \"parameters\": {}}";
+  auto r = OutputParser::parse(o, out);
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(json::parse(r.tool_calls[0].arguments)["city"], "Oslo");
+  EXPECT_EQ(r.tool_calls[1].name, "get_time");
+  expect_stream_matches(o, out);
+  r = OutputParser::parse(o, "The weather is fine.");
+  EXPECT_EQ(r.content, "The weather is fine.");
+  EXPECT_TRUE(r.tool_calls.empty());
+}
+
+TEST(MistralParser, ListAndNamedForms) {
+  auto o = opts(ToolParserKind::kMistral, ReasoningParserKind::kNone);
+  std::string list =
+      "Sure.[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Nice\"}}, {\"name\": "
+      "\"get_time\", \"arguments\": {\"tz\": \"UTC\"}}]";
+  auto r = OutputParser::parse(o, list);
+  EXPECT_EQ(r.content, "Sure.");
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(json::parse(r.tool_calls[1].arguments)["tz"], "UTC");
+  expect_stream_matches(o, list);
+  std::string named = "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Nice\"}[TOOL_CALLS]get_time[ARGS]{}";
+  r = OutputParser::parse(o, named);
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.tool_calls[1].arguments, "{}");
+  expect_stream_matches(o, named);
+}
+
+TEST(RequiredAndNamed, WholeOutputIsTheCalls) {
+  auto o = opts(ToolParserKind::kRequired, ReasoningParserKind::kNone);
+  std::string out = "[{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}, {\"name\": \"get_weather\", "
+                    "\"parameters\": {\"city\": \"Lima\"}}]";
+  auto r = OutputParser::parse(o, out);
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(r.tool_calls[1].name, "get_weather");
+  expect_stream_matches(o, out);
+  OutputParserOptions n = opts(ToolParserKind::kNamed, ReasoningParserKind::kNone);
+  n.named_function = "get_weather";
+  r = OutputParser::parse(n, "{\"city\": \"Lima\"}");
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.tool_calls[0].arguments, "{\"city\": \"Lima\"}");
+  expect_stream_matches(n, "{\"city\": \"Lima\"}");
+}
+
+TEST(RequiredAndNamed, SchemaListsEveryTool) {
+  json schema = json::parse(required_tools_schema(kTools.dump()));
+  EXPECT_EQ(schema["type"], "array");
+  EXPECT_EQ(schema["minItems"], 1);
+  ASSERT_EQ(schema["items"]["anyOf"].size(), 2u);
+  EXPECT_EQ(schema["items"]["anyOf"][1]["properties"]["name"]["enum"][0], "get_time");
+  EXPECT_EQ(schema["items"]["anyOf"][0]["properties"]["parameters"]["required"][0], "city");
+}
+
+TEST(ParserNames, VllmNames) {
+  EXPECT_EQ(tool_parser_from_name("hermes"), ToolParserKind::kHermes);
+  EXPECT_EQ(tool_parser_from_name("openai"), ToolParserKind::kOpenai);
+  EXPECT_FALSE(tool_parser_from_name("pythonic").has_value());
+  EXPECT_EQ(reasoning_parser_from_name("openai_gptoss"), ReasoningParserKind::kGptOss);
+  EXPECT_EQ(reasoning_parser_from_name("qwen3"), ReasoningParserKind::kQwen3);
+  EXPECT_FALSE(reasoning_parser_from_name("deepseek_r1").has_value());
+}
+
+}  // namespace
+}  // namespace polylora::server
