@@ -124,7 +124,13 @@ int run_serve(int argc, char** argv) {
   app.add_option("--allowed-methods", methods, "CORS methods: a JSON list or values (default [\"*\"])");
   app.add_option("--allowed-headers", headers, "CORS headers: a JSON list or values (default [\"*\"])");
   app.add_flag("--allow-credentials", sc.allow_credentials, "CORS: allow credentials (default off)");
-  add_ignored_vllm_flags(app, ignored);
+  app.add_flag("--disable-uvicorn-access-log", sc.disable_uvicorn_access_log, "No HTTP access log lines");
+  app.add_option("--disable-access-log-for-endpoints", sc.disable_access_log_for_endpoints,
+                 "Paths without access log lines, comma-separated (e.g. /health,/metrics)");
+  app.add_flag("--enable-force-include-usage", sc.enable_force_include_usage,
+               "Usage in every streamed response (and every chunk), whatever stream_options says");
+  app.add_option("--default-chat-template-kwargs", sc.default_chat_template_kwargs,
+                 "JSON object of chat template variables; a request's chat_template_kwargs win");
   app.add_option("--host", sc.host)->capture_default_str();
   app.add_option("--port", sc.port)->capture_default_str();
   app.add_option("--api-key", sc.api_key, "Require this key (Authorization: Bearer) on /v1 routes");
@@ -143,9 +149,11 @@ int run_serve(int argc, char** argv) {
   app.add_option("--max-connections", sc.max_connections,
                  "Open HTTP connections; at the limit the idlest connection is closed")
       ->capture_default_str();
-  app.add_option("--max-header-bytes", sc.max_header_bytes, "Request line + headers, bytes (431 above)")
+  app.add_option("--max-header-bytes,--h11-max-incomplete-event-size", sc.max_header_bytes,
+                 "Request line + headers, bytes (431 above)")
       ->capture_default_str();
-  app.add_option("--max-header-count", sc.max_header_count, "Header fields per request (431 above)")
+  app.add_option("--max-header-count,--h11-max-header-count", sc.max_header_count,
+                 "Header fields per request (431 above)")
       ->capture_default_str();
   app.add_option("--max-body-bytes", sc.max_body_bytes, "Request body as sent, bytes (413 above)")
       ->capture_default_str();
@@ -173,6 +181,7 @@ int run_serve(int argc, char** argv) {
   app.add_option("--web-root", sc.web_root,
                  "Built playground (npm run build in web/), served at /; '' disables it")
       ->capture_default_str();
+  add_ignored_vllm_flags(app, ignored);  // keep last: it skips the flags defined above
   try {
     parse_args(app, expand_vllm_argv(argc, argv, app));
   } catch (const CLI::ParseError& e) {

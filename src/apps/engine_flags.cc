@@ -40,7 +40,7 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool model_required) {
 
 void add_engine_flags(CLI::App& app, EngineConfig& c, ModelFlags& f) {
   app.add_option("--block-size", c.cache.block_size, "Tokens per KV-cache block")->capture_default_str();
-  app.add_option("--num-kv-blocks", c.cache.num_kv_blocks,
+  app.add_option("--num-kv-blocks,--num-gpu-blocks-override", c.cache.num_kv_blocks,
                  "KV-cache blocks (overrides the computed capacity)");
   app.add_option("--kv-cache-memory", c.cache.kv_cache_memory, "KV-cache bytes on the CPU backend")
       ->capture_default_str();

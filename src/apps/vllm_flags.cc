@@ -15,64 +15,218 @@ namespace {
 
 struct Ignored {
   const char* name;   // long flag
-  bool takes_value;   // false: a plain switch
+  bool takes_value;   // false: a plain switch (its --no- form is accepted too)
   std::vector<const char*> honoured;  // values polylora matches (empty: any value)
   const char* why;    // why it is not needed / what polylora does instead
+  bool refused = false;  // any use is an error (the feature does not exist here)
 };
 
+// vLLM's `vllm serve` flags (vllm/entrypoints/openai/cli_args.py, vllm/engine/arg_utils.py) with no
+// meaning here. Flags with one are defined by cmd_serve.cc / engine_flags.cc.
 const std::vector<Ignored>& ignored_table() {
   static const std::vector<Ignored> t = {
+      // Model and loading.
       {"--trust-remote-code", false, {}, "polylora runs its own implementations of the supported architectures"},
-      {"--disable-custom-all-reduce", false, {}, "polylora runs on one GPU"},
-      {"--disable-frontend-multiprocessing", false, {}, "the HTTP server and engine share one process"},
-      {"--disable-async-output-proc", false, {}, "no separate output process"},
-      {"--disable-uvicorn-access-log", false, {}, "there is no uvicorn"},
-      {"--disable-fastapi-docs", false, {}, "there is no FastAPI"},
-      {"--use-v2-block-manager", false, {}, "there is one block manager"},
-      {"--swap-space", true, {}, "preempted requests are recomputed, never swapped to CPU memory"},
       {"--tokenizer-mode", true, {"auto", "hf", "slow", "fast"}, "tokenizer.json is always used"},
       {"--download-dir", true, {}, "polylora does not download"},
       {"--hf-token", true, {}, "polylora does not download"},
       {"--code-revision", true, {}, "no remote code"},
       {"--tokenizer-revision", true, {}, "the tokenizer is read from the resolved model (or --tokenizer) directory"},
-      {"--distributed-executor-backend", true, {}, "polylora runs on one GPU in one process"},
-      {"--max-num-partial-prefills", true, {}, "chunked prefill is scheduled by the token budget"},
-      {"--max-long-partial-prefills", true, {}, "chunked prefill is scheduled by the token budget"},
-      {"--long-prefill-token-threshold", true, {}, "chunked prefill is scheduled by the token budget"},
-      {"--worker-cls", true, {}, "there is one worker implementation"},
-      {"--max-seq-len-to-capture", true, {}, "see --cuda-graph-max-context"},
+      {"--config-format", true, {"auto", "hf"}, "config.json is read in Hugging Face's format"},
+      {"--model-impl", true, {"auto", "vllm"}, "polylora has one implementation of each architecture"},
+      {"--runner", true, {"auto", "generate"}, "polylora serves generative models only"},
+      {"--convert", true, {"auto", "none"}, "polylora serves generative models only"},
+      {"--task", true, {"auto", "generate"}, "polylora serves generative models only"},
+      {"--hf-config-path", true, {}, "config.json is read from the model directory", true},
+      {"--hf-overrides", true, {"{}"}, "config.json is used as it is"},
+      {"--rope-scaling", true, {"{}"}, "RoPE follows config.json"},
+      {"--rope-theta", true, {}, "RoPE follows config.json", true},
+      {"--override-attention-dtype", true, {}, "attention runs in the compute dtype", true},
+      {"--skip-tokenizer-init", false, {}, "polylora needs the tokenizer (stop strings, chat templates)", true},
+      {"--enable-prompt-embeds", false, {}, "prompts are text or token ids (no prompt embeddings)", true},
       {"--max-parallel-loading-workers", true, {}, "the staged loader picks its reader threads"},
-      {"--compilation-config", true, {}, "CUDA graphs are controlled by --enforce-eager / --cuda-graph-sizes"},
-      {"--num-scheduler-steps", true, {"1"}, "one scheduling step per forward pass"},
+      {"--model-loader-extra-config", true, {}, "the staged loader has no extra settings"},
+      {"--ignore-patterns", true, {}, "only *.safetensors files are read"},
+      {"--use-tqdm-on-load", false, {}, "loading progress is logged per shard"},
+      {"--pt-load-map-location", true, {}, "only safetensors checkpoints are read"},
+      {"--safetensors-load-strategy", true, {}, "the staged loader reads shards in parallel"},
+      {"--tokenizer-pool-size", true, {}, "tokenization runs on the HTTP worker threads"},
+      {"--tokenizer-pool-type", true, {}, "tokenization runs on the HTTP worker threads"},
+      {"--tokenizer-pool-extra-config", true, {}, "tokenization runs on the HTTP worker threads"},
+      {"--max-logprobs", true, {"20"}, "the number of logprobs per token is capped at vLLM's default of 20"},
+      {"--logprobs-mode", true, {"raw_logprobs"}, "logprobs are those of the raw model output"},
+      {"--disable-sliding-window", false, {}, "sliding-window layers follow config.json", true},
+      {"--disable-cascade-attn", false, {}, "there is no cascade attention"},
+      {"--logits-processor-pattern", true, {}, "no logits processors are loaded"},
+      {"--logits-processors", true, {}, "custom logits processors (Python classes) cannot be loaded", true},
+      {"--generation-config-path", true, {}, "use --generation-config DIR", true},
+      // Multimodal (polylora serves text-only models).
+      {"--limit-mm-per-prompt", true, {}, "text-only models"},
+      {"--mm-processor-kwargs", true, {}, "text-only models"},
+      {"--mm-processor-cache-gb", true, {}, "text-only models"},
+      {"--disable-mm-preprocessor-cache", false, {}, "text-only models"},
+      {"--mm-encoder-tp-mode", true, {}, "text-only models"},
+      {"--interleave-mm-strings", false, {}, "text-only models"},
+      {"--skip-mm-profiling", false, {}, "text-only models"},
+      {"--media-io-kwargs", true, {}, "text-only models"},
+      {"--allowed-local-media-path", true, {}, "text-only models"},
+      {"--allowed-media-domains", true, {}, "text-only models"},
+      {"--disable-chunked-mm-input", false, {}, "text-only models"},
+      // Cache and memory.
+      {"--swap-space", true, {}, "preempted requests are recomputed, never swapped to CPU memory"},
+      {"--kv-cache-dtype", true, {"auto"}, "the KV cache is stored in the compute dtype (no fp8 KV cache)"},
+      {"--calculate-kv-scales", false, {}, "there is no fp8 KV cache to scale"},
+      {"--cpu-offload-gb", true, {"0"}, "weights are not offloaded to CPU memory"},
+      {"--kv-offloading-size", true, {}, "the KV cache is not offloaded to CPU memory", true},
+      {"--kv-offloading-backend", true, {}, "the KV cache is not offloaded to CPU memory", true},
+      {"--prefix-caching-hash-algo", true, {}, "prefix blocks are hashed with polylora's own 64-bit hash"},
+      {"--kv-sharing-fast-prefill", false, {}, "no cross-layer KV sharing"},
+      {"--mamba-cache-dtype", true, {}, "no Mamba layers"},
+      {"--mamba-ssm-cache-dtype", true, {}, "no Mamba layers"},
+      {"--disable-hybrid-kv-cache-manager", false, {}, "there is one KV cache manager"},
+      {"--kv-cache-memory-bytes", true, {}, "use --num-kv-blocks (or --gpu-memory-utilization)", true},
+      {"--enable-sleep-mode", false, {}, "there are no sleep / wake-up endpoints", true},
+      {"--use-v2-block-manager", false, {}, "there is one block manager"},
+      // Parallelism and distribution.
       {"--tensor-parallel-size", true, {"1"}, "polylora runs on one GPU (no tensor parallelism yet)"},
       {"--pipeline-parallel-size", true, {"1"}, "polylora runs on one GPU (no pipeline parallelism)"},
       {"--data-parallel-size", true, {"1"}, "run several polylora servers behind a load balancer instead"},
-      {"--kv-cache-dtype", true, {"auto"}, "the KV cache is stored in the compute dtype (no fp8 KV cache)"},
-      {"--cpu-offload-gb", true, {"0"}, "weights are not offloaded to CPU memory"},
-      {"--lora-dtype", true, {"auto"}, "adapters are stored in the compute dtype"},
+      {"--decode-context-parallel-size", true, {"1"}, "polylora runs on one GPU (no context parallelism)"},
+      {"--data-parallel-rank", true, {"0"}, "one polylora server per GPU"},
+      {"--data-parallel-start-rank", true, {"0"}, "one polylora server per GPU"},
+      {"--data-parallel-size-local", true, {"1"}, "one polylora server per GPU"},
+      {"--data-parallel-address", true, {}, "one polylora server per GPU"},
+      {"--data-parallel-rpc-port", true, {}, "one polylora server per GPU"},
+      {"--data-parallel-backend", true, {}, "one polylora server per GPU"},
+      {"--data-parallel-hybrid-lb", false, {}, "one polylora server per GPU"},
+      {"--data-parallel-external-lb", false, {}, "one polylora server per GPU"},
+      {"--nnodes", true, {"1"}, "polylora runs on one node"},
+      {"--node-rank", true, {"0"}, "polylora runs on one node"},
+      {"--master-addr", true, {}, "polylora runs on one node"},
+      {"--master-port", true, {}, "polylora runs on one node"},
+      {"--enable-expert-parallel", false, {}, "one GPU holds every expert (expert parallelism needs several)"},
+      {"--enable-eplb", false, {}, "one GPU holds every expert (no expert load balancing)"},
+      {"--eplb-config", true, {}, "one GPU holds every expert (no expert load balancing)"},
+      {"--num-redundant-experts", true, {"0"}, "one GPU holds every expert"},
+      {"--all2all-backend", true, {}, "no expert parallelism"},
+      {"--enable-dbo", false, {}, "no dual-batch overlap (it needs expert parallelism)"},
+      {"--ubatch-size", true, {}, "no dual-batch overlap"},
+      {"--distributed-executor-backend", true, {}, "polylora runs on one GPU in one process"},
+      {"--worker-cls", true, {}, "there is one worker implementation"},
+      {"--worker-extension-cls", true, {}, "workers cannot be extended with Python classes", true},
+      {"--ray-workers-use-nsight", false, {}, "no Ray workers"},
+      {"--disable-custom-all-reduce", false, {}, "polylora runs on one GPU"},
+      {"--headless", false, {}, "the engine and the HTTP server are one process", true},
+      {"--api-server-count", true, {"1"}, "one HTTP server (its I/O threads: --http-io-threads)"},
+      {"--grpc", false, {}, "polylora serves HTTP only", true},
+      // Scheduling and execution.
+      {"--max-num-partial-prefills", true, {}, "chunked prefill is scheduled by the token budget"},
+      {"--max-long-partial-prefills", true, {}, "chunked prefill is scheduled by the token budget"},
+      {"--long-prefill-token-threshold", true, {}, "chunked prefill is scheduled by the token budget"},
+      {"--num-lookahead-slots", true, {"0"}, "no speculative decoding"},
+      {"--scheduler-delay-factor", true, {}, "steps are scheduled as soon as the previous one is queued"},
+      {"--preemption-mode", true, {"recompute"}, "preempted requests are recomputed (no swapping)"},
+      {"--scheduler-cls", true, {}, "the scheduler cannot be replaced by a Python class", true},
+      {"--num-scheduler-steps", true, {"1"}, "one scheduling step per forward pass"},
+      {"--multi-step-stream-outputs", false, {}, "one scheduling step per forward pass"},
+      {"--stream-interval", true, {"1"}, "streamed responses send every token as it is generated"},
+      {"--max-seq-len-to-capture", true, {}, "see --cuda-graph-max-context"},
+      {"--max-cudagraph-capture-size", true, {}, "see --cuda-graph-sizes"},
+      {"--compilation-config", true, {}, "CUDA graphs are controlled by --enforce-eager / --cuda-graph-sizes"},
+      {"--disable-async-output-proc", false, {}, "no separate output process"},
+      {"--speculative-config", true, {}, "no speculative decoding", true},
+      {"--kv-transfer-config", true, {}, "no disaggregated prefill / KV transfer", true},
+      {"--kv-events-config", true, {}, "no KV cache events", true},
+      {"--additional-config", true, {}, "no platform plugins"},
       {"--quantization", true, {"none", "mxfp4"},
        "quantized checkpoints other than GPT-OSS's MXFP4 experts (read from config.json) are not supported"},
+      // LoRA.
+      {"--lora-dtype", true, {"auto"}, "adapters are stored in the compute dtype"},
+      {"--fully-sharded-loras", false, {}, "one GPU: adapters are not sharded"},
+      {"--lora-extra-vocab-size", true, {}, "adapters that add tokens are refused when loaded"},
+      {"--long-lora-scaling-factors", true, {}, "no long-context LoRA", true},
+      {"--default-mm-loras", true, {}, "text-only models"},
+      {"--enable-prompt-adapter", false, {}, "no prompt adapters", true},
+      // Observability.
+      {"--otlp-traces-endpoint", true, {}, "no OpenTelemetry tracing", true},
+      {"--collect-detailed-traces", true, {}, "no OpenTelemetry tracing"},
+      {"--show-hidden-metrics-for-version", true, {}, "/metrics has no hidden metrics"},
+      {"--aggregate-engine-logging", false, {}, "one engine: its stats line is the aggregate"},
+      {"--enable-mfu-metrics", false, {}, "no MFU metrics"},
+      {"--enable-layerwise-nvtx-tracing", false, {}, "no NVTX ranges per layer"},
+      // Frontend.
+      {"--disable-frontend-multiprocessing", false, {}, "the HTTP server and engine share one process"},
+      {"--disable-fastapi-docs", false, {}, "there is no FastAPI (no /docs)"},
+      {"--enable-offline-docs", false, {}, "there is no FastAPI (no /docs)"},
+      {"--root-path", true, {}, "routes are served at / (root_path only changes FastAPI's docs)"},
+      {"--log-config-file", true, {}, "polylora's logs are set by POLYLORA_LOG_FORMAT (text or json)"},
+      {"--max-log-len", true, {}, "request logs print the prompt's length, not its text"},
+      {"--enable-log-outputs", false, {}, "request logs give each request's finish reason and token counts"},
+      {"--log-error-stack", false, {}, "errors are logged with their message"},
+      {"--enable-prompt-tokens-details", false, {}, "prompt_tokens_details is always given when tokens were cached"},
+      {"--enable-server-load-tracking", false, {}, "no /load endpoint: see vllm:num_requests_running on /metrics"},
+      {"--enable-tokenizer-info-endpoint", false, {}, "no /tokenizer_info endpoint", true},
+      {"--chat-template-content-format", true, {"auto", "string"},
+       "message content parts are joined into a string (vLLM's \"string\" format)"},
+      {"--trust-request-chat-template", false, {},
+       "a request's chat_template is always accepted (it renders in the sandboxed template engine)"},
+      {"--tool-server", true, {}, "no built-in tool servers (MCP)", true},
+      {"--middleware", true, {}, "ASGI middleware (Python import paths) cannot be loaded", true},
+      {"--uds", true, {}, "polylora listens on TCP only (--host, --port)", true},
+      {"--ssl-keyfile", true, {}, "polylora serves plain HTTP: terminate TLS in a reverse proxy", true},
+      {"--ssl-certfile", true, {}, "polylora serves plain HTTP: terminate TLS in a reverse proxy", true},
+      {"--ssl-ca-certs", true, {}, "polylora serves plain HTTP: terminate TLS in a reverse proxy", true},
+      {"--ssl-cert-reqs", true, {"0"}, "polylora serves plain HTTP: terminate TLS in a reverse proxy"},
+      {"--ssl-ciphers", true, {}, "polylora serves plain HTTP: terminate TLS in a reverse proxy", true},
+      {"--enable-ssl-refresh", false, {}, "polylora serves plain HTTP: terminate TLS in a reverse proxy", true},
+      {"--tokens-only", false, {}, "polylora serves the OpenAI endpoints", true},
+      {"--fingerprint-mode", true, {}, "no system_fingerprint in responses"},
   };
   return t;
+}
+
+// Flags of features another part of polylora is adding (issue 19: tool calling, reasoning parsers,
+// structured outputs). Accepted and stored so that command lines using them start; each is skipped as
+// soon as the feature defines its own flag (add_ignored_vllm_flags runs after every other flag).
+const std::vector<Ignored>& pending_table() {
+  static const std::vector<Ignored> t = {
+      {"--enable-auto-tool-choice", false, {}, "tool calling"},
+      {"--tool-call-parser", true, {}, "tool calling"},
+      {"--tool-parser-plugin", true, {}, "tool calling"},
+      {"--exclude-tools-when-tool-choice-none", false, {}, "tool calling"},
+      {"--reasoning-parser", true, {}, "reasoning parsers"},
+      {"--structured-outputs-config", true, {}, "structured outputs"},
+      {"--guided-decoding-backend", true, {}, "structured outputs"},
+  };
+  return t;
+}
+
+void add_table(CLI::App& app, const std::vector<Ignored>& table, std::map<std::string, std::string>& given,
+               const char* group) {
+  for (const Ignored& ig : table) {
+    std::string name = ig.name;
+    if (app.get_option_no_throw(name) != nullptr) continue;  // polylora defines it (with a meaning)
+    if (ig.takes_value) {
+      app.add_option_function<std::string>(
+             name, [&given, name](const std::string& v) { given[name] = v; },
+             std::string("(vLLM; ") + (ig.refused ? "not available here: " : "not needed here: ") + ig.why + ")")
+          ->group(group);
+    } else {
+      std::string no = "--no-" + name.substr(2);
+      std::string names = app.get_option_no_throw(no) == nullptr ? name + ",!" + no : name;
+      app.add_flag_function(
+             names, [&given, name](int64_t n) { given[name] = n > 0 ? "" : "false"; },
+             std::string("(vLLM; ") + (ig.refused ? "not available here: " : "not needed here: ") + ig.why + ")")
+          ->group(group);
+    }
+  }
 }
 
 }  // namespace
 
 void add_ignored_vllm_flags(CLI::App& app, IgnoredFlags& flags) {
-  for (const Ignored& ig : ignored_table()) {
-    std::string name = ig.name;
-    if (ig.takes_value) {
-      app.add_option_function<std::string>(
-             name, [&flags, name](const std::string& v) { flags.given[name] = v; },
-             std::string("(vLLM; not needed here: ") + ig.why + ")")
-          ->group("vLLM flags without a use here");
-    } else {
-      app.add_flag_function(
-             name, [&flags, name](int64_t) { flags.given[name] = ""; },
-             std::string("(vLLM; not needed here: ") + ig.why + ")")
-          ->group("vLLM flags without a use here");
-    }
-  }
+  add_table(app, ignored_table(), flags.given, "vLLM flags without a use here");
+  add_table(app, pending_table(), flags.pending, "vLLM flags of features in progress (issue 19)");
 }
 
 void check_ignored_vllm_flags(const IgnoredFlags& flags) {
@@ -80,6 +234,9 @@ void check_ignored_vllm_flags(const IgnoredFlags& flags) {
     auto it = flags.given.find(ig.name);
     if (it == flags.given.end()) continue;
     const std::string& v = it->second;
+    if (v == "false" && !ig.takes_value) continue;  // --no-<flag>: the vLLM default, nothing to do
+    if (ig.refused)
+      fail("{}{}{}: polylora cannot honour this flag: {}", ig.name, v.empty() ? "" : " ", v, ig.why);
     if (!ig.honoured.empty()) {
       bool ok = false;
       for (const char* h : ig.honoured) ok = ok || v == h;
@@ -91,6 +248,12 @@ void check_ignored_vllm_flags(const IgnoredFlags& flags) {
     }
     spdlog::info("{}{}{}: accepted for vLLM compatibility, not needed here ({})", ig.name, v.empty() ? "" : " ",
                  v, ig.why);
+  }
+  for (const Ignored& ig : pending_table()) {
+    auto it = flags.pending.find(ig.name);
+    if (it == flags.pending.end()) continue;
+    spdlog::warn("{}{}{}: accepted and stored; this build has no {} yet, so it has no effect", ig.name,
+                 it->second.empty() ? "" : " ", it->second, ig.why);
   }
 }
 
@@ -131,6 +294,10 @@ std::vector<std::string> expand_vllm_argv(int argc, char** argv, const CLI::App&
 }
 
 void parse_args(CLI::App& app, const std::vector<std::string>& args) {
+  // argparse: a scalar flag given twice takes the last value (CLI11 would refuse it). Lists keep every value.
+  for (CLI::Option* opt : app.get_options())
+    if (opt->get_items_expected_max() == 1 && opt->nonpositional())
+      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::vector<std::string> rev(args.begin() + 1, args.end());
   std::reverse(rev.begin(), rev.end());
   app.parse(rev);

@@ -13,9 +13,11 @@ namespace polylora::apps {
 // Values of the accepted-but-not-needed flags, by flag name (only those given).
 struct IgnoredFlags {
   std::map<std::string, std::string> given;
+  std::map<std::string, std::string> pending;  // flags of features in progress (stored, logged)
 };
 
-// Adds the flags of the table in docs/vllm-flags.md that polylora has no use for.
+// Adds the flags of the table in docs/vllm-flags.md that polylora has no use for, and those of features
+// in progress (issue 19), skipping any name already defined: call it after every other flag.
 void add_ignored_vllm_flags(CLI::App& app, IgnoredFlags& flags);
 // Logs each given ignored flag once; throws polylora::Error naming a flag whose value cannot be honoured
 // (`-tp 2`, `--kv-cache-dtype fp8`, ...).
@@ -26,7 +28,8 @@ void check_ignored_vllm_flags(const IgnoredFlags& flags);
 // `--no-` form. The result includes argv[0].
 std::vector<std::string> expand_vllm_argv(int argc, char** argv, const CLI::App& app);
 
-// Parses with CLI11 from a vector of arguments (argv[0] first).
+// Parses with CLI11 from a vector of arguments (argv[0] first); a repeated scalar flag takes its last
+// value, as argparse.
 void parse_args(CLI::App& app, const std::vector<std::string>& args);
 
 }  // namespace polylora::apps

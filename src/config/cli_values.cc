@@ -173,7 +173,11 @@ std::vector<std::string> normalize_vllm_args(std::vector<std::string> args) {
       return true;
     };
     if (rename("-tp", "--tensor-parallel-size") || rename("-pp", "--pipeline-parallel-size") ||
-        rename("-dp", "--data-parallel-size") || rename("-q", "--quantization"))
+        rename("-dp", "--data-parallel-size") || rename("-q", "--quantization") ||
+        rename("-dcp", "--decode-context-parallel-size") || rename("-dpl", "--data-parallel-size-local") ||
+        rename("-dpr", "--data-parallel-rank") || rename("-dpa", "--data-parallel-address") ||
+        rename("-dpp", "--data-parallel-rpc-port") || rename("-dpb", "--data-parallel-backend") ||
+        rename("-asc", "--api-server-count") || rename("-ep", "--enable-expert-parallel"))
       continue;
     if (a.size() > 2 && a.rfind("-O", 0) == 0) {  // -O3, -O.level=3: compilation config
       out.push_back("--compilation-config=" + a.substr(2));

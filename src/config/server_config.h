@@ -53,6 +53,10 @@ struct ServerConfig {
   bool enable_request_id_headers = false; // --enable-request-id-headers: X-Request-Id on responses
   std::string response_role = "assistant";  // --response-role: role of chat completion messages
   bool return_tokens_as_token_ids = false;  // --return-tokens-as-token-ids: logprob tokens as "token_id:N"
+  bool disable_uvicorn_access_log = false;         // --disable-uvicorn-access-log: no access log lines
+  std::string disable_access_log_for_endpoints;    // --disable-access-log-for-endpoints: "/health,/metrics"
+  bool enable_force_include_usage = false;         // --enable-force-include-usage: usage in every stream
+  std::string default_chat_template_kwargs;        // --default-chat-template-kwargs: a JSON object (or empty)
   // CORS (vLLM's defaults: everything allowed, no credentials).
   std::vector<std::string> allowed_origins = {"*"};  // --allowed-origins (JSON list or repeated)
   std::vector<std::string> allowed_methods = {"*"};  // --allowed-methods

@@ -113,7 +113,7 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
     if (chat_)  // the first chunk of every choice announces the role
       for (size_t c = 0; c < choices_.size(); ++c) {
         json j = chunk({{"index", c},
-                        {"delta", {{"role", "assistant"}, {"content", ""}}},
+                        {"delta", {{"role", parsed_.role}, {"content", ""}}},
                         {"logprobs", nullptr},
                         {"finish_reason", nullptr}});
         if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
@@ -319,7 +319,7 @@ void Generation::finish_body() {
     json choice;
     if (chat_)
       choice = {{"index", c},
-                {"message", {{"role", "assistant"}, {"content", ch.text}, {"tool_calls", json::array()}}},
+                {"message", {{"role", parsed_.role}, {"content", ch.text}, {"tool_calls", json::array()}}},
                 {"logprobs", lp},
                 {"finish_reason", finish_json(ch)},
                 {"stop_reason", stop_reason_json(ch.stop_reason)}};

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "lora/adapter.h"
+#include "server/access_log.h"
 #include "server/admin_api.h"
 #include "server/api_error.h"
 #include "server/generation.h"
@@ -146,8 +147,18 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
   size_t workers = config_.http_worker_threads > 0
                        ? static_cast<size_t>(config_.http_worker_threads)
                        : std::clamp<size_t>(std::thread::hardware_concurrency(), 4, 16);
+  AccessLogConfig access_log = AccessLogConfig::from_flags(
+      config_.uvicorn_log_level, config_.disable_uvicorn_access_log, config_.disable_access_log_for_endpoints);
+  if (!config_.default_chat_template_kwargs.empty()) {
+    default_chat_template_kwargs_ = json::parse(config_.default_chat_template_kwargs, nullptr, false);
+    if (!default_chat_template_kwargs_.is_object())
+      fail("--default-chat-template-kwargs: expected a JSON object, got {}", config_.default_chat_template_kwargs);
+  }
   transport_ = std::make_unique<HttpTransport>(
-      limits, [this](HttpRequest& req, std::shared_ptr<HttpResponder> res) { handle(req, res); },
+      limits,
+      [this, access_log](HttpRequest& req, std::shared_ptr<HttpResponder> res) {
+        handle(req, access_log.logs(req.path) ? with_access_log(req, std::move(res)) : res);
+      },
       [](int status, const std::string& message) { return error_response(status, message); },
       static_cast<size_t>(std::max<int64_t>(1, config_.http_io_threads)), workers);
   // Authentication before anything else, a compressed body's inflation included.
@@ -256,6 +267,11 @@ ParseContext HttpServer::parse_context() const {
   ctx.has_adapter = [this](const std::string& name) { return engine_.has_adapter(name); };
   ctx.max_model_len = engine_.max_model_len();
   ctx.vocab_size = engine_.model_config().vocab_size;
+  ctx.generation_defaults = &config_.generation_defaults;
+  ctx.response_role = config_.response_role;
+  ctx.return_tokens_as_token_ids = config_.return_tokens_as_token_ids;
+  ctx.force_include_usage = config_.enable_force_include_usage;
+  ctx.default_chat_template_kwargs = default_chat_template_kwargs_;
   return ctx;
 }
 

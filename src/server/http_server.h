@@ -72,6 +72,7 @@ class HttpServer {
   EngineThread& engine_;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;
+  nlohmann::ordered_json default_chat_template_kwargs_;  // --default-chat-template-kwargs (null: none)
   LoraLimits lora_limits_;
   JsonLimits json_limits_;
   bool playground_ = false;

@@ -62,6 +62,24 @@ void check_fields(const json& body, ApiKind kind) {
     if (!rid->is_string() || rid->get<std::string>().empty()) fail("'request_id' must be a non-empty string");
 }
 
+// --generation-config: the model's generation_config.json (or --override-generation-config) gives the
+// defaults of the fields a request omits, as vLLM's default_sampling_params. max_new_tokens is the default
+// max_tokens of chat requests only: completions keep max_tokens 16 (vLLM's CompletionRequest default).
+// Returns whether max_tokens came from the defaults (it is then clamped to the context, not refused).
+bool apply_generation_defaults(const json& body, const ParseContext& ctx, ApiKind kind, SamplingParams& sp) {
+  const GenerationDefaults* d = ctx.generation_defaults;
+  if (!d) return false;
+  if (d->temperature) sp.temperature = *d->temperature;
+  if (d->top_p) sp.top_p = *d->top_p;
+  if (d->top_k) sp.top_k = *d->top_k;
+  if (d->min_p) sp.min_p = *d->min_p;
+  if (d->repetition_penalty) sp.repetition_penalty = *d->repetition_penalty;
+  if (kind != ApiKind::kChat || !d->max_tokens || get(body, "max_tokens") || get(body, "max_completion_tokens"))
+    return false;
+  sp.max_tokens = *d->max_tokens;
+  return true;
+}
+
 void read_common(const json& body, ParsedRequest& out, SamplingParams& sp, const ParseContext& ctx) {
   read_sampling_fields(body, sp);
   if (const json* rid = get(body, "request_id")) out.request_id = rid->get<std::string>();
@@ -80,7 +98,8 @@ void read_common(const json& body, ParsedRequest& out, SamplingParams& sp, const
     out.include_usage = bool_field(*so, "include_usage", false);
     out.continuous_usage = bool_field(*so, "continuous_usage_stats", false);
   }
-  out.return_tokens_as_token_ids = bool_field(body, "return_tokens_as_token_ids", false);
+  if (ctx.force_include_usage && out.stream) out.include_usage = out.continuous_usage = true;  // as vLLM
+  out.return_tokens_as_token_ids = bool_field(body, "return_tokens_as_token_ids", ctx.return_tokens_as_token_ids);
   out.n = sp.n;
   if (const json* bo = get(body, "best_of")) {
     if (!bo->is_number_integer() || bo->get<int64_t>() != sp.n)
@@ -152,6 +171,7 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   resolve_model(body, ctx, out);
   check_fields(body, ApiKind::kCompletion);
   SamplingParams sp;  // completions default: max_tokens 16, temperature 1
+  apply_generation_defaults(body, ctx, ApiKind::kCompletion, sp);
   read_common(body, out, sp, ctx);
   out.echo = bool_field(body, "echo", false);
   if (sp.logprobs) out.logprobs = sp.logprobs;
@@ -220,6 +240,7 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   SamplingParams sp;
   check_fields(body, ApiKind::kChat);
   sp.max_tokens.reset();  // chat: up to the context length unless max_tokens / max_completion_tokens
+  bool default_max_tokens = apply_generation_defaults(body, ctx, ApiKind::kChat, sp);
   read_common(body, out, sp, ctx);
   if (const json* lp = get(body, "logprobs")) {
     if (!lp->is_boolean()) fail("'logprobs' must be a boolean for chat completions");
@@ -261,13 +282,17 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
     fail("'continue_final_message' and 'add_generation_prompt' cannot both be true");
   if (continue_final) add_generation_prompt = false;
   in.add_generation_prompt = add_generation_prompt;
+  // vLLM's get_chat_request_role: --response-role when a generation prompt is added, else the final
+  // message's role (the message being continued).
+  out.role = add_generation_prompt ? ctx.response_role : in.messages.back()["role"].get<std::string>();
   if (obody.contains("tools") && !obody["tools"].is_null()) {
     if (!obody["tools"].is_array()) fail("'tools' must be a list");
     in.tools = obody["tools"];
   }
+  if (ctx.default_chat_template_kwargs.is_object()) in.kwargs = ctx.default_chat_template_kwargs;
   if (obody.contains("chat_template_kwargs") && !obody["chat_template_kwargs"].is_null()) {
     if (!obody["chat_template_kwargs"].is_object()) fail("'chat_template_kwargs' must be an object");
-    in.kwargs = obody["chat_template_kwargs"];
+    for (const auto& [key, value] : obody["chat_template_kwargs"].items()) in.kwargs[key] = value;  // request wins
   }
   if (const json* re = get(body, "reasoning_effort")) {
     // vLLM hands it to the chat template as the variable `reasoning_effort` (GPT-OSS's template reads it).
@@ -282,9 +307,9 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   }
   out.echo = bool_field(body, "echo", false);
   if (out.echo) {
-    // vLLM: the final message's content is echoed when that message is the assistant's (the response role).
+    // vLLM: the final message's content is echoed when that message has the response's role.
     const json& last = in.messages.back();
-    if (last.value("role", "") == "assistant" && last.contains("content") && last["content"].is_string())
+    if (last.value("role", "") == out.role && last.contains("content") && last["content"].is_string())
       out.chat_echo = last["content"].get<std::string>();
   }
   const tokenizer::Tokenizer& tok = *ctx.tokenizer;
@@ -319,6 +344,10 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   }
   EngineRequest r = base_request(body, out, sp);
   r.prompt_ids = tok.encode(rendered, bool_field(body, "add_special_tokens", false));
+  truncate_prompt(r);
+  if (default_max_tokens)  // a default from --generation-config is clamped to the context (vLLM's get_max_tokens)
+    r.sampling.max_tokens =
+        std::min<int64_t>(*r.sampling.max_tokens, ctx.max_model_len - static_cast<int64_t>(r.prompt_ids.size()));
   check_length(r, ctx);
   out.prompt_texts.push_back(rendered);
   out.prompts.push_back(std::move(r));

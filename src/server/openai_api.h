@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api/request.h"
+#include "config/generation_config.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,6 +32,7 @@ struct ParsedRequest {
   bool continuous_usage = false;
   bool echo = false;
   bool return_tokens_as_token_ids = false;
+  std::string role = "assistant";  // chat: the role of the generated message (vLLM's get_chat_request_role)
   int64_t n = 1;
   std::optional<int64_t> logprobs;  // completions: top-N; chat: top_logprobs when logprobs is true
   std::optional<int64_t>
@@ -44,6 +46,12 @@ struct ParseContext {
   std::function<bool(const std::string&)> has_adapter;
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;  // token ids must be below it (0: unchecked)
+  // Server flags that set request defaults (vLLM's frontend flags, docs/vllm-flags.md).
+  const GenerationDefaults* generation_defaults = nullptr;  // --generation-config: fields a request omits
+  std::string response_role = "assistant";                  // --response-role
+  bool return_tokens_as_token_ids = false;                  // --return-tokens-as-token-ids
+  bool force_include_usage = false;                         // --enable-force-include-usage
+  nlohmann::ordered_json default_chat_template_kwargs;      // --default-chat-template-kwargs (null: none)
 };
 
 // The top-level fields a route accepts (vLLM's protocol, less what polylora does not implement); any other
