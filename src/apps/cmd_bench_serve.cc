@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "apps/command.h"
 #include "bench_client/runner.h"
 #include "common/error.h"
+#include "config/hf_cache.h"
 
 namespace polylora::apps {
 namespace {
@@ -128,10 +130,19 @@ int run_serve(int argc, char** argv) {
   app.add_option("--tokenizer", config.tokenizer,
                  "tokenizer.json or model folder to count and make prompt tokens with (default: the server's "
                  "POST /tokenize)");
-  app.add_option("--dataset-name", dataset_name, "random, sharegpt, custom, sonnet or prefix_repetition")
+  app.add_option("--dataset-name", dataset_name,
+                 "random, sharegpt, custom, sonnet, prefix_repetition or burstgpt (hf is refused: it downloads)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"random", "sharegpt", "custom", "sonnet", "prefix_repetition"}));
-  app.add_option("--dataset-path", ds.path, "The dataset file (sharegpt: JSON, custom: JSONL, sonnet: text)");
+      ->check(CLI::IsMember({"random", "sharegpt", "custom", "sonnet", "prefix_repetition", "burstgpt", "hf"}));
+  app.add_option("--dataset-path", ds.path,
+                 "The dataset file (sharegpt: JSON, custom: JSONL, sonnet: text, burstgpt: the BurstGPT CSV)");
+  // vLLM flags with nothing to do here (the tokenizer is tokenizer.json; readiness is the initial test).
+  std::string ignored_value;
+  bool ignored_switch = false;
+  app.add_option("--tokenizer-mode", ignored_value, "(vLLM; accepted: tokenizer.json is always used)");
+  app.add_flag("--trust-remote-code", ignored_switch, "(vLLM; accepted: no remote code)");
+  app.add_option("--ready-check-timeout-sec", ignored_value,
+                 "(vLLM; accepted: the first request, sent alone, checks the server)");
   app.add_option("--sharegpt-output-len", sharegpt_output_len,
                  "Output tokens per ShareGPT request (default: the gpt turn's length)");
   app.add_option("--custom-output-len", ds.custom_output_len, "Output tokens per custom request")
@@ -234,6 +245,12 @@ int run_serve(int argc, char** argv) {
   if (backend != "openai-chat" && kind != bench_client::EndpointKind::kCompletions)
     fail("--backend {} needs an --endpoint ending in /completions (got {}); use --backend openai-chat for chat",
          backend, config.client.endpoint);
+  if (dataset_name == "hf")
+    fail("--dataset-name hf loads a Hugging Face dataset with Python's `datasets` library, which polylora bench "
+         "does not have (and it downloads); export the prompts to a JSONL file of {{\"prompt\": ...}} lines and "
+         "use --dataset-name custom, or a ShareGPT JSON with --dataset-name sharegpt");
+  if (!config.tokenizer.empty() && !std::filesystem::exists(config.tokenizer))  // a hub id, from the local cache
+    config.tokenizer = resolve_model_path(config.tokenizer, "main", "tokenizer");
   ds.name = dataset_name;
   ds.sharegpt_output_len = sharegpt_output_len;
   config.goodput = bench_client::parse_goodput(goodput);

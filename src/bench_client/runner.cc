@@ -170,7 +170,7 @@ BenchReport run_benchmark(const BenchConfig& config, const LogFn& log) {
   if (!config.tokenizer.empty()) local = load_tokenizer(config.tokenizer);
   const std::string& request_model = config.served_model_name.empty() ? model : config.served_model_name;
   const std::string& dataset = config.datasets.name;
-  bool synthetic = dataset == "random" || dataset == "prefix_repetition";
+  bool synthetic = dataset == "random" || dataset == "prefix_repetition" || dataset == "burstgpt";
 
   std::vector<int32_t> token_pool;
   if (synthetic && (config.use_tokenize || local) && *kind == EndpointKind::kCompletions)
@@ -208,8 +208,11 @@ BenchReport run_benchmark(const BenchConfig& config, const LogFn& log) {
     requests = load_sonnet(options, count, request_model);
   } else if (dataset == "prefix_repetition") {
     requests = make_prefix_repetition_requests(options, token_pool, request_model);
+  } else if (dataset == "burstgpt") {
+    requests = load_burstgpt(options, token_pool, request_model);
   } else {
-    fail("--dataset-name '{}' is not supported (random, sharegpt, custom, sonnet, prefix_repetition)", dataset);
+    fail("--dataset-name '{}' is not supported (random, sharegpt, custom, sonnet, prefix_repetition, burstgpt)",
+         dataset);
   }
   assign_adapters(requests, config.lora_modules, config.lora_assignment, config.dataset.seed);
   std::vector<double> arrivals =

@@ -82,6 +82,12 @@ std::vector<BenchRequest> make_prefix_repetition_requests(const DatasetOptions& 
                                                           const std::vector<int32_t>& token_pool,
                                                           const std::string& model);
 
+// vLLM's burstgpt dataset (bench_client/burstgpt.cc): the BurstGPT CSV at options.path; rows of model
+// GPT-4 with a response, sampled with the seed (with replacement when num_prompts exceeds them); each
+// request's input and output lengths are its row's Request and Response tokens. Prompts are token ids from
+// token_pool in vLLM's (i + j) pattern, or words when the pool is empty.
+std::vector<BenchRequest> load_burstgpt(const DatasetOptions& options, const std::vector<int32_t>& token_pool,
+                                        const std::string& model);
 // One token per whitespace-separated word: the fallback count.
 int64_t count_words(const std::string& text);
 

@@ -4,7 +4,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -69,6 +69,39 @@ describe('polylora bench serve (vllm bench serve command lines)', () => {
     assert.equal(r.endpoint_type, 'openai-chat');
     assert.ok(r.output_lens.every((n) => n >= 1 && n <= 6), JSON.stringify(r.output_lens));
     assert.equal(r.errors.filter((e) => e).length, 0);
+  });
+
+  test('--dataset-name burstgpt: the GPT-4 rows with a response give the input and output lengths', async () => {
+    // Valid rows: (12, 7), (25, 3), (9, 11); the ChatGPT rows and the failed GPT-4 row are dropped. Three
+    // prompts use each valid row once; ten oversample them.
+    const { text } = await bench(['--dataset-name', 'burstgpt', '--dataset-path', path.join(DATA, 'burstgpt_tiny.csv'),
+      '--num-prompts', '3', '--ignore-eos', '--save-result'], 'burstgpt.json');
+    const r = JSON.parse(text);
+    assert.equal(r.completed, 3, text);
+    assert.equal(r.total_input_tokens, 12 + 25 + 9);
+    assert.equal(r.total_output_tokens, 7 + 3 + 11);
+    const many = JSON.parse((await bench(['--dataset-name', 'burstgpt', '--dataset-path', path.join(DATA, 'burstgpt_tiny.csv'),
+      '--num-prompts', '10', '--ignore-eos', '--save-result', '--save-detailed'], 'burstgpt10.json')).text);
+    assert.equal(many.completed, 10);
+    const pairs = many.input_lens.map((n, i) => `${n}:${many.output_lens[i]}`);
+    for (const p of pairs) assert.ok(['12:7', '25:3', '9:11'].includes(p), p);
+  });
+
+  test('--dataset-name hf is a clear error; --tokenizer takes a hub id from the local cache', async () => {
+    await assert.rejects(run(BIN, ['bench', 'serve', '--base-url', server.url, '--dataset-name', 'hf', '--dataset-path', 'org/data']),
+      (e) => /--dataset-name hf/.test(e.stderr) && /custom/.test(e.stderr));
+    const hub = path.join(dir, 'hub');
+    const snap = path.join(hub, 'models--org--tok', 'snapshots', 'abc123');
+    mkdirSync(snap, { recursive: true });
+    mkdirSync(path.join(hub, 'models--org--tok', 'refs'), { recursive: true });
+    writeFileSync(path.join(hub, 'models--org--tok', 'refs', 'main'), 'abc123');
+    symlinkSync(path.join(MODEL, 'tokenizer.json'), path.join(snap, 'tokenizer.json'));
+    const argv = ['bench', 'serve', '--base-url', server.url, '--dataset-name', 'sharegpt', '--dataset-path',
+      path.join(DATA, 'sharegpt_tiny.json'), '--num-prompts', '2', '--tokenizer', 'org/tok'];
+    const { stdout } = await run(BIN, argv, { env: { ...process.env, HF_HUB_CACHE: hub } });
+    assert.match(stdout, /tokens counted with --tokenizer/);
+    await assert.rejects(run(BIN, [...argv.slice(0, -1), 'org/absent'], { env: { ...process.env, HF_HUB_CACHE: hub } }),
+      (e) => /org\/absent/.test(e.stderr) && /does not download/.test(e.stderr));
   });
 
   test('a chat --endpoint with --backend vllm is refused', async () => {
