@@ -102,5 +102,17 @@ TEST(NormalizeArgs, VllmForms) {
   EXPECT_EQ(out, want);
 }
 
+TEST(NormalizeArgs, LongerShortForms) {
+  // -dp must not swallow -dpl / -dpr, and values that merely start with a short form stay as they are.
+  auto out = normalize_vllm_args({"-dcp", "2", "-dpl=1", "-dpr", "0", "-dpa", "h", "-dpp", "9", "-dpb", "mp",
+                                  "-asc", "1", "-ep", "-tpx", "-dp", "1"});
+  std::vector<std::string> want = {"--decode-context-parallel-size", "2", "--data-parallel-size-local=1",
+                                   "--data-parallel-rank", "0", "--data-parallel-address", "h",
+                                   "--data-parallel-rpc-port", "9", "--data-parallel-backend", "mp",
+                                   "--api-server-count", "1", "--enable-expert-parallel", "-tpx",
+                                   "--data-parallel-size", "1"};
+  EXPECT_EQ(out, want);
+}
+
 }  // namespace
 }  // namespace polylora
