@@ -70,14 +70,24 @@ int run_device_bench(int argc, char** argv) {
   backend->synchronize();
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = model->config();
+  // Which weights ran: the backend's dense dtype, and the experts' format (MXFP4 where the config's
+  // quantization_config says so, e.g. tests/data/configs/gpt-oss-20b; its bf16 twin is gpt-oss-20b-bf16).
+  // (dummy weights on the CPU are bf16; on CUDA the --dtype)
+  const std::string dense_format =
+      bo.device == DeviceKind::kCuda && bo.weight_dtype == DType::kF32 ? "f32" : "bf16";
+  const bool any_mxfp4 = std::find(c.mxfp4_experts.begin(), c.mxfp4_experts.end(), true) != c.mxfp4_experts.end();
+  const std::string weight_format =
+      c.is_moe() ? fmt::format("dense {}, experts {}", dense_format, any_mxfp4 ? "mxfp4" : dense_format) : dense_format;
   nlohmann::json out = {
+      {"weight_format", weight_format},
       {"engine", "polylora"},           {"backend", backend->name()},
       {"model", c.model_type},          {"params_billions", static_cast<double>(c.num_parameters()) / 1e9},
       {"load_seconds", load_s},         {"weight_bytes", model->weights().num_bytes},
       {"prompt_len", prompt_len},       {"decode_tokens", decode_tokens},
       {"runs", nlohmann::json::array()}};
-  std::fprintf(stderr, "loaded %s on %s in %.1f s (%.2f GB of weights)\n", c.model_type.c_str(),
-               backend->name().c_str(), load_s, static_cast<double>(model->weights().num_bytes) / 1e9);
+  std::fprintf(stderr, "loaded %s (%s) on %s in %.1f s (%.2f GB of weights)\n", c.model_type.c_str(),
+               weight_format.c_str(), backend->name().c_str(), load_s,
+               static_cast<double>(model->weights().num_bytes) / 1e9);
   // One engine for every batch size: no prefix caching (each run computes its prompts), a KV cache of
   // exactly what the largest batch needs, CUDA graphs of the batch sizes (recorded at start) unless
   // --enforce-eager, covering every context of the run.

@@ -5,7 +5,7 @@
 set -uo pipefail
 BUILD=$1; OUT_DIR=$2; shift 2
 CONFIGS=("$@")
-[ ${#CONFIGS[@]} -eq 0 ] && CONFIGS=(tests/data/configs/qwen3-30b-a3b tests/data/configs/gpt-oss-20b)
+[ ${#CONFIGS[@]} -eq 0 ] && CONFIGS=(tests/data/configs/qwen3-30b-a3b tests/data/configs/gpt-oss-20b-bf16)
 mkdir -p "$OUT_DIR"
 if [ "${SKIP_TOKENIZER:-0}" != 1 ]; then
 # Tokenizer: single-thread o200k encode, polylora vs HF tokenizers vs tiktoken, on the same text.

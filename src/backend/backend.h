@@ -100,6 +100,10 @@ class Backend {
   // A [rows, cols] matrix of random values (uniform, standard deviation `stddev`) in weight_dtype(),
   // made on the device (--load-format dummy).
   virtual kernels::WeightView random_matrix(int64_t rows, int64_t cols, float stddev, uint64_t seed) = 0;
+  // A [rows, cols] MXFP4 matrix (kernels/tensor_view.h; cols a multiple of 32) of random codes, every code
+  // equally likely, and every scale byte `scale` (--load-format dummy on an MXFP4 config). Default: made on
+  // the host and copied.
+  virtual kernels::WeightView random_mxfp4(int64_t rows, int64_t cols, uint8_t scale, uint64_t seed);
   // An f32 vector from host memory (norm weights, biases, sinks).
   virtual const float* vector_from_host(const float* host, size_t n) = 0;
   // Bytes allocated so far.

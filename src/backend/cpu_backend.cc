@@ -2,6 +2,7 @@
 #include <omp.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -147,6 +148,21 @@ void* Backend::alloc_host(size_t bytes) {
 
 void Backend::free_host(void* ptr) {
   std::free(ptr);
+}
+
+kernels::WeightView Backend::random_mxfp4(int64_t rows, int64_t cols, uint8_t scale, uint64_t seed) {
+  const auto n = static_cast<size_t>(rows * cols);
+  std::vector<uint8_t> codes(n / 2), scales(n / kMxfp4BlockSize, scale);
+  uint64_t state = seed * 0x2545f4914f6cdd1dull + 1;
+  for (size_t i = 0; i < codes.size(); i += 8) {
+    const uint64_t r = splitmix(state);
+    std::memcpy(codes.data() + i, &r, std::min<size_t>(8, codes.size() - i));
+  }
+  void* c = alloc(codes.size());
+  void* s = alloc(scales.size());
+  copy_to_device(c, codes.data(), codes.size());
+  copy_to_device(s, scales.data(), scales.size());
+  return {c, DType::kU8, rows, cols, static_cast<const uint8_t*>(s)};
 }
 
 std::unique_ptr<Backend> make_cpu_backend() {

@@ -3,9 +3,11 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/mxfp4.h"
 
 namespace polylora {
 namespace {
@@ -241,8 +243,55 @@ ModelConfig ModelConfig::from_json(std::string_view json_text, const std::string
       c.moe_layers.assign(c.moe_layers.size(), true);
       break;
   }
+  c.mxfp4_experts.assign(c.moe_layers.size(), false);
+  if (r.has("quantization_config")) {
+    const json& q = j.at("quantization_config");
+    if (!q.is_object()) fail("{}: quantization_config must be an object", source);
+    const std::string method =
+        q.contains("quant_method") && q.at("quant_method").is_string() ? q.at("quant_method").get<std::string>()
+                                                                        : "";
+    if (method != "mxfp4")
+      fail(
+          "{}: quantization_config.quant_method '{}' is not supported (supported: mxfp4, for gpt_oss); use "
+          "an unquantized checkpoint",
+          source, method);
+    if (c.arch != Architecture::kGptOss)
+      fail("{}: quant_method mxfp4 is supported for gpt_oss checkpoints only, not {}", source, c.model_type);
+    c.quant_method = QuantMethod::kMxfp4;
+    if (q.contains("modules_to_not_convert") && !q.at("modules_to_not_convert").is_null()) {
+      const json& m = q.at("modules_to_not_convert");
+      if (!m.is_array()) fail("{}: quantization_config.modules_to_not_convert must be a list of strings", source);
+      for (const json& v : m) {
+        if (!v.is_string())
+          fail("{}: quantization_config.modules_to_not_convert has an entry that is not a string ({})", source,
+               v.dump());
+        c.modules_to_not_convert.push_back(v.get<std::string>());
+      }
+    }
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      c.mxfp4_experts[l] =
+          c.moe_layers[l] && c.quantizes_module("model.layers." + std::to_string(l) + ".mlp.experts");
+  }
   c.validate();
   return c;
+}
+
+bool ModelConfig::quantizes_module(const std::string& name) const {
+  if (quant_method == QuantMethod::kNone) return false;
+  // transformers' should_convert_module: re.match(f"{key}\\.", name) or re.match(key, name) or
+  // name.endswith(key); re.match anchors at the start only.
+  for (const std::string& key : modules_to_not_convert) {
+    if (name.size() >= key.size() && name.compare(name.size() - key.size(), key.size(), key) == 0) return false;
+    try {
+      std::regex re(key, std::regex::ECMAScript);
+      std::smatch m;
+      if (std::regex_search(name, m, re, std::regex_constants::match_continuous)) return false;
+    } catch (const std::regex_error&) {
+      fail("model config ({}): quantization_config.modules_to_not_convert entry '{}' is not a valid pattern",
+           model_type, key);
+    }
+  }
+  return true;
 }
 
 ModelConfig ModelConfig::from_file(const std::string& path) {
@@ -279,6 +328,13 @@ void ModelConfig::validate() const {
     if (num_experts_per_tok > num_experts)
       fail("model config ({}): num_experts_per_tok ({}) exceeds the number of experts ({})", model_type,
            num_experts_per_tok, num_experts);
+  }
+  if (quant_method == QuantMethod::kMxfp4 && is_moe()) {
+    if (hidden_size % kMxfp4BlockSize != 0 || moe_intermediate_size % kMxfp4BlockSize != 0)
+      fail(
+          "model config ({}): MXFP4 experts need hidden_size ({}) and intermediate_size ({}) to be multiples "
+          "of 32",
+          model_type, hidden_size, moe_intermediate_size);
   }
   for (LayerAttention t : layer_types) {
     if (t == LayerAttention::kSliding && sliding_window <= 0)

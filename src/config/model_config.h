@@ -48,6 +48,12 @@ enum class ExpertActivation {
   kGptOssClampedSwiglu,  // interleaved gate/up (even = gate), clamp, gate*sigmoid(alpha*gate)*(up+1)
 };
 
+// quantization_config.quant_method of a checkpoint.
+enum class QuantMethod {
+  kNone,
+  kMxfp4,  // GPT-OSS as OpenAI ships it: expert matrices in MXFP4 (common/mxfp4.h), everything else bf16
+};
+
 struct ModelConfig {
   Architecture arch = Architecture::kLlama;
   std::string model_type;
@@ -83,6 +89,11 @@ struct ModelConfig {
   std::vector<bool> moe_layers;  // [num_layers]: true where the MLP is the MoE block
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
+  // quantization_config: the method and the modules it leaves unconverted (Hugging Face's patterns: a
+  // regex matched at the start of a module name, followed by a dot or not, or a suffix of the name).
+  QuantMethod quant_method = QuantMethod::kNone;
+  std::vector<std::string> modules_to_not_convert;
+  std::vector<bool> mxfp4_experts;  // [num_layers]: the layer's experts are MXFP4 (MoE layers only)
 
   bool is_moe() const { return num_experts > 0; }
   int64_t q_size() const { return num_heads * head_dim; }
@@ -90,6 +101,9 @@ struct ModelConfig {
   int64_t layer_window(int64_t layer) const {
     return layer_types[layer] == LayerAttention::kSliding ? sliding_window : 0;
   }
+
+  // Does quantization_config convert the module `name` (e.g. "model.layers.3.mlp.experts")?
+  bool quantizes_module(const std::string& name) const;
 
   // Throws polylora::Error naming the field for inconsistent values.
   void validate() const;

@@ -6,18 +6,33 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "common/mxfp4.h"
 
 namespace polylora::kernels {
 
-// A row-major weight matrix [rows, cols] in its checkpoint dtype (F32, F16 or BF16).
-// For a linear layer rows = out_features, cols = in_features (y = x · Wᵀ).
+// A row-major weight matrix [rows, cols] in its checkpoint dtype (F32, F16 or BF16), or MXFP4 (dtype
+// kU8, common/mxfp4.h): `data` the E2M1 codes [rows, cols / 2] bytes, `scales` the E8M0 scales
+// [rows, cols / 32] bytes (cols a multiple of 32). For a linear layer rows = out_features,
+// cols = in_features (y = x · Wᵀ).
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
+  const uint8_t* scales = nullptr;  // MXFP4 only: [rows, cols / 32]
 
   bool empty() const { return data == nullptr; }
+  bool mxfp4() const { return dtype == DType::kU8; }
+  // Bytes of the matrix as stored (codes and scales for MXFP4).
+  size_t num_bytes() const {
+    const auto n = static_cast<size_t>(rows * cols);
+    return mxfp4() ? n / 2 + n / kMxfp4BlockSize : n * dtype_size(dtype);
+  }
+  // MXFP4: row r's codes and scales.
+  const uint8_t* mxfp4_codes(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + r * (cols / 2);
+  }
+  const uint8_t* mxfp4_scales(int64_t r) const { return scales + r * (cols / kMxfp4BlockSize); }
   // Element (r, c) as f32.
   float at(int64_t r, int64_t c) const;
   // Row r converted to f32 into dst[cols].
@@ -33,15 +48,20 @@ inline float WeightView::at(int64_t r, int64_t c) const {
       return bf16_to_f32(static_cast<const uint16_t*>(data)[i]);
     case DType::kF16:
       return f16_to_f32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kU8:
+      return mxfp4_at(mxfp4_codes(r), mxfp4_scales(r), c);
     case DType::kI32:
     case DType::kI64:
-    case DType::kU8:
       break;
   }
   return 0.0f;
 }
 
 inline void WeightView::row_to_f32(int64_t r, float* dst) const {
+  if (mxfp4()) {
+    mxfp4_decode_row(mxfp4_codes(r), mxfp4_scales(r), cols, dst);
+    return;
+  }
   const auto* base = static_cast<const char*>(data) + static_cast<size_t>(r * cols) * dtype_size(dtype);
   convert_to_f32(base, dtype, static_cast<size_t>(cols), dst);
 }

@@ -42,6 +42,7 @@ struct Shard {
   std::string file_name;
   std::vector<TensorSpec> specs;
   std::vector<float> fills;  // per tensor: the centre of its values
+  std::vector<ExpectedTensor::Quantized> quantized;  // per tensor: MXFP4 codes or scales (U8), or neither
   SafetensorsLayout layout;
   int fd = -1;
 };
@@ -55,9 +56,24 @@ struct Piece {
   uint64_t key = 0;  // seeds its values
 };
 
-// Fills `bytes` (a whole number of elements) with fill + uniform(-scale, scale) values of `dtype`.
-void generate(std::byte* out, size_t bytes, DType dtype, float fill, float scale, uint64_t key) {
+// Fills `bytes` (a whole number of elements) with fill + uniform(-scale, scale) values of `dtype`; MXFP4
+// parts with random codes, or every scale byte kDummyMxfp4Scale.
+void generate(std::byte* out, size_t bytes, DType dtype, float fill, float scale, uint64_t key,
+              ExpectedTensor::Quantized quantized) {
   uint64_t state = mix(key);
+  switch (quantized) {
+    case ExpectedTensor::Quantized::kNo:
+      break;
+    case ExpectedTensor::Quantized::kMxfp4Codes:
+      for (size_t i = 0; i < bytes; i += 8) {
+        const uint64_t r = mix(state++);
+        std::memcpy(out + i, &r, std::min<size_t>(8, bytes - i));
+      }
+      return;
+    case ExpectedTensor::Quantized::kMxfp4Scales:
+      std::memset(out, kDummyMxfp4Scale, bytes);
+      return;
+  }
   const size_t esize = dtype_size(dtype), n = bytes / esize;
   constexpr float kInv16 = 1.0f / 32768.0f;
   auto value = [&](uint32_t u16) {
@@ -147,7 +163,10 @@ CheckpointWriteStats write_random_checkpoint(const std::string& config_dir, cons
 
   // Shards: tensors in the order the loader reads them, cut into shards of about equal size.
   uint64_t total = 0;
-  for (const ExpectedTensor& t : tensors) total += TensorSpec{t.name, options.dtype, t.shape}.num_bytes();
+  auto dtype_of = [&](const ExpectedTensor& t) {
+    return t.quantized == ExpectedTensor::Quantized::kNo ? options.dtype : DType::kU8;
+  };
+  for (const ExpectedTensor& t : tensors) total += TensorSpec{t.name, dtype_of(t), t.shape}.num_bytes();
   const int num_shards =
       std::max<int>(1, options.num_shards > 0 ? options.num_shards
                                               : static_cast<int>((total + kShardBytes - 1) / kShardBytes));
@@ -156,7 +175,7 @@ CheckpointWriteStats write_random_checkpoint(const std::string& config_dir, cons
     uint64_t done = 0;
     size_t s = 0;
     for (const ExpectedTensor& t : tensors) {
-      TensorSpec spec{t.name, options.dtype, t.shape};
+      TensorSpec spec{t.name, dtype_of(t), t.shape};
       // Move on once this shard holds its share (the last shard takes the rest).
       while (s + 1 < shards.size() && !shards[s].specs.empty() &&
              done >= total / static_cast<uint64_t>(num_shards) * (s + 1))
@@ -164,6 +183,7 @@ CheckpointWriteStats write_random_checkpoint(const std::string& config_dir, cons
       done += spec.num_bytes();
       shards[s].specs.push_back(std::move(spec));
       shards[s].fills.push_back(t.is_vector ? t.fill : 0.0f);
+      shards[s].quantized.push_back(t.quantized);
     }
   }
   shards.erase(std::remove_if(shards.begin(), shards.end(), [](const Shard& sh) { return sh.specs.empty(); }),
@@ -219,7 +239,8 @@ CheckpointWriteStats write_random_checkpoint(const std::string& config_dir, cons
       for (size_t i = next++; i < pieces.size() && !abort; i = next++) {
         const Piece& p = pieces[i];
         const Shard& sh = shards[p.shard_idx];
-        generate(buf.data(), p.bytes, options.dtype, sh.fills[p.tensor_idx], options.scale, p.key);
+        generate(buf.data(), p.bytes, sh.specs[p.tensor_idx].dtype, sh.fills[p.tensor_idx], options.scale, p.key,
+                 sh.quantized[p.tensor_idx]);
         write_all(sh.fd, buf.data(), p.bytes, sh.layout.file_offsets[p.tensor_idx] + p.offset,
                   (dst / sh.file_name).string());
       }

@@ -138,7 +138,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelLoadOption
     m->source_ = dir + " (dummy weights)";
     return m;
   }
-  auto checkpoint = std::make_unique<Checkpoint>(Checkpoint::open_dir(dir));
+  auto checkpoint = std::make_unique<Checkpoint>(Checkpoint::open_dir(dir, kModelCheckpointDTypes));
   auto m = from_config(cfg, checkpoint.get(), options, std::move(backend));
   if (m->backend_->kind() == DeviceKind::kCpu)
     m->weights_.checkpoint = std::move(checkpoint);  // views point into it
@@ -550,6 +550,7 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
            .ids = route_ids,
            .weights = route_w,
            .experts = lw.moe.experts_on_device,
+           .experts_mxfp4 = lw.moe.experts.front().gate_up.mxfp4(),
            .act = c.expert_activation == ExpertActivation::kGptOssClampedSwiglu ? k::ExpertAct::kGptOssSwiglu
                                                                                 : k::ExpertAct::kSiluGate,
            .swiglu_alpha = static_cast<float>(c.swiglu_alpha),

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/mxfp4.h"
 
 namespace polylora {
 namespace {
@@ -87,9 +88,10 @@ bool WeightLoader::has(const std::string& name) const {
   return checkpoint_ && checkpoint_->find(name);
 }
 
-void WeightLoader::plan(const std::string& name, std::vector<int64_t> shape, bool is_vector, float fill) {
+void WeightLoader::plan(const std::string& name, std::vector<int64_t> shape, bool is_vector, float fill,
+                        ExpectedTensor::Quantized quantized) {
   if (!used_.insert(name).second) return;
-  plan_->push_back({name, std::move(shape), is_vector, fill});
+  plan_->push_back({name, std::move(shape), is_vector, fill, quantized});
 }
 
 DType WeightLoader::stored_dtype(DType src, bool keep_f32) const {
@@ -104,11 +106,20 @@ std::byte* WeightLoader::expert_block(const std::string& name, int64_t num_exper
   return expert_blocks_.emplace(name, p).first->second;
 }
 
-const TensorInfo& WeightLoader::tensor(const std::string& name, const std::vector<int64_t>& shape) {
+const TensorInfo& WeightLoader::tensor(const std::string& name, const std::vector<int64_t>& shape,
+                                       bool quantized) {
   const TensorInfo* t = checkpoint_->find(name);
   if (!t)
     fail("checkpoint {} does not match its config: tensor '{}' (expected shape {}) is missing",
          checkpoint_->location(), name, shape_str(shape));
+  if (quantized && t->dtype != DType::kU8)
+    fail("checkpoint {}: MXFP4 tensor '{}' has dtype {}; MXFP4 blocks and scales are stored as U8", checkpoint_->location(),
+         name, dtype_name(t->dtype));
+  if (!quantized && t->dtype == DType::kU8)
+    fail(
+        "checkpoint {}: tensor '{}' has dtype U8, which only the MXFP4 expert blocks and scales may have (expected "
+        "F32, F16 or BF16)",
+        checkpoint_->location(), name);
   if (t->shape != shape)
     fail("checkpoint {} does not match its config: tensor '{}' has shape {}, expected {}",
          checkpoint_->location(), name, t->shape_string(), shape_str(shape));
@@ -223,6 +234,83 @@ kernels::WeightView WeightLoader::expert_transposed(const std::string& name, int
     else
       weights_.owned.pop_back();
   }
+  return view;
+}
+
+const uint8_t* WeightLoader::expert_bytes(const TensorInfo& t, int64_t num_experts, size_t bytes,
+                                          int64_t expert) {
+  const uint64_t offset = static_cast<uint64_t>(expert) * bytes;
+  switch (mode_) {
+    case Mode::kPlan:
+    case Mode::kDummy:
+      break;
+    case Mode::kPerTensor: {
+      bytes_per_tensor_path_ += bytes;
+      const auto* src = static_cast<const uint8_t*>(t.data) + offset;
+      if (backend_->kind() == DeviceKind::kCpu) return src;  // zero-copy
+      void* dst = backend_->alloc(bytes);
+      backend_->copy_to_device(dst, src, bytes);
+      return static_cast<const uint8_t*>(dst);
+    }
+    case Mode::kStaged: {
+      const size_t slot = round_up(bytes, kSlotAlign);
+      std::byte* dst = expert_block(t.name, num_experts, slot) + static_cast<size_t>(expert) * slot;
+      const auto n = static_cast<int64_t>(bytes);
+      jobs_.push_back({&t, offset, 1, n, dst, DType::kU8, n, false});
+      return reinterpret_cast<const uint8_t*>(dst);
+    }
+  }
+  return nullptr;
+}
+
+kernels::WeightView WeightLoader::expert_mxfp4(const std::string& name, int64_t num_experts, int64_t out,
+                                               int64_t in, int64_t expert) {
+  const std::string blocks_name = name + "_blocks", scales_name = name + "_scales";
+  const int64_t num_blocks = in / kMxfp4BlockSize;
+  CHECK_MSG(in % kMxfp4BlockSize == 0, "MXFP4 matrix '{}' needs an input size that is a multiple of 32, not {}",
+            name, in);
+  const std::vector<int64_t> blocks_shape = {num_experts, out, num_blocks, kMxfp4BlockBytes};
+  const std::vector<int64_t> scales_shape = {num_experts, out, num_blocks};
+  kernels::WeightView view{nullptr, DType::kU8, out, in};
+  switch (mode_) {
+    case Mode::kPlan:
+      plan(blocks_name, blocks_shape, false, 0, ExpectedTensor::Quantized::kMxfp4Codes);
+      plan(scales_name, scales_shape, false, 0, ExpectedTensor::Quantized::kMxfp4Scales);
+      return view;
+    case Mode::kDummy:
+      view = backend_->random_mxfp4(out, in, kDummyMxfp4Scale, seed_++);
+      weights_.num_bytes += view.num_bytes();
+      return view;
+    case Mode::kPerTensor:
+    case Mode::kStaged:
+      break;
+  }
+  const TensorInfo* blocks = checkpoint_->find(blocks_name);
+  const TensorInfo* scales = checkpoint_->find(scales_name);
+  if (!blocks)
+    fail(
+        "checkpoint {} does not match its config: MXFP4 tensor '{}' (expected U8 {}) is missing (config.json "
+        "has quantization_config.quant_method mxfp4)",
+        checkpoint_->location(), blocks_name, shape_str(blocks_shape));
+  if (!scales)
+    fail("checkpoint {}: MXFP4 tensor '{}' has no scales: tensor '{}' (expected U8 {}) is missing",
+         checkpoint_->location(), blocks_name, scales_name, shape_str(scales_shape));
+  // The pair must agree before either is checked against the config: scales [E, out, n] for blocks
+  // [E, out, n, 16].
+  const std::vector<int64_t>& bs = blocks->shape;
+  if (bs.size() != 4 || bs[3] != kMxfp4BlockBytes)
+    fail("checkpoint {}: MXFP4 tensor '{}' has shape {}; MXFP4 blocks are [experts, out, in / 32, 16]",
+         checkpoint_->location(), blocks_name, blocks->shape_string());
+  if (scales->shape != std::vector<int64_t>(bs.begin(), bs.end() - 1))
+    fail(
+        "checkpoint {}: MXFP4 tensors '{}' {} and '{}' {} disagree in shape (the scales of blocks [E, out, n, "
+        "16] are [E, out, n])",
+        checkpoint_->location(), blocks_name, blocks->shape_string(), scales_name, scales->shape_string());
+  const TensorInfo& tb = tensor(blocks_name, blocks_shape, /*quantized=*/true);
+  const TensorInfo& ts = tensor(scales_name, scales_shape, /*quantized=*/true);
+  view.data = expert_bytes(tb, num_experts, static_cast<size_t>(out * in / 2), expert);
+  view.scales = expert_bytes(ts, num_experts, static_cast<size_t>(out * num_blocks), expert);
+  weights_.num_bytes += view.num_bytes();
   return view;
 }
 

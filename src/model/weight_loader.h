@@ -30,7 +30,15 @@ struct ExpectedTensor {
   std::vector<int64_t> shape;
   bool is_vector = false;  // norms, biases, sinks (read as f32)
   float fill = 0;          // for vectors: the value the dummy loader centres on (1 for norm weights)
+  // MXFP4 parts (U8 in the checkpoint): the E2M1 codes of `*_blocks` (random bytes), or the E8M0 scales of
+  // `*_scales` (every byte kDummyMxfp4Scale).
+  enum class Quantized { kNo, kMxfp4Codes, kMxfp4Scales };
+  Quantized quantized = Quantized::kNo;
 };
+
+// The scale byte of dummy and randomly written MXFP4 weights: 2^-7, so that uniformly random E2M1 codes have
+// a standard deviation of 0.023 (the dummy float weights': 0.02).
+inline constexpr uint8_t kDummyMxfp4Scale = 120;
 
 class WeightLoader {
  public:
@@ -52,6 +60,13 @@ class WeightLoader {
   // Expert e of a 3-D tensor [E, a, b] stored (in, out): returned transposed as [b, a] (out, in).
   kernels::WeightView expert_transposed(const std::string& name, int64_t num_experts, int64_t a, int64_t b,
                                         int64_t expert);
+  // Expert e of an MXFP4 matrix as the checkpoint ships it: `name`_blocks U8 [E, out, in / 32, 16] (the E2M1
+  // codes, two per byte) and `name`_scales U8 [E, out, in / 32]; returned as an MXFP4 view [out, in]
+  // (kernels/tensor_view.h), never converted: zero-copy on the CPU, copied byte for byte elsewhere. In
+  // dummy mode: random codes with scale kDummyMxfp4Scale. Errors name the tensor: blocks or scales
+  // missing, not U8, or of shapes that disagree with each other or with the config.
+  kernels::WeightView expert_mxfp4(const std::string& name, int64_t num_experts, int64_t out, int64_t in,
+                                   int64_t expert);
   // Row e of a 2-D tensor [E, n] as f32 (per-expert biases).
   const float* expert_vector(const std::string& name, int64_t num_experts, int64_t n, int64_t expert);
   // Copies a host array of expert views into backend memory.
@@ -62,9 +77,13 @@ class WeightLoader {
 
  private:
   enum class Mode { kPlan, kDummy, kPerTensor, kStaged };
-  const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape);
+  // The checkpoint's tensor `name`, of `shape`; U8 only where `quantized` (MXFP4 parts), else a float dtype.
+  const TensorInfo& tensor(const std::string& name, const std::vector<int64_t>& shape, bool quantized = false);
+  // Expert e's bytes [offset, offset + bytes) of U8 tensor t in backend memory (zero-copy on the CPU).
+  const uint8_t* expert_bytes(const TensorInfo& t, int64_t num_experts, size_t bytes, int64_t expert);
   const float* upload(const std::vector<float>& v);
-  void plan(const std::string& name, std::vector<int64_t> shape, bool is_vector = false, float fill = 0);
+  void plan(const std::string& name, std::vector<int64_t> shape, bool is_vector = false, float fill = 0,
+            ExpectedTensor::Quantized quantized = ExpectedTensor::Quantized::kNo);
   // Stored dtype of a matrix of checkpoint dtype `src` (the CPU keeps checkpoint dtypes, as its
   // zero-copy views do; devices store weight_dtype(), or f32 when asked).
   DType stored_dtype(DType src, bool keep_f32) const;

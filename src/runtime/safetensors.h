@@ -20,8 +20,11 @@
 
 namespace polylora {
 
-// Dtypes a model or adapter checkpoint may hold; anything else is rejected by name.
+// Dtypes an adapter checkpoint may hold; anything else is rejected by name.
 inline constexpr DType kCheckpointDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+// Dtypes a model checkpoint may hold: the float dtypes, and U8 for quantized tensors (the MXFP4 expert
+// blocks and scales of GPT-OSS; model/weight_loader.cc refuses U8 anywhere else, naming the tensor).
+inline constexpr DType kModelCheckpointDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kU8};
 
 struct TensorInfo {
   std::string name;

@@ -37,7 +37,7 @@ inline constexpr int64_t kGoldenTopLogprobs = 20;
 
 inline const std::vector<std::string>& fixture_models() {
   static const std::vector<std::string> names = {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny",
-                                                 "mixtral-tiny"};
+                                                 "mixtral-tiny", "gpt-oss-mxfp4-tiny"};
   return names;
 }
 

@@ -370,6 +370,14 @@ class CudaBackend final : public Backend {
     cuda_backend::fill_random(dst, weight_dtype_, n, stddev, seed, stream_);
     return {dst, weight_dtype_, rows, cols};
   }
+  k::WeightView random_mxfp4(int64_t rows, int64_t cols, uint8_t scale, uint64_t seed) override {
+    const size_t n = static_cast<size_t>(rows * cols);
+    void* codes = alloc(n / 2);
+    void* scales = alloc(n / kMxfp4BlockSize);
+    cuda_backend::fill_random(codes, DType::kU8, n / 2, 0.0f, seed, stream_);
+    CUDA_CHECK(cudaMemsetAsync(scales, scale, n / kMxfp4BlockSize, stream_));
+    return {codes, DType::kU8, rows, cols, static_cast<const uint8_t*>(scales)};
+  }
   const float* vector_from_host(const float* host, size_t n) override {
     auto* p = static_cast<float*>(alloc(n * sizeof(float)));
     copy_to_device(p, host, n * sizeof(float));
@@ -415,6 +423,12 @@ class CudaBackend final : public Backend {
     timed("route", [&] { k::cuda::route(a, ctx()); });
   }
   void moe_experts(const k::MoeExpertsArgs& a) override {
+    if (a.experts_mxfp4) {
+      ensure_workspace(k::cuda::moe_experts_mxfp4_workspace_bytes(a));
+      timed(a.m <= 64 ? "moe_experts mxfp4 (m<=64)" : "moe_experts mxfp4 (m>64)",
+            [&] { k::cuda::moe_experts_mxfp4(a, weight_dtype_ != DType::kF32, ctx()); });
+      return;
+    }
     ensure_workspace(k::cuda::moe_experts_workspace_bytes(a, ctx()));
     timed(a.m <= 64 ? "moe_experts (m<=64)" : "moe_experts (m>64)",
           [&] { k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx()); });

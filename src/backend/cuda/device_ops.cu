@@ -33,7 +33,9 @@ __global__ void fill_random_kernel(void* dst, DType dtype, size_t n, float stdde
     uint64_t h = splitmix64(key ^ static_cast<uint64_t>(i));
     float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
     float v = (2.0f * u - 1.0f) * 1.7320508f * stddev;
-    if (dtype == DType::kBF16) {
+    if (dtype == DType::kU8) {
+      static_cast<uint8_t*>(dst)[i] = static_cast<uint8_t>(h);  // random bytes (MXFP4 codes)
+    } else if (dtype == DType::kBF16) {
       static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16_rn(v);
     } else {
       static_cast<float*>(dst)[i] = v;

@@ -17,7 +17,8 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_
 // F32/F16/BF16; a dtype to itself is exact).
 void upload_block(const void* src, DType src_dtype, int64_t rows, int64_t cols, void* dst, DType dst_dtype,
                   int64_t dst_ld, bool transpose, void* stream);
-// n values uniform in [−√3·stddev, √3·stddev] (standard deviation `stddev`) from a counter hash of (seed, i).
+// n values uniform in [−√3·stddev, √3·stddev] (standard deviation `stddev`) from a counter hash of (seed, i)
+// (F32 or BF16); U8: n random bytes (stddev unused).
 void fill_random(void* dst, DType dtype, size_t n, float stddev, uint64_t seed, void* stream);
 void add_inplace(float* y, const float* x, int64_t n, void* stream);
 void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst,

@@ -1,6 +1,6 @@
 // kernels/linear/linear_cpu.cc: the CPU fast path of y = x·Wᵀ + b.
-// Few rows (decode): register-tiled AVX2 dot products reading W (F32/F16/BF16) once, parallel over the
-// output features (memory-bandwidth bound). Many rows (prefill): W panels converted to f32 into
+// Few rows (decode): register-tiled AVX2 dot products reading W (F32/F16/BF16, or MXFP4: each 32-value block
+// decoded to f32 in registers) once, parallel over the output features (memory-bandwidth bound). Many rows (prefill): W panels converted to f32 into
 // thread-local scratch and multiplied with single-threaded OpenBLAS sgemm, parallel over panels.
 // linear_batch runs several independent products (MoE experts) as the tasks of one OpenMP region.
 // Must not: allocate per call beyond thread-local scratch; nest OpenMP regions.
@@ -106,6 +106,94 @@ POLYLORA_AVX2 void dot_tile(const float* x, int64_t ldx, const Elem<D>* w, int64
   }
 }
 
+// The 32 values of one MXFP4 block (16 code bytes, low nibble first) times its scale, as 4 x 8 floats.
+POLYLORA_AVX2 inline void decode_mxfp4_block(const uint8_t* q, float scale, __m256 (&out)[4]) {
+  const __m256 lut = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const __m128i nibble = _mm_set1_epi8(0x0f);
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i lo = _mm_and_si128(b, nibble), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+  const __m128i c[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};  // codes 0..15, 16..31
+  const __m256 s = _mm256_set1_ps(scale);
+  const __m256i sign_bit = _mm256_set1_epi32(8);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m128i c8 = (j & 1) ? _mm_srli_si128(c[j >> 1], 8) : c[j >> 1];
+    const __m256i code = _mm256_cvtepu8_epi32(c8);
+    const __m256 v = _mm256_permutevar8x32_ps(lut, code);  // the magnitude: the code's low 3 bits
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, sign_bit), 28);
+    out[j] = _mm256_mul_ps(_mm256_xor_ps(v, _mm256_castsi256_ps(sign)), s);
+  }
+}
+
+// MXFP4 W: y[mi, r] = x[mi]·w[r] + bias[r] for M rows of x and R consecutive rows of W from row `r0`.
+template <int M, int R>
+POLYLORA_AVX2 void dot_tile_mxfp4(const float* x, int64_t ldx, const WeightView& w, int64_t r0, float* y,
+                                  int64_t ldy, const float* bias) {
+  const float* table = mxfp4_scale_table();
+  const int64_t k = w.cols, num_blocks = k / kMxfp4BlockSize;
+  __m256 acc[M][R];
+#pragma GCC unroll 4
+  for (int mi = 0; mi < M; ++mi) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[mi][r] = _mm256_setzero_ps();
+  }
+  const uint8_t* codes[R];
+  const uint8_t* scales[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    codes[r] = w.mxfp4_codes(r0 + r);
+    scales[r] = w.mxfp4_scales(r0 + r);
+  }
+  for (int64_t b = 0; b < num_blocks; ++b) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(codes[r] + (b + 4) * kMxfp4BlockBytes), _MM_HINT_T0);
+      __m256 wv[4];
+      decode_mxfp4_block(codes[r] + b * kMxfp4BlockBytes, table[scales[r][b]], wv);
+#pragma GCC unroll 4
+      for (int mi = 0; mi < M; ++mi) {
+        const float* xb = x + mi * ldx + b * kMxfp4BlockSize;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) acc[mi][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8 * j), wv[j], acc[mi][r]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int mi = 0; mi < M; ++mi) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) y[mi * ldy + r] = simd::hsum(acc[mi][r]) + (bias ? bias[r] : 0.0f);
+  }
+}
+
+template <int M, int R>
+POLYLORA_AVX2 void dot_rows_mxfp4(const LinearArgs& a, int64_t m0, int64_t r0, int64_t r1) {
+  const float* x = a.x + m0 * a.ldx;
+  float* y = a.y + m0 * a.ldy;
+  int64_t r = r0;
+  for (; r + R <= r1; r += R)
+    dot_tile_mxfp4<M, R>(x, a.ldx, a.w, r, y + r, a.ldy, a.bias ? a.bias + r : nullptr);
+  for (; r < r1; ++r) dot_tile_mxfp4<M, 1>(x, a.ldx, a.w, r, y + r, a.ldy, a.bias ? a.bias + r : nullptr);
+}
+
+POLYLORA_AVX2 void dot_block_mxfp4_avx2(const LinearArgs& a, int64_t r0, int64_t r1) {
+  for (int64_t m0 = 0; m0 < a.m; m0 += 4) {
+    switch (std::min<int64_t>(4, a.m - m0)) {
+      case 1:
+        dot_rows_mxfp4<1, 4>(a, m0, r0, r1);
+        break;
+      case 2:
+        dot_rows_mxfp4<2, 4>(a, m0, r0, r1);
+        break;
+      case 3:
+        dot_rows_mxfp4<3, 2>(a, m0, r0, r1);
+        break;
+      default:
+        dot_rows_mxfp4<4, 2>(a, m0, r0, r1);
+        break;
+    }
+  }
+}
+
 template <DType D, int M, int R>
 POLYLORA_AVX2 void dot_rows(const LinearArgs& a, int64_t m0, int64_t r0, int64_t r1) {
   const auto* w = static_cast<const Elem<D>*>(a.w.data);
@@ -165,9 +253,10 @@ void dot_block(const LinearArgs& a, int64_t r0, int64_t r1) {
         return dot_block_avx2<DType::kBF16>(a, r0, r1);
       case DType::kF16:
         return dot_block_avx2<DType::kF16>(a, r0, r1);
+      case DType::kU8:
+        return dot_block_mxfp4_avx2(a, r0, r1);
       case DType::kI32:
       case DType::kI64:
-      case DType::kU8:
         break;
     }
   }
@@ -193,7 +282,8 @@ Plan plan(const LinearArgs& a, int64_t threads) {
   return {rows, (n + rows - 1) / rows, true};
 }
 
-// Rows [r0, r0 + nr) of W through sgemm: converted to f32 in thread-local scratch unless already F32.
+// Rows [r0, r0 + nr) of W through sgemm: converted (MXFP4: decoded) to f32 in thread-local scratch unless
+// already F32.
 void panel(const LinearArgs& a, int64_t r0, int64_t nr) {
   int64_t k = a.w.cols;
   const float* wp = nullptr;
@@ -204,8 +294,12 @@ void panel(const LinearArgs& a, int64_t r0, int64_t nr) {
     if (scratch.size() < static_cast<size_t>(nr * k)) scratch.resize(static_cast<size_t>(nr * k));
     const auto* base = static_cast<const char*>(a.w.data);
     size_t row_bytes = static_cast<size_t>(k) * dtype_size(a.w.dtype);
-    for (int64_t r = 0; r < nr; ++r)
-      simd::to_f32(base + (r0 + r) * row_bytes, a.w.dtype, k, scratch.data() + r * k);
+    for (int64_t r = 0; r < nr; ++r) {
+      if (a.w.mxfp4())
+        mxfp4_decode_row(a.w.mxfp4_codes(r0 + r), a.w.mxfp4_scales(r0 + r), k, scratch.data() + r * k);
+      else
+        simd::to_f32(base + (r0 + r) * row_bytes, a.w.dtype, k, scratch.data() + r * k);
+    }
     wp = scratch.data();
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(a.m), static_cast<int>(nr),

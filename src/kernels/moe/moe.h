@@ -61,6 +61,9 @@ struct MoeExpertsArgs {
   const int32_t* ids = nullptr;         // [m, top_k]
   const float* weights = nullptr;       // [m, top_k]
   const ExpertView* experts = nullptr;  // [num_experts]
+  // Every expert's gate_up and down are MXFP4 views (tensor_view.h; gate_up fused): the CPU kernels read
+  // the views' formats themselves, CUDA dispatches on this (the views are in device memory).
+  bool experts_mxfp4 = false;
   ExpertAct act = ExpertAct::kSiluGate;
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
@@ -93,6 +96,12 @@ void route(const RouteArgs& args, const CudaContext& ctx);
 // `tensor_cores` says (the backend's weight dtype).
 void moe_experts(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
 size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args, const CudaContext& ctx);
+// args.experts_mxfp4 (moe_mxfp4_cuda.cu): the same computation with MXFP4 gate_up (fused) and down read as
+// stored: each active expert's codes and scales streamed from device memory once per call for all of its
+// routed rows, decoded in registers, f32 products (activations rounded to bf16 when `tensor_cores` and not
+// ctx.bf16_split(m), as the bf16 paths do).
+void moe_experts_mxfp4(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
+size_t moe_experts_mxfp4_workspace_bytes(const MoeExpertsArgs& args);
 }  // namespace cuda
 
 }  // namespace polylora::kernels
