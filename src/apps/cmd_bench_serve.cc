@@ -147,6 +147,8 @@ int run_serve(int argc, char** argv) {
                  "Output tokens per ShareGPT request (default: the gpt turn's length)");
   app.add_option("--custom-output-len", ds.custom_output_len, "Output tokens per custom request")
       ->capture_default_str();
+  app.add_flag("--custom-skip-chat-template", ds.custom_skip_chat_template,
+               "Send custom prompts as they are (default: the --tokenizer's chat template, as vLLM)");
   app.add_option("--sonnet-input-len", ds.sonnet_input_len, "Input tokens per sonnet request")
       ->capture_default_str();
   app.add_option("--sonnet-output-len", ds.sonnet_output_len, "Output tokens per sonnet request")

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace polylora::bench_client {
@@ -213,6 +214,26 @@ BenchReport run_benchmark(const BenchConfig& config, const LogFn& log) {
   } else {
     fail("--dataset-name '{}' is not supported (random, sharegpt, custom, sonnet, prefix_repetition, burstgpt)",
          dataset);
+  }
+  // vLLM applies the tokenizer's chat template (one user message, generation prompt) to sonnet prompts on
+  // the completions backends, and to custom prompts unless --custom-skip-chat-template (here on the
+  // completions backends only: a chat endpoint applies the server's). It needs a local --tokenizer here.
+  bool template_wanted = *kind == EndpointKind::kCompletions &&
+                         (dataset == "sonnet" || (dataset == "custom" && !options.custom_skip_chat_template));
+  if (template_wanted && local && !local->chat_template().empty()) {
+    ChatTemplate tmpl = ChatTemplate::compile(local->chat_template());
+    for (auto& r : requests) {
+      ChatTemplateInputs in;
+      in.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", r.prompt_text}}});
+      in.add_generation_prompt = true;
+      if (local->bos_id()) in.bos_token = local->id_to_token(*local->bos_id());
+      in.eos_token = local->eos_token();
+      r.prompt_text = tmpl.render(in);
+      r.prompt_len = count(r.prompt_text);
+    }
+    log("Prompts: the tokenizer's chat template applied, as vLLM does for this dataset");
+  } else if (template_wanted) {
+    log("Prompts: sent without a chat template (vLLM applies the tokenizer's: give --tokenizer to do the same)");
   }
   assign_adapters(requests, config.lora_modules, config.lora_assignment, config.dataset.seed);
   std::vector<double> arrivals =

@@ -46,6 +46,7 @@ struct DatasetOptions {
   uint64_t seed = 0;
   std::optional<int64_t> sharegpt_output_len;  // --sharegpt-output-len (default: the gpt turn's length)
   int64_t custom_output_len = 256;             // --custom-output-len
+  bool custom_skip_chat_template = false;      // --custom-skip-chat-template
   int64_t sonnet_input_len = 550;              // --sonnet-input-len
   int64_t sonnet_output_len = 150;             // --sonnet-output-len
   int64_t sonnet_prefix_len = 200;             // --sonnet-prefix-len
@@ -70,8 +71,8 @@ std::vector<BenchRequest> load_custom(const DatasetOptions& options, const Token
 
 // vLLM's sonnet dataset: the lines of a text file. Every prompt is "Pick as many lines as you can from these
 // poem lines:\n" + the first lines (about --sonnet-prefix-len tokens, shared) + random lines up to about
-// --sonnet-input-len tokens; output --sonnet-output-len. (vLLM also applies the chat template for
-// completions; polylora sends the raw text.)
+// --sonnet-input-len tokens; output --sonnet-output-len. (The runner applies the chat template for the
+// completions backends, as vLLM, when it has a local tokenizer.)
 std::vector<BenchRequest> load_sonnet(const DatasetOptions& options, const TokenCountFn& count,
                                       const std::string& model);
 

@@ -8,7 +8,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSyn
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { BIN, MODEL, REPO, startServer } from './lib/server.mjs';
+import { BIN, MODEL, REPO, request, startServer } from './lib/server.mjs';
 
 const DATA = path.join(REPO, 'tests/data/bench');
 const run = promisify(execFile);
@@ -85,6 +85,23 @@ describe('polylora bench serve (vllm bench serve command lines)', () => {
     assert.equal(many.completed, 10);
     const pairs = many.input_lens.map((n, i) => `${n}:${many.output_lens[i]}`);
     for (const p of pairs) assert.ok(['12:7', '25:3', '9:11'].includes(p), p);
+  });
+
+  test('custom prompts get the --tokenizer\'s chat template, as vLLM, unless --custom-skip-chat-template', async () => {
+    const prompts = readFileSync(path.join(DATA, 'custom_tiny.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l).prompt);
+    let templated = 0, plain = 0;
+    for (const content of prompts) {
+      templated += (await request(`${server.url}/tokenize`, { body: { messages: [{ role: 'user', content }] } })).json.count;
+      plain += (await request(`${server.url}/tokenize`, { body: { prompt: content } })).json.count;
+    }
+    assert.ok(templated > plain);
+    const args = ['--dataset-name', 'custom', '--dataset-path', path.join(DATA, 'custom_tiny.jsonl'), '--custom-output-len', '2',
+      '--num-prompts', String(prompts.length), '--tokenizer', MODEL, '--save-result'];
+    const withTemplate = await bench(args, 'custom-template.json');
+    assert.match(withTemplate.stdout, /chat template applied/);
+    assert.equal(JSON.parse(withTemplate.text).total_input_tokens, templated);
+    const skipped = await bench([...args, '--custom-skip-chat-template'], 'custom-plain.json');
+    assert.equal(JSON.parse(skipped.text).total_input_tokens, plain);
   });
 
   test('--dataset-name hf is a clear error; --tokenizer takes a hub id from the local cache', async () => {
