@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "structured/grammar.h"
+
 namespace polylora {
 
 struct SamplingParams {
@@ -41,12 +43,17 @@ struct SamplingParams {
   // the tokens generated just before match the word's other tokens.
   std::vector<std::string> bad_words;
   std::vector<std::vector<int32_t>> bad_words_token_ids;
+  // Structured output (response_format, structured_outputs, guided_*): the grammar the output must match.
+  // The engine compiles it; the host sampler masks every token it does not allow.
+  std::optional<structured::GrammarSpec> structured_output;
   // Keep only the last N prompt tokens (vLLM's truncate_prompt_tokens; applied by the server).
   std::optional<int64_t> truncate_prompt_tokens;
 
   bool greedy() const { return temperature < 1e-5; }
-  // Logit masks only the host sampler applies (allowed_token_ids, bad_words).
-  bool needs_host_masks() const { return !allowed_token_ids.empty() || !bad_words_token_ids.empty(); }
+  // Logit masks only the host sampler applies (allowed_token_ids, bad_words, structured output).
+  bool needs_host_masks() const {
+    return !allowed_token_ids.empty() || !bad_words_token_ids.empty() || structured_output.has_value();
+  }
   // Throws polylora::Error naming the field, e.g. "temperature must be >= 0, got -1".
   void validate(int64_t vocab_size) const;
 };
@@ -57,6 +64,10 @@ struct RequestSampling {
   SamplingParams params;
   uint64_t seed = 0;             // this sequence's generator seed (request seed + index, or random)
   std::vector<int32_t> eos_ids;  // masked until min_tokens; empty under ignore_eos
+  // With params.structured_output: this sequence's matcher. The engine advances it with each token it
+  // accepts (on the engine thread, before the next step that samples this sequence is launched); the
+  // host sampler reads its mask.
+  std::shared_ptr<structured::GrammarMatcher> grammar;
 };
 
 }  // namespace polylora

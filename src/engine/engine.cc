@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "engine/stop_rules.h"
 #include "engine/text_stream.h"
+#include "engine/grammar_vocab.h"
 
 namespace polylora {
 
@@ -23,6 +24,7 @@ struct Engine::Sequence {
   std::optional<FinishReason> finish_reason;
   std::optional<StopReason> stop_reason;
   bool reported_finish = false;
+  std::shared_ptr<structured::GrammarMatcher> grammar;  // structured output (shared with the runner)
 };
 
 struct Engine::Group {
@@ -191,6 +193,8 @@ void Engine::add_request(EngineRequest request) {
         "reduce the length of the input messages.",
         max_model_len_, prompt_len);
   request.sampling.validate(mc.vocab_size);
+  std::shared_ptr<const structured::CompiledGrammar> grammar;
+  if (request.sampling.structured_output) grammar = compile_grammar(*request.sampling.structured_output);
   if (!request.sampling.stop.empty() && !tokenizer_)
     fail("stop strings need a tokenizer, and this model was loaded without one");
   std::shared_ptr<LoraAdapter> adapter;
@@ -247,6 +251,10 @@ void Engine::add_request(EngineRequest request) {
         : config_.seed ? seed_rng_()
                        : (static_cast<uint64_t>(rd()) << 32) ^ rd();
     if (!sp.ignore_eos) sampling->eos_ids = eos_ids_;
+    if (grammar) {
+      sampling->grammar = std::make_shared<structured::GrammarMatcher>(grammar);
+      seq->grammar = sampling->grammar;
+    }
     sr->sampling = std::move(sampling);  // reaches the runner inside the plan
     scheduler_->add(std::move(sr));
     sequences_[seq->id] = seq.get();
@@ -361,6 +369,10 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
       prompt_tokens_total_ += static_cast<int64_t>(g.request.prompt_ids.size());
     }
     seq.output_ids.push_back(tok.token);
+    // The sampler allowed only what the grammar allows, so this holds unless the grammar allows nothing
+    // more (then the output stops here, as at a stop token).
+    if (seq.grammar && !seq.grammar->accept_token(tok.token) && !seq.grammar->is_terminated())
+      spdlog::warn("request {}: token {} does not fit its structured-output grammar", g.request.request_id, tok.token);
     if (tok.logprob) seq.logprobs.push_back(*tok.logprob);
     ++total_generation_tokens_;
     ++adapter_counters_[g.request.adapter].generation_tokens;
@@ -444,6 +456,16 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
     }
   }
   return outputs;
+}
+
+std::shared_ptr<const structured::CompiledGrammar> Engine::compile_grammar(const structured::GrammarSpec& spec) {
+  if (!tokenizer_) fail("structured output needs a tokenizer, and this model was loaded without one");
+  if (!grammar_compiler_) {
+    std::vector<int32_t> stops = eos_ids_;
+    grammar_compiler_ = std::make_unique<structured::GrammarCompiler>(
+        grammar_vocab(*tokenizer_, model_->config().vocab_size, stops));
+  }
+  return grammar_compiler_->compile(spec);
 }
 
 EngineStats Engine::stats() const {

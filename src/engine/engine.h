@@ -98,6 +98,9 @@ class Engine {
   struct Sequence;
   struct Group;
   void finish_sequence(Sequence& seq, FinishReason reason, std::optional<StopReason> stop_reason);
+  // Structured output: the compiled grammar of a request's spec (the compiler is built from the
+  // tokenizer on first use and caches by spec). Throws polylora::Error naming what is wrong.
+  std::shared_ptr<const structured::CompiledGrammar> compile_grammar(const structured::GrammarSpec& spec);
   // After a step is queued: the scheduler's counts and the prompt-token counters.
   void launched(const StepPlan& plan);
   // After its results are back: tokens appended, stop conditions, outputs.
@@ -107,6 +110,7 @@ class Engine {
   std::shared_ptr<Model> model_;
   EngineConfig config_;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<structured::GrammarCompiler> grammar_compiler_;  // structured output; built on first use
   int64_t max_model_len_ = 0;
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<Scheduler> scheduler_;

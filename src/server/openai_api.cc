@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/utf8.h"
 #include "server/request_json.h"
+#include "server/structured_fields.h"
 
 namespace polylora::server {
 
@@ -82,6 +83,7 @@ bool apply_generation_defaults(const json& body, const ParseContext& ctx, ApiKin
 
 void read_common(const json& body, ParsedRequest& out, SamplingParams& sp, const ParseContext& ctx) {
   read_sampling_fields(body, sp);
+  read_structured_output(body, sp);
   if (const json* rid = get(body, "request_id")) out.request_id = rid->get<std::string>();
   if (sp.truncate_prompt_tokens && *sp.truncate_prompt_tokens == -1)
     sp.truncate_prompt_tokens = ctx.max_model_len;
@@ -368,13 +370,18 @@ const std::vector<std::string>& known_fields(ApiKind kind) {
       "spaces_between_special_tokens", "logprobs", "prompt_logprobs", "allowed_token_ids", "bad_words",
       "truncate_prompt_tokens", "add_special_tokens", "priority", "request_id", "cache_salt",
       "return_tokens_as_token_ids", "user", "use_beam_search", "length_penalty", "echo"};
+  static const std::vector<std::string> common_with_structured = [] {
+    std::vector<std::string> v = common;  // response_format, structured_outputs, guided_*
+    v.insert(v.end(), structured_output_fields().begin(), structured_output_fields().end());
+    return v;
+  }();
   static const std::vector<std::string> completion = [] {
-    std::vector<std::string> v = common;
+    std::vector<std::string> v = common_with_structured;
     for (const char* f : {"prompt", "suffix"}) v.push_back(f);
     return v;
   }();
   static const std::vector<std::string> chat = [] {
-    std::vector<std::string> v = common;
+    std::vector<std::string> v = common_with_structured;
     for (const char* f : {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                           "chat_template", "chat_template_kwargs", "add_generation_prompt",
                           "continue_final_message", "reasoning_effort"})

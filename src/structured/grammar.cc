@@ -173,6 +173,8 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
 }
 
 GrammarMatcher::~GrammarMatcher() = default;
+GrammarMatcher::GrammarMatcher(const GrammarMatcher&) = default;
+GrammarMatcher& GrammarMatcher::operator=(const GrammarMatcher&) = default;
 GrammarMatcher::GrammarMatcher(GrammarMatcher&&) noexcept = default;
 GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
 

@@ -117,6 +117,8 @@ class GrammarMatcher {
  public:
   explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
   ~GrammarMatcher();
+  GrammarMatcher(const GrammarMatcher&);  // a copy follows the same grammar from the same state
+  GrammarMatcher& operator=(const GrammarMatcher&);
   GrammarMatcher(GrammarMatcher&&) noexcept;
   GrammarMatcher& operator=(GrammarMatcher&&) noexcept;
 

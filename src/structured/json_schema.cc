@@ -131,7 +131,7 @@ class SchemaConverter {
     if (what == "ws") {
       def = "[ \\t\\n]{0,20}";
     } else if (what == "char") {
-      def = "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})";
+      def = "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))";  // no lone surrogates
     } else if (what == "string") {
       def = "\"\\\"\" " + basic("char") + "* \"\\\"\"";
     } else if (what == "int") {

@@ -167,6 +167,9 @@ void ModelRunner::sample_on_host(const std::vector<BatchBuilder::Row>& rows, Ste
   // Prompt logprobs first (sampling modifies rows in place), then one sampling call for the batch.
   std::vector<SamplerRow> sample_rows;
   std::vector<RequestId> sample_ids;
+  // Structured output: each constrained row's token mask, from its matcher's current state (the engine
+  // advanced it with every token before this step was launched).
+  std::vector<std::vector<uint32_t>> grammar_masks;
   for (size_t r = 0; r < rows.size(); ++r) {
     const BatchBuilder::Row& o = rows[r];
     const BatchBuilder::RequestState& s = *builder_.find(o.id);
@@ -190,10 +193,16 @@ void ModelRunner::sample_on_host(const std::vector<BatchBuilder::Row>& rows, Ste
                                                known - static_cast<size_t>(s.num_prompt_tokens));
       sr.eos_ids = info.eos_ids;
       sr.seed = info.seed;
+      if (info.grammar) {
+        grammar_masks.emplace_back(structured::mask_words(vocab));
+        info.grammar->fill_mask(grammar_masks.back());
+      }
       sample_rows.push_back(sr);
       sample_ids.push_back(o.id);
     }
   }
+  for (size_t i = 0, g = 0; i < sample_rows.size(); ++i)
+    if (builder_.find(sample_ids[i])->sampling->grammar) sample_rows[i].grammar_mask = grammar_masks[g++];
   std::vector<SampleResult> sampled = sampler_.sample(sample_rows);
   for (size_t i = 0; i < sampled.size(); ++i) {
     SampledToken t;

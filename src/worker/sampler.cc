@@ -340,6 +340,19 @@ void apply_allowed_token_ids(float* logits, int64_t vocab, const SamplingParams&
   for (size_t i = 0; i < keep.size(); ++i) logits[params.allowed_token_ids[i]] = keep[i];
 }
 
+void apply_grammar_mask(float* logits, int64_t vocab, std::span<const uint32_t> mask) {
+  if (mask.empty()) return;
+  CHECK_MSG(mask.size() * 32 >= static_cast<size_t>(vocab), "grammar mask of {} words for vocabulary {}", mask.size(),
+            vocab);
+  for (int64_t w = 0; w * 32 < vocab; ++w) {
+    const uint32_t bits = mask[static_cast<size_t>(w)];
+    if (bits == 0xFFFFFFFFu) continue;
+    const int64_t end = std::min<int64_t>(vocab, w * 32 + 32);
+    for (int64_t i = w * 32; i < end; ++i)
+      if (!(bits >> (i - w * 32) & 1u)) logits[i] = kNegInf;
+  }
+}
+
 void apply_bad_words(float* logits, int64_t vocab, const SamplingParams& params,
                      std::span<const int32_t> output_ids) {
   for (const auto& word : params.bad_words_token_ids) {
@@ -439,6 +452,7 @@ SampleResult Sampler::sample_row(const SamplerRow& row) const {
   apply_logit_bias(logits, vocab, params);
   apply_allowed_token_ids(logits, vocab, params);
   apply_bad_words(logits, vocab, params, row.output_ids);
+  apply_grammar_mask(logits, vocab, row.grammar_mask);
   apply_penalties(logits, vocab, params, row.prompt_ids, row.output_ids);
 
   if (params.greedy()) {

@@ -24,6 +24,8 @@ struct SamplerRow {
   std::span<const int32_t> output_ids;  // [num_output] generated so far; its size is the output step
   std::span<const int32_t> eos_ids;     // the model's / tokenizer's EOS ids (masked under min_tokens)
   uint64_t seed = 0;                    // params.seed, or assign_seed()'s value kept by the request
+  // [mask_words(vocab)] structured output: bit id set = id allowed; empty = no grammar.
+  std::span<const uint32_t> grammar_mask;
 };
 
 struct SampleResult {
@@ -58,6 +60,8 @@ void apply_min_tokens(float* logits, int64_t vocab, const SamplingParams& params
 void apply_logit_bias(float* logits, int64_t vocab, const SamplingParams& params);
 // allowed_token_ids: every other logit set to -inf (nothing when the list is empty).
 void apply_allowed_token_ids(float* logits, int64_t vocab, const SamplingParams& params);
+// Structured output: every token whose bit is clear in mask set to -inf (nothing when mask is empty).
+void apply_grammar_mask(float* logits, int64_t vocab, std::span<const uint32_t> mask);
 // bad_words (vLLM's semantics): for each word's token ids, its last token is set to -inf when the output
 // so far ends with the word's other tokens (a one-token word is always banned).
 void apply_bad_words(float* logits, int64_t vocab, const SamplingParams& params,

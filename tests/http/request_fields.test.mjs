@@ -33,9 +33,9 @@ describe('request fields and routes', () => {
     let r = await complete({ prompt: [5, 6, 7], max_tokens: 2, frobnicate: 1 });
     assert.equal(r.status, 400, r.text);
     assert.match(r.json.error.message, /'frobnicate'/);
-    r = await chat({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, guided_json: { type: 'object' } });
+    r = await chat({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, vllm_xargs: { a: 1 } });
     assert.equal(r.status, 400, r.text);
-    assert.match(r.json.error.message, /'guided_json'/);
+    assert.match(r.json.error.message, /'vllm_xargs'/);
     // A chat-only field on completions is unknown there.
     r = await complete({ prompt: [5, 6, 7], max_tokens: 2, messages: [] });
     assert.equal(r.status, 400, r.text);
