@@ -118,6 +118,11 @@ int run_serve(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--enable-request-id-headers", sc.enable_request_id_headers, "X-Request-Id on every response");
   app.add_option("--response-role", sc.response_role, "Role of generated chat messages")->capture_default_str();
+  app.add_flag("--enable-auto-tool-choice", sc.enable_auto_tool_choice,
+               "tool_choice \"auto\": parse tool calls out of the output (needs --tool-call-parser)");
+  app.add_option("--tool-call-parser", sc.tool_call_parser, "Tool-call format: hermes, openai, llama3_json, mistral");
+  app.add_option("--reasoning-parser", sc.reasoning_parser,
+                 "Reasoning format: qwen3 (<think>), openai_gptoss (harmony channels)");
   app.add_flag("--return-tokens-as-token-ids", sc.return_tokens_as_token_ids,
                "Logprob tokens as 'token_id:N' (tokens that are not valid UTF-8 stay identifiable)");
   app.add_option("--allowed-origins", origins, "CORS origins: a JSON list or values (default [\"*\"])");

@@ -52,6 +52,9 @@ struct ServerConfig {
   std::string uvicorn_log_level = "info"; // --uvicorn-log-level: debug|info|warning|error|critical|trace
   bool enable_request_id_headers = false; // --enable-request-id-headers: X-Request-Id on responses
   std::string response_role = "assistant";  // --response-role: role of chat completion messages
+  bool enable_auto_tool_choice = false;  // --enable-auto-tool-choice: tool_choice "auto" parses tool calls
+  std::string tool_call_parser;          // --tool-call-parser: hermes | openai | llama3_json | mistral
+  std::string reasoning_parser;          // --reasoning-parser: qwen3 | openai_gptoss
   bool return_tokens_as_token_ids = false;  // --return-tokens-as-token-ids: logprob tokens as "token_id:N"
   bool disable_uvicorn_access_log = false;         // --disable-uvicorn-access-log: no access log lines
   std::string disable_access_log_for_endpoints;    // --disable-access-log-for-endpoints: "/health,/metrics"

@@ -36,8 +36,10 @@ Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokeniz
       tokenizer_(tokenizer),
       responder_(std::move(responder)),
       post_work_(std::move(post_work)) {
-  chat_ = parsed_.kind == ApiKind::kChat;
-  id_ = (chat_ ? "chatcmpl-" : "cmpl-") + (parsed_.request_id.empty() ? random_suffix() : parsed_.request_id);
+  chat_ = parsed_.kind != ApiKind::kCompletion;
+  const bool responses = parsed_.kind == ApiKind::kResponses;
+  id_ = (responses ? "resp_" : chat_ ? "chatcmpl-" : "cmpl-") +
+        (parsed_.request_id.empty() ? random_suffix() : parsed_.request_id);
   // A client's request id need not be unique: the engine's ids get a random part of their own.
   engine_id_ = parsed_.request_id.empty() ? id_ : id_ + "-" + random_suffix();
   created_ = static_cast<int64_t>(std::time(nullptr));
@@ -47,6 +49,10 @@ Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokeniz
   streams_.resize(num_prompts);
   stream_done_.assign(num_prompts, false);
   echo_sent_.assign(num_prompts, false);
+  if (responses) responses_ = std::make_unique<ResponsesWriter>(parsed_, id_, created_);
+  // Streamed chat with a parser (and every streamed response): each choice splits its text as it comes.
+  if (parsed_.stream && (parsed_.output_parser || responses))
+    for (auto& ch : choices_) ch.parser.emplace(parsed_.output_parser.value_or(OutputParserOptions{}));
   if (parsed_.echo)
     for (size_t i = 0; i < num_prompts; ++i)
       for (int64_t k = 0; k < parsed_.n; ++k)
@@ -110,7 +116,8 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
     responder_->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
     stream_started_ = true;
     std::string out;
-    if (chat_)  // the first chunk of every choice announces the role
+    if (responses_) out += responses_->start();
+    if (chat_ && !responses_)  // the first chunk of every choice announces the role
       for (size_t c = 0; c < choices_.size(); ++c) {
         json j = chunk({{"index", c},
                         {"delta", {{"role", parsed_.role}, {"content", ""}}},
@@ -190,6 +197,39 @@ void Generation::write_echo_chunks(size_t prompt_idx, std::string& out) {
   }
 }
 
+// One streamed step of a choice whose text is parsed: a chat chunk with the parsed delta (reasoning,
+// content, tool-call fragments), or the Responses events it makes. At the end the parser releases what it
+// held and the finish reason says whether tools were called.
+std::string Generation::parsed_delta_chunk(size_t c, ChoiceState& ch, const std::string& new_text,
+                                           const std::vector<LogprobEntry>& new_logprobs, bool finished) {
+  OutputDelta d = ch.parser->feed(new_text);
+  if (finished) {
+    OutputDelta tail = ch.parser->finish();
+    d.reasoning += tail.reasoning;
+    d.content += tail.content;
+    for (auto& call : tail.calls) {
+      if (!call.is_new && !d.calls.empty() && d.calls.back().index == call.index)
+        d.calls.back().arguments += call.arguments;
+      else
+        d.calls.push_back(std::move(call));
+    }
+  }
+  if (responses_) return responses_->on_delta(d);
+  json delta = chat_delta_json(d, ch, parsed_.parallel_tool_calls);
+  json lp = nullptr;
+  if (parsed_.logprobs && !new_logprobs.empty()) lp = chat_logprobs_json(new_logprobs, parsed_, tokenizer_);
+  if (delta.empty() && !finished && lp.is_null()) return "";
+  if (delta.empty()) delta["content"] = "";
+  json finish = nullptr;
+  if (finished && ch.finish_reason)
+    finish = chat_finish_reason(*ch.finish_reason, !ch.tool_call_ids.empty(), *parsed_.output_parser);
+  json choice = {{"index", c}, {"delta", std::move(delta)}, {"logprobs", lp}, {"finish_reason", finish}};
+  if (finished) choice["stop_reason"] = stop_reason_json(ch.stop_reason);
+  json j = chunk(std::move(choice));
+  if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
+  return sse(j);
+}
+
 void Generation::pump() {
   if (finished_ || num_answered_ < parsed_.prompts.size()) return;
   std::string out;
@@ -216,6 +256,10 @@ void Generation::pump() {
         }
         if (!parsed_.stream || (so.new_text.empty() && so.new_token_ids.empty() && !so.finish_reason))
           continue;
+        if (ch.parser) {
+          out += parsed_delta_chunk(c, ch, so.new_text, so.new_logprobs, so.finish_reason.has_value());
+          continue;
+        }
         json lp = nullptr;
         if (parsed_.logprobs && !so.new_logprobs.empty())
           lp = chat_ ? chat_logprobs_json(so.new_logprobs, parsed_, tokenizer_)
@@ -288,6 +332,13 @@ void Generation::fail_request(int status, const std::string& message) {
 void Generation::finish_stream() {
   abort_all();  // nothing left to abort; clears the listeners
   std::string out;
+  if (responses_) {
+    out = responses_->finish(choices_[0].finish_reason.value_or(FinishReason::kStop),
+                             {prompt_tokens_, completion_tokens_, cached_tokens_});
+    responder_->write(std::move(out));
+    responder_->end();
+    return;
+  }
   if (parsed_.include_usage)
     out += sse({{"id", id_},
                 {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
@@ -302,6 +353,13 @@ void Generation::finish_stream() {
 
 void Generation::finish_body() {
   abort_all();  // nothing left to abort; clears the listeners
+  if (responses_) {
+    const ChoiceState& ch = choices_[0];
+    OutputParser::Result r = OutputParser::parse(parsed_.output_parser.value_or(OutputParserOptions{}), ch.text);
+    send_json(200, responses_->response(r, ch.finish_reason.value_or(FinishReason::kStop),
+                                        {prompt_tokens_, completion_tokens_, cached_tokens_}));
+    return;
+  }
   json choices = json::array();
   for (size_t c = 0; c < choices_.size(); ++c) {
     const ChoiceState& ch = choices_[c];
@@ -317,7 +375,24 @@ void Generation::finish_body() {
         lp = completion_logprobs_json(ch.logprobs, parsed_, tokenizer_, 0);
     }
     json choice;
-    if (chat_)
+    if (chat_ && parsed_.output_parser) {
+      const OutputParserOptions& o = *parsed_.output_parser;
+      std::string_view text = ch.text;
+      text.remove_prefix(std::min(text.size(), parsed_.echo ? parsed_.chat_echo.size() : 0));
+      OutputParser::Result r = OutputParser::parse(o, text);
+      json message = {{"role", parsed_.role}};
+      std::string content = (parsed_.echo ? parsed_.chat_echo : std::string()) + r.content;
+      message["content"] = content.empty() && !r.tool_calls.empty() ? json(nullptr) : json(content);
+      if (o.reasoning != ReasoningParserKind::kNone)
+        message["reasoning_content"] = r.has_reasoning ? json(r.reasoning) : json(nullptr);
+      message["tool_calls"] = tool_calls_json(r.tool_calls, parsed_.parallel_tool_calls);
+      choice = {{"index", c},
+                {"message", std::move(message)},
+                {"logprobs", lp},
+                {"finish_reason", ch.finish_reason ? json(chat_finish_reason(*ch.finish_reason, !r.tool_calls.empty(), o))
+                                                   : json(nullptr)},
+                {"stop_reason", stop_reason_json(ch.stop_reason)}};
+    } else if (chat_)
       choice = {{"index", c},
                 {"message", {{"role", parsed_.role}, {"content", ch.text}, {"tool_calls", json::array()}}},
                 {"logprobs", lp},

@@ -15,6 +15,7 @@
 #include "engine/engine_thread.h"
 #include "server/http_transport.h"
 #include "server/openai_api.h"
+#include "server/responses_api.h"
 
 namespace polylora::server {
 
@@ -37,6 +38,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;
   nlohmann::ordered_json finish_json(const ChoiceState& ch) const;
   void write_echo_chunks(size_t prompt_idx, std::string& out);
+  std::string parsed_delta_chunk(size_t choice, ChoiceState& ch, const std::string& new_text,
+                                 const std::vector<LogprobEntry>& new_logprobs, bool finished);
   void send_json(int status, const nlohmann::ordered_json& body);
 
   ParsedRequest parsed_;
@@ -44,7 +47,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   const tokenizer::Tokenizer* tokenizer_;
   std::shared_ptr<HttpResponder> responder_;
   PostWork post_work_;
-  bool chat_ = false;
+  bool chat_ = false;  // chat completions or responses
+  std::unique_ptr<ResponsesWriter> responses_;  // /v1/responses: its response object and events
   std::string id_;         // the response id: "cmpl-" / "chatcmpl-" + the request id
   std::string engine_id_;  // the engine's request ids: engine_id_ + "-" + prompt index (unique)
   std::string engine_request_id(size_t prompt_idx) const { return engine_id_ + "-" + std::to_string(prompt_idx); }

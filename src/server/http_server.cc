@@ -128,6 +128,19 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
   }
   if (!source.empty()) chat_template_ = ChatTemplate::compile(source);
   if (config_.served_model_names.empty()) config_.served_model_names.push_back("polylora");
+  if (!config_.tool_call_parser.empty()) {
+    auto kind = tool_parser_from_name(config_.tool_call_parser);
+    if (!kind) fail("--tool-call-parser: unknown parser '{}' (polylora has {})", config_.tool_call_parser, tool_parser_names());
+    tool_parser_ = *kind;
+  }
+  if (!config_.reasoning_parser.empty()) {
+    auto kind = reasoning_parser_from_name(config_.reasoning_parser);
+    if (!kind)
+      fail("--reasoning-parser: unknown parser '{}' (polylora has {})", config_.reasoning_parser, reasoning_parser_names());
+    reasoning_parser_ = *kind;
+  }
+  if (config_.enable_auto_tool_choice && tool_parser_ == ToolParserKind::kNone)
+    fail("--enable-auto-tool-choice needs --tool-call-parser ({})", tool_parser_names());
   json_limits_.max_depth = static_cast<size_t>(std::max<int64_t>(1, config_.max_json_depth));
   json_limits_.max_keys_per_object = static_cast<size_t>(std::max<int64_t>(1, config_.max_json_keys));
   playground_ = !config_.web_root.empty() && fs::exists(fs::path(config_.web_root) / "index.html");
@@ -210,6 +223,7 @@ void HttpServer::handle(HttpRequest& req, const std::shared_ptr<HttpResponder>& 
   static const Route kRoutes[] = {
       {"POST", "/v1/completions", &HttpServer::completions},
       {"POST", "/v1/chat/completions", &HttpServer::chat_completions},
+      {"POST", "/v1/responses", &HttpServer::responses},
       {"GET", "/v1/models", &HttpServer::models},
       {"POST", "/v1/load_lora_adapter", &HttpServer::load_lora_adapter},
       {"POST", "/v1/unload_lora_adapter", &HttpServer::unload_lora_adapter},
@@ -272,6 +286,9 @@ ParseContext HttpServer::parse_context() const {
   ctx.return_tokens_as_token_ids = config_.return_tokens_as_token_ids;
   ctx.force_include_usage = config_.enable_force_include_usage;
   ctx.default_chat_template_kwargs = default_chat_template_kwargs_;
+  ctx.enable_auto_tool_choice = config_.enable_auto_tool_choice;
+  ctx.tool_parser = tool_parser_;
+  ctx.reasoning_parser = reasoning_parser_;
   return ctx;
 }
 
@@ -291,6 +308,10 @@ void HttpServer::completions(HttpRequest& req, const std::shared_ptr<HttpRespond
 
 void HttpServer::chat_completions(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
   start_generation(parse_chat(body_json(req), parse_context()), req, res);
+}
+
+void HttpServer::responses(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
+  start_generation(parse_responses(body_json(req), parse_context()), req, res);
 }
 
 // SageMaker's inference route, as vLLM routes it: a body with `messages` is a chat completion, one with
@@ -486,7 +507,11 @@ void HttpServer::load_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpR
   auto adapter = load_peft_adapter_confined(config_.lora_allowed_dirs, where, name, engine_.model_config(),
                                             lora_limits_);
   adapter->path = path;
-  engine_.add_adapter(std::move(adapter));
+  // Read again from the same confined place after the host tier evicted it.
+  engine_.add_adapter(std::move(adapter), [dirs = config_.lora_allowed_dirs, where, name,
+                                           mc = engine_.model_config(), limits = lora_limits_] {
+    return load_peft_adapter_confined(dirs, where, name, mc, limits);
+  });
   spdlog::info("loaded adapter '{}' from {}", sanitize_utf8(name), sanitize_utf8(path));
   res->send(text_response("Success: LoRA adapter '" + sanitize_utf8(name) + "' added successfully."));
 }

@@ -46,6 +46,7 @@ class HttpServer {
 
   void completions(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
   void chat_completions(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
+  void responses(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
   void models(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
   void load_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
   void unload_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpResponder>& res);
@@ -74,6 +75,8 @@ class HttpServer {
   std::optional<ChatTemplate> chat_template_;
   nlohmann::ordered_json default_chat_template_kwargs_;  // --default-chat-template-kwargs (null: none)
   LoraLimits lora_limits_;
+  ToolParserKind tool_parser_ = ToolParserKind::kNone;            // --tool-call-parser
+  ReasoningParserKind reasoning_parser_ = ReasoningParserKind::kNone;  // --reasoning-parser
   JsonLimits json_limits_;
   bool playground_ = false;
   std::unique_ptr<HttpTransport> transport_;

@@ -2,6 +2,7 @@
 #include "server/openai_api.h"
 
 #include <algorithm>
+#include <random>
 
 #include "common/error.h"
 #include "common/utf8.h"
@@ -164,6 +165,102 @@ std::vector<int32_t> ids_of(const json& list, int64_t ctx_vocab) {
   return ids;
 }
 
+// A message of the history as templates expect it: an assistant's tool-call arguments as an object (the
+// API sends a JSON string; vLLM parses it the same way), and its reasoning under the names templates read
+// (`reasoning_content` for Qwen, `thinking` for GPT-OSS).
+void normalize_history_message(json& msg) {
+  if (msg.contains("tool_calls") && !msg["tool_calls"].is_null()) {
+    if (!msg["tool_calls"].is_array()) fail("'messages': 'tool_calls' must be a list");
+    for (auto& call : msg["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+        fail("'messages': each tool call needs a 'function' object");
+      json& f = call["function"];
+      if (!f.contains("name") || !f["name"].is_string()) fail("'messages': a tool call's function needs a 'name'");
+      if (f.contains("arguments") && f["arguments"].is_string()) {
+        json args = json::parse(f["arguments"].get<std::string>(), nullptr, false);
+        if (args.is_discarded())
+          fail("'messages': the arguments of tool call '{}' are not valid JSON", f["name"].get<std::string>());
+        f["arguments"] = std::move(args);
+      }
+    }
+  }
+  const json* reasoning = nullptr;
+  for (const char* key : {"reasoning_content", "reasoning"})
+    if (msg.contains(key) && msg[key].is_string()) reasoning = &msg[key];
+  if (reasoning) {
+    json r = *reasoning;
+    if (!msg.contains("reasoning_content")) msg["reasoning_content"] = r;
+    if (!msg.contains("thinking")) msg["thinking"] = r;
+  }
+  if (msg.value("role", "") == "assistant" && msg.contains("content") && msg["content"].is_null() &&
+      msg.contains("tool_calls"))
+    msg["content"] = "";
+}
+
+void check_tools(const json& tools) {
+  for (const auto& t : tools) {
+    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object())
+      fail("'tools': each tool must be {{\"type\": \"function\", \"function\": {{...}}}}");
+    const json& f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
+      fail("'tools': each function needs a non-empty string 'name'");
+    if (f.contains("parameters") && !f["parameters"].is_object() && !f["parameters"].is_null())
+      fail("'tools': the parameters of function '{}' must be a JSON Schema object", f["name"].get<std::string>());
+  }
+}
+
+// tool_choice, parallel_tool_calls and the server's parsers -> how the output is split (vLLM's rules:
+// "auto" needs --enable-auto-tool-choice and --tool-call-parser; "required" and a named function are
+// constrained to a schema and parsed as such; "none" parses no tool calls).
+constexpr const char* kToolChoiceForms =
+    "'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": "
+    "{{\"name\": ...}}}}";
+
+std::optional<OutputParserOptions> choose_output_parser(const json& body, const json& tools, const ParseContext& ctx,
+                                                        ParsedRequest& out) {
+  OutputParserOptions o;
+  o.reasoning = ctx.reasoning_parser;
+  const bool has_tools = tools.is_array() && !tools.empty();
+  out.parallel_tool_calls = bool_field(body, "parallel_tool_calls", true);
+  const json* tc = get(body, "tool_choice");
+  std::string choice = tc ? "" : (has_tools ? "auto" : "none");
+  if (tc && tc->is_string()) choice = tc->get<std::string>();
+  if (choice == "auto") {
+    if (!ctx.enable_auto_tool_choice || ctx.tool_parser == ToolParserKind::kNone)
+      fail("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
+    if (has_tools) o.tools = ctx.tool_parser;
+  } else if (choice == "required") {
+    if (!has_tools) fail("'tool_choice' is \"required\" but no 'tools' were given");
+    o.tools = ToolParserKind::kRequired;
+    out.output_schema = required_tools_schema(tools.dump());
+  } else if (choice == "none") {
+    // no tool-call parsing
+  } else if (tc && tc->is_object()) {
+    std::string name;
+    if (tc->value("type", "") == "function" && tc->contains("function") && (*tc)["function"].is_object() &&
+        (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string())
+      name = (*tc)["function"]["name"].get<std::string>();
+    if (name.empty()) fail(kToolChoiceForms);
+    const json* params = nullptr;
+    bool found = false;
+    if (has_tools)
+      for (const auto& t : tools)
+        if (t["function"]["name"] == name) {
+          found = true;
+          if (t["function"].contains("parameters") && t["function"]["parameters"].is_object())
+            params = &t["function"]["parameters"];
+        }
+    if (!found) fail("Tool '{}' has not been passed in `tools`.", name);
+    o.tools = ToolParserKind::kNamed;
+    o.named_function = name;
+    out.output_schema = params ? params->dump() : json{{"type", "object"}}.dump();
+  } else {
+    fail(kToolChoiceForms);
+  }
+  if (o.tools == ToolParserKind::kNone && o.reasoning == ReasoningParserKind::kNone) return std::nullopt;
+  return o;
+}
+
 }  // namespace
 
 ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
@@ -276,6 +373,7 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
     } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
       fail("'messages': 'content' must be a string, a list of content parts, or null");
     }
+    normalize_history_message(msg);
     in.messages.push_back(std::move(msg));
   }
   bool add_generation_prompt = bool_field(body, "add_generation_prompt", true);
@@ -289,6 +387,7 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   out.role = add_generation_prompt ? ctx.response_role : in.messages.back()["role"].get<std::string>();
   if (obody.contains("tools") && !obody["tools"].is_null()) {
     if (!obody["tools"].is_array()) fail("'tools' must be a list");
+    check_tools(obody["tools"]);
     in.tools = obody["tools"];
   }
   if (ctx.default_chat_template_kwargs.is_object()) in.kwargs = ctx.default_chat_template_kwargs;
@@ -303,10 +402,7 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
       fail("'reasoning_effort' must be one of 'low', 'medium', 'high'");
     if (!in.kwargs.contains("reasoning_effort")) in.kwargs["reasoning_effort"] = *re;
   }
-  if (const json* tc = get(body, "tool_choice")) {
-    if (!tc->is_string() || tc->get<std::string>() != "none")
-      fail("'tool_choice' other than \"none\" needs tool-call parsing, which polylora does not implement");
-  }
+  std::optional<OutputParserOptions> parser = choose_output_parser(body, in.tools, ctx, out);
   out.echo = bool_field(body, "echo", false);
   if (out.echo) {
     // vLLM: the final message's content is echoed when that message has the response's role.
@@ -344,6 +440,15 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
       fail("'continue_final_message': the final message's content was not found in the rendered prompt");
     rendered.resize(pos + content.size());
   }
+  if (parser) {
+    // qwen3: a template that opens <think> in the generation prompt leaves the model inside the reasoning
+    std::string_view tail = rendered;
+    while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.remove_suffix(1);
+    parser->starts_in_reasoning = parser->reasoning == ReasoningParserKind::kQwen3 && tail.ends_with("<think>");
+    // markers that are special tokens (harmony's, [TOOL_CALLS]) must reach the parser
+    if (needs_special_tokens(parser->tools, parser->reasoning)) sp.skip_special_tokens = false;
+    out.output_parser = parser;
+  }
   EngineRequest r = base_request(body, out, sp);
   r.prompt_ids = tok.encode(rendered, bool_field(body, "add_special_tokens", false));
   truncate_prompt(r);
@@ -361,8 +466,7 @@ const std::vector<std::string>& known_fields(ApiKind kind) {
   // end-user identifier with no effect on generation, in vLLM too) and `spaces_between_special_tokens`
   // (no effect with a fast tokenizer, in vLLM too). use_beam_search and length_penalty are accepted only
   // with their default values. Guided decoding, response_format, logits_processors, prompt_embeds,
-  // kv_transfer_params, vllm_xargs, documents, mm_processor_kwargs, parallel_tool_calls, include_reasoning
-  // and return_token_ids are refused.
+  // kv_transfer_params, vllm_xargs, documents, mm_processor_kwargs and return_token_ids are refused.
   static const std::vector<std::string> common = {
       "model", "stream", "stream_options", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed",
       "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "max_tokens",
@@ -384,11 +488,12 @@ const std::vector<std::string>& known_fields(ApiKind kind) {
     std::vector<std::string> v = common_with_structured;
     for (const char* f : {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                           "chat_template", "chat_template_kwargs", "add_generation_prompt",
-                          "continue_final_message", "reasoning_effort"})
+                          "continue_final_message", "reasoning_effort", "parallel_tool_calls",
+                          "include_reasoning"})
       v.push_back(f);
     return v;
   }();
-  return kind == ApiKind::kChat ? chat : completion;
+  return kind == ApiKind::kCompletion ? completion : chat;
 }
 
 std::string token_text(int32_t id, const ParsedRequest& req, const tokenizer::Tokenizer* tok) {
@@ -496,6 +601,53 @@ json prompt_logprobs_json(const std::vector<std::optional<LogprobEntry>>& entrie
     out.push_back(m);
   }
   return out;
+}
+
+std::string tool_call_id() {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  static const char* hex = "0123456789abcdef";
+  std::string s = "chatcmpl-tool-";
+  for (int i = 0; i < 32; ++i) s += hex[rng() % 16];
+  return s;
+}
+
+json chat_delta_json(const OutputDelta& delta, ChoiceState& ch, bool parallel) {
+  json d = json::object();
+  if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
+  if (!delta.content.empty()) d["content"] = delta.content;
+  json calls = json::array();
+  for (const auto& c : delta.calls) {
+    if (!parallel && c.index > 0) continue;
+    if (c.is_new) {
+      ch.tool_call_ids.push_back(tool_call_id());
+      calls.push_back({{"index", c.index},
+                       {"id", ch.tool_call_ids.back()},
+                       {"type", "function"},
+                       {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    } else {
+      calls.push_back({{"index", c.index}, {"function", {{"arguments", c.arguments}}}});
+    }
+  }
+  if (!calls.empty()) d["tool_calls"] = std::move(calls);
+  return d;
+}
+
+json tool_calls_json(const std::vector<ParsedToolCall>& calls, bool parallel) {
+  json out = json::array();
+  for (const auto& c : calls) {
+    out.push_back({{"id", tool_call_id()},
+                   {"type", "function"},
+                   {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    if (!parallel) break;
+  }
+  return out;
+}
+
+std::string chat_finish_reason(FinishReason reason, bool called_tools, const OutputParserOptions& parser) {
+  std::string name = finish_reason_name(reason);
+  // vLLM: a named tool_choice keeps "stop"; auto and required calls end with "tool_calls"
+  if (name == "stop" && called_tools && parser.tools != ToolParserKind::kNamed) return "tool_calls";
+  return name;
 }
 
 json stop_reason_json(const std::optional<StopReason>& reason) {

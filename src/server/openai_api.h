@@ -11,12 +11,13 @@
 
 #include "api/request.h"
 #include "config/generation_config.h"
+#include "server/output_parser.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace polylora::server {
 
-enum class ApiKind { kCompletion, kChat };
+enum class ApiKind { kCompletion, kChat, kResponses };
 
 // A parsed completion or chat request: one engine request per prompt (the engine fans out n).
 struct ParsedRequest {
@@ -34,6 +35,11 @@ struct ParsedRequest {
   bool return_tokens_as_token_ids = false;
   std::string role = "assistant";  // chat: the role of the generated message (vLLM's get_chat_request_role)
   int64_t n = 1;
+  // chat: how the generated text is split into reasoning, content and tool calls (server/output_parser.h)
+  std::optional<OutputParserOptions> output_parser;  // nullopt: all of it is content
+  bool parallel_tool_calls = true;                    // false: only the first tool call is returned
+  std::optional<std::string> output_schema;           // tool_choice required / named: the schema it follows
+  nlohmann::ordered_json responses;                   // /v1/responses: the request's fields echoed back
   std::optional<int64_t> logprobs;  // completions: top-N; chat: top_logprobs when logprobs is true
   std::optional<int64_t>
       prompt_logprobs;  // as the client asked (echo + logprobs may ask the engine for more)
@@ -52,6 +58,10 @@ struct ParseContext {
   bool return_tokens_as_token_ids = false;                  // --return-tokens-as-token-ids
   bool force_include_usage = false;                         // --enable-force-include-usage
   nlohmann::ordered_json default_chat_template_kwargs;      // --default-chat-template-kwargs (null: none)
+  // --enable-auto-tool-choice, --tool-call-parser, --reasoning-parser
+  bool enable_auto_tool_choice = false;
+  ToolParserKind tool_parser = ToolParserKind::kNone;
+  ReasoningParserKind reasoning_parser = ReasoningParserKind::kNone;
 };
 
 // The top-level fields a route accepts (vLLM's protocol, less what polylora does not implement); any other
@@ -61,6 +71,8 @@ const std::vector<std::string>& known_fields(ApiKind kind);
 // Throws polylora::Error (kInvalid -> 400, kNotFound -> 404) naming the offending field.
 ParsedRequest parse_completion(const nlohmann::ordered_json& body, const ParseContext& ctx);
 ParsedRequest parse_chat(const nlohmann::ordered_json& body, const ParseContext& ctx);
+// POST /v1/responses (server/responses_api.cc): the body as a chat request, kind kResponses.
+ParsedRequest parse_responses(const nlohmann::ordered_json& body, const ParseContext& ctx);
 
 // Accumulated state of one choice while streaming or collecting.
 struct ChoiceState {
@@ -70,7 +82,19 @@ struct ChoiceState {
   std::optional<FinishReason> finish_reason;
   std::optional<StopReason> stop_reason;
   bool role_sent = false;
+  std::optional<OutputParser> parser;   // streaming chat with a parser: the text so far, split
+  std::vector<std::string> tool_call_ids;  // ids of the tool calls announced
 };
+
+// A chat delta (streamed) from a parser's delta: reasoning_content, content, and tool-call deltas as
+// OpenAI sends them (the first with index, id, type and the name; then argument fragments). New call ids
+// are appended to `ch.tool_call_ids`. `parallel`: false drops every call after the first.
+nlohmann::ordered_json chat_delta_json(const OutputDelta& delta, ChoiceState& ch, bool parallel);
+// The tool_calls list of a chat message, with new ids.
+nlohmann::ordered_json tool_calls_json(const std::vector<ParsedToolCall>& calls, bool parallel);
+// The finish reason of a parsed chat choice: "tool_calls" when it called tools and stopped on its own.
+std::string chat_finish_reason(FinishReason reason, bool called_tools, const OutputParserOptions& parser);
+std::string tool_call_id();
 
 // Builders. `token_text(id)` renders one token for logprobs.
 nlohmann::ordered_json completion_logprobs_json(const std::vector<LogprobEntry>& entries,

@@ -49,6 +49,33 @@ TEST_P(GoldenTest, MixedBatchMatchesReferenceAndSingleRuns) {
   }
 }
 
+// The MXFP4 model in one batch with an adapter its reference does not cover (gpt-oss-tiny's attn-only-r16,
+// same attention shapes): the base and experts-attn-r8 still match the reference, and every sequence (the
+// extra adapter's too) gives the numbers it gives alone.
+TEST(GoldenMxfp4, MixedBatchWithAnotherAdapter) {
+  Fixture f("gpt-oss-mxfp4-tiny");
+  const std::string extra = "attn-only-r16";
+  f.adapters.push_back(
+      load_peft_adapter(f.dir + "/adapters/attn-only-r16-from-gpt-oss-tiny", extra, f.model->config(), {64}));
+  std::vector<EngineRequest> reqs;
+  std::vector<std::pair<std::string, size_t>> owner;
+  for (size_t i = 0; i < f.num_prompts(); ++i)
+    for (const std::string& variant : {std::string("base"), std::string("experts-attn-r8"), extra}) {
+      reqs.push_back(f.request(variant, i));
+      owner.emplace_back(variant, i);
+    }
+  auto mixed = f.run(reqs);
+  for (size_t j = 0; j < reqs.size(); ++j) {
+    if (owner[j].first != extra)
+      check_against_reference(f, owner[j].first, owner[j].second, mixed[j], kLogprobTolerance, kMarginThreshold);
+    EngineRun alone = f.run(reqs[j]);
+    EXPECT_LE(max_run_diff(alone, mixed[j]), 1e-4) << owner[j].first << " prompt " << owner[j].second;
+    EXPECT_EQ(alone.output, mixed[j].output) << owner[j].first << " prompt " << owner[j].second;
+  }
+  // The extra adapter changes the outputs (it is applied).
+  EXPECT_GT(max_run_diff(f.run(f.request("base", 2)), f.run(f.request(extra, 2))), 1e-3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, GoldenTest, ::testing::ValuesIn(fixture_models()), [](const auto& info) {
   std::string n = info.param;
   for (char& c : n)

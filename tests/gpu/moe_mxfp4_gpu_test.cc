@@ -1,0 +1,160 @@
+// tests/gpu/moe_mxfp4_gpu_test.cc: the CUDA MXFP4 experts (kernels/moe/moe_mxfp4_cuda.cu) against the
+// reference (kernels::ref::moe_experts on the same MXFP4 views in host memory, decoded as Hugging Face does):
+// one token and many (300, several passes of 8 routed rows per expert), an expert with no token and one with
+// every token, top_k 1 and all, biases, both activations, adapter slots −1 mixed with two adapters of
+// different ranks on gate_up and down, under the f32, bf16 hi+lo and bf16-rounded backend modes (tolerances
+// of gpu_test_util.h: the MXFP4 values are exact in bf16, so only the activations' rounding differs).
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "gpu_test_util.h"
+
+namespace polylora::gpu_test {
+namespace {
+
+namespace k = kernels;
+
+struct Mxfp4Case {
+  int64_t m = 1, hidden = 64, inter = 96, num_experts = 6, top_k = 2;
+  Mode mode = kF32Mode;
+  bool biases = true;
+  k::ExpertAct act = k::ExpertAct::kGptOssSwiglu;
+  bool lora = false;
+  bool every_token_to_expert_2 = false;
+};
+
+struct HostMxfp4 {
+  std::vector<uint8_t> codes, scales;
+};
+
+void run_mxfp4(const Mxfp4Case& c) {
+  Arena ar(backend(c.mode));
+  const int64_t H = c.hidden, I = c.inter, E = c.num_experts, K = c.top_k, m = c.m;
+  std::mt19937 rng(11);
+  std::vector<HostMxfp4> mats;
+  mats.reserve(static_cast<size_t>(2 * E));
+  std::vector<std::vector<float>> biases;
+  std::vector<k::ExpertView> experts(static_cast<size_t>(E)), dexperts(static_cast<size_t>(E));
+  auto make = [&](int64_t rows, int64_t cols, k::WeightView& host, k::WeightView& dev) {
+    HostMxfp4 h;
+    h.codes.resize(static_cast<size_t>(rows * cols / 2));
+    h.scales.resize(static_cast<size_t>(rows * cols / 32));
+    for (auto& b : h.codes) b = static_cast<uint8_t>(rng());
+    for (auto& s : h.scales) s = static_cast<uint8_t>(120 + rng() % 5);  // 2^-7 .. 2^-3
+    mats.push_back(std::move(h));
+    const HostMxfp4& hm = mats.back();
+    host = {hm.codes.data(), DType::kU8, rows, cols, hm.scales.data()};
+    dev = {ar.up(hm.codes), DType::kU8, rows, cols, ar.up(hm.scales)};
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    make(2 * I, H, experts[e].gate_up, dexperts[e].gate_up);
+    make(H, I, experts[e].down, dexperts[e].down);
+    if (c.biases) {
+      biases.push_back(k::test::random_vec(static_cast<size_t>(2 * I), 40 + e));
+      experts[e].gate_up_bias = biases.back().data();
+      dexperts[e].gate_up_bias = ar.up(biases.back());
+      biases.push_back(k::test::random_vec(static_cast<size_t>(H), 80 + e));
+      experts[e].down_bias = biases.back().data();
+      dexperts[e].down_bias = ar.up(biases.back());
+    }
+  }
+  std::vector<float> x = k::test::random_vec(static_cast<size_t>(m * (H + 2)), 1, -2.0f, 2.0f);
+  std::vector<int32_t> ids(static_cast<size_t>(m * K));
+  std::vector<float> w = k::test::random_vec(static_cast<size_t>(m * K), 2, 0.0f, 1.0f);
+  for (int64_t t = 0; t < m; ++t) {
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    if (K < E) order.erase(std::find(order.begin(), order.end(), 0));  // expert 0 gets no token
+    if (c.every_token_to_expert_2) {
+      order.erase(std::find(order.begin(), order.end(), 2));
+      order.insert(order.begin(), 2);
+    }
+    for (int64_t kk = 0; kk < K; ++kk) ids[t * K + kk] = order[kk];
+  }
+  // Slot 0: rank 1 on gate_up and on down of even experts; slot 1: rank 5 on down only.
+  std::vector<std::vector<float>> lmats;
+  lmats.reserve(static_cast<size_t>(8 * E));
+  std::vector<k::ExpertLoraView> lviews(static_cast<size_t>(2 * E)), dlviews(static_cast<size_t>(2 * E));
+  std::vector<int32_t> slots(static_cast<size_t>(m), -1);
+  auto lora = [&](k::LoraView& host, k::LoraView& dev, int64_t rank, int64_t in, int64_t out, uint32_t seed) {
+    lmats.push_back(k::test::random_vec(static_cast<size_t>(rank * in), seed));
+    const std::vector<float>& a = lmats.back();
+    lmats.push_back(k::test::random_vec(static_cast<size_t>(out * rank), seed + 1));
+    const std::vector<float>& b = lmats.back();
+    host = {.a = a.data(), .b = b.data(), .rank = rank, .in = in, .out = out, .scale = 0.5f};
+    dev = host;
+    dev.a = ar.up(a);
+    dev.b = ar.up(b);
+  };
+  if (c.lora) {
+    for (int64_t e = 0; e < E; ++e) {
+      const auto seed = static_cast<uint32_t>(500 + 7 * e);
+      lora(lviews[e].gate_up, dlviews[e].gate_up, 1, H, 2 * I, seed);
+      if (e % 2 == 0) lora(lviews[e].down, dlviews[e].down, 1, I, H, seed + 2);
+      lora(lviews[E + e].down, dlviews[E + e].down, 5, I, H, seed + 4);
+    }
+    for (int64_t t = 0; t < m; ++t) slots[t] = static_cast<int32_t>(t % 3) - 1;
+  }
+  const int64_t ldo = H + 1;
+  k::MoeExpertsArgs a{.x = x.data(),
+                      .ldx = H + 2,
+                      .m = m,
+                      .hidden = H,
+                      .inter = I,
+                      .num_experts = E,
+                      .top_k = K,
+                      .ids = ids.data(),
+                      .weights = w.data(),
+                      .experts = experts.data(),
+                      .experts_mxfp4 = true,
+                      .act = c.act,
+                      .token_slots = c.lora ? slots.data() : nullptr,
+                      .lora = c.lora ? lviews.data() : nullptr,
+                      .num_slots = c.lora ? 2 : 0,
+                      .out = nullptr,
+                      .ldo = ldo};
+  std::vector<float> ref(static_cast<size_t>(m * ldo), 3.0f);
+  a.out = ref.data();
+  k::ref::moe_experts(a);
+  const std::string what = "mxfp4 m=" + std::to_string(m) + " E=" + std::to_string(E) + " K=" + std::to_string(K) +
+                           " " + c.mode.name + (c.lora ? " lora" : "") +
+                           (c.act == k::ExpertAct::kSiluGate ? " silu" : " swiglu");
+  std::vector<float> init(ref.size(), 3.0f);
+  float* out = ar.up(init);
+  a.x = ar.up(x);
+  a.ids = ar.up(ids);
+  a.weights = ar.up(w);
+  a.experts = ar.up(dexperts);
+  a.token_slots = c.lora ? ar.up(slots) : nullptr;
+  a.lora = c.lora ? ar.up(dlviews) : nullptr;
+  a.out = out;
+  ar.be().moe_experts(a);
+  expect_close_for(c.mode, ar.down(out, init.size()), ref, what);  // incl. the untouched padding column
+}
+
+TEST(GpuMoeMxfp4, ExpertsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  for (const Mode& md : kModes)
+    for (int64_t m : {1, 3, 13, 40})
+      for (k::ExpertAct act : {k::ExpertAct::kSiluGate, k::ExpertAct::kGptOssSwiglu})
+        for (bool lora : {false, true})
+          run_mxfp4({.m = m, .mode = md, .biases = m % 2 == 1, .act = act, .lora = lora,
+                     .every_token_to_expert_2 = m == 13});
+}
+
+TEST(GpuMoeMxfp4, TopKOneAndAllAndManyPasses) {
+  SKIP_WITHOUT_GPU();
+  for (const Mode& md : kModes) {
+    for (int64_t kk : {int64_t{1}, int64_t{6}}) run_mxfp4({.m = 9, .top_k = kk, .mode = md, .lora = true});
+    // 300 tokens: experts see up to 300 routed rows (38 passes over their staged weights); K = 2880 spans
+    // three activation chunks (as GPT-OSS-20B's hidden size).
+    run_mxfp4({.m = 300, .hidden = 2880, .inter = 64, .num_experts = 8, .top_k = 3, .mode = md, .lora = true,
+               .every_token_to_expert_2 = true});
+  }
+}
+
+}  // namespace
+}  // namespace polylora::gpu_test
