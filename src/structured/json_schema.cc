@@ -139,7 +139,7 @@ class SchemaConverter {
     } else if (what == "integer") {
       def = "\"-\"? " + basic("int");
     } else if (what == "number") {
-      def = "\"-\"? " + basic("int") + " (\".\" [0-9]{1,17})? ([eE] [-+]? [0-9]{1,3})?";
+      def = "\"-\"? " + basic("int") + " (\".\" [0-9]{1,17})? ([eE] [-+]? [0-9]{1,2})?";
     } else if (what == "boolean") {
       def = "\"true\" | \"false\"";
     } else if (what == "null") {
@@ -356,7 +356,7 @@ class SchemaConverter {
     number_of(s, "maximum", path);
     if (min && *min >= 0) {
       basic("number");
-      return basic("int") + " (\".\" [0-9]{1,17})? ([eE] [-+]? [0-9]{1,3})?";
+      return basic("int") + " (\".\" [0-9]{1,17})? ([eE] [-+]? [0-9]{1,2})?";
     }
     return basic("number");
   }

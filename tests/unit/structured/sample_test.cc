@@ -28,7 +28,7 @@ std::shared_ptr<const Vocabulary> sample_vocab(int32_t& stop_id) {
 
 // Generates one text; fails the test when the mask allows nothing or the text grows past 4000 tokens.
 std::string generate(const std::shared_ptr<const CompiledGrammar>& g, const Vocabulary& v, int32_t stop_id,
-                     std::mt19937& rng) {
+                     std::mt19937& rng, unsigned closing_percent = 50) {
   GrammarMatcher m(g);
   std::vector<uint32_t> mask(mask_words(v.size()));
   std::string text;
@@ -44,7 +44,7 @@ std::string generate(const std::shared_ptr<const CompiledGrammar>& g, const Voca
     }
     EXPECT_FALSE(allowed.empty()) << "nothing allowed after: " << text;
     if (allowed.empty()) return text;
-    const auto& pool = !closing.empty() && rng() % 2 ? closing : allowed;
+    const auto& pool = !closing.empty() && rng() % 100 < closing_percent ? closing : allowed;
     int32_t id = pool[rng() % pool.size()];
     EXPECT_TRUE(m.accept_token(id));
     if (id == stop_id) {
@@ -106,7 +106,7 @@ TEST(GrammarSamples, JsonObjectSamplesAreObjects) {
   auto g = compiler.compile({SpecKind::kJsonObject, "", {}});
   std::mt19937 rng(7);
   for (int i = 0; i < 40; ++i) {
-    std::string text = generate(g, *vocab, stop_id, rng);
+    std::string text = generate(g, *vocab, stop_id, rng, 85);
     nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
     EXPECT_TRUE(value.is_object()) << text;
   }
