@@ -403,6 +403,10 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
     if (!in.kwargs.contains("reasoning_effort")) in.kwargs["reasoning_effort"] = *re;
   }
   std::optional<OutputParserOptions> parser = choose_output_parser(body, in.tools, ctx, out);
+  // tool_choice required / named: the output is constrained to the calls' schema (unless the request
+  // set a structured output of its own)
+  if (out.output_schema && !sp.structured_output)
+    sp.structured_output = structured::GrammarSpec{structured::SpecKind::kJsonSchema, *out.output_schema, {}};
   out.echo = bool_field(body, "echo", false);
   if (out.echo) {
     // vLLM: the final message's content is echoed when that message has the response's role.

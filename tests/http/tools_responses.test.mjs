@@ -28,7 +28,7 @@ describe('tools, reasoning and /v1/responses', () => {
 
   before(async () => {
     server = await startServer([
-      '--model', MODEL, '--max-model-len', '1024', '--chat-template', TEMPLATE,
+      '--model', MODEL, '--max-model-len', '2048', '--chat-template', TEMPLATE,
       '--enable-auto-tool-choice', '--tool-call-parser', 'hermes', '--reasoning-parser', 'qwen3',
     ]);
     client = new OpenAI({ baseURL: server.base, apiKey: 'none', maxRetries: 0, timeout: 60_000 });
@@ -96,6 +96,23 @@ describe('tools, reasoning and /v1/responses', () => {
     });
     assert.equal(bad.status, 400);
     assert.match(bad.json.error.message, /get_weather.*not valid JSON/);
+  });
+
+  test('tool_choice "required" and a named function: constrained calls whose arguments match the schema', async () => {
+    // Short strings and no extra keys keep the random fixture model's answers within the token budget.
+    const tools = [{ type: 'function', function: { name: 'get_weather', parameters: {
+      type: 'object', properties: { city: { type: 'string', maxLength: 4 } }, required: ['city'], additionalProperties: false } } }];
+    for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+      const r = await client.chat.completions.create({
+        model: MODEL, messages: [{ role: 'user', content: 'Weather in Paris?' }], tools, tool_choice, max_tokens: 1500,
+        parallel_tool_calls: false, seed: 1,
+      });
+      const calls = r.choices[0].message.tool_calls;
+      assert.ok(calls.length >= 1, JSON.stringify(r.choices[0]));
+      assert.equal(calls[0].function.name, 'get_weather');
+      assert.equal(typeof JSON.parse(calls[0].function.arguments).city, 'string');
+      assert.equal(r.choices[0].finish_reason, tool_choice === 'required' ? 'tool_calls' : 'stop');
+    }
   });
 
   test('tool_choice errors name the problem', async () => {
