@@ -56,17 +56,26 @@ void add_engine_flags(CLI::App& app, EngineConfig& c, ModelFlags& f) {
                  "Context length (default: the model's; 32k = 32000, 32K = 32768, auto or -1: the model's)");
   app.add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", f.chunked_prefill,
                "Split long prompts over steps within the token budget (default on; =false turns it off)");
-  app.add_option("--scheduling-policy", c.scheduler.policy, "fcfs | priority")
+  app.add_option("--scheduling-policy", c.scheduler.policy,
+                 "fcfs | priority | fair (an equal share of the token budget per adapter, docs/adapters.md)")
       ->transform(CLI::CheckedTransformer(std::map<std::string, SchedulingPolicy>{
-          {"fcfs", SchedulingPolicy::kFcfs}, {"priority", SchedulingPolicy::kPriority}}));
+          {"fcfs", SchedulingPolicy::kFcfs},
+          {"priority", SchedulingPolicy::kPriority},
+          {"fair", SchedulingPolicy::kFair}}));
   app.add_option("--max-waiting-requests", c.scheduler.max_waiting,
                  "Waiting-queue bound (overload answers 503)")
       ->capture_default_str();
-  app.add_option("--max-loras", c.lora.max_loras, "Distinct adapters in one step")->capture_default_str();
+  app.add_option("--max-loras", c.lora.max_loras, "Device slots for adapters (so distinct adapters in one step)")
+      ->capture_default_str();
+  app.add_option("--lora-max-wait-steps", c.lora.max_wait_steps,
+                 "Steps a request whose adapter is ready may be passed over for resident adapters")
+      ->capture_default_str();
+  app.add_option("--lora-resolver-dir", c.lora.resolver_dir,
+                 "Adapters not registered are loaded on first use from DIR/<name>/ (vLLM's filesystem resolver)");
   app.add_option("--max-lora-rank", c.lora.max_lora_rank, "Largest LoRA rank accepted")
       ->capture_default_str();
   app.add_option("--max-cpu-loras", f.max_cpu_loras,
-                 "Adapters kept loaded (default: --max-loras as vLLM, raised to the number of --lora-modules)");
+                 "Adapters held in host memory, LRU; the rest reload from disk (default: --max-loras, as vLLM)");
   app.add_flag("--enforce-eager", c.execution.enforce_eager, "Run every step eagerly (no CUDA graphs)");
   app.add_option("--cuda-graph-sizes", c.execution.cuda_graph_sizes,
                  "Decode batch sizes captured as CUDA graphs (default: 1 2 4 8 16 ... --max-num-seqs)")
@@ -130,9 +139,8 @@ void finish_model_flags(ModelFlags& f, EngineConfig& c) {
   if (f.max_cpu_loras) {
     c.lora.max_cpu_loras = *f.max_cpu_loras;
   } else {
-    // vLLM: max_cpu_loras defaults to max_loras. polylora keeps every registered adapter resident (there
-    // is no reload from disk), so the default is raised to the number of adapters given at startup.
-    c.lora.max_cpu_loras = std::max<int64_t>(c.lora.max_loras, static_cast<int64_t>(f.loras.size()));
+    // vLLM: max_cpu_loras defaults to max_loras; adapters beyond it stay on disk until used.
+    c.lora.max_cpu_loras = c.lora.max_loras;
   }
   if (f.dtype == "half" || f.dtype == "float16") {
     spdlog::warn("--dtype {}: polylora computes in bfloat16 or float32, not float16; using bfloat16 (the same "

@@ -59,13 +59,12 @@ double KvCacheManager::usage() const {
 uint64_t KvCacheManager::block_hash(uint64_t parent_hash, std::span<const int32_t> block_tokens,
                                     const CacheKeyExtra& extra) {
   std::string buffer;
-  buffer.reserve(sizeof(uint64_t) * 4 + block_tokens.size_bytes() + extra.adapter_name.size() +
+  buffer.reserve(sizeof(uint64_t) * 4 + block_tokens.size_bytes() +
                  extra.cache_salt.size());
   append_u64(buffer, parent_hash);
   append_u64(buffer, block_tokens.size());
   append_bytes(buffer, block_tokens.data(), block_tokens.size_bytes());
-  append_string(buffer, extra.adapter_name);
-  append_u64(buffer, extra.adapter_generation);
+  append_u64(buffer, extra.adapter.version);
   append_string(buffer, extra.cache_salt);
   return XXH3_64bits(buffer.data(), buffer.size());
 }

@@ -5,8 +5,8 @@
 // Must not: include CUDA headers, touch KV data, or know about models (it sees token ids and keys only).
 //
 // Block hash of full block i of a request = xxh3_64(parent hash of block i−1 (or a seed for i = 0),
-// the block's block_size token ids, the request's extra keys). Extra keys carry the adapter identity
-// (name and load generation, so an adapter reloaded under the same name never hits stale blocks) and an
+// the block's block_size token ids, the request's extra keys). Extra keys carry the adapter's AdapterId
+// (a version per registration, so an adapter reloaded under the same name never hits stale blocks) and an
 // optional per-request cache_salt; requests with different extra keys never share blocks.
 #pragma once
 
@@ -17,14 +17,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lora/adapter_id.h"
+
 namespace polylora {
 
 using RequestId = uint64_t;
 
 // Keys that, besides the token ids, decide whether two blocks hold the same KV values.
 struct CacheKeyExtra {
-  std::string adapter_name;         // empty: base model
-  uint64_t adapter_generation = 0;  // load generation of the adapter
+  AdapterId adapter;        // base model: version 0; a reloaded adapter has a new version
   std::string cache_salt;           // empty: none
 };
 

@@ -9,7 +9,7 @@
 
 namespace polylora {
 
-enum class SchedulingPolicy { kFcfs, kPriority };
+enum class SchedulingPolicy { kFcfs, kPriority, kFair };
 
 struct CacheConfig {
   int64_t block_size = 16;                     // --block-size
@@ -23,15 +23,20 @@ struct SchedulerConfig {
   int64_t max_num_seqs = 256;             // --max-num-seqs
   int64_t max_num_batched_tokens = 8192;  // --max-num-batched-tokens (token budget per step)
   int64_t max_model_len = 0;              // --max-model-len (0: the model's max_position_embeddings)
-  SchedulingPolicy policy = SchedulingPolicy::kFcfs;  // --scheduling-policy fcfs|priority
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;  // --scheduling-policy fcfs|priority|fair
   bool enable_chunked_prefill = true;
   int64_t max_waiting = 4096;  // bounded waiting queue (the server answers 503 beyond it)
 };
 
 struct LoraConfig {
-  int64_t max_loras = 8;       // --max-loras: distinct adapters in one step
+  int64_t max_loras = 8;       // --max-loras: device slots (so also distinct adapters in one step)
   int64_t max_lora_rank = 64;  // --max-lora-rank
-  int64_t max_cpu_loras = 64;  // --max-cpu-loras: adapters kept loaded
+  int64_t max_cpu_loras = 64;  // --max-cpu-loras: adapters held in host memory (LRU; the rest on disk)
+  // --lora-max-wait-steps: a waiting request whose adapter is ready is passed over for requests whose
+  // adapters are on the device for at most this many steps.
+  int64_t max_wait_steps = 16;
+  bool load_thread = true;      // adapters read from disk on a loader thread (false: inline, for tests)
+  std::string resolver_dir;     // --lora-resolver-dir: adapters not registered load from DIR/<name>/
 };
 
 // How the GPU runs steps (vLLM's compilation settings).

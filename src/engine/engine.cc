@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 #include <variant>
 
 #include "common/error.h"
@@ -29,7 +30,8 @@ struct Engine::Sequence {
 
 struct Engine::Group {
   EngineRequest request;
-  std::string adapter_key;  // "name#generation", empty for the base model
+  AdapterId adapter;  // pinned once per sequence while the group lives
+  std::optional<std::string> error;  // the request failed (its adapter could not be loaded)
   std::vector<std::unique_ptr<Sequence>> seqs;
   std::vector<std::optional<LogprobEntry>> prompt_logprobs;
   bool prompt_logprobs_sent = false;
@@ -98,6 +100,16 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
       static_cast<double>(num_kv_blocks_) / static_cast<double>(blocks_per_seq));
   auto kv = std::make_unique<KvCacheManager>(num_kv_blocks_, bs, config_.cache.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, config_.lora, std::move(kv));
+  AdapterRegistry::Options ro;
+  ro.max_loras = config_.lora.max_loras;
+  ro.max_cpu_loras = config_.lora.max_cpu_loras;
+  ro.load_thread = config_.lora.load_thread;
+  adapters_ = std::make_unique<AdapterRegistry>(ro, model_.get());
+  scheduler_->set_adapter_readiness([this](AdapterId id) {
+    return adapters_->on_device(id) ? AdapterReadiness::kOnDevice
+           : adapters_->ready(id)   ? AdapterReadiness::kInHost
+                                    : AdapterReadiness::kNotReady;
+  });
   runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs, config_.scheduler.max_num_batched_tokens,
                                           std::move(device_sampler));
   async_ = config_.execution.async_scheduling.value_or(gpu);
@@ -140,42 +152,93 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
 
 Engine::~Engine() = default;
 
-void Engine::add_adapter(std::shared_ptr<LoraAdapter> adapter) {
-  if (adapters_.count(adapter->name)) fail("an adapter named '{}' is already loaded", adapter->name);
-  if (static_cast<int64_t>(adapters_.size()) >= config_.lora.max_cpu_loras)
-    fail_with(
-        ErrorKind::kOverloaded,
-        "cannot load adapter '{}': {} adapters are loaded, the maximum (--max-cpu-loras); unload one first",
-        adapter->name, adapters_.size());
+void Engine::add_adapter(std::shared_ptr<LoraAdapter> adapter, AdapterRegistry::Loader reload) {
   if (adapter->max_rank > config_.lora.max_lora_rank)
     fail("adapter '{}' has rank {}, above --max-lora-rank {}", adapter->name, adapter->max_rank,
          config_.lora.max_lora_rank);
-  adapters_[adapter->name] = std::move(adapter);
+  if (!reload && !adapter->path.empty()) {
+    reload = [path = adapter->path, name = adapter->name, mc = model_->config(),
+              limits = LoraLimits{config_.lora.max_lora_rank}] { return load_peft_adapter(path, name, mc, limits); };
+  }
+  adapters_->add(std::move(adapter), std::move(reload));
+}
+
+void Engine::add_adapter_on_disk(const std::string& name, const std::string& path) {
+  adapters_->add_on_disk(name, path, [path, name, mc = model_->config(), limits = LoraLimits{config_.lora.max_lora_rank}] {
+    return load_peft_adapter(path, name, mc, limits);
+  });
 }
 
 bool Engine::remove_adapter(const std::string& name) {
-  auto it = adapters_.find(name);
-  if (it == adapters_.end()) return false;
-  std::string key = name + "#" + std::to_string(it->second->generation);
-  if (!pinned_uses_.count(key)) model_->release_adapter(it->second->generation);
-  adapters_.erase(it);
-  return true;
+  return adapters_->remove(name);
 }
 
-std::vector<std::shared_ptr<LoraAdapter>> Engine::adapters() const {
-  std::vector<std::shared_ptr<LoraAdapter>> out;
-  for (const auto& [name, a] : adapters_) out.push_back(a);
-  return out;
+std::string Engine::check_invariants() const {
+  std::string s = scheduler_->check_invariants();
+  if (!s.empty()) return s;
+  s = adapters_->check_invariants();
+  if (!s.empty()) return s;
+  // Pins: one per live sequence of a group with an adapter, one per adapter of each step in flight.
+  std::map<AdapterId, int64_t> want;
+  for (const auto& [rid, g] : groups_)
+    if (!g->adapter.base()) want[g->adapter] += static_cast<int64_t>(g->seqs.size());
+  for (const auto& [seq, ids] : step_adapters_)
+    for (AdapterId id : ids) want[id] += 1;
+  for (const AdapterEntryInfo& e : adapters_->list()) {
+    int64_t w = want.count(e.id) ? want.at(e.id) : 0;
+    if (e.pins != w)
+      return "adapter '" + e.name + "' has " + std::to_string(e.pins) + " pins, " + std::to_string(w) +
+             " expected";
+  }
+  return "";
 }
 
-bool Engine::has_adapter(const std::string& name) const {
-  return adapters_.count(name) > 0;
+AdapterId Engine::resolve_adapter(const std::string& name) {
+  if (std::optional<AdapterId> id = adapters_->find(name)) return *id;
+  fail_with(ErrorKind::kNotFound, "The model `{}` does not exist.", name);
 }
 
-const LoraAdapter* Engine::adapter_by_key(const std::string& key) const {
-  auto it = pinned_adapters_.find(key);
-  CHECK_MSG(it != pinned_adapters_.end(), "adapter {} is not pinned", key);
-  return it->second.get();
+void Engine::poll_adapters() {
+  auto fail_requests = [&](const std::vector<AdapterRegistry::LoadFailure>& failures) {
+    for (const AdapterRegistry::LoadFailure& f : failures) {
+      const std::string& name = adapters_->name_of(f.id);
+      spdlog::error("adapter '{}' failed to load: {}", name, f.error);
+      for (auto& [rid, g] : groups_) {
+        if (g->adapter != f.id || g->error) continue;
+        g->error = "adapter '" + name + "' could not be loaded: " + f.error;
+        for (auto& seq : g->seqs)
+          if (!seq->finish_reason) finish_sequence(*seq, FinishReason::kAbort, std::nullopt);
+      }
+    }
+  };
+  fail_requests(adapters_->poll());
+  // Prefetch the adapters of queued requests, in queue order, while the host tier has room.
+  for (AdapterId id : scheduler_->waiting_adapters())
+    if (!adapters_->prefetch(id)) break;
+  // Inline loads (no loader thread) are done already: take them so this step can admit their requests.
+  if (!config_.lora.load_thread) fail_requests(adapters_->poll());
+}
+
+bool Engine::place_adapters(const StepPlan& plan, uint64_t seq) {
+  std::vector<AdapterId>& ids = step_adapters_[seq];
+  if (ids.empty()) {
+    std::set<AdapterId> distinct;
+    for (const auto& n : plan.new_requests)
+      if (!n.adapter.base()) distinct.insert(n.adapter);
+    for (const auto& r : plan.running)
+      if (const SchedRequest* sr = scheduler_->get(r.id); sr && !sr->adapter.base()) distinct.insert(sr->adapter);
+    ids.assign(distinct.begin(), distinct.end());
+    for (AdapterId id : ids) adapters_->pin(id);  // alive until the step retires
+  }
+  return adapters_->ensure(seq, ids);
+}
+
+void Engine::retire_adapters(uint64_t seq) {
+  adapters_->retire(seq);
+  auto it = step_adapters_.find(seq);
+  if (it == step_adapters_.end()) return;
+  for (AdapterId id : it->second) adapters_->unpin(id);
+  step_adapters_.erase(it);
 }
 
 void Engine::add_request(EngineRequest request) {
@@ -197,13 +260,8 @@ void Engine::add_request(EngineRequest request) {
   if (request.sampling.structured_output) grammar = compile_grammar(*request.sampling.structured_output);
   if (!request.sampling.stop.empty() && !tokenizer_)
     fail("stop strings need a tokenizer, and this model was loaded without one");
-  std::shared_ptr<LoraAdapter> adapter;
-  if (!request.adapter.empty()) {
-    auto it = adapters_.find(request.adapter);
-    if (it == adapters_.end())
-      fail_with(ErrorKind::kNotFound, "The model `{}` does not exist.", request.adapter);
-    adapter = it->second;
-  }
+  AdapterId adapter;
+  if (!request.adapter.empty()) adapter = resolve_adapter(request.adapter);
   int64_t waiting = scheduler_->stats().num_waiting;
   if (waiting + request.sampling.n > config_.scheduler.max_waiting)
     fail_with(ErrorKind::kOverloaded,
@@ -215,11 +273,8 @@ void Engine::add_request(EngineRequest request) {
   Group& g = *group;
   // From here on, read the request only through the group that now owns it (`request` is moved from).
   const SamplingParams& sp = g.request.sampling;
-  if (adapter) {
-    g.adapter_key = adapter->name + "#" + std::to_string(adapter->generation);
-    pinned_adapters_[g.adapter_key] = adapter;
-    pinned_uses_[g.adapter_key] += sp.n;
-  }
+  g.adapter = adapter;
+  adapters_->pin(adapter, sp.n);
   if (sp.prompt_logprobs) g.prompt_logprobs.assign(static_cast<size_t>(prompt_len), std::nullopt);
   // Clamped first, so that a huge max_tokens (up to 2^63 - 1) cannot overflow the sum below.
   int64_t max_tokens = std::min(sp.max_tokens.value_or(max_model_len_), max_model_len_);
@@ -236,8 +291,8 @@ void Engine::add_request(EngineRequest request) {
     sr->id = seq->id;
     sr->tokens = g.request.prompt_ids;
     sr->max_total_tokens = std::min(max_model_len_, prompt_len + max_tokens);
-    sr->cache_key = {adapter ? adapter->name : "", adapter ? adapter->generation : 0, g.request.cache_salt};
-    sr->adapter = g.adapter_key;
+    sr->cache_key = {adapter, g.request.cache_salt};
+    sr->adapter = adapter;
     sr->priority = g.request.priority;
     sr->prompt_logprobs = sp.prompt_logprobs.has_value() && i == 0;
     if (i == 0)
@@ -260,7 +315,7 @@ void Engine::add_request(EngineRequest request) {
     sequences_[seq->id] = seq.get();
     g.seqs.push_back(std::move(seq));
   }
-  AdapterCounters& ac = adapter_counters_[adapter ? adapter->name : ""];
+  AdapterCounters& ac = adapter_counters_[g.request.adapter];
   ac.requests += 1;
   groups_[g.request.request_id] = std::move(group);
 }
@@ -287,33 +342,44 @@ bool Engine::has_unfinished() const {
 }
 
 std::vector<RequestOutput> Engine::step() {
-  auto adapter_of = [&](const std::string& key) { return adapter_by_key(key); };
+  poll_adapters();
   if (!async_) {
     StepPlan plan = scheduler_->schedule();
-    StepResult result = runner_->execute(plan, adapter_of);
+    const uint64_t seq = ++step_seq_;
+    CHECK_MSG(place_adapters(plan, seq), "the step's adapters do not fit the device slots");
+    StepResult result = runner_->execute(plan, adapters_.get());
+    retire_adapters(seq);
     launched(plan);
     return complete(plan, result);
   }
   // Asynchronous: queue this step, then complete the one queued by the previous call while it runs. A
-  // step sampled on the host is completed first instead (the next step needs its ids).
+  // step sampled on the host is completed first instead (the next step needs its ids), and so is one
+  // that holds device slots this step needs.
   std::vector<RequestOutput> outputs;
-  if (runner_->needs_collect_before_launch()) {
-    StepResult result = runner_->collect();
-    outputs = complete(*inflight_plan_, result);
-    inflight_plan_.reset();
-  }
-  StepPlan plan = scheduler_->schedule();
-  runner_->launch(plan, adapter_of);  // queues nothing for an empty plan
-  if (!plan.empty()) launched(plan);
-  if (inflight_plan_) {
+  auto complete_inflight = [&] {
     StepResult result = runner_->collect();
     std::vector<RequestOutput> more = complete(*inflight_plan_, result);
+    retire_adapters(inflight_seq_);
     outputs.insert(outputs.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
-  }
-  if (plan.empty())
     inflight_plan_.reset();
-  else
+  };
+  if (runner_->needs_collect_before_launch()) complete_inflight();
+  StepPlan plan = scheduler_->schedule();
+  const uint64_t seq = ++step_seq_;
+  if (!place_adapters(plan, seq)) {
+    CHECK_MSG(inflight_plan_.has_value(), "the step's adapters do not fit the device slots");
+    complete_inflight();
+    CHECK_MSG(place_adapters(plan, seq), "the step's adapters do not fit the device slots");
+  }
+  runner_->launch(plan, adapters_.get());  // queues nothing for an empty plan
+  if (!plan.empty()) launched(plan);
+  if (inflight_plan_) complete_inflight();
+  if (plan.empty()) {
+    retire_adapters(seq);
+  } else {
     inflight_plan_ = std::move(plan);
+    inflight_seq_ = seq;
+  }
   return outputs;
 }
 
@@ -399,7 +465,7 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
       finish_sequence(seq, FinishReason::kLength, std::nullopt);
   }
   for (auto& [rid, group] : groups_)
-    if (group->aborted) changed[rid] = group.get();
+    if (group->aborted || group->error) changed[rid] = group.get();
 
   std::vector<RequestOutput> outputs;
   for (auto& [rid, gp] : changed) {
@@ -436,21 +502,10 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
       out.sequences.push_back(std::move(so));
     }
     out.finished = all_finished;
+    if (all_finished && g.error) out.error = g.error;
     outputs.push_back(std::move(out));
     if (all_finished) {
-      if (!g.adapter_key.empty()) {
-        int64_t& uses = pinned_uses_[g.adapter_key];
-        uses -= static_cast<int64_t>(g.seqs.size());
-        if (uses <= 0) {
-          pinned_uses_.erase(g.adapter_key);
-          auto pinned = pinned_adapters_.find(g.adapter_key);
-          bool still_registered =
-              adapters_.count(pinned->second->name) &&
-              adapters_.at(pinned->second->name)->generation == pinned->second->generation;
-          if (!still_registered) model_->release_adapter(pinned->second->generation);
-          pinned_adapters_.erase(pinned);
-        }
-      }
+      adapters_->unpin(g.adapter, static_cast<int64_t>(g.seqs.size()));
       for (auto& seq : g.seqs) sequences_.erase(seq->id);
       groups_.erase(rid);
     }
@@ -482,6 +537,10 @@ EngineStats Engine::stats() const {
   s.prompt_tokens_total = prompt_tokens_total_;
   s.generation_tokens = total_generation_tokens_;
   s.adapters = adapter_counters_;
+  s.adapter_tiers = adapters_->stats();
+  for (AdapterId id : scheduler_->running_adapters()) s.running_adapters.push_back(adapters_->name_of(id));
+  for (AdapterId id : scheduler_->waiting_adapters()) s.waiting_adapters.push_back(adapters_->name_of(id));
+  s.max_loras = config_.lora.max_loras;
   return s;
 }
 

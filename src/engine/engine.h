@@ -20,6 +20,7 @@
 #include "api/request.h"
 #include "config/engine_config.h"
 #include "lora/adapter.h"
+#include "lora/adapter_registry.h"
 #include "model/model.h"
 #include "sched/scheduler.h"
 #include "tokenizer/detokenizer.h"
@@ -48,6 +49,11 @@ struct EngineStats {
   // vllm:prompt_tokens_total; prompt_tokens above counts computed tokens only).
   int64_t prompt_tokens_total = 0;
   std::map<std::string, AdapterCounters> adapters;  // "" = base model
+  // The adapter tiers (lora/adapter_registry.h) and vLLM's lora_requests_info: adapters of running and
+  // waiting requests, by name.
+  AdapterRegistryStats adapter_tiers;
+  std::vector<std::string> running_adapters, waiting_adapters;
+  int64_t max_loras = 0;
 };
 
 class Engine {
@@ -69,12 +75,19 @@ class Engine {
   std::vector<RequestOutput> step();
   bool has_unfinished() const;
 
-  // Adapters. add_adapter replaces nothing: a name in use is an error; remove_adapter lets running
-  // requests of that adapter finish with it. Returns false when the name is unknown.
-  void add_adapter(std::shared_ptr<LoraAdapter> adapter);
+  // Adapters (held by the AdapterRegistry). add_adapter replaces nothing: a name in use is an error. It
+  // enters the host tier (the least recently used unpinned copy goes to disk when --max-cpu-loras are
+  // held); `reload` reads it again from disk after an eviction (empty: from adapter->path, trusted, or,
+  // with no path, never evicted). remove_adapter lets running requests of that adapter finish with it.
+  // Returns false when the name is unknown.
+  void add_adapter(std::shared_ptr<LoraAdapter> adapter, AdapterRegistry::Loader reload = {});
+  // Registers an adapter that stays on disk (trusted `path`, read on first use; a broken one fails the
+  // requests that named it).
+  void add_adapter_on_disk(const std::string& name, const std::string& path);
   bool remove_adapter(const std::string& name);
-  std::vector<std::shared_ptr<LoraAdapter>> adapters() const;
-  bool has_adapter(const std::string& name) const;
+  std::vector<AdapterEntryInfo> adapters() const { return adapters_->list(); }
+  bool has_adapter(const std::string& name) const { return adapters_->has(name); }
+  const AdapterRegistry& adapter_registry() const { return *adapters_; }
 
   EngineStats stats() const;
   // Metrics: the ids of requests whose first step was queued since the last call (each once).
@@ -92,7 +105,9 @@ class Engine {
   // compute their prompts anew. vLLM's /reset_prefix_cache.
   void reset_prefix_cache() { scheduler_->kv().reset_prefix_cache(); }
   // For tests: the scheduler's invariants (empty when all hold).
-  std::string check_invariants() const { return scheduler_->check_invariants(); }
+  std::string check_invariants() const;
+  // For tests: the most steps a waiting request whose adapter was ready saw later requests admitted.
+  uint64_t max_passed_over_steps() const { return scheduler_->max_passed_over(); }
 
  private:
   struct Sequence;
@@ -105,7 +120,13 @@ class Engine {
   void launched(const StepPlan& plan);
   // After its results are back: tokens appended, stop conditions, outputs.
   std::vector<RequestOutput> complete(const StepPlan& plan, const StepResult& result);
-  const LoraAdapter* adapter_by_key(const std::string& key) const;
+  // Adapters around a step: loads that finished (failed ones fail their requests), prefetches for the
+  // waiting queue; the step's adapters pinned and placed in device slots (false: the step in flight holds
+  // the slots), then retired when its results are back.
+  void poll_adapters();
+  bool place_adapters(const StepPlan& plan, uint64_t seq);
+  void retire_adapters(uint64_t seq);
+  AdapterId resolve_adapter(const std::string& name);
 
   std::shared_ptr<Model> model_;
   EngineConfig config_;
@@ -119,9 +140,9 @@ class Engine {
   std::optional<StepPlan> inflight_plan_;  // the step queued and not yet completed
   std::vector<int32_t> eos_ids_;
   std::mt19937_64 seed_rng_;  // --seed: generators of unseeded requests
-  std::map<std::string, std::shared_ptr<LoraAdapter>> adapters_;         // by name
-  std::map<std::string, std::shared_ptr<LoraAdapter>> pinned_adapters_;  // by key, while requests use them
-  std::map<std::string, int64_t> pinned_uses_;
+  std::unique_ptr<AdapterRegistry> adapters_;
+  std::map<uint64_t, std::vector<AdapterId>> step_adapters_;  // steps in flight: the adapters they pinned
+  uint64_t step_seq_ = 0, inflight_seq_ = 0;
   std::unordered_map<std::string, std::unique_ptr<Group>> groups_;  // by external request id
   std::unordered_map<RequestId, Sequence*> sequences_;
   RequestId next_id_ = 1;

@@ -136,9 +136,9 @@ void EngineThread::abort(const std::string& request_id) {
   cv_.notify_all();
 }
 
-void EngineThread::add_adapter(std::shared_ptr<LoraAdapter> adapter) {
-  call<int>([this, a = std::move(adapter)]() mutable {
-    engine_->add_adapter(std::move(a));
+void EngineThread::add_adapter(std::shared_ptr<LoraAdapter> adapter, AdapterRegistry::Loader reload) {
+  call<int>([this, a = std::move(adapter), r = std::move(reload)]() mutable {
+    engine_->add_adapter(std::move(a), std::move(r));
     publish();
     return 0;
   });
@@ -260,8 +260,8 @@ void EngineThread::publish() {
     metrics_.iteration_tokens.observe(static_cast<double>(step_tokens - last_step_tokens_));
   last_step_tokens_ = step_tokens;
   s.cache_config = cache_config_;
-  for (const auto& a : engine_->adapters())
-    s.adapters.push_back({a->name, a->path, a->generation, a->max_rank});
+  for (const AdapterEntryInfo& a : engine_->adapters())
+    s.adapters.push_back({a.name, a.path, a.id.version, a.max_rank, adapter_tier_name(a.tier), a.loading});
   s.metrics = metrics_.snapshot();
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   snapshot_ = std::move(s);

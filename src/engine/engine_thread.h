@@ -49,8 +49,10 @@ class OutputStream {
 struct AdapterInfo {
   std::string name;
   std::string path;
-  uint64_t generation = 0;
-  int64_t rank = 0;
+  uint64_t generation = 0;  // its AdapterId's version
+  int64_t rank = 0;         // 0 until loaded once
+  std::string tier;         // "gpu", "cpu" or "disk"
+  bool loading = false;
 };
 
 struct EngineSnapshot {
@@ -79,7 +81,7 @@ class EngineThread {
   using AddCallback = std::function<void(std::shared_ptr<OutputStream>, std::exception_ptr)>;
   void add_request_async(EngineRequest request, AddCallback done);
   void abort(const std::string& request_id);
-  void add_adapter(std::shared_ptr<LoraAdapter> adapter);  // throws
+  void add_adapter(std::shared_ptr<LoraAdapter> adapter, AdapterRegistry::Loader reload = {});  // throws
   bool remove_adapter(const std::string& name);
   bool has_adapter(const std::string& name) const;
   // Runs Engine::reset_prefix_cache on the engine thread and waits for it.

@@ -43,7 +43,7 @@ struct LoraLayer {
 struct LoraAdapter {
   std::string name;
   std::string path;
-  uint64_t generation = 0;  // distinguishes reloads under the same name (prefix-cache keys)
+  uint64_t generation = 0;  // its AdapterId's version, set by the registry (0: not registered)
   int64_t max_rank = 0;
   std::vector<LoraLayer> layers;  // [num_layers]
   bool has_expert_lora = false;

@@ -21,8 +21,6 @@
 namespace polylora {
 namespace {
 
-std::atomic<uint64_t> g_generation{0};
-
 constexpr std::string_view kConfigFile = "adapter_config.json";
 constexpr std::string_view kWeightsFile = "adapter_model.safetensors";
 
@@ -221,7 +219,6 @@ std::shared_ptr<LoraAdapter> load_from_dir(const AdapterDir& dir, const std::str
   auto adapter = std::make_shared<LoraAdapter>();
   adapter->name = name;
   adapter->path = dir.display;
-  adapter->generation = ++g_generation;
   adapter->layers.resize(static_cast<size_t>(cfg.num_layers));
 
   auto scale_for = [&](const std::string& module, int64_t rank) {

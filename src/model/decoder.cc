@@ -29,6 +29,8 @@ struct Model::DeviceAdapter {
   };
   std::vector<Layer> layers;
   std::vector<void*> allocations;
+  uint64_t generation = 0;  // the adapter's version (0: not registered, copied again on every use)
+  const LoraAdapter* source = nullptr;
 };
 
 namespace {
@@ -175,22 +177,31 @@ Model::~Model() {
       backend_->destroy_event(s.start);
       backend_->destroy_event(s.end);
     }
-  for (auto& [gen, da] : adapters_)
+  for (auto& [slot, da] : adapters_)
     for (void* p : da->allocations) backend_->free(p);
 }
 
-void Model::release_adapter(uint64_t generation) {
-  auto it = adapters_.find(generation);
+void Model::free_adapter_slot(int32_t slot) {
+  auto it = adapters_.find(slot);
   if (it == adapters_.end()) return;
-  backend_->synchronize();
+  if (!it->second->allocations.empty()) backend_->synchronize();
   for (void* p : it->second->allocations) backend_->free(p);
   adapters_.erase(it);
 }
 
-const Model::DeviceAdapter& Model::device_adapter(const LoraAdapter& adapter) {
-  auto it = adapters_.find(adapter.generation);
-  if (it != adapters_.end()) return *it->second;
+void Model::upload_adapter(int32_t slot, const LoraAdapter& adapter) {
+  device_adapter(slot, adapter);
+}
+
+const Model::DeviceAdapter& Model::device_adapter(int32_t slot, const LoraAdapter& adapter) {
+  auto it = adapters_.find(slot);
+  if (it != adapters_.end() && it->second->source == &adapter && adapter.generation != 0 &&
+      it->second->generation == adapter.generation)
+    return *it->second;
+  free_adapter_slot(slot);
   auto da = std::make_unique<DeviceAdapter>();
+  da->generation = adapter.generation;
+  da->source = &adapter;
   bool host = backend_->kind() == DeviceKind::kCpu;
   auto place = [&](const std::optional<LoraMatrix>& m) -> k::LoraView {
     if (!m) return {};
@@ -215,7 +226,7 @@ const Model::DeviceAdapter& Model::device_adapter(const LoraAdapter& adapter) {
     for (const LoraExpert& e : src.experts)
       da->layers[l].experts.push_back({place(e.gate_up), place(e.gate), place(e.up), place(e.down)});
   }
-  return *adapters_.emplace(adapter.generation, std::move(da)).first->second;
+  return *adapters_.emplace(slot, std::move(da)).first->second;
 }
 
 void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
@@ -361,7 +372,7 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
     CHECK_MSG(slot < num_slots, "adapter slot {} out of range", slot);
     const LoraAdapter* a = adapters[static_cast<size_t>(slot)];
     if (!a) continue;
-    if (!dev[slot]) dev[slot] = &device_adapter(*a);
+    if (!dev[slot]) dev[slot] = &device_adapter(slot, *a);
     any_expert_lora |= a->has_expert_lora;
     for (int32_t t = b.query_start[s]; t < b.query_start[s + 1]; ++t) {
       token_slots[t] = slot;

@@ -15,6 +15,7 @@
 #include "config/model_config.h"
 #include "kernels/attention/attention.h"
 #include "lora/adapter.h"
+#include "lora/adapter_slots.h"
 #include "model/forward_batch.h"
 #include "model/weight_loader.h"
 #include "model/weights.h"
@@ -53,7 +54,7 @@ struct GraphOptions {
 // vLLM's default capture sizes: 1, 2, 4, then multiples of 8 up to max_num_seqs.
 std::vector<int64_t> default_graph_sizes(int64_t max_num_seqs);
 
-class Model {
+class Model : public AdapterDevice {
  public:
   // Reads <dir>/config.json and the checkpoint (or makes dummy weights) into `backend` (nullptr: a CPU
   // backend owned by the model). Errors name the first problem.
@@ -89,8 +90,12 @@ class Model {
   const float* device_logits() const;
   void end_step();
   void step_completed();
-  // Frees the device copy of an adapter (by generation) after it is unloaded.
-  void release_adapter(uint64_t generation);
+  // The device tier (lora/adapter_slots.h): copies an adapter into slot s (on the CPU the kernels read
+  // the host copy in place, which the slot manager keeps alive), or frees slot s (no step in flight
+  // reads it). A step's adapters[s] must be the adapter uploaded to slot s; one that is not (direct
+  // callers of forward()) is uploaded on first use.
+  void upload_adapter(int32_t slot, const LoraAdapter& adapter) override;
+  void free_adapter_slot(int32_t slot) override;
   // Captures a graph per decode batch size (largest first, after a warm-up prefill). From then on a step
   // whose sequences each compute one token, without adapters, whose logits are wanted for every token and
   // whose block tables fit max_blocks_per_seq replays the graph of its padded size; other steps run
@@ -115,7 +120,7 @@ class Model {
   struct Workspace;
   struct StepInputs;
   struct Graph;
-  const DeviceAdapter& device_adapter(const LoraAdapter& adapter);
+  const DeviceAdapter& device_adapter(int32_t slot, const LoraAdapter& adapter);
   // Packs a step's inputs into the host staging buffer (feed pairs last).
   StepInputs stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters,
                    std::span<const int32_t> feed_pairs = {});
@@ -140,7 +145,7 @@ class Model {
   const float* inv_freq_ = nullptr;  // rope_.inv_freq in backend memory
   std::string source_;
   std::unique_ptr<Workspace> ws_;
-  std::map<uint64_t, std::unique_ptr<DeviceAdapter>> adapters_;
+  std::map<int32_t, std::unique_ptr<DeviceAdapter>> adapters_;  // by slot
   bool graphs_enabled_ = false;
   bool gpu_timing_ = false;
   double last_gpu_seconds_ = 0, last_gap_seconds_ = 0;

@@ -15,6 +15,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, const LoraConfig& lora,
 bool Scheduler::before(const SchedRequest& a, const SchedRequest& b) const {
   switch (config_.policy) {
     case SchedulingPolicy::kFcfs:
+    case SchedulingPolicy::kFair:  // arrival order within an adapter; fairness across them in schedule()
       return a.arrival < b.arrival;
     case SchedulingPolicy::kPriority:
       return a.priority != b.priority ? a.priority < b.priority : a.arrival < b.arrival;
@@ -23,7 +24,7 @@ bool Scheduler::before(const SchedRequest& a, const SchedRequest& b) const {
 }
 
 void Scheduler::insert_waiting(RequestId id, bool front) {
-  if (config_.policy == SchedulingPolicy::kFcfs) {
+  if (config_.policy != SchedulingPolicy::kPriority) {
     if (front)
       waiting_.push_front(id);
     else
@@ -42,6 +43,7 @@ void Scheduler::add(std::unique_ptr<SchedRequest> request) {
   request->num_prompt_tokens = static_cast<int64_t>(request->tokens.size());
   RequestId id = request->id;
   CHECK_MSG(!requests_.count(id), "duplicate request id {}", id);
+  request->waiting_since = step_number_;
   requests_.emplace(id, std::move(request));
   insert_waiting(id, false);
 }
@@ -72,6 +74,7 @@ void Scheduler::preempt(SchedRequest& r) {
   ++num_preemptions_;
   running_.erase(std::find(running_.begin(), running_.end(), r.id));
   preempted_since_plan_.push_back(r.id);
+  r.waiting_since = step_number_;
   insert_waiting(r.id, true);
 }
 
@@ -81,7 +84,7 @@ StepPlan Scheduler::schedule() {
   finished_since_plan_.clear();
   int64_t budget = config_.max_num_batched_tokens;
   ++step_number_;
-  std::set<std::string> step_adapters;
+  std::set<AdapterId> step_adapters;
   bool preempted_this_step = false;
 
   auto emit = [&](SchedRequest& r, int64_t num_new, size_t blocks_before) {
@@ -110,7 +113,7 @@ StepPlan Scheduler::schedule() {
     plan.num_scheduled_tokens += num_new;
     budget -= num_new;
     r.scheduled_step = step_number_;
-    if (!r.adapter.empty()) step_adapters.insert(r.adapter);
+    if (!r.adapter.base()) step_adapters.insert(r.adapter);
   };
 
   // 1. Running requests, in order: decodes and the next chunks of unfinished prefills.
@@ -153,19 +156,39 @@ StepPlan Scheduler::schedule() {
     ++i;
   }
 
-  // 2. Waiting requests, unless this step already had to preempt.
+  // 2. Waiting requests, unless this step already had to preempt: those whose adapter is resident on the
+  // device first (or that waited max_wait_steps), then those whose adapter is in host memory; those whose
+  // adapter is still loading are passed over.
   if (!preempted_this_step && !waiting_.empty()) {
-    std::set<std::string> held_adapters = step_adapters;
+    std::set<AdapterId> held_adapters = step_adapters;
     for (RequestId id : running_)
-      if (!requests_.at(id)->adapter.empty()) held_adapters.insert(requests_.at(id)->adapter);
-    for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0;) {
-      if (static_cast<int64_t>(running_.size()) >= config_.max_num_seqs) break;
-      SchedRequest& r = *requests_.at(*it);
+      if (!requests_.at(id)->adapter.base()) held_adapters.insert(requests_.at(id)->adapter);
+    std::vector<RequestId> first, second;
+    for (RequestId id : waiting_) {
+      const SchedRequest& r = *requests_.at(id);
+      AdapterReadiness ready = r.adapter.base() || !readiness_ ? AdapterReadiness::kOnDevice : readiness_(r.adapter);
+      if (ready == AdapterReadiness::kNotReady) continue;
+      const bool overdue = step_number_ - r.waiting_since >= static_cast<uint64_t>(lora_.max_wait_steps);
+      (ready == AdapterReadiness::kOnDevice || overdue ? first : second).push_back(id);
+    }
+    first.insert(first.end(), second.begin(), second.end());
+    // An overdue request that finds every slot held stops the admission of other adapters' requests
+    // until the running ones free a slot, so a cold adapter cannot starve behind busy ones.
+    bool hold_slots = false;
+    uint64_t latest_admitted = 0;
+    bool admitted_any = false;
+    for (RequestId id : first) {
+      if (budget <= 0 || static_cast<int64_t>(running_.size()) >= config_.max_num_seqs) break;
+      SchedRequest& r = *requests_.at(id);
       // (A request preempted while one of its tokens was being sampled waits for that token.)
-      if (r.wait_for || r.num_pending > 0 || (!r.adapter.empty() && !held_adapters.count(r.adapter) &&
-                         static_cast<int64_t>(held_adapters.size()) >= lora_.max_loras)) {
-        ++it;  // waits for a sibling's prompt, or for an adapter slot
-        continue;
+      if (r.wait_for || r.num_pending > 0) continue;  // waits for a sibling's prompt or its token
+      if (hold_slots && !r.adapter.base()) continue;  // the slots drain for an overdue request
+      if (!r.adapter.base() && !held_adapters.count(r.adapter)) {
+        if (static_cast<int64_t>(held_adapters.size()) >= lora_.max_loras) {
+          // Waits for an adapter slot.
+          if (step_number_ - r.waiting_since >= static_cast<uint64_t>(lora_.max_wait_steps)) hold_slots = true;
+          continue;
+        }
       }
       KvCacheManager::CachedPrefix prefix;
       bool first_admission = r.num_preemptions == 0;
@@ -178,10 +201,21 @@ StepPlan Scheduler::schedule() {
       if (first_admission) r.num_cached_tokens = prefix.num_tokens;
       r.running = true;
       running_.push_back(r.id);
-      if (!r.adapter.empty()) held_adapters.insert(r.adapter);
-      it = waiting_.erase(it);
+      if (!r.adapter.base()) held_adapters.insert(r.adapter);
+      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
       emit(r, num_new, 0);
+      latest_admitted = std::max(latest_admitted, r.arrival);
+      admitted_any = true;
     }
+    // Requests passed over: ready, still waiting, and a later arrival got in.
+    if (admitted_any)
+      for (RequestId id : waiting_) {
+        SchedRequest& r = *requests_.at(id);
+        bool ready = r.adapter.base() || !readiness_ || readiness_(r.adapter) != AdapterReadiness::kNotReady;
+        if (ready && !r.wait_for && r.num_pending == 0 && r.arrival < latest_admitted &&
+            config_.policy == SchedulingPolicy::kFcfs)
+          max_passed_over_ = std::max(max_passed_over_, ++r.passed_over);
+      }
   }
   plan.preempted_ids = std::move(preempted_since_plan_);
   preempted_since_plan_.clear();
@@ -230,6 +264,23 @@ bool Scheduler::any_waiting_for_sibling() const {
   for (RequestId id : waiting_)
     if (requests_.at(id)->wait_for) return true;
   return false;
+}
+
+std::vector<AdapterId> Scheduler::waiting_adapters() const {
+  std::vector<AdapterId> out;
+  std::set<AdapterId> seen;
+  for (RequestId id : waiting_) {
+    AdapterId a = requests_.at(id)->adapter;
+    if (!a.base() && seen.insert(a).second) out.push_back(a);
+  }
+  return out;
+}
+
+std::vector<AdapterId> Scheduler::running_adapters() const {
+  std::set<AdapterId> seen;
+  for (RequestId id : running_)
+    if (!requests_.at(id)->adapter.base()) seen.insert(requests_.at(id)->adapter);
+  return {seen.begin(), seen.end()};
 }
 
 const SchedRequest* Scheduler::get(RequestId id) const {

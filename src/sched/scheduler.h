@@ -1,7 +1,7 @@
 // sched/scheduler.h: continuous batching (host code only).
 // Owns: request states (waiting / running), the KV-cache manager, the token budget per step, chunked
-// prefill, preemption by recompute, the fcfs and priority policies, and the cap on distinct adapters
-// per step. Each step: running requests first (decodes and unfinished prefill chunks, in order), then
+// prefill, preemption by recompute, the fcfs and priority policies, the cap on distinct adapters
+// per step and the order of admission by adapter residency. Each step: running requests first (decodes and unfinished prefill chunks, in order), then
 // waiting ones while the token budget, --max-num-seqs, --max-loras and free blocks allow. When blocks
 // run out a running request is preempted (its blocks freed; it returns to the front of the waiting queue
 // with every token it generated, and is recomputed later), never lost.
@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,7 +36,7 @@ struct SchedRequest {
   int64_t num_pending = 0;
   int64_t max_total_tokens = 0;  // prompt + max_tokens, capped by max_model_len
   CacheKeyExtra cache_key;
-  std::string adapter;
+  AdapterId adapter;
   int64_t priority = 0;
   uint64_t arrival = 0;
   bool prompt_logprobs = false;
@@ -46,6 +47,8 @@ struct SchedRequest {
   bool running = false;
   bool needs_fresh_plan = true;  // the runner does not hold it (new or preempted)
   uint64_t scheduled_step = 0;   // the last step that scheduled it
+  uint64_t waiting_since = 0;    // the step it (re)entered the waiting queue
+  uint64_t passed_over = 0;      // steps it waited, ready, while requests behind it were admitted
 };
 
 struct SchedulerStats {
@@ -55,6 +58,9 @@ struct SchedulerStats {
   double kv_usage = 0;
   PrefixCacheStats prefix;
 };
+
+// Where a waiting request's adapter is (the engine asks the adapter registry).
+enum class AdapterReadiness { kOnDevice, kInHost, kNotReady };
 
 class Scheduler {
  public:
@@ -76,6 +82,20 @@ class Scheduler {
   // token computed, which the engine discards. Requests gone in between are skipped.
   void launched(const StepPlan& plan);
   void completed(const StepPlan& plan, const std::unordered_map<RequestId, int32_t>& sampled);
+
+  // Adapter residency. Waiting requests whose adapter is not ready (being loaded) are passed over
+  // without blocking the rest; among ready ones, those whose adapter is on the device (or that use the
+  // base model) are admitted first, except that a request waiting --lora-max-wait-steps steps or more
+  // counts as resident (bounded wait). Unset: every adapter is on the device.
+  void set_adapter_readiness(std::function<AdapterReadiness(AdapterId)> fn) { readiness_ = std::move(fn); }
+  // Distinct adapters of the waiting requests in queue order (for prefetching), and of running ones.
+  std::vector<AdapterId> waiting_adapters() const;
+  std::vector<AdapterId> running_adapters() const;
+  // The most steps a waiting request whose adapter was ready saw requests behind it admitted (bounded by
+  // max_wait_steps plus the time the running requests holding the slots take to finish).
+  uint64_t max_passed_over() const { return max_passed_over_; }
+  // Steps planned so far.
+  uint64_t step_number() const { return step_number_; }
 
   const SchedRequest* get(RequestId id) const;
   bool has_unfinished() const { return !requests_.empty(); }
@@ -99,6 +119,8 @@ class Scheduler {
   std::vector<RequestId> running_;  // in scheduling order
   std::deque<RequestId> waiting_;
   std::vector<RequestId> finished_since_plan_, preempted_since_plan_;
+  std::function<AdapterReadiness(AdapterId)> readiness_;
+  uint64_t max_passed_over_ = 0;
   uint64_t next_arrival_ = 0;
   uint64_t step_number_ = 0;
   int64_t num_preemptions_ = 0;

@@ -10,6 +10,7 @@
 
 #include "api/sampling_params.h"
 #include "cache/kv_cache_manager.h"
+#include "lora/adapter_id.h"
 
 namespace polylora {
 
@@ -20,7 +21,7 @@ struct ScheduledNew {
   std::vector<int32_t> block_ids;   // the whole block table so far
   int64_t num_computed_tokens = 0;  // tokens already in the KV cache (prefix-cache hits)
   int64_t num_scheduled_tokens = 0;
-  std::string adapter;                              // empty: base model
+  AdapterId adapter;                                // base model: version 0
   bool prompt_logprobs = false;                     // logits wanted at every prompt position
   std::shared_ptr<const RequestSampling> sampling;  // how to sample it (settings, seed, EOS ids)
 };

@@ -30,9 +30,8 @@ void BatchBuilder::apply(const StepPlan& plan) {
   }
 }
 
-void BatchBuilder::build(const StepPlan& plan,
-                         const std::function<const LoraAdapter*(const std::string&)>& adapter_of,
-                         const int32_t* feed_src, Step& out) {
+void BatchBuilder::build(const StepPlan& plan, const AdapterRegistry* adapters, const int32_t* feed_src,
+                         Step& out) {
   ForwardBatch& b = out.batch;
   b.token_ids.clear();
   b.positions.clear();
@@ -47,7 +46,6 @@ void BatchBuilder::build(const StepPlan& plan,
   out.order.clear();
   out.feed.pairs.clear();
   out.feed.src = feed_src;
-  step_adapter_names_.clear();
   for (const auto& n : plan.new_requests) out.order.emplace_back(n.id, n.num_scheduled_tokens);
   for (const auto& r : plan.running) out.order.emplace_back(r.id, r.num_scheduled_tokens);
   const int64_t bs = block_size_;
@@ -77,15 +75,12 @@ void BatchBuilder::build(const StepPlan& plan,
     b.query_start.push_back(static_cast<int32_t>(b.token_ids.size()));
     b.context_lens.push_back(static_cast<int32_t>(end));
     int32_t slot = -1;
-    if (!s.adapter.empty()) {
-      auto it = std::find(step_adapter_names_.begin(), step_adapter_names_.end(), s.adapter);
-      if (it == step_adapter_names_.end()) {
-        step_adapter_names_.push_back(s.adapter);
-        out.adapters.push_back(adapter_of(s.adapter));
-        slot = static_cast<int32_t>(out.adapters.size() - 1);
-      } else {
-        slot = static_cast<int32_t>(it - step_adapter_names_.begin());
-      }
+    if (!s.adapter.base()) {
+      CHECK_MSG(adapters, "request {} has an adapter and the step has no adapter registry", id);
+      slot = adapters->slot_of(s.adapter);
+      CHECK_MSG(slot >= 0, "request {}: adapter '{}' is in no device slot", id, adapters->name_of(s.adapter));
+      if (out.adapters.size() <= static_cast<size_t>(slot)) out.adapters.resize(static_cast<size_t>(slot) + 1);
+      out.adapters[static_cast<size_t>(slot)] = adapters->adapter_in_slot(slot);
     }
     b.adapter_slots.push_back(slot);
   }

@@ -17,6 +17,7 @@
 
 #include "api/sampling_params.h"
 #include "lora/adapter.h"
+#include "lora/adapter_registry.h"
 #include "model/forward_batch.h"
 #include "model/model.h"
 #include "sched/step_plan.h"
@@ -32,7 +33,7 @@ class BatchBuilder {
     int64_t num_prompt_tokens = 0;
     std::vector<int32_t> blocks;
     int64_t num_computed_tokens = 0;
-    std::string adapter;
+    AdapterId adapter;
     bool prompt_logprobs = false;
     std::shared_ptr<const RequestSampling> sampling;  // from the plan; never null
     // The last token is being sampled by the most recent step, in its logits row `pending_row`
@@ -48,7 +49,7 @@ class BatchBuilder {
   struct Step {
     ForwardBatch batch;
     std::vector<Row> rows;  // one per batch.logits_rows entry
-    std::vector<const LoraAdapter*> adapters;
+    std::vector<const LoraAdapter*> adapters;  // by device slot (null: a slot this step does not use)
     std::vector<std::pair<RequestId, int64_t>> order;  // (request, tokens computed this step)
     TokenFeed feed;
   };
@@ -57,9 +58,9 @@ class BatchBuilder {
   void apply(const StepPlan& plan);
   // Packs the plan's step (after apply()). Tokens being sampled by the previous step are fed on the
   // device from `feed_src` (that step's sampled ids by logits row; may be null when none are pending).
-  // adapter_of(name) returns the loaded adapter for a name in the plan.
-  void build(const StepPlan& plan, const std::function<const LoraAdapter*(const std::string&)>& adapter_of,
-             const int32_t* feed_src, Step& out);
+  // Every adapter of the plan is in a device slot of `adapters` (AdapterRegistry::ensure()); may be
+  // null when the plan uses none.
+  void build(const StepPlan& plan, const AdapterRegistry* adapters, const int32_t* feed_src, Step& out);
   // After the step is queued: computed counts advance and each sampling request gets its next token as
   // pending (value 0 until fill()), owned by its row in this step.
   void advance(const Step& step);
@@ -72,7 +73,6 @@ class BatchBuilder {
  private:
   int64_t block_size_;
   std::unordered_map<RequestId, RequestState> states_;
-  std::vector<std::string> step_adapter_names_;
 };
 
 }  // namespace polylora

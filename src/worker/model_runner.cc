@@ -34,9 +34,9 @@ ModelRunner::~ModelRunner() {
   be.free(d_ids_);
 }
 
-StepResult ModelRunner::execute(const StepPlan& plan, const AdapterOf& adapter_of) {
+StepResult ModelRunner::execute(const StepPlan& plan, const AdapterRegistry* adapters) {
   CHECK_MSG(inflight_.empty(), "execute() while a step is in flight");
-  launch(plan, adapter_of);
+  launch(plan, adapters);
   if (inflight_.empty()) return {};
   return collect();
 }
@@ -88,7 +88,7 @@ void ModelRunner::launch_device_sampler(const BatchBuilder::Step& step, InFlight
   f.device_sampler = true;
 }
 
-void ModelRunner::launch(const StepPlan& plan, const AdapterOf& adapter_of) {
+void ModelRunner::launch(const StepPlan& plan, const AdapterRegistry* adapters) {
   CHECK_MSG(inflight_.size() < 2, "more than two steps in flight");
   CHECK_MSG(!needs_collect_before_launch(), "the step in flight samples on the host: collect() it first");
   builder_.apply(plan);
@@ -96,7 +96,7 @@ void ModelRunner::launch(const StepPlan& plan, const AdapterOf& adapter_of) {
   // The ids of the step in flight, by logits row, feed its pending tokens.
   const InFlight* prev = inflight_.empty() ? nullptr : &inflight_.back();
   const int32_t* feed_src = prev && prev->device_sampler ? device_sampler_->device_ids() : d_ids_;
-  builder_.build(plan, adapter_of, feed_src, step_);
+  builder_.build(plan, adapters, feed_src, step_);
   const ForwardBatch& b = step_.batch;
   const auto R = static_cast<int64_t>(b.logits_rows.size());
   CHECK_MSG(R <= max_rows_, "a step with {} logits rows exceeds the runner's {}", R, max_rows_);

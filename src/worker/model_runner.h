@@ -46,15 +46,14 @@ class ModelRunner {
   ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, int64_t max_step_tokens = 8192,
               std::unique_ptr<DeviceSampler> device_sampler = nullptr);
   ~ModelRunner();
-  using AdapterOf = std::function<const LoraAdapter*(const std::string&)>;
 
   // One step, synchronously: launch() then collect().
-  StepResult execute(const StepPlan& plan, const AdapterOf& adapter_of);
+  StepResult execute(const StepPlan& plan, const AdapterRegistry* adapters = nullptr);
   // Queues a step (at most two are in flight). Tokens that the previous step is still sampling are fed
   // from its device-side ids. A step whose rows need the host (the CPU sampler: penalties whose history
   // is not all known yet, prompt logprobs, or settings the device path does not cover) keeps its logits
   // for collect(); the next launch then has to wait for that collect() (needs_collect_before_launch()).
-  void launch(const StepPlan& plan, const AdapterOf& adapter_of);
+  void launch(const StepPlan& plan, const AdapterRegistry* adapters = nullptr);
   // Waits for the oldest queued step and returns its result.
   StepResult collect();
   bool in_flight() const { return !inflight_.empty(); }

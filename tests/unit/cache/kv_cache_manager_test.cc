@@ -50,7 +50,7 @@ Snapshot snapshot(const KvCacheManager& cache, const std::vector<RequestId>& req
 
 TEST(BlockHashTest, DependsOnEveryTokenTheParentAndEachExtraKey) {
   const std::vector<int32_t> tokens = {11, 22, 33, 44};
-  const CacheKeyExtra extra{"adapter", 3, "salt"};
+  const CacheKeyExtra extra{AdapterId{3}, "salt"};
   const uint64_t base = KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, extra);
   EXPECT_EQ(base, KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, extra));
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -61,13 +61,12 @@ TEST(BlockHashTest, DependsOnEveryTokenTheParentAndEachExtraKey) {
   }
   EXPECT_NE(base, KvCacheManager::block_hash(KvCacheManager::kRootBlockHash + 1, tokens, extra));
   EXPECT_NE(base, KvCacheManager::block_hash(base, tokens, extra));
-  EXPECT_NE(base, KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {"adapteR", 3, "salt"}));
-  EXPECT_NE(base, KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {"adapter", 4, "salt"}));
-  EXPECT_NE(base, KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {"adapter", 3, "salT"}));
-  EXPECT_NE(base, KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {"adapter", 3, ""}));
-  // Field boundaries matter: moving characters between name and salt changes the hash.
-  EXPECT_NE(KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {"ab", 0, "c"}),
-            KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {"a", 0, "bc"}));
+  EXPECT_NE(base, KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {AdapterId{4}, "salt"}));
+  EXPECT_NE(base, KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {AdapterId{3}, "salT"}));
+  EXPECT_NE(base, KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {AdapterId{3}, ""}));
+  // Field boundaries matter: the salt is length-prefixed after the adapter's version.
+  EXPECT_NE(KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {AdapterId{0}, "ab"}),
+            KvCacheManager::block_hash(KvCacheManager::kRootBlockHash, tokens, {AdapterId{0}, "abc"}));
 }
 
 TEST(KvCacheManagerTest, SharedPrefixHitsTheSameBlocks) {
@@ -148,11 +147,11 @@ TEST_P(ExtraKeyTest, DifferentExtraKeysNeverShare) {
 
 INSTANTIATE_TEST_SUITE_P(
     Keys, ExtraKeyTest,
-    ::testing::Values(std::make_pair(CacheKeyExtra{}, CacheKeyExtra{"sql", 1, ""}),
-                      std::make_pair(CacheKeyExtra{"sql", 1, ""}, CacheKeyExtra{"chat", 1, ""}),
-                      std::make_pair(CacheKeyExtra{"sql", 1, ""}, CacheKeyExtra{"sql", 2, ""}),  // reloaded
-                      std::make_pair(CacheKeyExtra{}, CacheKeyExtra{"", 0, "tenant-a"}),
-                      std::make_pair(CacheKeyExtra{"", 0, "tenant-a"}, CacheKeyExtra{"", 0, "tenant-b"})),
+    ::testing::Values(std::make_pair(CacheKeyExtra{}, CacheKeyExtra{AdapterId{1}, ""}),
+                      std::make_pair(CacheKeyExtra{AdapterId{1}, ""}, CacheKeyExtra{AdapterId{7}, ""}),
+                      std::make_pair(CacheKeyExtra{AdapterId{1}, ""}, CacheKeyExtra{AdapterId{2}, ""}),  // reloaded
+                      std::make_pair(CacheKeyExtra{}, CacheKeyExtra{AdapterId{}, "tenant-a"}),
+                      std::make_pair(CacheKeyExtra{AdapterId{}, "tenant-a"}, CacheKeyExtra{AdapterId{}, "tenant-b"})),
     [](const auto& info) { return "Case" + std::to_string(info.index); });
 
 TEST(KvCacheManagerTest, LruEvictsTheLeastRecentlyFreedFirst) {
@@ -405,7 +404,7 @@ TEST(KvCacheManagerTest, RandomizedStepsKeepInvariants) {
     for (int32_t& t : p) t = uniform(0, 999);
     prefixes.push_back(p);
   }
-  const std::vector<CacheKeyExtra> extras = {{}, {"sql", 1, ""}, {"sql", 2, ""}, {"", 0, "salt"}};
+  const std::vector<CacheKeyExtra> extras = {{}, {AdapterId{1}, ""}, {AdapterId{2}, ""}, {AdapterId{}, "salt"}};
 
   struct SimRequest {
     RequestId id;
@@ -420,7 +419,7 @@ TEST(KvCacheManagerTest, RandomizedStepsKeepInvariants) {
   std::vector<std::string> content(kNumBlocks);
   auto key_of = [&](const SimRequest& r, size_t block_idx) {
     const CacheKeyExtra& e = extras[r.extra_idx];
-    std::string key = e.adapter_name + "/" + std::to_string(e.adapter_generation) + "/" + e.cache_salt + ":";
+    std::string key = std::to_string(e.adapter.version) + "/" + e.cache_salt + ":";
     for (size_t i = 0; i < (block_idx + 1) * kBlockSize; ++i) key += std::to_string(r.tokens[i]) + ",";
     return key;
   };

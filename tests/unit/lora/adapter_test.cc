@@ -174,11 +174,14 @@ TEST_F(AdapterTest, UnsupportedOptions) {
   expect_model_usable();
 }
 
-TEST_F(AdapterTest, ReloadGetsNewGeneration) {
+TEST_F(AdapterTest, ReloadGetsNewVersion) {
   auto path = (model_dir("llama-tiny") / "adapters/qv-r4-rslora").string();
-  auto a = load_peft_adapter(path, "x", model_->config(), {64});
-  auto b = load_peft_adapter(path, "x", model_->config(), {64});
-  EXPECT_NE(a->generation, b->generation);
+  Engine engine(model_, test_engine_config(), nullptr);
+  engine.add_adapter(load_peft_adapter(path, "x", model_->config(), {64}));
+  uint64_t first = engine.adapters().at(0).id.version;
+  EXPECT_TRUE(engine.remove_adapter("x"));
+  engine.add_adapter(load_peft_adapter(path, "x", model_->config(), {64}));
+  EXPECT_NE(engine.adapters().at(0).id.version, first);
 }
 
 }  // namespace

@@ -13,13 +13,13 @@ namespace polylora {
 namespace {
 
 std::unique_ptr<SchedRequest> make_request(RequestId id, std::vector<int32_t> prompt, int64_t max_new,
-                                           std::string adapter = "", int64_t priority = 0) {
+                                           AdapterId adapter = {}, int64_t priority = 0) {
   auto r = std::make_unique<SchedRequest>();
   r->id = id;
   r->tokens = std::move(prompt);
   r->max_total_tokens = static_cast<int64_t>(r->tokens.size()) + max_new;
   r->adapter = adapter;
-  r->cache_key.adapter_name = adapter;
+  r->cache_key.adapter = adapter;
   r->priority = priority;
   return r;
 }
@@ -65,7 +65,7 @@ TEST(Scheduler, RandomizedRunsKeepInvariantsAndFinishEverything) {
       prefixes.push_back(v);
     }
     std::set<RequestId> live;
-    std::map<RequestId, std::string> adapter_of;
+    std::map<RequestId, AdapterId> adapter_of;
     std::map<RequestId, int64_t> computed;
     RequestId next = 1;
     int64_t finished = 0;
@@ -75,7 +75,7 @@ TEST(Scheduler, RandomizedRunsKeepInvariantsAndFinishEverything) {
         auto prompt = prefixes[rng() % prefixes.size()];
         int extra = static_cast<int>(rng() % 30);
         for (int t = 0; t < extra; ++t) prompt.push_back(static_cast<int32_t>(rng() % 100));
-        std::string adapter = rng() % 2 ? "" : "a" + std::to_string(rng() % 4);
+        AdapterId adapter = rng() % 2 ? AdapterId{} : AdapterId{1 + rng() % 4};
         adapter_of[next] = adapter;
         s.add(make_request(next, prompt, 1 + static_cast<int64_t>(rng() % 20), adapter));
         live.insert(next++);
@@ -91,11 +91,11 @@ TEST(Scheduler, RandomizedRunsKeepInvariantsAndFinishEverything) {
         ++finished;
       }
       // At most max_loras distinct adapters in a step.
-      std::set<std::string> adapters;
+      std::set<AdapterId> adapters;
       for (const auto& n : plan.new_requests)
-        if (!n.adapter.empty()) adapters.insert(n.adapter);
+        if (!n.adapter.base()) adapters.insert(n.adapter);
       for (const auto& r : plan.running)
-        if (!adapter_of[r.id].empty()) adapters.insert(adapter_of[r.id]);
+        if (!adapter_of[r.id].base()) adapters.insert(adapter_of[r.id]);
       ASSERT_LE(static_cast<int64_t>(adapters.size()), lc.max_loras);
       ASSERT_EQ(s.check_invariants(), "") << "seed " << seed << " step " << step;
     }
@@ -153,9 +153,9 @@ TEST(Scheduler, FcfsAdmitsInArrivalOrderAndPriorityByPriority) {
     sc.max_num_seqs = 1;
     sc.policy = policy;
     Scheduler s(sc, {}, std::make_unique<KvCacheManager>(64, 4, false));
-    s.add(make_request(1, {1, 2, 3}, 1, "", 5));
-    s.add(make_request(2, {1, 2, 3}, 1, "", 1));
-    s.add(make_request(3, {1, 2, 3}, 1, "", 3));
+    s.add(make_request(1, {1, 2, 3}, 1, {}, 5));
+    s.add(make_request(2, {1, 2, 3}, 1, {}, 1));
+    s.add(make_request(3, {1, 2, 3}, 1, {}, 3));
     std::map<RequestId, int64_t> computed;
     StepPlan plan;
     std::vector<RequestId> order;
@@ -172,9 +172,9 @@ TEST(Scheduler, MaxLorasCapsDistinctAdaptersPerStep) {
   LoraConfig lc;
   lc.max_loras = 1;
   Scheduler s({}, lc, std::make_unique<KvCacheManager>(64, 4, false));
-  s.add(make_request(1, {1, 2}, 2, "x"));
-  s.add(make_request(2, {1, 2}, 2, "y"));
-  s.add(make_request(3, {1, 2}, 2, "x"));
+  s.add(make_request(1, {1, 2}, 2, AdapterId{1}));
+  s.add(make_request(2, {1, 2}, 2, AdapterId{2}));
+  s.add(make_request(3, {1, 2}, 2, AdapterId{1}));
   StepPlan plan = s.schedule();
   std::set<RequestId> ids;
   for (const auto& n : plan.new_requests) ids.insert(n.id);

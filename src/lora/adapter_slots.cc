@@ -1,0 +1,125 @@
+// lora/adapter_slots.cc: slot placement with LRU eviction of slots no step in flight uses.
+#include "lora/adapter_slots.h"
+
+#include <algorithm>
+#include <set>
+
+#include "common/error.h"
+
+namespace polylora {
+
+AdapterSlots::AdapterSlots(int64_t num_slots, AdapterDevice* device)
+    : slots_(static_cast<size_t>(std::max<int64_t>(num_slots, 1))), device_(device) {}
+
+int32_t AdapterSlots::slot_of(AdapterId id) const {
+  if (id.base()) return -1;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].id == id) return static_cast<int32_t>(i);
+  return -1;
+}
+
+const LoraAdapter* AdapterSlots::adapter_in(int32_t slot) const {
+  if (slot < 0 || slot >= static_cast<int32_t>(slots_.size())) return nullptr;
+  return slots_[static_cast<size_t>(slot)].weights.get();
+}
+
+void AdapterSlots::free_slot(Slot& s) {
+  CHECK_MSG(s.in_flight == 0, "adapter slot freed while a step in flight uses it");
+  if (s.id.base()) return;
+  if (device_) device_->free_adapter_slot(static_cast<int32_t>(&s - slots_.data()));
+  s = Slot{};
+  ++stats_.evictions;
+  --stats_.resident;
+}
+
+bool AdapterSlots::place(uint64_t step, std::span<const AdapterId> ids,
+                         const std::function<std::shared_ptr<const LoraAdapter>(AdapterId)>& weights_of) {
+  std::set<AdapterId> wanted;
+  for (AdapterId id : ids)
+    if (!id.base()) wanted.insert(id);
+  // Which slots the step needs, and which it may take: free ones first, then LRU among idle ones.
+  std::vector<AdapterId> missing;
+  for (AdapterId id : wanted)
+    if (slot_of(id) < 0) missing.push_back(id);
+  std::vector<int32_t> candidates;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.in_flight == 0 && (s.id.base() || !wanted.count(s.id))) candidates.push_back(static_cast<int32_t>(i));
+  }
+  if (candidates.size() < missing.size()) return false;
+  std::stable_sort(candidates.begin(), candidates.end(), [&](int32_t a, int32_t b) {
+    const Slot &x = slots_[static_cast<size_t>(a)], &y = slots_[static_cast<size_t>(b)];
+    if (x.id.base() != y.id.base()) return x.id.base();
+    return x.last_use < y.last_use;
+  });
+  for (size_t k = 0; k < missing.size(); ++k) {
+    Slot& s = slots_[static_cast<size_t>(candidates[k])];
+    std::shared_ptr<const LoraAdapter> w = weights_of(missing[k]);
+    CHECK_MSG(w != nullptr, "adapter version {} is placed without host weights", missing[k].version);
+    free_slot(s);
+    s.id = missing[k];
+    s.weights = std::move(w);
+    if (device_) device_->upload_adapter(candidates[k], *s.weights);
+    ++stats_.uploads;
+    ++stats_.resident;
+  }
+  ++clock_;
+  std::vector<int32_t> used;
+  for (AdapterId id : wanted) {
+    int32_t slot = slot_of(id);
+    Slot& s = slots_[static_cast<size_t>(slot)];
+    s.last_use = clock_;
+    ++s.in_flight;
+    used.push_back(slot);
+  }
+  steps_.emplace_back(step, std::move(used));
+  return true;
+}
+
+void AdapterSlots::retire(uint64_t step) {
+  auto it = std::find_if(steps_.begin(), steps_.end(), [&](const auto& e) { return e.first == step; });
+  if (it == steps_.end()) return;
+  for (int32_t slot : it->second) {
+    Slot& s = slots_[static_cast<size_t>(slot)];
+    CHECK(s.in_flight > 0);
+    --s.in_flight;
+    if (s.in_flight == 0 && s.drop_when_idle) free_slot(s);
+  }
+  steps_.erase(it);
+}
+
+void AdapterSlots::drop(AdapterId id) {
+  int32_t slot = slot_of(id);
+  if (slot < 0) return;
+  Slot& s = slots_[static_cast<size_t>(slot)];
+  if (s.in_flight > 0)
+    s.drop_when_idle = true;
+  else
+    free_slot(s);
+}
+
+std::string AdapterSlots::check_invariants() const {
+  std::set<AdapterId> seen;
+  std::vector<int64_t> uses(slots_.size(), 0);
+  for (const auto& [step, used] : steps_)
+    for (int32_t slot : used) ++uses[static_cast<size_t>(slot)];
+  int64_t resident = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.in_flight != uses[i])
+      return "slot " + std::to_string(i) + " counts " + std::to_string(s.in_flight) + " steps in flight, " +
+             std::to_string(uses[i]) + " are";
+    if (s.id.base()) {
+      if (s.in_flight > 0) return "empty slot " + std::to_string(i) + " is used by a step in flight";
+      continue;
+    }
+    ++resident;
+    if (!seen.insert(s.id).second) return "adapter version " + std::to_string(s.id.version) + " is in two slots";
+    if (!s.weights) return "slot " + std::to_string(i) + " holds no weights";
+    if (s.drop_when_idle && s.in_flight == 0) return "slot " + std::to_string(i) + " outlived its drop";
+  }
+  if (resident != stats_.resident) return "resident slot count is off";
+  return "";
+}
+
+}  // namespace polylora

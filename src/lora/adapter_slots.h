@@ -1,0 +1,90 @@
+// lora/adapter_slots.h: the device tier: --max-loras slots an adapter's weights are uploaded into.
+// Owns: which adapter each slot holds, LRU order, and which steps in flight use each slot. ensure()
+// places every adapter of one step (an adapter already in a slot stays there; a missing one takes a free
+// slot or the least recently used slot that no step in flight uses and that this step does not need);
+// retire() is called when a step's results are back. A slot a step in flight uses is never freed or
+// overwritten. The device side is behind AdapterDevice, which the backend's model implements.
+// Model: TensorRT-LLM batch_manager/peftCacheManager (ensureBatch, markRequestDone).
+// Must not: load adapters from disk or decide which requests run (the scheduler does).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lora/adapter.h"
+#include "lora/adapter_id.h"
+
+namespace polylora {
+
+// What the device does for the slot manager: copy an adapter's weights into slot s (queued on a copy
+// stream where there is one; a step launched afterwards must see them), and forget slot s (the caller
+// guarantees no step in flight reads it).
+class AdapterDevice {
+ public:
+  virtual ~AdapterDevice() = default;
+  virtual void upload_adapter(int32_t slot, const LoraAdapter& adapter) = 0;
+  virtual void free_adapter_slot(int32_t slot) = 0;
+};
+
+struct SlotStats {
+  int64_t uploads = 0;    // host -> device copies
+  int64_t evictions = 0;  // a slot overwritten or freed while holding an adapter
+  int64_t resident = 0;   // slots holding an adapter now
+};
+
+class AdapterSlots {
+ public:
+  // device may be null (then slots are bookkeeping only).
+  AdapterSlots(int64_t num_slots, AdapterDevice* device);
+
+  // Places the adapters a step uses (base-model ids are ignored, duplicates allowed) and marks those
+  // slots used by `step` until retire(step). weights_of(id) gives the host copy to upload for an adapter
+  // that is not in a slot. Returns false, changing nothing, when more slots are needed than are free of
+  // steps in flight (the caller completes the step in flight and calls again).
+  template <typename WeightsOf>
+  bool ensure(uint64_t step, std::span<const AdapterId> ids, const WeightsOf& weights_of);
+  // The step's results are back: its slots may be reused.
+  void retire(uint64_t step);
+  // The slot of a placed adapter, or -1.
+  int32_t slot_of(AdapterId id) const;
+  // The host copy kept alive for the slot (kernels on the CPU read it in place).
+  const LoraAdapter* adapter_in(int32_t slot) const;
+  bool placed(AdapterId id) const { return slot_of(id) >= 0; }
+  // Frees the adapter's slot now, or when the last step in flight using it retires (unloaded adapters).
+  void drop(AdapterId id);
+  int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
+  const SlotStats& stats() const { return stats_; }
+  // For tests: empty when every invariant holds (an adapter in one slot at most, in-flight counts match
+  // the steps not yet retired, dropped adapters are gone once no step uses them).
+  std::string check_invariants() const;
+
+ private:
+  struct Slot {
+    AdapterId id;
+    std::shared_ptr<const LoraAdapter> weights;
+    uint64_t last_use = 0;
+    int64_t in_flight = 0;  // steps in flight that use it
+    bool drop_when_idle = false;
+  };
+  bool place(uint64_t step, std::span<const AdapterId> ids,
+             const std::function<std::shared_ptr<const LoraAdapter>(AdapterId)>& weights_of);
+  void free_slot(Slot& s);
+
+  std::vector<Slot> slots_;
+  AdapterDevice* device_;
+  std::vector<std::pair<uint64_t, std::vector<int32_t>>> steps_;  // in flight: step -> slots it uses
+  uint64_t clock_ = 0;
+  SlotStats stats_;
+};
+
+template <typename WeightsOf>
+bool AdapterSlots::ensure(uint64_t step, std::span<const AdapterId> ids, const WeightsOf& weights_of) {
+  return place(step, ids, std::function<std::shared_ptr<const LoraAdapter>(AdapterId)>(weights_of));
+}
+
+}  // namespace polylora
