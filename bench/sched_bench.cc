@@ -11,6 +11,7 @@
 
 #include "bench_command.h"
 #include "config/model_config.h"
+#include "lora/adapter_registry.h"
 #include "model/model.h"
 #include "sched/scheduler.h"
 #include "worker/model_runner.h"
@@ -48,10 +49,17 @@ int run_sched_bench(int argc, char** argv) {
   lc.max_loras = std::max<int64_t>(adapters, 1);
   Scheduler sched(sc, lc, std::make_unique<KvCacheManager>(blocks, block_size, true));
   ModelRunner runner(*model, 1, block_size);  // KV storage unused: no forward pass
-  std::vector<LoraAdapter> fake(static_cast<size_t>(std::max<int64_t>(adapters, 1)));
-  auto adapter_of = [&](const std::string& key) {
-    return &fake[static_cast<size_t>(key[1] - 'a') % fake.size()];
-  };
+  AdapterRegistry::Options ropts;
+  ropts.max_loras = std::max<int64_t>(adapters, 1);
+  ropts.max_cpu_loras = std::max<int64_t>(adapters, 1);
+  ropts.load_thread = false;
+  AdapterRegistry registry(ropts, nullptr);
+  std::vector<AdapterId> fake_ids;
+  for (int64_t a = 0; a < adapters; ++a) {
+    auto fake = std::make_shared<LoraAdapter>();
+    fake->name = std::string("#") + static_cast<char>('a' + a);
+    fake_ids.push_back(registry.add(std::move(fake)));
+  }
   auto greedy = std::make_shared<RequestSampling>();
   greedy->params.temperature = 0;
   for (int64_t i = 0; i < num_requests; ++i) {
@@ -61,8 +69,8 @@ int run_sched_bench(int argc, char** argv) {
     r->max_total_tokens = prompt_len + steps + 8;
     r->sampling = greedy;
     if (adapters > 0) {
-      r->adapter = std::string("#") + static_cast<char>('a' + i % adapters);
-      r->cache_key.adapter_name = r->adapter;
+      r->adapter = fake_ids[static_cast<size_t>(i % adapters)];
+      r->cache_key.adapter = r->adapter;
     }
     sched.add(std::move(r));
   }
@@ -72,7 +80,7 @@ int run_sched_bench(int argc, char** argv) {
   auto one_step = [&]() {
     StepPlan plan = sched.schedule();
     builder.apply(plan);
-    builder.build(plan, adapter_of, nullptr, prepared);
+    builder.build(plan, &registry, nullptr, prepared);
     sampled.clear();
     for (const auto& row : prepared.rows)
       if (row.sample) sampled[row.id] = 5;
@@ -92,7 +100,7 @@ int run_sched_bench(int argc, char** argv) {
     StepPlan plan = sched.schedule();
     auto t1 = std::chrono::steady_clock::now();
     builder.apply(plan);
-    builder.build(plan, adapter_of, nullptr, prepared);
+    builder.build(plan, &registry, nullptr, prepared);
     auto t2 = std::chrono::steady_clock::now();
     sampled.clear();
     for (const auto& row : prepared.rows)
