@@ -257,6 +257,22 @@ TEST(GpuMoe, PathsAndTiles) {
   }
 }
 
+// The tensor-core weight-streaming path (moe_gemv_mma.cuh, BF16 modes at >= 4 pairs per expert; F32 runs
+// the fp32 GEMV): experts with
+// more than one pass of 64 routed rows, K with a partial 32-block (136) and odd K (33: element loads), and a
+// many-expert shape at 12.5 pairs per expert (400 pairs over 32 experts).
+TEST(GpuMoe, WeightStreamingPasses) {
+  SKIP_WITHOUT_GPU();
+  for (const Mode& md : kModes) {
+    run_moe({.m = 200, .hidden = 136, .inter = 72, .num_experts = 4, .top_k = 2, .mode = md, .fused = true,
+             .biases = true, .act = k::ExpertAct::kGptOssSwiglu, .lora = true});
+    run_moe({.m = 9, .hidden = 33, .inter = 17, .num_experts = 3, .top_k = 2, .mode = md, .fused = false,
+             .biases = false});
+    run_moe({.m = 100, .hidden = 512, .inter = 384, .num_experts = 32, .top_k = 4, .mode = md, .fused = true,
+             .biases = true, .act = k::ExpertAct::kGptOssSwiglu, .weight_scale = 0.1f});
+  }
+}
+
 TEST(GpuMoe, RouteBothScorings) {
   SKIP_WITHOUT_GPU();
   Arena ar(backend());

@@ -1,9 +1,11 @@
 // kernels/moe/moe_cuda.cu: CUDA routing and MoE experts, entirely on the device (no host sync, no
 // per-expert host loop). Two paths, chosen on the host from the number of token-expert pairs m·top_k:
-// - small (pairs <= kSmallPairs, e.g. decode; POLYLORA_MOE_SMALL_PAIRS overrides the limit): one block sorts
-// the pairs by expert in shared memory
-//   (compact offsets and the list of active experts), then GEMV-style kernels (moe_gemv.cuh) stream each
-//   active expert's weights once for all of its routed rows: gate_up, [LoRA], activation, down, [LoRA];
+// - small (e.g. decode: pairs <= max(512, 16·E) with tensor-core weights, <= kSmallPairs with F32 weights;
+//   POLYLORA_MOE_SMALL_PAIRS overrides the limit): one block sorts the pairs by expert in shared memory
+//   (compact offsets and the list of active experts), then weight-streaming kernels read each active
+//   expert's weights once for its routed rows: gate_up, [LoRA], activation, down, [LoRA]; BF16/F16 weights
+//   with >= 4 pairs per expert on tensor cores (moe_gemv_mma.cuh: x cast to bf16 once, the activation
+//   written in bf16), fewer, or F32 weights, with fp32 FMAs (moe_gemv.cuh, 8 routed rows per weight read);
 // - large (prefill), in the manner of vLLM's fused MoE:
 //   1. align: count pairs per expert, offsets padded to the GEMM row tile, a tile -> expert map, the
 //      pairs scattered into expert order (padding slots hold −1);
@@ -23,6 +25,7 @@
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_gemm_mma.cuh"
 #include "kernels/moe/moe_gemv.cuh"
+#include "kernels/moe/moe_gemv_mma.cuh"
 
 namespace polylora::kernels::cuda {
 namespace {
@@ -30,7 +33,13 @@ namespace {
 using cuda_util::load_as_f32;
 using moe_detail::Phase;
 
-constexpr int64_t kSmallPairs = 512;  // at most this many token-expert pairs: the GEMV path
+constexpr int64_t kSmallPairs = 512;  // at most this many token-expert pairs: the GEMV path (F32 weights)
+// Tensor-core weights: the tensor-core weight-streaming kernel (moe_gemv_mma.cuh) for kTcMinPerExpert to
+// kTcMaxPerExpert pairs per expert on average, where it measured faster on the H200 (GPT-OSS-20B shape:
+// batch 64 38.2 vs 47.5 ms per decode step, batch 128 60.8 vs 89.3 ms); below, the fp32 GEMV kernel
+// (batch 1 4.7 vs 6.8 ms, batch 16 17.6 vs 21.9 ms); above, the grouped GEMM (batch 256 47.5 vs 106.7 ms).
+constexpr int64_t kTcMinPerExpert = 4;
+constexpr int64_t kTcMaxPerExpert = 16;
 constexpr int kAlignSmallThreads = 512;
 constexpr int kF32TileM = 64;  // rows of an fp32 GEMM tile
 constexpr int kF32TileN = 64;
@@ -39,20 +48,24 @@ int64_t round_up(int64_t v, int64_t a) {
   return (v + a - 1) / a * a;
 }
 
-enum class Path { kGemv, kMma, kF32 };
+enum class Path { kGemv, kGemvTc, kMma, kF32 };
 
-// The GEMV path's pair limit: kSmallPairs, or POLYLORA_MOE_SMALL_PAIRS (a tuning and testing override:
-// 0 sends every call to the grouped GEMMs, a large value every call to the GEMV kernels).
-int64_t small_pairs_limit() {
-  static const int64_t limit = [] {
+// The GEMV paths' pair limit: kSmallPairs for F32 weights, max(kSmallPairs, kTcMaxPerExpert·E) for
+// tensor-core weights, or POLYLORA_MOE_SMALL_PAIRS for both (a tuning and testing override: 0 sends every
+// call to the grouped GEMMs, a large value every call to the GEMV kernels).
+int64_t small_pairs_limit(int64_t num_experts, bool tensor_cores) {
+  static const int64_t env = [] {
     const char* v = std::getenv("POLYLORA_MOE_SMALL_PAIRS");
-    return v != nullptr ? static_cast<int64_t>(std::atoll(v)) : kSmallPairs;
+    return v != nullptr ? static_cast<int64_t>(std::atoll(v)) : int64_t{-1};
   }();
-  return limit;
+  if (env >= 0) return env;
+  return tensor_cores ? std::max(kSmallPairs, kTcMaxPerExpert * num_experts) : kSmallPairs;
 }
 
 Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
-  if (a.m * a.top_k <= small_pairs_limit()) return Path::kGemv;
+  const int64_t pairs = a.m * a.top_k;
+  if (pairs <= small_pairs_limit(a.num_experts, tensor_cores))
+    return tensor_cores && pairs >= kTcMinPerExpert * a.num_experts ? Path::kGemvTc : Path::kGemv;
   return tensor_cores ? Path::kMma : Path::kF32;
 }
 
@@ -87,6 +100,14 @@ struct MoeWorkspace {
         tile_m = 1;
         max_tiles = 0;
         max_rows = pairs;
+        break;
+      case Path::kGemvTc:
+        tile_m = 1;
+        max_tiles = 0;
+        max_rows = pairs;
+        lda_h = round_up(a.hidden, 32);
+        lda_i = round_up(a.inter, 32);
+        copies = bf16_split ? 2 : 1;
         break;
       case Path::kMma:
         tile_m = mma_tile_m(a);
@@ -537,10 +558,12 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
 }
 
 size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, const CudaContext& ctx) {
+  // The backend's weight dtype is not known here: the largest of the paths either dtype could take.
   const bool bf16_split = ctx.bf16_split(a.m);
-  if (a.m * a.top_k <= small_pairs_limit()) return MoeWorkspace(a, nullptr, Path::kGemv, bf16_split).bytes;
-  return std::max(MoeWorkspace(a, nullptr, Path::kMma, bf16_split).bytes,
-                  MoeWorkspace(a, nullptr, Path::kF32, bf16_split).bytes);
+  size_t bytes = 0;
+  for (const bool tc : {false, true})
+    bytes = std::max(bytes, MoeWorkspace(a, nullptr, choose_path(a, tc), bf16_split).bytes);
+  return bytes;
 }
 
 void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
@@ -554,6 +577,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   const bool lora = a.token_slots && a.lora && a.num_slots > 0;
   const int tile_m = static_cast<int>(ws.tile_m);
   const bool mma = path == Path::kMma;
+  const bool tc_gemv = path == Path::kGemvTc;
+  const bool bf16_act = mma || tc_gemv;  // the down product reads the activation as bf16
   // Steps 3 and 4 of every path (the GEMV path's sorted rows are tiles of one row): gate_up LoRA, then the
   // activation (f32 for the GEMV and fp32 GEMMs and the down LoRA, bf16 for the tensor-core GEMM).
   auto gate_up_lora_and_activation = [&] {
@@ -563,13 +588,52 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       CUDA_CHECK_LAUNCH();
     }
     moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
-        ws.sorted, ws.num_tiles, tile_m, ws.gu, (!mma || lora) ? ws.act : nullptr,
-        mma ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act, a.swiglu_alpha,
+        ws.sorted, ws.num_tiles, tile_m, ws.gu, (!bf16_act || lora) ? ws.act : nullptr,
+        bf16_act ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act, a.swiglu_alpha,
         a.swiglu_limit);
     CUDA_CHECK_LAUNCH();
   };
 
-  if (path == Path::kGemv) {
+  if (tc_gemv) {
+    const size_t smem = static_cast<size_t>(8 * E);
+    KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
+    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(
+        a.ids, ws.pairs, E, ws.counts, ws.offsets, ws.active, ws.num_active, ws.num_tiles, ws.sorted);
+    CUDA_CHECK_LAUNCH();
+    cast_x_bf16_kernel<<<cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0, st>>>(
+        a.x, a.ldx, a.m, H, ws.lda_h, ws.copies, ws.x_bf16);
+    CUDA_CHECK_LAUNCH();
+    moe_detail::GemvTcParams tp;
+    tp.split = ws.copies == 2;
+    tp.experts = a.experts;
+    tp.counts = ws.counts;
+    tp.offsets = ws.offsets;
+    tp.active = ws.active;
+    tp.num_active = ws.num_active;
+    tp.sorted = ws.sorted;
+    tp.top_k = a.top_k;
+    tp.hidden = H;
+    tp.inter = I;
+    const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(E, ws.pairs));
+    // 2. gate_up
+    tp.a = ws.x_bf16;
+    tp.lda = ws.copies * ws.lda_h;
+    tp.lda_copy = ws.lda_h;
+    tp.out = ws.gu;
+    dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
+    moe_detail::moe_gemv_tc_kernel<Phase::kGateUp><<<grid_gu, moe_detail::kTcThreads, 0, st>>>(tp);
+    CUDA_CHECK_LAUNCH();
+    // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
+    gate_up_lora_and_activation();
+    // 5. down
+    tp.a = ws.act_bf16;
+    tp.lda = ws.copies * ws.lda_i;
+    tp.lda_copy = ws.lda_i;
+    tp.out = ws.y;
+    dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
+    moe_detail::moe_gemv_tc_kernel<Phase::kDown><<<grid_down, moe_detail::kTcThreads, 0, st>>>(tp);
+    CUDA_CHECK_LAUNCH();
+  } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
     const size_t smem = static_cast<size_t>(8 * E);
     KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");

@@ -1,0 +1,182 @@
+// kernels/moe/moe_gemv_mma.cuh: the small-batch MoE product on bf16 tensor cores, a weight-streaming kernel:
+// each active expert's weight rows are read from HBM once per step for up to kTcMaxTok of its routed rows
+// (more rows: another pass), whatever the batch size. Grid: x = blocks of kTcRows output rows, y = the
+// worst-case number of active experts (a CTA takes the y-th active expert of the device-side sort, or exits).
+// Each warp owns 16 weight rows over all of K and streams them straight from global memory into mma.sync
+// m16n8k16 A fragments with 128-bit loads (no shared memory: a thread's 8 consecutive k values are used as
+// its fragment elements of two k16 steps, and the activation B fragments use the same k permutation, so
+// the dot products are unchanged); the routed rows are the n dimension, 8 per fragment, read as bf16 from
+// the activation buffer (gate_up: x cast once, by token; down: the activation, by sorted row), as hi and lo
+// copies with CudaContext::bf16_split(m) (two MMAs summing W·hi + W·lo) or one bf16-rounded copy without.
+// fp32 accumulation; bias in the epilogue. BF16 weights with 16-byte rows load as vectors; other tensor-core
+// dtypes (F16) or odd K convert element by element to bf16. Only included from moe_cuda.cu.
+// Must not: depend on anything above common/.
+#pragma once
+
+#include "kernels/moe/moe_gemm_mma.cuh"
+
+namespace polylora::kernels::cuda::moe_detail {
+
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = 32 * kTcWarps;
+constexpr int kTcRows = 16 * kTcWarps;  // weight rows per CTA
+constexpr int kTcMaxTiles = 8;          // n8 fragments per pass
+constexpr int kTcMaxTok = 8 * kTcMaxTiles;
+
+struct GemvTcParams {
+  const __nv_bfloat16* a = nullptr;  // kGateUp: x as bf16 [m, lda]; kDown: act as bf16 [rows, lda]
+  int64_t lda = 0;                   // row stride; with the split the lo copy starts at column lda_copy
+  int64_t lda_copy = 0;              // columns of one copy (a multiple of 32 >= K; padding zero)
+  bool split = false;
+  const ExpertView* experts = nullptr;
+  const int32_t* counts = nullptr;      // [E] pairs per expert
+  const int32_t* offsets = nullptr;     // [E] first sorted row of each expert (compact)
+  const int32_t* active = nullptr;      // [E] experts with pairs, in expert order
+  const int32_t* num_active = nullptr;  // [1]
+  const int32_t* sorted = nullptr;      // [pairs] pair index t·top_k + k per sorted row
+  int64_t top_k = 0, hidden = 0, inter = 0;
+  float* out = nullptr;  // kGateUp: gu [rows, 2I] by sorted row; kDown: y [pairs, H] by pair
+};
+
+// Eight bf16 weights of row `row` at k..k+7 (zeros past K), element by element (any dtype, any K).
+__device__ __forceinline__ uint4 load_w8_any(const char* row, DType dt, int64_t k, int64_t K) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat16 lo = k + 2 * j < K ? cuda_util::load_as_bf16(row, dt, k + 2 * j) : __float2bfloat16(0.f);
+    const __nv_bfloat16 hi =
+        k + 2 * j + 1 < K ? cuda_util::load_as_bf16(row, dt, k + 2 * j + 1) : __float2bfloat16(0.f);
+    w[j] = static_cast<uint32_t>(__bfloat16_as_ushort(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// One pass over NT (<= kTcMaxTiles) fragments of 8 routed rows, U k-blocks of 32 loaded per iteration.
+template <Phase P, int NT, int U, bool VEC>
+__device__ __forceinline__ void gemv_tc_pass(const GemvTcParams& p, const char* row0, const char* row1,
+                                              DType dt, int64_t K, int64_t N, int64_t n_warp,
+                                              const float* bias, int row_base, int nvalid,
+                                              const int64_t* s_off) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+  const __nv_bfloat16* brow[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const int64_t off = s_off[i * 8 + g];
+    brow[i] = off >= 0 ? p.a + off : nullptr;
+  }
+  const int64_t nblocks = (K + 31) / 32;
+  for (int64_t kb0 = 0; kb0 < nblocks; kb0 += U) {
+    uint4 wa[U], wb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = (kb0 + u) * 32 + t * 8;
+      if (VEC) {
+        const bool in = kb0 + u < nblocks && k < K;
+        wa[u] = in && row0 ? __ldg(reinterpret_cast<const uint4*>(row0 + k * 2)) : make_uint4(0, 0, 0, 0);
+        wb[u] = in && row1 ? __ldg(reinterpret_cast<const uint4*>(row1 + k * 2)) : make_uint4(0, 0, 0, 0);
+      } else {
+        wa[u] = row0 && kb0 + u < nblocks ? load_w8_any(row0, dt, k, K) : make_uint4(0, 0, 0, 0);
+        wb[u] = row1 && kb0 + u < nblocks ? load_w8_any(row1, dt, k, K) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb0 + u >= nblocks) break;
+      const int64_t k = (kb0 + u) * 32 + t * 8;
+      const uint32_t a_s0[4] = {wa[u].x, wb[u].x, wa[u].y, wb[u].y};
+      const uint32_t a_s1[4] = {wa[u].z, wb[u].z, wa[u].w, wb[u].w};
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        if (i * 8 >= nvalid) break;  // warp-uniform; mma.sync needs every lane, so empty columns load zeros
+        const uint4 xb = brow[i] ? __ldg(reinterpret_cast<const uint4*>(brow[i] + k)) : make_uint4(0, 0, 0, 0);
+        mma_bf16(acc[i], a_s0, xb.x, xb.y);
+        mma_bf16(acc[i], a_s1, xb.z, xb.w);
+        if (p.split) {
+          const uint4 xl = brow[i] ? __ldg(reinterpret_cast<const uint4*>(brow[i] + p.lda_copy + k))
+                                   : make_uint4(0, 0, 0, 0);
+          mma_bf16(acc[i], a_s0, xl.x, xl.y);
+          mma_bf16(acc[i], a_s1, xl.z, xl.w);
+        }
+      }
+    }
+  }
+  // Epilogue: c0, c1 are (row g, columns 2t, 2t+1), c2, c3 (row g + 8, same columns).
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = i * 8 + 2 * t + (j & 1);
+      const int64_t n = n_warp + g + (j >= 2 ? 8 : 0);
+      if (col >= nvalid || n >= N) continue;
+      const float y = acc[i][j] + (bias != nullptr ? bias[n] : 0.0f);
+      const int64_t row = row_base + col;
+      if (P == Phase::kGateUp) {
+        p.out[row * N + n] = y;
+      } else {
+        p.out[static_cast<int64_t>(p.sorted[row]) * N + n] = y;
+      }
+    }
+  }
+}
+
+// The fragment count of a pass (1, 2, 4 or 8 n8 fragments), chosen at run time from the rows left.
+template <Phase P, bool VEC>
+__device__ __forceinline__ void gemv_tc_pass_any(const GemvTcParams& p, const char* row0, const char* row1,
+                                                  DType dt, int64_t K, int64_t N, int64_t n_warp,
+                                                  const float* bias, int row_base, int nvalid,
+                                                  const int64_t* s_off) {
+  if (nvalid <= 8) {
+    gemv_tc_pass<P, 1, 8, VEC>(p, row0, row1, dt, K, N, n_warp, bias, row_base, nvalid, s_off);
+  } else if (nvalid <= 16) {
+    gemv_tc_pass<P, 2, 8, VEC>(p, row0, row1, dt, K, N, n_warp, bias, row_base, nvalid, s_off);
+  } else if (nvalid <= 32) {
+    gemv_tc_pass<P, 4, 4, VEC>(p, row0, row1, dt, K, N, n_warp, bias, row_base, nvalid, s_off);
+  } else {
+    gemv_tc_pass<P, 8, 4, VEC>(p, row0, row1, dt, K, N, n_warp, bias, row_base, nvalid, s_off);
+  }
+}
+
+template <Phase P>
+__global__ void __launch_bounds__(kTcThreads) moe_gemv_tc_kernel(GemvTcParams p) {
+  __shared__ int64_t s_off[kTcMaxTok];  // activation row offset (elements) per routed row of the pass, −1 none
+  const int j = blockIdx.y;
+  if (j >= *p.num_active) return;
+  const int e = p.active[j];
+  const int count = p.counts[e], base = p.offsets[e];
+  const ExpertView& ex = p.experts[e];
+  const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
+  const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
+  if (static_cast<int64_t>(blockIdx.x) * kTcRows >= N) return;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+  const int64_t n_warp = static_cast<int64_t>(blockIdx.x) * kTcRows + warp * 16;
+  const DType dt = weight_dtype<P>(ex);
+  const float* bias = weight_bias<P>(ex);
+  const char* row0 = n_warp + g < N ? weight_row<P>(ex, n_warp + g, K, p.inter) : nullptr;
+  const char* row1 = n_warp + g + 8 < N ? weight_row<P>(ex, n_warp + g + 8, K, p.inter) : nullptr;
+  const bool vec = dt == DType::kBF16 && weight_rows_aligned16<P>(ex, K);
+  for (int tok0 = 0; tok0 < count; tok0 += kTcMaxTok) {
+    const int nvalid = count - tok0 < kTcMaxTok ? count - tok0 : kTcMaxTok;
+    __syncthreads();  // the previous pass no longer reads s_off
+    for (int i = threadIdx.x; i < kTcMaxTok; i += blockDim.x) {
+      int64_t off = -1;
+      if (i < nvalid) {
+        const int64_t row = base + tok0 + i;
+        off = (P == Phase::kGateUp ? static_cast<int64_t>(p.sorted[row] / p.top_k) : row) * p.lda;
+      }
+      s_off[i] = off;
+    }
+    __syncthreads();
+    if (vec) {
+      gemv_tc_pass_any<P, true>(p, row0, row1, dt, K, N, n_warp, bias, base + tok0, nvalid, s_off);
+    } else {
+      gemv_tc_pass_any<P, false>(p, row0, row1, dt, K, N, n_warp, bias, base + tok0, nvalid, s_off);
+    }
+  }
+}
+
+}  // namespace polylora::kernels::cuda::moe_detail
