@@ -2,17 +2,19 @@
 // required / additionalProperties (absent means false, as OpenAI's strict mode and xgrammar), enum,
 // const, anyOf, oneOf (as anyOf), allOf of one schema, $ref to "#" and JSON pointers into the document
 // ($defs, definitions), items / prefixItems / minItems / maxItems, string minLength / maxLength /
-// pattern / format (date-time, date, time, uuid, email, ipv4), integer minimum / maximum / exclusive
-// bounds exactly, number bounds by sign only. Known keywords that cannot be enforced are refused by name;
+// pattern / format (date-time, date, time, uuid, email, ipv4), integer and number minimum / maximum /
+// exclusive bounds exactly (bounded numbers are written as plain decimals, without an exponent). Known keywords that cannot be enforced are refused by name;
 // annotations and unknown keywords are ignored. Properties come out in the schema's order.
 #include "structured/json_schema.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "common/error.h"
 #include "structured/grammar.h"
@@ -69,6 +71,78 @@ std::string alternatives(const std::vector<std::string>& alts) {
   std::string out = "(";
   for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
   return out + ")";
+}
+
+// A decimal number as written: sign, integer digits (no leading zeros, "0" for none) and fraction digits
+// (no trailing zeros). Zero is never negative.
+struct Decimal {
+  bool neg = false;
+  std::string ip = "0";
+  std::string fp;
+};
+
+// Parses what fmt / nlohmann print for a number ("-12", "0.25", "1e-07", "1.5e+20").
+Decimal parse_decimal(const std::string& text) {
+  Decimal d;
+  std::string t = text;
+  if (!t.empty() && (t[0] == '-' || t[0] == '+')) {
+    d.neg = t[0] == '-';
+    t = t.substr(1);
+  }
+  int64_t exp = 0;
+  if (size_t e = t.find_first_of("eE"); e != std::string::npos) {
+    exp = std::stoll(t.substr(e + 1));
+    t = t.substr(0, e);
+  }
+  std::string digits;
+  int64_t point = static_cast<int64_t>(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == '.') {
+      point = static_cast<int64_t>(i);
+    } else {
+      CHECK_MSG(t[i] >= '0' && t[i] <= '9', "not a decimal number: {}", text);
+      digits += t[i];
+    }
+  }
+  point += exp;  // digits before the decimal point
+  if (point <= 0) {
+    d.ip = "";
+    d.fp = std::string(static_cast<size_t>(-point), '0') + digits;
+  } else if (point >= static_cast<int64_t>(digits.size())) {
+    d.ip = digits + std::string(static_cast<size_t>(point) - digits.size(), '0');
+  } else {
+    d.ip = digits.substr(0, static_cast<size_t>(point));
+    d.fp = digits.substr(static_cast<size_t>(point));
+  }
+  d.ip.erase(0, std::min(d.ip.find_first_not_of('0'), d.ip.size()));
+  if (d.ip.empty()) d.ip = "0";
+  while (!d.fp.empty() && d.fp.back() == '0') d.fp.pop_back();
+  if (d.ip == "0" && d.fp.empty()) d.neg = false;
+  return d;
+}
+
+int compare_magnitude(const Decimal& a, const Decimal& b) {
+  if (a.ip.size() != b.ip.size()) return a.ip.size() < b.ip.size() ? -1 : 1;
+  if (int c = a.ip.compare(b.ip)) return c < 0 ? -1 : 1;
+  const size_t n = std::max(a.fp.size(), b.fp.size());
+  std::string x = a.fp + std::string(n - a.fp.size(), '0'), y = b.fp + std::string(n - b.fp.size(), '0');
+  if (int c = x.compare(y)) return c < 0 ? -1 : 1;
+  return 0;
+}
+
+int compare_decimal(const Decimal& a, const Decimal& b) {
+  if (a.neg != b.neg) return a.neg ? -1 : 1;
+  const int m = compare_magnitude(a, b);
+  return a.neg ? -m : m;
+}
+
+Decimal abs_decimal(Decimal d) {
+  d.neg = false;
+  return d;
+}
+
+std::string decimal_text(const Decimal& d) {
+  return (d.neg ? "-" : "") + d.ip + (d.fp.empty() ? "" : "." + d.fp);
 }
 
 const std::set<std::string>& unsupported_keywords() {
@@ -287,19 +361,29 @@ class SchemaConverter {
     std::string q = "\"\\\"\"";
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) error(path, "pattern must be a string");
+      if (s.contains("minLength") || s.contains("maxLength"))
+        error(path, "minLength / maxLength together with pattern are not supported (bound the length in the pattern)");
+      if (s.contains("format")) error(path, "format together with pattern is not supported");
       return q + " " + regex_to_gbnf_json_string(s["pattern"].get<std::string>()) + " " + q;
     }
     if (s.contains("format")) {
       if (!s["format"].is_string()) error(path, "format must be a string");
+      if (s.contains("minLength") || s.contains("maxLength"))
+        error(path, "minLength / maxLength together with format are not supported");
+      // RFC 3339: days as each month has them (29 February in leap years only); seconds 00-59 (leap
+      // seconds are valid only at 23:59:60 UTC and are left out).
+      static constexpr const char* kDate =
+          R"(([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|[0-9]{4}-(0[13-9]|1[0-2])-(29|30)|[0-9]{4}-(0[13578]|1[02])-31|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29))";
+      static constexpr const char* kTime =
+          R"(([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))";
       std::string f = s["format"].get<std::string>();
       static const std::map<std::string, std::string> formats = {
-          {"date-time",
-           R"([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt ]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))"},
-          {"date", R"([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01]))"},
-          {"time",
-           R"(([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))"},
+          {"date-time", std::string(kDate) + "[Tt]" + kTime},
+          {"date", kDate},
+          {"time", kTime},
           {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
-          {"email", R"([A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){1,8})"},
+          {"email",
+           R"([A-Za-z0-9_%+-]{1,32}(\.[A-Za-z0-9_%+-]{1,32}){0,3}@([A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?\.){1,4}[A-Za-z]{2,10})"},
           {"ipv4",
            R"(((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))"},
       };
@@ -346,19 +430,170 @@ class SchemaConverter {
     return integer_range_gbnf(lo, hi);
   }
 
+  // A bound of a number schema, as the decimal the schema wrote (its shortest round-trip form).
+  struct Bound {
+    Decimal value;
+    bool exclusive = false;
+  };
+
+  static Decimal decimal_of(const ordered_json& v) {
+    if (v.is_number_integer()) return parse_decimal(v.dump());
+    return parse_decimal(fmt::format("{}", v.get<double>()));
+  }
+
+  // minimum / maximum and their exclusive forms (a number in draft 6+, a flag on the bound in draft 4);
+  // the tighter one wins.
+  std::optional<Bound> number_bound(const ordered_json& s, bool lower, const std::string& path) {
+    const char* key = lower ? "minimum" : "maximum";
+    const char* ex_key = lower ? "exclusiveMinimum" : "exclusiveMaximum";
+    std::optional<Bound> b;
+    if (s.contains(key)) {
+      if (!s[key].is_number()) error(path, "{} must be a number", key);
+      b = Bound{decimal_of(s[key]), false};
+    }
+    if (s.contains(ex_key)) {
+      const auto& v = s[ex_key];
+      if (v.is_boolean()) {
+        if (v.get<bool>() && b) b->exclusive = true;
+      } else if (v.is_number()) {
+        Bound e{decimal_of(v), true};
+        const int c = b ? compare_decimal(e.value, b->value) : 0;
+        if (!b || (lower ? c >= 0 : c <= 0)) b = e;
+      } else {
+        error(path, "{} must be a number", ex_key);
+      }
+    }
+    return b;
+  }
+
+  // Plain decimals (no exponent) with at most 18 integer and 17 fraction digits in [lower, upper],
+  // exactly: the integer part is a digit range, the fraction next to a bound a digit automaton against
+  // the bound's fraction digits. "-0" is not written.
   std::string number_schema(const ordered_json& s, const std::string& path) {
-    // Bounds are approximated by their sign: a minimum >= 0 forbids the minus sign (see the docs).
-    std::optional<double> min = number_of(s, "minimum", path);
-    if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_number()) {
-      double b = s["exclusiveMinimum"].get<double>();
-      min = min ? std::max(*min, b) : b;
+    std::optional<Bound> lo = number_bound(s, true, path), hi = number_bound(s, false, path);
+    if (!lo && !hi) return basic("number");
+    // Bounds at or beyond ±10^18 lie outside every number the grammar writes.
+    auto huge = [](const Bound& b) { return b.value.ip.size() > 18; };
+    if (lo && huge(*lo)) {
+      if (!lo->value.neg) error(path, "number bounds beyond ±{} are not supported", kIntLimit);
+      lo.reset();
     }
-    number_of(s, "maximum", path);
-    if (min && *min >= 0) {
-      basic("number");
-      return basic("int") + " (\".\" [0-9]{1,17})? ([eE] [-+]? [0-9]{1,2})?";
+    if (hi && huge(*hi)) {
+      if (hi->value.neg) error(path, "number bounds beyond ±{} are not supported", kIntLimit);
+      hi.reset();
     }
-    return basic("number");
+    std::vector<std::string> alts;
+    const Bound zero_in{Decimal{}, false}, zero_ex{Decimal{}, true};
+    // Non-negative values, written without a sign.
+    if (!(hi && hi->value.neg)) {
+      Bound a = lo && !lo->value.neg ? *lo : zero_in;
+      magnitude_range(a, hi, alts, "");
+    }
+    // Negative values: "-" and a magnitude m > 0 with -m in [lo, hi].
+    if (!(lo && !lo->value.neg)) {
+      Bound a = hi && hi->value.neg ? Bound{abs_decimal(hi->value), hi->exclusive} : zero_ex;
+      std::optional<Bound> b;
+      if (lo) b = Bound{abs_decimal(lo->value), lo->exclusive};
+      magnitude_range(a, b, alts, "\"-\" ");
+    }
+    if (alts.empty())
+      error(path, "no number lies between the bounds ({} and {})",
+            lo ? (lo->exclusive ? "> " : ">= ") + decimal_text(lo->value) : std::string("no minimum"),
+            hi ? (hi->exclusive ? "< " : "<= ") + decimal_text(hi->value) : std::string("no maximum"));
+    return alternatives(alts);
+  }
+
+  // Magnitudes m (>= 0, b absent: up to 18 integer digits) with a <= m <= b (or < by the flags), each
+  // alternative prefixed by `sign`.
+  void magnitude_range(const Bound& a, const std::optional<Bound>& b, std::vector<std::string>& out,
+                       const std::string& sign) {
+    if (b) {
+      const int c = compare_decimal(a.value, b->value);
+      if (c > 0 || (c == 0 && (a.exclusive || b->exclusive))) return;
+    }
+    const int64_t ia = std::stoll(a.value.ip);
+    auto lit = [](int64_t v) { return "\"" + std::to_string(v) + "\""; };
+    if (b && a.value.ip == b->value.ip) {
+      if (auto f = fraction_rule(&a, &*b)) out.push_back(sign + lit(ia) + " " + *f);
+      return;
+    }
+    const int64_t ib = b ? std::stoll(b->value.ip) : kIntLimit;
+    if (auto f = fraction_rule(&a, nullptr)) out.push_back(sign + lit(ia) + " " + *f);
+    if (ia + 1 <= (b ? ib - 1 : kIntLimit)) {
+      std::vector<std::string> mid;
+      nonnegative_range(ia + 1, b ? ib - 1 : kIntLimit, mid);
+      out.push_back(sign + alternatives(mid) + " (\".\" [0-9]{1,17})?");
+    }
+    if (b)
+      if (auto f = fraction_rule(nullptr, &*b)) out.push_back(sign + lit(ib) + " " + *f);
+  }
+
+  // The optional fraction ("" or "." and 1..17 digits) whose value, read after the same integer part
+  // as the bounds, is >= / > lo's fraction and <= / < hi's (a null bound: no limit on that side).
+  // Nothing when no fraction fits.
+  std::optional<std::string> fraction_rule(const Bound* lo, const Bound* hi) {
+    constexpr int kMaxFrac = 17;
+    const std::string lf = lo ? lo->value.fp : "", hf = hi ? hi->value.fp : "";
+    std::map<std::tuple<int, bool, bool, bool>, std::optional<std::string>> memo;
+    // The digits still to come after i were read; le / he: the digits so far equal the bound's.
+    std::function<std::optional<std::string>(int, bool, bool, bool)> state =
+        [&](int i, bool le, bool he, bool may_end) -> std::optional<std::string> {
+      auto key = std::make_tuple(i, le, he, may_end);
+      if (auto it = memo.find(key); it != memo.end()) return it->second;
+      std::vector<std::string> alts;
+      const bool lo_ok = !le || (static_cast<size_t>(i) >= lf.size() && !lo->exclusive);
+      const bool hi_ok = !he || static_cast<size_t>(i) < hf.size() || !hi->exclusive;
+      if (!le && !he) {  // free digits: no rule needed
+        const int left = kMaxFrac - i, least = may_end ? 0 : 1;
+        if (left < least) return memo[key] = std::nullopt;
+        return memo[key] = left == 0 ? std::string("\"\"") : fmt::format("[0-9]{{{},{}}}", least, left);
+      }
+      if (may_end && lo_ok && hi_ok) alts.push_back("\"\"");
+      if (i < kMaxFrac) {
+        {
+          const char p = le && static_cast<size_t>(i) < lf.size() ? lf[static_cast<size_t>(i)] : '0';
+          const char q = he && static_cast<size_t>(i) < hf.size() ? hf[static_cast<size_t>(i)] : '0';
+          // Runs of digits going to the same state become one class.
+          int d = 0;
+          while (d <= 9) {
+            const char c = static_cast<char>('0' + d);
+            if ((le && c < p) || (he && c > q)) {
+              ++d;
+              continue;
+            }
+            const bool nle = le && c == p, nhe = he && c == q;
+            int e = d;
+            while (e + 1 <= 9) {
+              const char n = static_cast<char>('0' + e + 1);
+              if ((le && n < p) || (he && n > q) || (le && n == p) != nle || (he && n == q) != nhe) break;
+              ++e;
+            }
+            if (auto next = state(i + 1, nle, nhe, true))
+              alts.push_back(digit_class(c, static_cast<char>('0' + e)) + " " + *next);
+            d = e + 1;
+          }
+        }
+      }
+      std::optional<std::string> result;
+      if (!alts.empty()) {
+        std::string name = new_rule_name("frac");
+        std::string def;
+        for (size_t k = 0; k < alts.size(); ++k) def += (k ? " | " : "") + alts[k];
+        rules_[name] = def;
+        result = name;
+      }
+      memo[key] = result;
+      return result;
+    };
+    const bool le0 = lo != nullptr, he0 = hi != nullptr;
+    std::vector<std::string> alts;
+    // No fraction at all: the value of an empty digit string.
+    const bool lo_ok = !le0 || (lf.empty() && !lo->exclusive);
+    const bool hi_ok = !he0 || !hf.empty() || !hi->exclusive;
+    if (lo_ok && hi_ok) alts.push_back("\"\"");
+    if (auto digits = state(0, le0, he0, false)) alts.push_back("\".\" " + *digits);
+    if (alts.empty()) return std::nullopt;
+    return alternatives(alts);
   }
 
   std::string object_schema(const ordered_json& s, const std::string& path) {

@@ -3,6 +3,7 @@
 // misses; token masks agreeing with byte-level matching; rollback; the compile cache.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -200,8 +201,25 @@ TEST_F(Engine, SchemaStrings) {
   expect_all(schema(R"({"type": "string", "pattern": "a\"b"})"), {"\"a\\\"b\""}, {"\"a\"b\""});
   expect_all(
       schema(R"({"type": "string", "format": "date-time"})"),
-      {"\"2024-02-29T13:05:00Z\"", "\"2024-12-31T23:59:59.123+05:30\""},
-      {"\"2024-13-01T00:00:00Z\"", "\"2024-01-01T24:00:00Z\"", "\"2024-01-01\"", "\"2024-01-01T00:00:00\""});
+      {"\"2024-02-29T13:05:00Z\"", "\"2024-12-31T23:59:59.123+05:30\"", "\"2000-02-29T00:00:00z\""},
+      {"\"2024-13-01T00:00:00Z\"", "\"2024-01-01T24:00:00Z\"", "\"2024-01-01\"", "\"2024-01-01T00:00:00\"",
+       "\"2023-02-29T00:00:00Z\"", "\"1900-02-29T00:00:00Z\"", "\"2024-04-31T00:00:00Z\"",
+       "\"2024-01-01T00:00:60Z\""});
+  // Every day of 2023 and 2024 and none past a month's end, checked against the calendar.
+  auto date = schema(R"({"type": "string", "format": "date"})");
+  for (int year : {1900, 2000, 2023, 2024})
+    for (int month = 1; month <= 12; ++month)
+      for (int day = 1; day <= 32; ++day) {
+        const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+        const int days[] = {31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+        const std::string d = fmt::format("\"{:04}-{:02}-{:02}\"", year, month, day);
+        EXPECT_EQ(matches(*date, d), day <= days[month - 1]) << d;
+      }
+  expect_all(schema(R"({"type": "string", "format": "email"})"), {"\"a.b+c@x-y.example.org\""},
+             {"\".a@x.org\"", "\"a..b@x.org\"", "\"a@-x.org\"", "\"a@x\"", "\"a b@x.org\""});
+  for (const char* bad : {R"({"type": "string", "pattern": "a+", "maxLength": 3})",
+                          R"({"type": "string", "format": "date", "minLength": 3})"})
+    EXPECT_NE(error_of({SpecKind::kJsonSchema, bad, {}}).find("together with"), std::string::npos) << bad;
   expect_all(schema(R"({"type": "string", "format": "uuid"})"), {"\"123e4567-e89b-12d3-a456-426614174000\""},
              {"\"123e4567e89b12d3a456426614174000\""});
   EXPECT_NE(error_of({SpecKind::kJsonSchema, R"({"type": "string", "format": "hostname"})", {}})
@@ -234,8 +252,88 @@ TEST_F(Engine, SchemaIntegerBoundsExact) {
   EXPECT_NE(error_of({SpecKind::kJsonSchema, R"({"type": "integer", "minimum": 5, "maximum": 4})", {}})
                 .find("no integer"),
             std::string::npos);
-  // Numbers: only the sign of a bound is enforced.
-  expect_all(schema(R"({"type": "number", "minimum": 0})"), {"0", "2.5"}, {"-1", "-0.5"});
+}
+
+// Value of a plain decimal string with at most 3 fraction digits, times 1000 (exact in an int64).
+int64_t milli(const std::string& text) {
+  const bool neg = text[0] == '-';
+  const std::string t = neg ? text.substr(1) : text;
+  const size_t dot = t.find('.');
+  int64_t v = std::stoll(t.substr(0, dot)) * 1000;
+  if (dot != std::string::npos) {
+    std::string f = t.substr(dot + 1);
+    f.resize(3, '0');
+    v += std::stoll(f);
+  }
+  return neg ? -v : v;
+}
+
+TEST_F(Engine, SchemaNumberBoundsExact) {
+  // Every plain decimal with an integer part 0..24 and 0..3 fraction digits, both signs.
+  std::vector<std::string> texts;
+  for (int ip = 0; ip <= 24; ++ip) {
+    const std::string i = std::to_string(ip);
+    texts.push_back(i);
+    for (int f = 0; f < 10; ++f) texts.push_back(fmt::format("{}.{}", i, f));
+    for (int f = 0; f < 100; ++f) texts.push_back(fmt::format("{}.{:02}", i, f));
+    for (int f = 0; f < 1000; f += 7) texts.push_back(fmt::format("{}.{:03}", i, f));
+  }
+  for (size_t n = texts.size(), k = 0; k < n; ++k)
+    if (texts[k] != "0") texts.push_back("-" + texts[k]);
+  struct Case {
+    std::string schema;
+    std::optional<int64_t> lo, hi;  // in thousandths
+    bool lo_ex, hi_ex;
+  };
+  std::vector<Case> cases = {
+      {R"({"type": "number", "minimum": 0.5, "maximum": 12.25})", 500, 12250, false, false},
+      {R"({"type": "number", "exclusiveMinimum": -3.75, "exclusiveMaximum": 7})", -3750, 7000, true, true},
+      {R"({"type": "number", "minimum": -20, "maximum": -0.125})", -20000, -125, false, false},
+      {R"({"type": "number", "exclusiveMinimum": 0, "maximum": 1})", 0, 1000, true, false},
+      {R"({"type": "number", "minimum": 2.5})", 2500, std::nullopt, false, false},
+      {R"({"type": "number", "exclusiveMaximum": 0.001})", std::nullopt, 1, false, true},
+      {R"({"type": "number", "maximum": -1.001})", std::nullopt, -1001, false, false},
+      {R"({"type": "number", "minimum": 1.5, "exclusiveMinimum": true, "maximum": 3, "exclusiveMaximum": true})",
+       1500, 3000, true, true},
+      {R"({"type": "number", "minimum": 5, "maximum": 5})", 5000, 5000, false, false},
+      {R"({"type": "number", "minimum": 3, "exclusiveMinimum": 3.5, "maximum": 4.999})", 3500, 4999, true, false},
+      {R"({"type": "number", "minimum": -0.999, "maximum": 0.5, "exclusiveMaximum": 0.25})", -999, 250, false, true},
+      {R"({"type": ["number", "null"], "minimum": 10.01, "exclusiveMaximum": 10.011})", 10010, 10011, false, true},
+  };
+  for (const Case& c : cases) {
+    auto g = schema(c.schema);
+    int64_t accepted = 0;
+    for (const std::string& t : texts) {
+      const int64_t v = milli(t);
+      const bool in = (!c.lo || (c.lo_ex ? v > *c.lo : v >= *c.lo)) && (!c.hi || (c.hi_ex ? v < *c.hi : v <= *c.hi));
+      const bool negative_zero = t[0] == '-' && v == 0;
+      EXPECT_EQ(matches(*g, t), in && !negative_zero) << c.schema << " value " << t;
+      accepted += in;
+    }
+    EXPECT_GT(accepted, 0) << c.schema;
+    EXPECT_FALSE(matches(*g, "1e1")) << c.schema;  // bounded numbers are written without exponents
+    EXPECT_FALSE(matches(*g, "05")) << c.schema;
+    EXPECT_FALSE(matches(*g, "5.")) << c.schema;
+  }
+  // Beyond the 3 digits above: 17 fraction digits, compared as decimals.
+  auto tenth = schema(R"({"type": "number", "minimum": 0.1, "maximum": 0.30000000000000004})");
+  expect_all(tenth, {"0.1", "0.10000000000000001", "0.2999999", "0.3", "0.30000000000000004"},
+             {"0.09999999999999999", "0.30000000000000005", "0.31"});
+  auto tiny = schema(R"({"type": "number", "exclusiveMinimum": 1e-7, "maximum": 1e20})");
+  expect_all(tiny, {"0.00000011", "0.0000002", "123456789012345678.5"},
+             {"0.0000001", "0.00000009", "0", "-1"});
+  auto wide = schema(R"({"type": "number", "minimum": -1e30, "maximum": 99.5})");
+  expect_all(wide, {"-999999999999999999.25", "99.5", "-0.5", "0"}, {"99.51", "100"});
+  for (const char* bad : {R"({"type": "number", "minimum": 2, "maximum": 1})",
+                          R"({"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1})",
+                          R"({"type": "number", "minimum": 0.5, "exclusiveMaximum": 0.5})"})
+    EXPECT_NE(error_of({SpecKind::kJsonSchema, bad, {}}).find("no number lies between"), std::string::npos) << bad;
+  EXPECT_NE(error_of({SpecKind::kJsonSchema, R"({"type": "number", "minimum": 1e19})", {}}).find("beyond"),
+            std::string::npos);
+  EXPECT_NE(error_of({SpecKind::kJsonSchema, R"({"type": "number", "maximum": "3"})", {}}).find("maximum must be a number"),
+            std::string::npos);
+  // Without bounds, numbers keep exponents.
+  expect_all(schema(R"({"type": "number"})"), {"1e5", "-2.5E-3", "0"}, {"01", "1e"});
 }
 
 TEST_F(Engine, SchemaUnsupportedKeywordsAreNamed) {

@@ -78,6 +78,10 @@ TEST(GrammarSamples, EverySampleParsesAndConformsToItsSchema) {
       R"({"type": "array", "prefixItems": [{"type": "string", "maxLength": 1}, {"type": "null"}], "minItems": 2,
           "items": {"type": "boolean"}, "maxItems": 5})",
       R"({"type": ["integer", "null"]})",
+      R"({"type": "object", "properties": {"t": {"type": "number", "minimum": -2.5, "exclusiveMaximum": 3.75},
+          "p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "n": {"type": "number", "maximum": -100.5}},
+          "required": ["t", "p", "n"]})",
+      R"({"type": "array", "items": {"type": "number", "minimum": 0.25, "maximum": 0.75}, "minItems": 3})",
       R"({"oneOf": [{"type": "object", "properties": {"a": {"const": 1}}, "required": ["a"]},
           {"type": "object", "properties": {"b": {"const": 2}}, "required": ["b"]}]})",
   };
