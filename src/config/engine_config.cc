@@ -16,6 +16,10 @@ void EngineConfig::validate() const {
   if (scheduler.max_num_batched_tokens < 1)
     fail("--max-num-batched-tokens must be at least 1, got {}", scheduler.max_num_batched_tokens);
   if (scheduler.max_model_len < 0) fail("--max-model-len must be >= 0, got {}", scheduler.max_model_len);
+  if (scheduler.fair_prefill_weight < 0 || scheduler.fair_decode_weight < 0 ||
+      scheduler.fair_prefill_weight + scheduler.fair_decode_weight < 1)
+    fail("--fair-prefill-weight ({}) and --fair-decode-weight ({}) must be >= 0 and not both 0",
+         scheduler.fair_prefill_weight, scheduler.fair_decode_weight);
   if (lora.max_loras < 1) fail("--max-loras must be at least 1, got {}", lora.max_loras);
   for (int64_t size : execution.cuda_graph_sizes)
     if (size < 1 || size > 4096) fail("--cuda-graph-sizes: each size must be in [1, 4096], got {}", size);

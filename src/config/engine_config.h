@@ -26,6 +26,10 @@ struct SchedulerConfig {
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;  // --scheduling-policy fcfs|priority|fair
   bool enable_chunked_prefill = true;
   int64_t max_waiting = 4096;  // bounded waiting queue (the server answers 503 beyond it)
+  // --scheduling-policy fair: the service a tenant (adapter) is charged per prompt token computed and per
+  // token generated (w_p and w_q of the virtual token counter, Sheng et al., OSDI 2024; theirs: 1 and 2).
+  int64_t fair_prefill_weight = 1;  // --fair-prefill-weight
+  int64_t fair_decode_weight = 2;   // --fair-decode-weight
 };
 
 struct LoraConfig {
@@ -37,6 +41,10 @@ struct LoraConfig {
   int64_t max_wait_steps = 16;
   bool load_thread = true;      // adapters read from disk on a loader thread (false: inline, for tests)
   std::string resolver_dir;     // --lora-resolver-dir: adapters not registered load from DIR/<name>/
+  // --enable-lora or --lora-modules: on the GPU the adapters' slot-stacked device memory (max_loras slots of
+  // rank max_lora_rank) is reserved at start-up, before the KV cache is sized, and CUDA graphs are captured
+  // with LoRA too; otherwise it is reserved when the first adapter is used.
+  bool reserve_on_device = false;
 };
 
 // How the GPU runs steps (vLLM's compilation settings).

@@ -1,8 +1,10 @@
 // sched/scheduler.cc: continuous batching with chunked prefill, prefix-cache admission, preemption by
-// recompute, fcfs/priority order and the per-step adapter cap.
+// recompute, fcfs/priority order, the fair policy's virtual token counters and the per-step adapter cap.
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
 
 #include "common/error.h"
 
@@ -24,6 +26,7 @@ bool Scheduler::before(const SchedRequest& a, const SchedRequest& b) const {
 }
 
 void Scheduler::insert_waiting(RequestId id, bool front) {
+  ++num_waiting_of_[requests_.at(id)->adapter];
   if (config_.policy != SchedulingPolicy::kPriority) {
     if (front)
       waiting_.push_front(id);
@@ -37,6 +40,29 @@ void Scheduler::insert_waiting(RequestId id, bool front) {
   waiting_.insert(it, id);
 }
 
+void Scheduler::erase_waiting(std::deque<RequestId>::iterator it) {
+  AdapterId tenant = requests_.at(*it)->adapter;
+  waiting_.erase(it);
+  auto n = num_waiting_of_.find(tenant);
+  CHECK(n != num_waiting_of_.end() && n->second > 0);
+  if (--n->second == 0) {
+    num_waiting_of_.erase(n);
+    if (fair()) fair_last_left_ = fair_counter(tenant);
+  }
+}
+
+int64_t Scheduler::fair_counter(AdapterId tenant) const {
+  auto it = fair_counters_.find(tenant);
+  return it == fair_counters_.end() ? 0 : it->second;
+}
+
+void Scheduler::charge(const SchedRequest& r, int64_t num_new) {
+  const int64_t begin = r.num_computed_tokens, end = begin + num_new;
+  const int64_t prompt = std::max<int64_t>(0, std::min(end, r.num_prompt_tokens) - begin);
+  const bool samples = end >= static_cast<int64_t>(r.tokens.size()) + r.num_pending;
+  fair_counters_[r.adapter] += config_.fair_prefill_weight * prompt + (samples ? config_.fair_decode_weight : 0);
+}
+
 void Scheduler::add(std::unique_ptr<SchedRequest> request) {
   CHECK(!request->tokens.empty());
   request->arrival = next_arrival_++;
@@ -44,6 +70,15 @@ void Scheduler::add(std::unique_ptr<SchedRequest> request) {
   RequestId id = request->id;
   CHECK_MSG(!requests_.count(id), "duplicate request id {}", id);
   request->waiting_since = step_number_;
+  // Fair policy: a tenant that becomes backlogged starts from the smallest counter of those already
+  // backlogged (or, with none, from the counter of the last one that left), so idle time is not banked.
+  if (fair() && !num_waiting_of_.count(request->adapter)) {
+    std::optional<int64_t> lowest;
+    for (const auto& [tenant, n] : num_waiting_of_)
+      if (!lowest || fair_counter(tenant) < *lowest) lowest = fair_counter(tenant);
+    int64_t& c = fair_counters_[request->adapter];
+    c = std::max(c, lowest.value_or(fair_last_left_));
+  }
   requests_.emplace(id, std::move(request));
   insert_waiting(id, false);
 }
@@ -56,7 +91,7 @@ void Scheduler::finish(RequestId id) {
     finished_since_plan_.push_back(id);
   } else {
     auto w = std::find(waiting_.begin(), waiting_.end(), id);
-    if (w != waiting_.end()) waiting_.erase(w);
+    if (w != waiting_.end()) erase_waiting(w);
   }
   kv_->free(id);
   // Siblings waiting on this one no longer need to.
@@ -110,6 +145,7 @@ StepPlan Scheduler::schedule() {
       s.num_scheduled_tokens = num_new;
       plan.running.push_back(std::move(s));
     }
+    if (fair()) charge(r, num_new);
     plan.num_scheduled_tokens += num_new;
     budget -= num_new;
     r.scheduled_step = step_number_;
@@ -130,8 +166,9 @@ StepPlan Scheduler::schedule() {
     size_t blocks_before = kv_->block_table(r.id).size();
     bool self_preempted = false;
     while (!kv_->allocate(r.id, r.tokens, r.num_computed_tokens, num_new, r.cache_key)) {
-      // Out of blocks: preempt a request not yet scheduled this step (the lowest-priority one, or the
-      // most recently admitted under fcfs); possibly this one.
+      // Out of blocks: preempt a request not yet scheduled this step (the lowest-priority one, the most
+      // recently admitted under fcfs, the one of the tenant with the most service under fair); possibly
+      // this one.
       SchedRequest* victim = nullptr;
       for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
         if (requests_.at(*it)->scheduled_step == step_number_) continue;
@@ -139,6 +176,8 @@ StepPlan Scheduler::schedule() {
         if (!victim)
           victim = &cand;
         else if (config_.policy == SchedulingPolicy::kPriority && before(*victim, cand))
+          victim = &cand;
+        else if (fair() && fair_counter(cand.adapter) > fair_counter(victim->adapter))
           victim = &cand;
         if (config_.policy == SchedulingPolicy::kFcfs) break;
       }
@@ -158,7 +197,9 @@ StepPlan Scheduler::schedule() {
 
   // 2. Waiting requests, unless this step already had to preempt: those whose adapter is resident on the
   // device first (or that waited max_wait_steps), then those whose adapter is in host memory; those whose
-  // adapter is still loading are passed over.
+  // adapter is still loading are passed over. Under the fair policy the order is instead the tenants'
+  // virtual token counters (the backlogged tenant with the least service first, each admission charged
+  // at once), arrival order within a tenant and between equal counters.
   if (!preempted_this_step && !waiting_.empty()) {
     std::set<AdapterId> held_adapters = step_adapters;
     for (RequestId id : running_)
@@ -172,12 +213,36 @@ StepPlan Scheduler::schedule() {
       (ready == AdapterReadiness::kOnDevice || overdue ? first : second).push_back(id);
     }
     first.insert(first.end(), second.begin(), second.end());
+    // The fair policy picks, each time, the front request of the tenant with the smallest counter.
+    std::map<AdapterId, std::deque<RequestId>> by_tenant;
+    if (fair()) {
+      std::stable_sort(first.begin(), first.end(), [&](RequestId a, RequestId b) {
+        return requests_.at(a)->arrival < requests_.at(b)->arrival;
+      });
+      for (RequestId id : first) by_tenant[requests_.at(id)->adapter].push_back(id);
+    }
+    size_t next_idx = 0;
+    auto next_candidate = [&]() -> std::optional<RequestId> {
+      if (!fair()) return next_idx < first.size() ? std::optional<RequestId>(first[next_idx++]) : std::nullopt;
+      std::deque<RequestId>* best = nullptr;
+      auto key = [&](const std::deque<RequestId>& q) {
+        const SchedRequest& r = *requests_.at(q.front());
+        return std::make_pair(fair_counter(r.adapter), r.arrival);
+      };
+      for (auto& [tenant, q] : by_tenant)
+        if (!q.empty() && (!best || key(q) < key(*best))) best = &q;
+      if (!best) return std::nullopt;
+      RequestId id = best->front();
+      best->pop_front();
+      return id;
+    };
     // An overdue request that finds every slot held stops the admission of other adapters' requests
     // until the running ones free a slot, so a cold adapter cannot starve behind busy ones.
     bool hold_slots = false;
     uint64_t latest_admitted = 0;
     bool admitted_any = false;
-    for (RequestId id : first) {
+    while (std::optional<RequestId> next = next_candidate()) {
+      const RequestId id = *next;
       if (budget <= 0 || static_cast<int64_t>(running_.size()) >= config_.max_num_seqs) break;
       SchedRequest& r = *requests_.at(id);
       // (A request preempted while one of its tokens was being sampled waits for that token.)
@@ -202,7 +267,7 @@ StepPlan Scheduler::schedule() {
       r.running = true;
       running_.push_back(r.id);
       if (!r.adapter.base()) held_adapters.insert(r.adapter);
-      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+      erase_waiting(std::find(waiting_.begin(), waiting_.end(), id));
       emit(r, num_new, 0);
       latest_admitted = std::max(latest_admitted, r.arrival);
       admitted_any = true;
@@ -318,6 +383,9 @@ std::string Scheduler::check_invariants() const {
       return "waiting request " + std::to_string(id) + " holds blocks";
   }
   if (seen.size() != requests_.size()) return "a request is neither waiting nor running";
+  std::unordered_map<AdapterId, int64_t> num_waiting;
+  for (RequestId id : waiting_) ++num_waiting[requests_.at(id)->adapter];
+  if (num_waiting != num_waiting_of_) return "the per-adapter waiting counts disagree with the waiting queue";
   return "";
 }
 

@@ -1,8 +1,10 @@
 // sched/scheduler.h: continuous batching (host code only).
 // Owns: request states (waiting / running), the KV-cache manager, the token budget per step, chunked
-// prefill, preemption by recompute, the fcfs and priority policies, the cap on distinct adapters
-// per step and the order of admission by adapter residency. Each step: running requests first (decodes and unfinished prefill chunks, in order), then
-// waiting ones while the token budget, --max-num-seqs, --max-loras and free blocks allow. When blocks
+// prefill, preemption by recompute, the fcfs, priority and fair policies (fair: a virtual token counter
+// per adapter, Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024), the cap on distinct
+// adapters per step and the order of admission by adapter residency. Each step: running requests first
+// (decodes and unfinished prefill chunks, in order), then waiting ones while the token budget,
+// --max-num-seqs, --max-loras and free blocks allow. When blocks
 // run out a running request is preempted (its blocks freed; it returns to the front of the waiting queue
 // with every token it generated, and is recomputed later), never lost.
 // Must not: include CUDA headers, touch tensors, or sample (it receives sampled tokens in update()).
@@ -96,6 +98,10 @@ class Scheduler {
   uint64_t max_passed_over() const { return max_passed_over_; }
   // Steps planned so far.
   uint64_t step_number() const { return step_number_; }
+  // --scheduling-policy fair: the service a tenant (an adapter; the base model is one too) has been
+  // charged: fair_prefill_weight per prompt token computed plus fair_decode_weight per token generated,
+  // lifted when the tenant becomes backlogged (see schedule()). 0 for a tenant never seen.
+  int64_t fair_counter(AdapterId tenant) const;
 
   const SchedRequest* get(RequestId id) const;
   bool has_unfinished() const { return !requests_.empty(); }
@@ -110,7 +116,12 @@ class Scheduler {
   void preempt(SchedRequest& r);
   bool before(const SchedRequest& a, const SchedRequest& b) const;  // waiting-queue order
   void insert_waiting(RequestId id, bool front);
+  void erase_waiting(std::deque<RequestId>::iterator it);
   bool any_waiting_for_sibling() const;
+  bool fair() const { return config_.policy == SchedulingPolicy::kFair; }
+  // Fair policy: the service of `num_new` tokens from `r.num_computed_tokens` on (prompt tokens and
+  // the token it samples, if it reaches its end) is added to its tenant's counter.
+  void charge(const SchedRequest& r, int64_t num_new);
 
   SchedulerConfig config_;
   LoraConfig lora_;
@@ -124,6 +135,12 @@ class Scheduler {
   uint64_t next_arrival_ = 0;
   uint64_t step_number_ = 0;
   int64_t num_preemptions_ = 0;
+  // Fair policy: the virtual token counter of each tenant, its requests in the waiting queue (a tenant
+  // with any is backlogged), and the counter of the last tenant whose backlog emptied (the lift when no
+  // tenant is backlogged).
+  std::unordered_map<AdapterId, int64_t> fair_counters_;
+  std::unordered_map<AdapterId, int64_t> num_waiting_of_;
+  int64_t fair_last_left_ = 0;
 };
 
 }  // namespace polylora
