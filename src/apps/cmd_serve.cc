@@ -207,6 +207,24 @@ int run_serve(int argc, char** argv) {
   if (const char* v = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
     if (std::string(v) == "True" || std::string(v) == "true" || std::string(v) == "1")
       sc.allow_runtime_lora_updating = true;
+  // vLLM's filesystem resolver plugin: VLLM_LORA_RESOLVER_CACHE_DIR, with VLLM_PLUGINS unset (vLLM then
+  // loads every plugin) or listing lora_filesystem_resolver. --lora-resolver-dir takes precedence.
+  if (const char* dir = std::getenv("VLLM_LORA_RESOLVER_CACHE_DIR"); dir && *dir && ec.lora.resolver_dir.empty()) {
+    const char* plugins = std::getenv("VLLM_PLUGINS");
+    bool listed = plugins == nullptr;
+    for (std::string_view rest = plugins ? plugins : ""; !listed && !rest.empty();) {
+      size_t comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+      listed = item == "lora_filesystem_resolver";
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+    if (listed) {
+      ec.lora.resolver_dir = dir;
+      spdlog::info("VLLM_LORA_RESOLVER_CACHE_DIR: adapters not registered are loaded on first use from {}", dir);
+    }
+  }
   bool default_model = mf.model_dir.empty();
   if (default_model) {
     mf.model_dir = default_model_dir();

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "engine/stop_rules.h"
 #include "engine/text_stream.h"
 #include "engine/grammar_vocab.h"
@@ -109,6 +110,10 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
     return adapters_->on_device(id) ? AdapterReadiness::kOnDevice
            : adapters_->ready(id)   ? AdapterReadiness::kInHost
                                     : AdapterReadiness::kNotReady;
+  if (!config_.lora.resolver_dir.empty()) {
+    resolver_.emplace(config_.lora.resolver_dir);
+    spdlog::info("adapters not registered are loaded on first use from {}/<name>/", config_.lora.resolver_dir);
+  }
   });
   runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs, config_.scheduler.max_num_batched_tokens,
                                           std::move(device_sampler));
@@ -180,6 +185,33 @@ std::string Engine::check_invariants() const {
   if (!s.empty()) return s;
   // Pins: one per live sequence of a group with an adapter, one per adapter of each step in flight.
   std::map<AdapterId, int64_t> want;
+std::vector<AdapterEntryInfo> Engine::adapters() const {
+  std::vector<AdapterEntryInfo> out = adapters_->list();
+  std::erase_if(out, [&](const AdapterEntryInfo& a) { return resolving_.count(a.name) > 0; });
+  return out;
+}
+
+Engine::AdapterLookup Engine::lookup_adapter(const std::string& name) {
+  if (resolving_.count(name)) return AdapterLookup::kLoading;
+  if (adapters_->has(name)) return AdapterLookup::kRegistered;
+  if (!resolver_) return AdapterLookup::kUnknown;
+  std::optional<std::string> dir = resolver_->locate(name);
+  if (!dir) return AdapterLookup::kUnknown;
+  AdapterId id = adapters_->add_on_disk(
+      name, *dir, resolver_->loader(name, model_->config(), LoraLimits{config_.lora.max_lora_rank}));
+  adapters_->pin(id);  // until the resolution is reported: the copy stays for the requests waiting on it
+  resolving_[name] = id;
+  adapters_->prefetch(id);  // started now, or by poll_adapters when the host tier has room
+  spdlog::info("adapter '{}' is not registered: loading it from {}", sanitize_utf8(name), sanitize_utf8(*dir));
+  return AdapterLookup::kLoading;
+}
+
+std::vector<Engine::AdapterResolution> Engine::take_resolutions() {
+  std::vector<AdapterResolution> out;
+  out.swap(resolutions_);
+  return out;
+}
+
   for (const auto& [rid, g] : groups_)
     if (!g->adapter.base()) want[g->adapter] += static_cast<int64_t>(g->seqs.size());
   for (const auto& [seq, ids] : step_adapters_)
@@ -191,6 +223,7 @@ std::string Engine::check_invariants() const {
              " expected";
   }
   return "";
+  for (const auto& [name, id] : resolving_) want[id] += 1;
 }
 
 AdapterId Engine::resolve_adapter(const std::string& name) {
@@ -201,8 +234,15 @@ AdapterId Engine::resolve_adapter(const std::string& name) {
 void Engine::poll_adapters() {
   auto fail_requests = [&](const std::vector<AdapterRegistry::LoadFailure>& failures) {
     for (const AdapterRegistry::LoadFailure& f : failures) {
-      const std::string& name = adapters_->name_of(f.id);
-      spdlog::error("adapter '{}' failed to load: {}", name, f.error);
+      const std::string name = adapters_->name_of(f.id);
+      spdlog::error("adapter '{}' failed to load: {}", sanitize_utf8(name), f.error);
+      // A resolver load: reported to the requests waiting on it, and the name unregistered again.
+      if (auto r = resolving_.find(name); r != resolving_.end() && r->second == f.id) {
+        resolutions_.push_back({name, f.error});
+        resolving_.erase(r);
+        adapters_->remove(name);
+        adapters_->unpin(f.id);
+      }
       for (auto& [rid, g] : groups_) {
         if (g->adapter != f.id || g->error) continue;
         g->error = "adapter '" + name + "' could not be loaded: " + f.error;
@@ -222,8 +262,24 @@ void Engine::poll_adapters() {
 bool Engine::place_adapters(const StepPlan& plan, uint64_t seq) {
   std::vector<AdapterId>& ids = step_adapters_[seq];
   if (ids.empty()) {
+  for (const auto& [name, id] : resolving_) adapters_->prefetch(id);  // those that found no room yet
     std::set<AdapterId> distinct;
     for (const auto& n : plan.new_requests)
+  // Resolver loads that are done: their waiting requests may now be added.
+  for (auto it = resolving_.begin(); it != resolving_.end();) {
+    const auto& [name, id] = *it;
+    if (adapters_->find(name) != id) {
+      resolutions_.push_back({name, "it was unloaded before it finished loading"});
+    } else if (adapters_->ready(id)) {
+      resolutions_.push_back({name, std::nullopt});
+      spdlog::info("resolved and loaded adapter '{}'", sanitize_utf8(name));
+    } else {
+      ++it;
+      continue;
+    }
+    adapters_->unpin(id);
+    it = resolving_.erase(it);
+  }
       if (!n.adapter.base()) distinct.insert(n.adapter);
     for (const auto& r : plan.running)
       if (const SchedRequest* sr = scheduler_->get(r.id); sr && !sr->adapter.base()) distinct.insert(sr->adapter);
@@ -381,6 +437,9 @@ std::vector<RequestOutput> Engine::step() {
     inflight_seq_ = seq;
   }
   return outputs;
+  // Structured output: a constrained row whose previous token the completed step sampled gets its mask
+  // now (its matcher has seen that token), while the GPU runs the forward pass queued above.
+  runner_->finish_launch();
 }
 
 void Engine::launched(const StepPlan& plan) {

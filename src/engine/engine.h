@@ -21,6 +21,7 @@
 #include "config/engine_config.h"
 #include "lora/adapter.h"
 #include "lora/adapter_registry.h"
+#include "lora/adapter_resolver.h"
 #include "model/model.h"
 #include "sched/scheduler.h"
 #include "tokenizer/detokenizer.h"
@@ -85,9 +86,35 @@ class Engine {
   // requests that named it).
   void add_adapter_on_disk(const std::string& name, const std::string& path);
   bool remove_adapter(const std::string& name);
-  std::vector<AdapterEntryInfo> adapters() const { return adapters_->list(); }
+  // Registered adapters, by name (those the resolver is still loading are left out).
+  std::vector<AdapterEntryInfo> adapters() const;
   bool has_adapter(const std::string& name) const { return adapters_->has(name); }
   const AdapterRegistry& adapter_registry() const { return *adapters_; }
+
+  // Loading on first use (--lora-resolver-dir, vLLM's filesystem resolver; lora/adapter_resolver.h).
+  // kRegistered: a registered name (add_request takes it). kLoading: the resolver is loading it; wait
+  // for take_resolutions() to report it, then add the request. kUnknown: not registered and nothing to
+  // resolve (no resolver, a name that is not a plain directory name, or no DIR/<name>); add_request
+  // refuses it as an unknown model (kNotFound). For a plain name that exists in DIR, the first call
+  // registers it (on disk, read through the confined loader) and starts its load on the loader thread;
+  // later calls for the same name while it loads return kLoading and start nothing.
+  enum class AdapterLookup { kRegistered, kLoading, kUnknown };
+  AdapterLookup lookup_adapter(const std::string& name);
+  struct AdapterResolution {
+    std::string name;
+    std::optional<std::string> error;  // set: it could not be loaded (and is unregistered again, so a
+                                       // later request tries anew)
+  };
+  // The resolver loads that ended since the last call.
+  std::vector<AdapterResolution> take_resolutions();
+  bool resolving() const { return !resolving_.empty(); }
+  bool has_resolver() const { return resolver_.has_value(); }
+  // Takes finished adapter loads and starts the next (as every step does), for a caller that waits on
+  // resolver loads with no step to run.
+  void poll_adapter_loads() { poll_adapters(); }
+  // Runs on the loader thread after each load it finishes (to wake a thread waiting on
+  // take_resolutions()); it must be quick and must not call into the engine.
+  void set_adapter_load_listener(std::function<void()> listener) { adapters_->set_load_listener(std::move(listener)); }
 
   EngineStats stats() const;
   // Metrics: the ids of requests whose first step was queued since the last call (each once).
@@ -141,6 +168,9 @@ class Engine {
   std::vector<int32_t> eos_ids_;
   std::mt19937_64 seed_rng_;  // --seed: generators of unseeded requests
   std::unique_ptr<AdapterRegistry> adapters_;
+  std::optional<AdapterResolver> resolver_;               // --lora-resolver-dir
+  std::map<std::string, AdapterId> resolving_;            // resolver loads in progress (each pinned once)
+  std::vector<AdapterResolution> resolutions_;            // ended, for take_resolutions()
   std::map<uint64_t, std::vector<AdapterId>> step_adapters_;  // steps in flight: the adapters they pinned
   uint64_t step_seq_ = 0, inflight_seq_ = 0;
   std::unordered_map<std::string, std::unique_ptr<Group>> groups_;  // by external request id

@@ -7,10 +7,19 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/utf8.h"
 
 namespace polylora {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 std::optional<RequestOutput> OutputStream::next(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -69,12 +78,23 @@ EngineThread::EngineThread(std::unique_ptr<Engine> engine, EngineThreadOptions o
       {"num_gpu_blocks_override", cc.num_kv_blocks > 0 ? std::to_string(cc.num_kv_blocks) : "None"},
       {"swap_space", "0"},
   };
+  resolves_adapters_ = engine_->has_resolver();
+  // Wakes the loop when the loader thread finishes a load that requests may be held for.
+  engine_->set_adapter_load_listener([this] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      loads_done_ = true;
+    }
+    cv_.notify_all();
+  });
+  last_step_time_ = unix_now();
   publish();
   thread_ = std::thread([this] { loop(); });
 }
 
 EngineThread::~EngineThread() {
   shutdown(std::chrono::milliseconds(0));
+  engine_.reset();  // joins the loader thread while the listener's mutex still exists
 }
 
 template <typename T>
@@ -91,14 +111,15 @@ T EngineThread::call(std::function<T()> fn) {
 }
 
 std::shared_ptr<OutputStream> EngineThread::add_request(EngineRequest request) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_)
-      fail_with(ErrorKind::kOverloaded, "the server is shutting down and accepts no new requests");
-  }
-  return call<std::shared_ptr<OutputStream>>([this, r = std::move(request)]() mutable {
-    return accept(std::move(r));
+  auto accepted = std::make_shared<std::promise<std::shared_ptr<OutputStream>>>();
+  std::future<std::shared_ptr<OutputStream>> result = accepted->get_future();
+  add_request_async(std::move(request), [accepted](std::shared_ptr<OutputStream> stream, std::exception_ptr error) {
+    if (error)
+      accepted->set_exception(error);
+    else
+      accepted->set_value(std::move(stream));
   });
+  return result.get();
 }
 
 void EngineThread::add_request_async(EngineRequest request, AddCallback done) {
@@ -106,14 +127,7 @@ void EngineThread::add_request_async(EngineRequest request, AddCallback done) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!stopping_ && !exit_) {
       commands_.push_back([this, r = std::move(request), done = std::move(done)]() mutable {
-        std::shared_ptr<OutputStream> stream;
-        std::exception_ptr error;
-        try {
-          stream = accept(std::move(r));
-        } catch (...) {
-          error = std::current_exception();
-        }
-        done(std::move(stream), error);
+        admit(std::move(r), std::move(done));
       });
       request = EngineRequest();
       done = nullptr;
@@ -170,6 +184,54 @@ bool EngineThread::has_adapter(const std::string& name) const {
 EngineSnapshot EngineThread::snapshot() const {
   std::lock_guard<std::mutex> lock(snapshot_mu_);
   return snapshot_;
+}
+
+void EngineThread::admit(EngineRequest r, AddCallback done) {
+  std::shared_ptr<OutputStream> stream;
+  std::exception_ptr error;
+  try {
+    if (!r.adapter.empty() && engine_->lookup_adapter(r.adapter) == Engine::AdapterLookup::kLoading) {
+      int64_t num_held = 0;
+      for (const auto& [name, held] : held_) num_held += static_cast<int64_t>(held.size());
+      const int64_t limit = engine_->config().scheduler.max_waiting;
+      if (num_held + engine_->stats().num_waiting >= limit)
+        fail_with(ErrorKind::kOverloaded,
+                  "the server is overloaded: {} requests are waiting (the limit is {}); retry later",
+                  num_held + engine_->stats().num_waiting, limit);
+      std::string name = r.adapter;
+      held_[name].push_back({std::move(r), std::move(done)});
+      return;
+    }
+    stream = accept(std::move(r));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  done(std::move(stream), error);
+}
+
+void EngineThread::settle_resolutions() {
+  if (held_.empty() && !engine_->resolving()) return;
+  engine_->poll_adapter_loads();
+  std::vector<Engine::AdapterResolution> resolutions = engine_->take_resolutions();
+  if (resolutions.empty()) return;
+  publish();  // the adapter list and the load counters, before anyone hears of the outcome
+  for (Engine::AdapterResolution& res : resolutions) {
+    auto it = held_.find(res.name);
+    if (it == held_.end()) continue;
+    std::vector<Held> held = std::move(it->second);
+    held_.erase(it);
+    for (Held& h : held) {
+      if (res.error) {
+        // As vLLM's resolver: found, but it does not load (a 400 naming the problem).
+        h.done(nullptr, std::make_exception_ptr(Error(
+                            fmt::format("LoRA adapter '{}' was found but could not be loaded: {}",
+                                        sanitize_utf8(res.name), *res.error),
+                            ErrorKind::kInvalid)));
+        continue;
+      }
+      admit(std::move(h.request), std::move(h.done));  // registered now
+    }
+  }
 }
 
 std::shared_ptr<OutputStream> EngineThread::accept(EngineRequest r) {
@@ -260,6 +322,7 @@ void EngineThread::publish() {
     metrics_.iteration_tokens.observe(static_cast<double>(step_tokens - last_step_tokens_));
   last_step_tokens_ = step_tokens;
   s.cache_config = cache_config_;
+  s.lora_info_time = last_step_time_;
   for (const AdapterEntryInfo& a : engine_->adapters())
     s.adapters.push_back({a.name, a.path, a.id.version, a.max_rank, adapter_tier_name(a.tier), a.loading});
   s.metrics = metrics_.snapshot();
@@ -291,12 +354,13 @@ void EngineThread::loop() {
     std::deque<Command> commands;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      auto ready = [&] { return exit_ || !commands_.empty() || engine_->has_unfinished(); };
+      auto ready = [&] { return exit_ || !commands_.empty() || loads_done_ || engine_->has_unfinished(); };
       if (stats_logger_.enabled())
         cv_.wait_until(lock, stats_logger_.next_due(), ready);  // wakes to log the stats line when idle
       else
         cv_.wait(lock, ready);
       commands.swap(commands_);
+      loads_done_ = false;
       if (exit_) {
         // Requests handed over before the exit still get their streams (finished with an error below).
         for (auto& c : commands) c();
@@ -304,6 +368,7 @@ void EngineThread::loop() {
       }
     }
     for (auto& c : commands) c();
+    settle_resolutions();
     log_stats_if_due();
     if (!engine_->has_unfinished()) {
       publish();
@@ -335,6 +400,8 @@ void EngineThread::loop() {
       continue;
     }
     auto now = Clock::now();
+    last_step_time_ = unix_now();
+    settle_resolutions();
     for (const std::string& rid : engine_->take_first_scheduled()) {
       auto t = timings_.find(rid);
       if (t == timings_.end()) continue;
@@ -375,7 +442,13 @@ void EngineThread::loop() {
     for (auto& [stream, out] : ready) stream->push(std::move(out));
     log_stats_if_due();
   }
-  // Exit: abort whatever is left so readers see a final output.
+  // Exit: refuse the requests still held for an adapter load, abort whatever is left so readers see a
+  // final output.
+  for (auto& [name, held] : held_)
+    for (Held& h : held)
+      h.done(nullptr, std::make_exception_ptr(Error("the server is shutting down and accepts no new requests",
+                                                    ErrorKind::kOverloaded)));
+  held_.clear();
   for (auto& [id, stream] : streams_) {
     RequestOutput out;
     out.request_id = id;

@@ -1,8 +1,10 @@
 // engine/engine_thread.h: the engine on its own thread, and the thread-safe handle the HTTP layer uses.
 // Owns: the one engine thread (which alone touches the Engine: scheduler, cache, runner), a command queue
-// in (add / abort / adapters / shutdown), one OutputStream per request out, request timing metrics, and
-// a stats snapshot refreshed after every step. HTTP threads never wait on the engine loop beyond the
-// short hand-off of a command; the engine thread never waits on an HTTP thread.
+// in (add / abort / adapters / shutdown), one OutputStream per request out, request timing metrics, a
+// stats snapshot refreshed after every step, and the requests held back while the resolver loads their
+// adapter (--lora-resolver-dir: accepted once it is loaded, refused with its error if it cannot be).
+// HTTP threads never wait on the engine loop beyond the short hand-off of a command; the engine thread
+// never waits on an HTTP thread.
 // Must not: parse JSON or know about HTTP.
 #pragma once
 
@@ -61,6 +63,9 @@ struct EngineSnapshot {
   MetricsSnapshot metrics;
   // The cache configuration as vLLM's cache_config_info labels (name, value), fixed at start.
   std::vector<std::pair<std::string, std::string>> cache_config;
+  // Unix time (seconds) of the engine step that last set the adapter lists of stats (vLLM sets
+  // vllm:lora_requests_info to the current time whenever it records them).
+  double lora_info_time = 0;
 };
 
 struct EngineThreadOptions {
@@ -77,13 +82,19 @@ class EngineThread {
   // engine's polylora::Error when it is not (invalid, unknown adapter, overloaded, shutting down).
   std::shared_ptr<OutputStream> add_request(EngineRequest request);
   // Thread-safe, never waits: `done` runs on the engine thread once the request is accepted (a stream) or
-  // refused (an exception; polylora::Error when the input is at fault). It must be quick.
+  // refused (an exception; polylora::Error when the input is at fault). It must be quick. A request
+  // naming an adapter that is not registered but that the resolver finds (Engine::lookup_adapter) is
+  // held until the loader thread has read it, without holding up the engine loop: then it is accepted,
+  // or refused with "LoRA adapter 'x' was found but could not be loaded: <why>" (kInvalid, a 400 as
+  // vLLM's). Concurrent requests for the same name share one load.
   using AddCallback = std::function<void(std::shared_ptr<OutputStream>, std::exception_ptr)>;
   void add_request_async(EngineRequest request, AddCallback done);
   void abort(const std::string& request_id);
   void add_adapter(std::shared_ptr<LoraAdapter> adapter, AdapterRegistry::Loader reload = {});  // throws
   bool remove_adapter(const std::string& name);
   bool has_adapter(const std::string& name) const;
+  // Whether adapters that are not registered may be loaded on first use (--lora-resolver-dir).
+  bool resolves_adapters() const { return resolves_adapters_; }
   // Runs Engine::reset_prefix_cache on the engine thread and waits for it.
   void reset_prefix_cache();
   EngineSnapshot snapshot() const;
@@ -105,6 +116,11 @@ class EngineThread {
   // On the engine thread: validates and queues a request, registers its stream and timing (throws as
   // Engine::add_request).
   std::shared_ptr<OutputStream> accept(EngineRequest request);
+  // On the engine thread: accepts (or refuses, through `done`) a request, or holds it while the
+  // resolver loads its adapter.
+  void admit(EngineRequest request, AddCallback done);
+  // On the engine thread: the held requests whose adapter's load ended are accepted or refused.
+  void settle_resolutions();
   void record_finished(const std::string& rid, const RequestOutput& out, std::chrono::steady_clock::time_point now);
 
   std::unique_ptr<Engine> engine_;
@@ -115,6 +131,8 @@ class EngineThread {
   std::deque<Command> commands_;
   bool stopping_ = false;  // no new requests
   bool exit_ = false;      // leave the loop
+  bool loads_done_ = false;  // the adapter loader finished a load (set on its thread)
+  bool resolves_adapters_ = false;
   std::thread thread_;
   // Engine-thread state.
   std::map<std::string, std::shared_ptr<OutputStream>> streams_;
@@ -129,6 +147,13 @@ class EngineThread {
   StatsLogger stats_logger_;
   int64_t last_step_tokens_ = 0;  // prompt + generation tokens at the last publish (iteration tokens)
   std::vector<std::pair<std::string, std::string>> cache_config_;
+  // Requests waiting for the resolver to load their adapter, by adapter name.
+  struct Held {
+    EngineRequest request;
+    AddCallback done;
+  };
+  std::map<std::string, std::vector<Held>> held_;
+  double last_step_time_ = 0;  // wall-clock seconds of the last step (vllm:lora_requests_info's value)
   // Published snapshot.
   mutable std::mutex snapshot_mu_;
   EngineSnapshot snapshot_;

@@ -215,7 +215,18 @@ void AdapterRegistry::loader_main() {
     --busy_;
     done_.push_back(std::move(d));
     done_cv_.notify_all();
+    if (load_listener_) {
+      std::function<void()> listener = load_listener_;
+      lock.unlock();
+      listener();
+      lock.lock();
+    }
   }
+}
+
+void AdapterRegistry::set_load_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  load_listener_ = std::move(listener);
 }
 
 void AdapterRegistry::wait_for_loads() {

@@ -104,6 +104,9 @@ class AdapterRegistry {
   std::vector<LoadFailure> poll();
   // Waits (bounded) for the loader thread's current loads; for tests and shutdown.
   void wait_for_loads();
+  // Called on the loader thread after each load it finishes (the result is then ready for poll()); it
+  // must be quick and must not call into the registry. Set before loads start.
+  void set_load_listener(std::function<void()> listener);
 
   // Device tier, for one step: places the step's adapters (see AdapterSlots::ensure).
   bool ensure(uint64_t step, std::span<const AdapterId> ids);
@@ -163,6 +166,7 @@ class AdapterRegistry {
   std::vector<Done> done_;
   int64_t busy_ = 0;
   bool stop_ = false;
+  std::function<void()> load_listener_;
   std::thread thread_;
 };
 

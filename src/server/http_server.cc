@@ -278,7 +278,11 @@ ParseContext HttpServer::parse_context() const {
   ctx.tokenizer = tokenizer_.get();
   ctx.chat_template = chat_template_ ? &*chat_template_ : nullptr;
   ctx.served_model_names = config_.served_model_names;
-  ctx.has_adapter = [this](const std::string& name) { return engine_.has_adapter(name); };
+  // With a resolver (--lora-resolver-dir), any other name goes to the engine, which loads it on first use
+  // or refuses it as an unknown model.
+  ctx.has_adapter = [this](const std::string& name) {
+    return engine_.has_adapter(name) || engine_.resolves_adapters();
+  };
   ctx.max_model_len = engine_.max_model_len();
   ctx.vocab_size = engine_.model_config().vocab_size;
   ctx.generation_defaults = &config_.generation_defaults;
@@ -363,6 +367,21 @@ void HttpServer::reset_prefix_cache(HttpRequest&, const std::shared_ptr<HttpResp
 
 json HttpServer::model_cards() const {
   int64_t created = static_cast<int64_t>(std::time(nullptr));
+  // vLLM's ModelPermission, one per card.
+  auto permission = [&] {
+    return json::array({{{"id", "modelperm-" + random_hex(32)},
+                         {"object", "model_permission"},
+                         {"created", created},
+                         {"allow_create_engine", false},
+                         {"allow_sampling", true},
+                         {"allow_logprobs", true},
+                         {"allow_search_indices", false},
+                         {"allow_view", true},
+                         {"allow_fine_tuning", false},
+                         {"organization", "*"},
+                         {"group", nullptr},
+                         {"is_blocking", false}}});
+  };
   json data = json::array();
   for (const auto& name : config_.served_model_names)
     data.push_back({{"id", name},
@@ -371,7 +390,10 @@ json HttpServer::model_cards() const {
                     {"owned_by", "polylora"},
                     {"root", config_.model_root.empty() ? name : config_.model_root},
                     {"parent", nullptr},
-                    {"max_model_len", engine_.max_model_len()}});
+                    {"max_model_len", engine_.max_model_len()},
+                    {"permission", permission()}});
+  // Every registered adapter (resolver-loaded ones once loaded) with where its weights are now:
+  // "gpu" (a device slot), "cpu" (host memory) or "disk" (read again on its next use).
   for (const auto& a : engine_.snapshot().adapters)
     data.push_back({{"id", a.name},
                     {"object", "model"},
@@ -379,7 +401,9 @@ json HttpServer::model_cards() const {
                     {"owned_by", "polylora"},
                     {"root", a.path},
                     {"parent", config_.served_model_names.front()},
-                    {"max_model_len", engine_.max_model_len()}});
+                    {"max_model_len", engine_.max_model_len()},
+                    {"permission", permission()},
+                    {"residency", a.tier}});
   return data;
 }
 

@@ -1,5 +1,6 @@
 // server/metrics_text.cc: the Prometheus text exposition of the engine's state, with vLLM's metric names
 // (so existing dashboards work) plus per-adapter counters.
+#include <cstdio>
 #include <sstream>
 
 #include "server/http_server.h"
@@ -18,6 +19,12 @@ std::string escape_label(const std::string& v) {
     out += c;
   }
   return out;
+}
+
+std::string fmt_fixed(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.3f", v);
+  return buf;
 }
 
 void header(std::ostringstream& o, const std::string& name, const char* type, const char* help) {
@@ -106,12 +113,48 @@ std::string prometheus_text(const EngineSnapshot& snap, const std::string& model
   o << "vllm:cache_config_info{";
   for (const auto& [k, v] : snap.cache_config) o << k << "=\"" << escape_label(v) << "\",";
   o << labels << "} 1\n";
-  // Adapters: which are loaded, and per-adapter request and token counters ("base" for the base model).
-  header(o, "vllm:lora_requests_info", "gauge", "Running stats on LoRA requests.");
-  std::string loaded;
-  for (const auto& a : snap.adapters) loaded += (loaded.empty() ? "" : ",") + a.name;
-  o << "vllm:lora_requests_info{" << labels << ",loaded_lora_adapters=\"" << escape_label(loaded)
-    << "\"} 1\n";
+  // vLLM's lora_requests_info, with its labels only (LoRA-aware routers read them): the adapters of running
+  // and waiting requests, comma-separated, and --max-loras; the value is the time the engine last
+  // recorded them (vLLM's set_to_current_time), in Unix seconds.
+  header(o, "vllm:lora_requests_info", "gauge", "Running stats on lora requests.");
+  auto joined = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
+    return out;
+  };
+  o << "vllm:lora_requests_info{max_lora=\"" << s.max_loras << "\",waiting_lora_adapters=\""
+    << escape_label(joined(s.waiting_adapters)) << "\",running_lora_adapters=\""
+    << escape_label(joined(s.running_adapters)) << "\"} " << fmt_fixed(snap.lora_info_time) << "\n";
+  // The adapter tiers (lora/adapter_registry.h).
+  const AdapterRegistryStats& t = s.adapter_tiers;
+  header(o, "polylora:adapter_loads_total", "counter",
+         "Adapter loads by the tier read from: disk (files read into host memory) or host (host copy "
+         "uploaded into a device slot).");
+  o << "polylora:adapter_loads_total{" << labels << ",tier=\"disk\"} " << t.loads_host << "\n";
+  o << "polylora:adapter_loads_total{" << labels << ",tier=\"host\"} " << t.loads_device << "\n";
+  header(o, "polylora:adapter_evictions_total", "counter",
+         "Adapters evicted from a tier: gpu (a device slot given to another adapter or freed), cpu (a host "
+         "copy dropped; read again from disk on its next use).");
+  o << "polylora:adapter_evictions_total{" << labels << ",tier=\"gpu\"} " << t.evictions_device << "\n";
+  o << "polylora:adapter_evictions_total{" << labels << ",tier=\"cpu\"} " << t.evictions_host << "\n";
+  header(o, "polylora:adapters_resident", "gauge",
+         "Adapters held by each tier: gpu (device slots in use, at most --max-loras), cpu (copies in host "
+         "memory, --max-cpu-loras; an adapter in a slot may keep one too), disk (registered, in neither).");
+  o << "polylora:adapters_resident{" << labels << ",tier=\"gpu\"} " << t.resident_device << "\n";
+  o << "polylora:adapters_resident{" << labels << ",tier=\"cpu\"} " << t.resident_host << "\n";
+  o << "polylora:adapters_resident{" << labels << ",tier=\"disk\"} " << t.on_disk << "\n";
+  gauge("polylora:adapters_registered", "Adapters registered (any tier).", static_cast<double>(t.registered));
+  counter("polylora:adapter_load_failures_total", "Adapter loads from disk that failed (their requests failed).",
+          static_cast<double>(t.load_failures));
+  header(o, "polylora:adapter_load_seconds", "histogram",
+         "Time to read an adapter from disk into host memory, on the loader thread.");
+  for (size_t i = 0; i < AdapterRegistryStats::kLatencyBounds.size(); ++i)
+    o << "polylora:adapter_load_seconds_bucket{" << labels << ",le=\"" << AdapterRegistryStats::kLatencyBounds[i]
+      << "\"} " << t.latency_buckets[i] << "\n";
+  o << "polylora:adapter_load_seconds_bucket{" << labels << ",le=\"+Inf\"} " << t.latency_count << "\n";
+  o << "polylora:adapter_load_seconds_sum{" << labels << "} " << t.latency_sum << "\n";
+  o << "polylora:adapter_load_seconds_count{" << labels << "} " << t.latency_count << "\n";
+  // Per-adapter request and token counters ("base" for the base model).
   const char* names[] = {"polylora:adapter_requests_total", "polylora:adapter_prompt_tokens_total",
                          "polylora:adapter_generation_tokens_total"};
   const char* helps[] = {"Requests received per adapter.", "Prompt tokens computed per adapter.",
