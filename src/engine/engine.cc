@@ -106,14 +106,14 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   ro.max_cpu_loras = config_.lora.max_cpu_loras;
   ro.load_thread = config_.lora.load_thread;
   adapters_ = std::make_unique<AdapterRegistry>(ro, model_.get());
-  scheduler_->set_adapter_readiness([this](AdapterId id) {
-    return adapters_->on_device(id) ? AdapterReadiness::kOnDevice
-           : adapters_->ready(id)   ? AdapterReadiness::kInHost
-                                    : AdapterReadiness::kNotReady;
   if (!config_.lora.resolver_dir.empty()) {
     resolver_.emplace(config_.lora.resolver_dir);
     spdlog::info("adapters not registered are loaded on first use from {}/<name>/", config_.lora.resolver_dir);
   }
+  scheduler_->set_adapter_readiness([this](AdapterId id) {
+    return adapters_->on_device(id) ? AdapterReadiness::kOnDevice
+           : adapters_->ready(id)   ? AdapterReadiness::kInHost
+                                    : AdapterReadiness::kNotReady;
   });
   runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs, config_.scheduler.max_num_batched_tokens,
                                           std::move(device_sampler));
@@ -178,13 +178,6 @@ bool Engine::remove_adapter(const std::string& name) {
   return adapters_->remove(name);
 }
 
-std::string Engine::check_invariants() const {
-  std::string s = scheduler_->check_invariants();
-  if (!s.empty()) return s;
-  s = adapters_->check_invariants();
-  if (!s.empty()) return s;
-  // Pins: one per live sequence of a group with an adapter, one per adapter of each step in flight.
-  std::map<AdapterId, int64_t> want;
 std::vector<AdapterEntryInfo> Engine::adapters() const {
   std::vector<AdapterEntryInfo> out = adapters_->list();
   std::erase_if(out, [&](const AdapterEntryInfo& a) { return resolving_.count(a.name) > 0; });
@@ -212,10 +205,18 @@ std::vector<Engine::AdapterResolution> Engine::take_resolutions() {
   return out;
 }
 
+std::string Engine::check_invariants() const {
+  std::string s = scheduler_->check_invariants();
+  if (!s.empty()) return s;
+  s = adapters_->check_invariants();
+  if (!s.empty()) return s;
+  // Pins: one per live sequence of a group with an adapter, one per adapter of each step in flight.
+  std::map<AdapterId, int64_t> want;
   for (const auto& [rid, g] : groups_)
     if (!g->adapter.base()) want[g->adapter] += static_cast<int64_t>(g->seqs.size());
   for (const auto& [seq, ids] : step_adapters_)
     for (AdapterId id : ids) want[id] += 1;
+  for (const auto& [name, id] : resolving_) want[id] += 1;
   for (const AdapterEntryInfo& e : adapters_->list()) {
     int64_t w = want.count(e.id) ? want.at(e.id) : 0;
     if (e.pins != w)
@@ -223,7 +224,6 @@ std::vector<Engine::AdapterResolution> Engine::take_resolutions() {
              " expected";
   }
   return "";
-  for (const auto& [name, id] : resolving_) want[id] += 1;
 }
 
 AdapterId Engine::resolve_adapter(const std::string& name) {
@@ -255,16 +255,9 @@ void Engine::poll_adapters() {
   // Prefetch the adapters of queued requests, in queue order, while the host tier has room.
   for (AdapterId id : scheduler_->waiting_adapters())
     if (!adapters_->prefetch(id)) break;
+  for (const auto& [name, id] : resolving_) adapters_->prefetch(id);  // those that found no room yet
   // Inline loads (no loader thread) are done already: take them so this step can admit their requests.
   if (!config_.lora.load_thread) fail_requests(adapters_->poll());
-}
-
-bool Engine::place_adapters(const StepPlan& plan, uint64_t seq) {
-  std::vector<AdapterId>& ids = step_adapters_[seq];
-  if (ids.empty()) {
-  for (const auto& [name, id] : resolving_) adapters_->prefetch(id);  // those that found no room yet
-    std::set<AdapterId> distinct;
-    for (const auto& n : plan.new_requests)
   // Resolver loads that are done: their waiting requests may now be added.
   for (auto it = resolving_.begin(); it != resolving_.end();) {
     const auto& [name, id] = *it;
@@ -280,6 +273,13 @@ bool Engine::place_adapters(const StepPlan& plan, uint64_t seq) {
     adapters_->unpin(id);
     it = resolving_.erase(it);
   }
+}
+
+bool Engine::place_adapters(const StepPlan& plan, uint64_t seq) {
+  std::vector<AdapterId>& ids = step_adapters_[seq];
+  if (ids.empty()) {
+    std::set<AdapterId> distinct;
+    for (const auto& n : plan.new_requests)
       if (!n.adapter.base()) distinct.insert(n.adapter);
     for (const auto& r : plan.running)
       if (const SchedRequest* sr = scheduler_->get(r.id); sr && !sr->adapter.base()) distinct.insert(sr->adapter);
@@ -437,9 +437,6 @@ std::vector<RequestOutput> Engine::step() {
     inflight_seq_ = seq;
   }
   return outputs;
-  // Structured output: a constrained row whose previous token the completed step sampled gets its mask
-  // now (its matcher has seen that token), while the GPU runs the forward pass queued above.
-  runner_->finish_launch();
 }
 
 void Engine::launched(const StepPlan& plan) {
