@@ -180,7 +180,9 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   else
     spdlog::warn("no tokenizer.json in {}: text prompts, detokenized output and stop strings are unavailable",
                  tok_dir);
-  le.engine = std::make_unique<Engine>(le.model, config, le.tokenizer);
+  EngineConfig ec = config;
+  ec.lora.reserve_on_device = ec.lora.reserve_on_device || f.enable_lora || !f.loras.empty();
+  le.engine = std::make_unique<Engine>(le.model, ec, le.tokenizer);
   for (const std::string& spec : f.loras) {
     LoraModuleSpec m = parse_lora_module(spec);
     std::string name = m.name;

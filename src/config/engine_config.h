@@ -41,6 +41,10 @@ struct LoraConfig {
   int64_t max_wait_steps = 16;
   bool load_thread = true;      // adapters read from disk on a loader thread (false: inline, for tests)
   std::string resolver_dir;     // --lora-resolver-dir: adapters not registered load from DIR/<name>/
+  // --enable-lora or --lora-modules: on the GPU the adapters' slot-stacked device memory (max_loras slots of
+  // rank max_lora_rank) is reserved at start-up, before the KV cache is sized, and CUDA graphs are captured
+  // with LoRA too; otherwise it is reserved when the first adapter is used.
+  bool reserve_on_device = false;
 };
 
 // How the GPU runs steps (vLLM's compilation settings).

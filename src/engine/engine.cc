@@ -60,11 +60,15 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   // On the GPU, a profiling prefill of the largest step sizes every workspace first (as vLLM's profile
   // run), so the KV cache gets what is really left.
   const size_t weight_bytes = be.allocated_bytes();
+  model_->set_adapter_slots(config_.lora.max_loras);
+  if (gpu && config_.lora.reserve_on_device)
+    model_->reserve_adapters(config_.lora.max_loras, config_.lora.max_lora_rank);
+  const size_t adapter_bytes = model_->adapter_bytes();
   if (gpu) {
     KvStorage probe(mc, be, 1, bs);
     model_->warm_up(probe.views(), warmup_tokens, config_.scheduler.max_num_seqs);
   }
-  const size_t workspace_bytes = be.allocated_bytes() - weight_bytes;
+  const size_t workspace_bytes = be.allocated_bytes() - weight_bytes - adapter_bytes;
   // The device sampler's scratch is allocated before the KV cache takes what is left.
   std::unique_ptr<DeviceSampler> device_sampler;
   if (config_.execution.device_sampling.value_or(gpu))
@@ -137,10 +141,13 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
     auto [free_bytes, total] = be.memory_info();
     spdlog::info(
         "GPU memory: weights {:.2f} GiB, workspace {:.2f} GiB (profiled at {} tokens), sampler {:.1f} MiB, "
-        "CUDA graphs {:.1f} MiB, adapters 0 (copied on first use), KV cache {:.2f} GiB ({} blocks); {:.2f} "
+        "CUDA graphs {:.1f} MiB, adapters {}, KV cache {:.2f} GiB ({} blocks); {:.2f} "
         "GiB of {:.2f} GiB in use (--gpu-memory-utilization {} allows {:.2f} GiB)",
         static_cast<double>(weight_bytes) / (1 << 30), static_cast<double>(workspace_bytes) / (1 << 30),
         warmup_tokens, static_cast<double>(sampler_bytes) / (1 << 20), static_cast<double>(graph_bytes) / (1 << 20),
+        adapter_bytes > 0 ? fmt::format("{:.2f} GiB ({} slots of rank {})", static_cast<double>(adapter_bytes) / (1 << 30),
+                                        config_.lora.max_loras, (config_.lora.max_lora_rank + 7) / 8 * 8)
+                          : std::string("0 (reserved when the first adapter is used; --enable-lora reserves them now)"),
         static_cast<double>(num_kv_blocks_ * per_block) / (1 << 30), num_kv_blocks_,
         static_cast<double>(total - free_bytes) / (1 << 30), static_cast<double>(total) / (1 << 30),
         config_.cache.gpu_memory_utilization, budget_total / (1 << 30));

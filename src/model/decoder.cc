@@ -11,27 +11,19 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "lora/adapter_batch.h"
 #include "model/arch/arch.h"
 #include "model/model.h"
 
 namespace polylora {
 
 namespace k = kernels;
-
-struct Model::DeviceAdapter {
-  struct Layer {
-    std::array<k::LoraView, kNumLoraModules> modules{};
-    std::vector<k::ExpertLoraView> experts;  // [E] or empty
-  };
-  std::vector<Layer> layers;
-  std::vector<void*> allocations;
-  uint64_t generation = 0;  // the adapter's version (0: not registered, copied again on every use)
-  const LoraAdapter* source = nullptr;
-};
 
 namespace {
 struct Buffer {
@@ -73,14 +65,13 @@ struct Model::StepTimer {
   bool ended_last = true;  // end_step() was called for the most recent launch
 };
 
-// A step's inputs packed in host staging: offsets of each array, and the adapter bookkeeping.
+// A step's inputs packed in host staging: offsets of each array, and the step's adapter batch.
 struct Model::StepInputs {
   size_t o_ids = 0, o_pos = 0, o_qs = 0, o_ctx = 0, o_bt = 0, o_slot = 0, o_rows = 0, o_tslots = 0, o_feed = 0;
-  int64_t num_slots = 0;
-  std::map<int32_t, std::vector<int32_t>> slot_rows;  // dense LoRA: token rows of each slot
-  std::map<int32_t, size_t> o_slot_rows;
-  std::vector<size_t> o_expert_lora;  // per layer: offset of its expert-LoRA table, or SIZE_MAX
-  std::vector<const DeviceAdapter*> dev;
+  AdapterBatch adapters;
+  // Launch the LoRA kernels of every module the stacks hold, whatever the step's adapters (graphs with
+  // LoRA: any mix of slots replays them; the kernels skip tokens and slots without LoRA).
+  bool all_lora = false;
 };
 
 struct Model::Graph {
@@ -177,56 +168,29 @@ Model::~Model() {
       backend_->destroy_event(s.start);
       backend_->destroy_event(s.end);
     }
-  for (auto& [slot, da] : adapters_)
-    for (void* p : da->allocations) backend_->free(p);
+}
+
+void Model::reserve_adapters(int64_t slots, int64_t max_rank) {
+  if (!lora_) lora_ = std::make_unique<LoraStacks>(*backend_, config_);
+  backend_->synchronize();  // no queued step reads the old stacks
+  lora_->reserve(slots, max_rank);
+  ++ws_->epoch;  // graphs hold the stacks' pointers
 }
 
 void Model::free_adapter_slot(int32_t slot) {
-  auto it = adapters_.find(slot);
-  if (it == adapters_.end()) return;
-  if (!it->second->allocations.empty()) backend_->synchronize();
-  for (void* p : it->second->allocations) backend_->free(p);
-  adapters_.erase(it);
+  if (lora_) lora_->clear(slot);
 }
 
 void Model::upload_adapter(int32_t slot, const LoraAdapter& adapter) {
-  device_adapter(slot, adapter);
+  ensure_uploaded(slot, adapter);
 }
 
-const Model::DeviceAdapter& Model::device_adapter(int32_t slot, const LoraAdapter& adapter) {
-  auto it = adapters_.find(slot);
-  if (it != adapters_.end() && it->second->source == &adapter && adapter.generation != 0 &&
-      it->second->generation == adapter.generation)
-    return *it->second;
-  free_adapter_slot(slot);
-  auto da = std::make_unique<DeviceAdapter>();
-  da->generation = adapter.generation;
-  da->source = &adapter;
-  bool host = backend_->kind() == DeviceKind::kCpu;
-  auto place = [&](const std::optional<LoraMatrix>& m) -> k::LoraView {
-    if (!m) return {};
-    const float* a = m->a.data();
-    const float* b = m->b.data();
-    if (!host) {
-      void* da_ptr = backend_->alloc(m->a.size() * 4);
-      void* db_ptr = backend_->alloc(m->b.size() * 4);
-      backend_->copy_to_device(da_ptr, m->a.data(), m->a.size() * 4);
-      backend_->copy_to_device(db_ptr, m->b.data(), m->b.size() * 4);
-      da->allocations.push_back(da_ptr);
-      da->allocations.push_back(db_ptr);
-      a = static_cast<const float*>(da_ptr);
-      b = static_cast<const float*>(db_ptr);
-    }
-    return {a, b, m->rank, m->in, m->out, m->scale};
-  };
-  da->layers.resize(adapter.layers.size());
-  for (size_t l = 0; l < adapter.layers.size(); ++l) {
-    const LoraLayer& src = adapter.layers[l];
-    for (size_t mod = 0; mod < kNumLoraModules; ++mod) da->layers[l].modules[mod] = place(src.modules[mod]);
-    for (const LoraExpert& e : src.experts)
-      da->layers[l].experts.push_back({place(e.gate_up), place(e.gate), place(e.up), place(e.down)});
-  }
-  return *adapters_.emplace(slot, std::move(da)).first->second;
+void Model::ensure_uploaded(int32_t slot, const LoraAdapter& adapter) {
+  if (lora_ && lora_->holds(slot, adapter)) return;
+  if (!lora_ || slot >= lora_->slots() || adapter.max_rank > lora_->rank())
+    reserve_adapters(std::max<int64_t>({slot + 1, lora_ ? lora_->slots() : 0, adapter_slots_hint_}),
+                     std::max<int64_t>({adapter.max_rank, lora_ ? lora_->rank() : 0, 1}));
+  lora_->upload(slot, adapter);
 }
 
 void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
@@ -295,7 +259,7 @@ void Model::launch(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
     t.ended_last = false;
   }
   ws.output_rows = static_cast<int64_t>(b.logits_rows.size());
-  if (graphs_enabled_ && graph_eligible(b, adapters)) return launch_graph(b, kv, feed);
+  if (graphs_enabled_ && graph_eligible(b, adapters)) return launch_graph(b, kv, adapters, feed);
   StepInputs si = stage(b, adapters, feed.pairs);
   auto* inputs = ensure<std::byte>(be, ws.inputs, ws.staging.size(), ws.epoch);
   upload_inputs(inputs, si, feed);
@@ -356,32 +320,24 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
                                std::span<const int32_t> feed_pairs) {
   const ModelConfig& c = config_;
   Workspace& ws = *ws_;
-  const int64_t T = b.num_tokens(), S = b.num_seqs(), E = c.num_experts;
-  // Adapters of this step: rows per slot (dense LoRA) and per-token slots (expert LoRA).
+  // Adapters of this step: each token's slot, and where they have LoRA (lora/adapter_batch.h). Every
+  // slot the step uses must hold its adapter in the stacks (copied now when it does not: direct callers).
   StepInputs si;
-  const int64_t num_slots = static_cast<int64_t>(adapters.size());
-  si.num_slots = num_slots;
-  std::vector<int32_t> token_slots(static_cast<size_t>(T), -1);
-  std::map<int32_t, std::vector<int32_t>>& slot_rows = si.slot_rows;
-  std::vector<const DeviceAdapter*>& dev = si.dev;
-  dev.assign(static_cast<size_t>(num_slots), nullptr);
-  bool any_expert_lora = false;
-  for (int64_t s = 0; s < S; ++s) {
-    int32_t slot = b.adapter_slots.empty() ? -1 : b.adapter_slots[s];
-    if (slot < 0) continue;
-    CHECK_MSG(slot < num_slots, "adapter slot {} out of range", slot);
-    const LoraAdapter* a = adapters[static_cast<size_t>(slot)];
-    if (!a) continue;
-    if (!dev[slot]) dev[slot] = &device_adapter(slot, *a);
-    any_expert_lora |= a->has_expert_lora;
-    for (int32_t t = b.query_start[s]; t < b.query_start[s + 1]; ++t) {
-      token_slots[t] = slot;
-      slot_rows[slot].push_back(t);
+  si.adapters = build_adapter_batch(b.adapter_slots, b.query_start, adapters, c.num_layers);
+  if (!si.adapters.empty()) {
+    int64_t need_slots = 0, need_rank = 1;
+    for (int32_t slot : si.adapters.slots) {
+      need_slots = std::max<int64_t>(need_slots, slot + 1);
+      need_rank = std::max(need_rank, adapters[static_cast<size_t>(slot)]->max_rank);
     }
   }
 
   // Pack every step input into one host buffer and copy it once.
   Staging st(ws.staging);
+    if (!lora_ || need_slots > lora_->slots() || need_rank > lora_->rank())
+      reserve_adapters(std::max({need_slots, lora_ ? lora_->slots() : 0, adapter_slots_hint_}),
+                       std::max(need_rank, lora_ ? lora_->rank() : 0));
+    for (int32_t slot : si.adapters.slots) ensure_uploaded(slot, *adapters[static_cast<size_t>(slot)]);
   si.o_ids = st.add(b.token_ids);
   si.o_pos = st.add(b.positions);
   si.o_qs = st.add(b.query_start);
@@ -389,25 +345,7 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
   si.o_bt = st.add(b.block_tables);
   si.o_slot = st.add(b.slot_mapping);
   si.o_rows = st.add(b.logits_rows);
-  si.o_tslots = st.add(token_slots);
-  for (const auto& [slot, rows] : slot_rows) si.o_slot_rows[slot] = st.add(rows);
-  std::vector<size_t>& o_expert_lora = si.o_expert_lora;
-  o_expert_lora.assign(static_cast<size_t>(c.num_layers), SIZE_MAX);
-  if (any_expert_lora) {
-    std::vector<k::ExpertLoraView> table;
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      if (!c.moe_layers[l]) continue;
-      table.assign(static_cast<size_t>(num_slots * E), {});
-      bool used = false;
-      for (int64_t s = 0; s < num_slots; ++s) {
-        if (!dev[s]) continue;
-        const auto& experts = dev[s]->layers[static_cast<size_t>(l)].experts;
-        for (size_t e = 0; e < experts.size(); ++e) table[s * E + e] = experts[e];
-        used |= !experts.empty();
-      }
-      if (used) o_expert_lora[l] = st.add(table);
-    }
-  }
+  si.o_tslots = st.add(si.adapters.token_slots);
   si.o_feed = st.add(feed_pairs.data(), feed_pairs.size());
   return si;
 }
@@ -421,11 +359,6 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
   const int64_t qs = c.q_size(), kvs = c.kv_size(), D = c.head_dim;
   const int64_t E = c.num_experts, K = c.num_experts_per_tok;
   const int64_t R = static_cast<int64_t>(b.logits_rows.size());
-  const int64_t num_slots = si.num_slots;
-  const auto& slot_rows = si.slot_rows;
-  const auto& dev = si.dev;
-  const auto& o_expert_lora = si.o_expert_lora;
-  auto o_slot_rows = [&](int32_t slot) { return si.o_slot_rows.at(slot); };
   auto at = [&](size_t off) { return inputs + off; };
   const auto* d_ids = reinterpret_cast<const int32_t*>(at(si.o_ids));
   const auto* d_pos = reinterpret_cast<const int32_t*>(at(si.o_pos));
@@ -445,31 +378,38 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
   float* tmp = ensure<float>(be, ws.tmp, T * H, ws.epoch);
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  auto linear_lora = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
-                         int64_t layer, LoraModule module) {
-    be.linear({.x = in, .m = T, .ldx = ldx, .w = lw.w, .bias = lw.bias, .y = y, .ldy = ldy});
-    for (const auto& [slot, rows] : slot_rows) {
-      const k::LoraView& view =
-          dev[slot]->layers[static_cast<size_t>(layer)].modules[static_cast<size_t>(module)];
-      if (view.empty()) continue;
-      be.lora_apply({.x = in,
-                     .ldx = ldx,
-                     .y = y,
-                     .ldy = ldy,
-                     .rows = reinterpret_cast<const int32_t*>(at(o_slot_rows(slot))),
-                     .num_rows = static_cast<int64_t>(rows.size()),
-                     .lora = view});
+  // LoRA of a group of modules sharing one input (q/k/v, dense gate/up) or of one module: the batched
+  // kernels over every token's slot, where some adapter of the step has the module (or, for graphs with
+  // LoRA, wherever the stacks hold it).
+  auto lora_active = [&](int64_t layer, LoraModule m) {
+    if (!lora_ || !lora_->reserved() || lora_->dense(layer, m).empty()) return false;
+    return si.all_lora || (!si.adapters.empty() && si.adapters.dense[static_cast<size_t>(layer)][static_cast<size_t>(m)]);
+  };
+  auto lora_group = [&](int64_t layer, const float* in, int64_t ldx,
+                        std::initializer_list<std::tuple<LoraModule, float*, int64_t>> modules) {
+    k::LoraBatchArgs a{.x = in, .ldx = ldx, .m = T, .token_slots = d_tslots, .num = 0};
+    for (const auto& [m, y, ldy] : modules) {
+      if (!lora_active(layer, m)) continue;
+      a.w[a.num] = lora_->dense(layer, m);
+      a.y[a.num] = y;
+      a.ldy[a.num] = ldy;
+      ++a.num;
     }
   };
 
   be.embedding({.ids = d_ids, .m = T, .table = weights_.embed, .out = x, .ld_out = H});
   for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (a.num > 0) be.lora_batch(a);
+  };
+  auto linear = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy) {
+    be.linear({.x = in, .m = T, .ldx = ldx, .w = lw.w, .bias = lw.bias, .y = y, .ldy = ldy});
     const LayerWeights& lw = weights_.layers[l];
     const AttentionWeights& aw = lw.attn;
     be.rms_norm({.x = x, .ldx = H, .y = h, .ldy = H, .m = T, .n = H, .w = lw.input_norm, .eps = eps});
-    linear_lora(aw.q, h, H, q, qs, l, LoraModule::kQ);
-    linear_lora(aw.k, h, H, kk, kvs, l, LoraModule::kK);
-    linear_lora(aw.v, h, H, v, kvs, l, LoraModule::kV);
+    linear(aw.q, h, H, q, qs);
+    linear(aw.k, h, H, kk, kvs);
+    linear(aw.v, h, H, v, kvs);
+    lora_group(l, h, H, {{LoraModule::kQ, q, qs}, {LoraModule::kK, kk, kvs}, {LoraModule::kV, v, kvs}});
     if (c.qk_norm) {
       be.rms_norm(
           {.x = q, .ldx = D, .y = q, .ldy = D, .m = T * c.num_heads, .n = D, .w = aw.q_norm, .eps = eps});
@@ -514,7 +454,8 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
                   .window = c.layer_window(l),
                   .sinks = aw.sinks,
                   .cache = kv[l]});
-    linear_lora(aw.o, attn, qs, tmp, H, l, LoraModule::kO);
+    linear(aw.o, attn, qs, tmp, H);
+    lora_group(l, attn, qs, {{LoraModule::kO, tmp, H}});
     be.add_inplace(x, tmp, T * H);
 
     be.rms_norm(
@@ -524,11 +465,13 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
       float* gate = ensure<float>(be, ws.gate, T * I, ws.epoch);
       float* up = ensure<float>(be, ws.up, T * I, ws.epoch);
       float* act = ensure<float>(be, ws.act, T * I, ws.epoch);
-      linear_lora(lw.mlp.gate, h, H, gate, I, l, LoraModule::kGate);
-      linear_lora(lw.mlp.up, h, H, up, I, l, LoraModule::kUp);
+      linear(lw.mlp.gate, h, H, gate, I);
+      linear(lw.mlp.up, h, H, up, I);
+      lora_group(l, h, H, {{LoraModule::kGate, gate, I}, {LoraModule::kUp, up, I}});
       be.silu_and_mul(
           {.gate = gate, .ld_gate = I, .up = up, .ld_up = I, .out = act, .ld_out = I, .m = T, .n = I});
-      linear_lora(lw.mlp.down, act, I, tmp, H, l, LoraModule::kDown);
+      linear(lw.mlp.down, act, I, tmp, H);
+      lora_group(l, act, I, {{LoraModule::kDown, tmp, H}});
     } else {
       float* router = ensure<float>(be, ws.router, T * E, ws.epoch);
       float* route_w = ensure<float>(be, ws.route_w, T * K, ws.epoch);
@@ -549,7 +492,11 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
                 .renormalize = c.norm_topk_prob,
                 .ids = route_ids,
                 .weights = route_w});
-      bool layer_lora = o_expert_lora[l] != SIZE_MAX;
+      // The stacks are passed whenever they exist (the workspace is sized with them), the token slots
+      // only where LoRA runs in this layer.
+      const k::MoeLoraStack expert_lora = lora_ ? lora_->experts(l) : k::MoeLoraStack{};
+      const bool layer_lora =
+          !expert_lora.empty() && (si.all_lora || (!si.adapters.empty() && si.adapters.experts[static_cast<size_t>(l)]));
       be.moe_experts(
           {.x = h,
            .ldx = H,
@@ -567,8 +514,7 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
            .swiglu_alpha = static_cast<float>(c.swiglu_alpha),
            .swiglu_limit = static_cast<float>(c.swiglu_limit),
            .token_slots = layer_lora ? d_tslots : nullptr,
-           .lora = layer_lora ? reinterpret_cast<const k::ExpertLoraView*>(at(o_expert_lora[l])) : nullptr,
-           .num_slots = layer_lora ? num_slots : 0,
+           .lora_stack = expert_lora,
            .out = tmp,
            .ldo = H});
     }
@@ -605,8 +551,7 @@ bool Model::graph_eligible(const ForwardBatch& b, std::span<const LoraAdapter* c
   if (static_cast<int64_t>(b.logits_rows.size()) != S) return false;
   for (int64_t i = 0; i < S; ++i)
     if (b.logits_rows[i] != i) return false;
-  for (int32_t slot : b.adapter_slots)
-    if (slot >= 0 && slot < static_cast<int32_t>(adapters.size()) && adapters[slot]) return false;
+  (void)adapters;  // steps with adapters replay the graphs captured with the LoRA kernels
   return true;
 }
 
@@ -627,7 +572,8 @@ ForwardBatch Model::pad_for_graph(const ForwardBatch& b, int64_t size) const {
   for (int64_t i = 0; i <= size; ++i) p.query_start[i] = static_cast<int32_t>(i);
   p.logits_rows.resize(static_cast<size_t>(size));
   for (int64_t i = 0; i < size; ++i) p.logits_rows[i] = static_cast<int32_t>(i);
-  p.adapter_slots.assign(static_cast<size_t>(size), -1);
+  p.adapter_slots = b.adapter_slots;
+  p.adapter_slots.resize(static_cast<size_t>(size), -1);
   p.max_blocks_per_seq = MB;
   p.block_tables.assign(static_cast<size_t>(size * MB), 0);
   for (int64_t s = 0; s < S; ++s)
@@ -636,17 +582,22 @@ ForwardBatch Model::pad_for_graph(const ForwardBatch& b, int64_t size) const {
   return p;
 }
 
-void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> kv, const TokenFeed& feed) {
+void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
+                         std::span<const LoraAdapter* const> adapters, const TokenFeed& feed, bool with_lora) {
   Backend& be = *backend_;
   Workspace& ws = *ws_;
   const int64_t S = b.num_seqs();
   const int64_t size = *std::lower_bound(graph_sizes_.begin(), graph_sizes_.end(), S);
   ForwardBatch p = pad_for_graph(b, size);
-  StepInputs si = stage(p, {}, feed.pairs);
+  StepInputs si = stage(p, adapters, feed.pairs);
+  // Steps with adapters replay the graph recorded with every LoRA kernel the stacks hold (which skip the
+  // tokens and slots without LoRA), the others the one without.
+  with_lora = (with_lora || !si.adapters.empty()) && lora_ && lora_->reserved();
+  si.all_lora = with_lora;
   CHECK_MSG(ws.staging.size() <= ws.graph_inputs.cap, "graph inputs ({} bytes) exceed the reserved {}",
             ws.staging.size(), ws.graph_inputs.cap);
   auto* inputs = static_cast<std::byte*>(ws.graph_inputs.ptr);
-  Graph& g = graphs_[size];
+  Graph& g = graphs_[{size, with_lora}];
   const float* kv_key = kv.empty() ? nullptr : kv[0].k;
   bool valid =
       g.exec && g.ws_epoch == ws.epoch && g.backend_epoch == be.workspace_epoch() && g.kv_key == kv_key;
@@ -665,7 +616,8 @@ void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> 
   void* exec = be.end_capture();
   if (!exec || ws.epoch != ws_epoch || be.workspace_epoch() != backend_epoch) {
     if (exec) be.destroy_graph(exec);
-    spdlog::warn("CUDA graph capture of a {}-sequence decode step failed; running decode steps eagerly", size);
+    spdlog::warn("CUDA graph capture of a {}-sequence decode step{} failed; running decode steps eagerly", size,
+                 with_lora ? " with LoRA" : "");
     graphs_enabled_ = false;
     return;
   }
@@ -722,15 +674,19 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
   ensure<std::byte>(*backend_, ws.graph_inputs, ws.staging.size(), ws.epoch);
   // Largest first: smaller shapes then fit the buffers the larger ones sized. Without a KV cache the
   // graphs are recorded at their first use instead.
-  for (auto it = graph_sizes_.rbegin(); it != graph_sizes_.rend() && graphs_enabled_ && !kv.empty(); ++it) {
-    const int64_t n = *it;
-    launch_graph(pad_for_graph(ForwardBatch{}, n), kv, {});
+  // With reserved adapter stacks, each size is also recorded with the LoRA kernels.
+  const bool lora = lora_ && lora_->reserved();
+  for (const bool with_lora : {false, true}) {
+    if (with_lora && !lora) break;
+    for (auto it = graph_sizes_.rbegin(); it != graph_sizes_.rend() && graphs_enabled_ && !kv.empty(); ++it)
+      launch_graph(pad_for_graph(ForwardBatch{}, *it), kv, {}, {}, with_lora);
   }
   backend_->synchronize();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (graphs_enabled_)
-    spdlog::info("CUDA graphs: captured {} decode shapes ({} to {} sequences) in {:.2f} s{}",
-                 graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(), seconds,
+    spdlog::info("CUDA graphs: captured {} decode shapes ({} to {} sequences{}) in {:.2f} s{}",
+                 graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(),
+                 lora ? ", each without and with LoRA" : "", seconds,
                  options.warmup_tokens > 0 ? " (warm-up included)" : "");
 }
 

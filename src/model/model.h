@@ -1,6 +1,6 @@
 // model/model.h: a loaded decoder model and its forward pass, on one backend (CPU or CUDA).
-// Owns: the weights (weights.h) in backend memory, RoPE tables, device copies of the adapters in use,
-// and a workspace reused across calls (grown when a larger batch arrives).
+// Owns: the weights (weights.h) in backend memory, RoPE tables, the slot-stacked copies of the adapters
+// in its slots (lora_stacks.h), and a workspace reused across calls (grown when a larger batch arrives).
 // The forward pass is written once for all architectures (decoder.cc) with calls into Backend.
 // Must not: own request state or KV-cache block allocation (the caller passes the cache views).
 #pragma once
@@ -17,6 +17,7 @@
 #include "lora/adapter.h"
 #include "lora/adapter_slots.h"
 #include "model/forward_batch.h"
+#include "model/lora_stacks.h"
 #include "model/weight_loader.h"
 #include "model/weights.h"
 
@@ -90,13 +91,21 @@ class Model : public AdapterDevice {
   const float* device_logits() const;
   void end_step();
   void step_completed();
-  // The device tier (lora/adapter_slots.h): copies an adapter into slot s (on the CPU the kernels read
-  // the host copy in place, which the slot manager keeps alive), or frees slot s (no step in flight
-  // reads it). A step's adapters[s] must be the adapter uploaded to slot s; one that is not (direct
-  // callers of forward()) is uploaded on first use.
+  // The device tier (lora/adapter_slots.h): copies an adapter into slot s of the stacks, or frees slot s
+  // (no step in flight reads it). A step's adapters[s] should be the adapter uploaded to slot s; one that
+  // is not (direct callers of forward()) is uploaded when the step is staged, growing the stacks when the
+  // slot or its rank does not fit (which invalidates captured graphs: they are recorded again).
   void upload_adapter(int32_t slot, const LoraAdapter& adapter) override;
   void free_adapter_slot(int32_t slot) override;
   // Captures a graph per decode batch size (largest first, after a warm-up prefill). From then on a step
+  // Reserves the stacks for `slots` adapters of rank up to `max_rank` (--max-loras, --max-lora-rank) now,
+  // so that their memory is counted before the KV cache is sized and graphs are captured with LoRA.
+  void reserve_adapters(int64_t slots, int64_t max_rank);
+  // Stacks reserved on first use take at least this many slots (--max-loras), so that they do not grow
+  // slot by slot.
+  void set_adapter_slots(int64_t slots) { adapter_slots_hint_ = slots; }
+  // Bytes of the stacks (0 before the first adapter or reservation).
+  size_t adapter_bytes() const { return lora_ ? lora_->bytes() : 0; }
   // whose sequences each compute one token, without adapters, whose logits are wanted for every token and
   // whose block tables fit max_blocks_per_seq replays the graph of its padded size; other steps run
   // eagerly. A graph is recorded again at its next use when a buffer it holds moved (a larger eager step)
@@ -116,11 +125,11 @@ class Model : public AdapterDevice {
 
  private:
   Model() = default;
-  struct DeviceAdapter;
   struct Workspace;
   struct StepInputs;
   struct Graph;
-  const DeviceAdapter& device_adapter(int32_t slot, const LoraAdapter& adapter);
+  // Makes sure slot `slot` of the stacks holds `adapter` (growing them when needed).
+  void ensure_uploaded(int32_t slot, const LoraAdapter& adapter);
   // Packs a step's inputs into the host staging buffer (feed pairs last).
   StepInputs stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters,
                    std::span<const int32_t> feed_pairs = {});
@@ -134,7 +143,10 @@ class Model : public AdapterDevice {
   // logits or ids (one of them non-null) receive the output rows.
   void forward_impl(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
                     std::span<const LoraAdapter* const> adapters, float* logits, int32_t* ids);
-  void launch_graph(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv, const TokenFeed& feed);
+  // Replays (or records) the graph of the step's padded size; with LoRA kernels when the step has adapters
+  // or `with_lora` (capture at start-up).
+  void launch_graph(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
+                    std::span<const LoraAdapter* const> adapters, const TokenFeed& feed, bool with_lora = false);
   // Copies the first `rows` logits rows, or their argmax ids, to the host.
   void read_output(int64_t rows, float* logits, int32_t* ids);
 
@@ -145,7 +157,8 @@ class Model : public AdapterDevice {
   const float* inv_freq_ = nullptr;  // rope_.inv_freq in backend memory
   std::string source_;
   std::unique_ptr<Workspace> ws_;
-  std::map<int32_t, std::unique_ptr<DeviceAdapter>> adapters_;  // by slot
+  std::unique_ptr<LoraStacks> lora_;
+  int64_t adapter_slots_hint_ = 1;
   bool graphs_enabled_ = false;
   bool gpu_timing_ = false;
   double last_gpu_seconds_ = 0, last_gap_seconds_ = 0;
@@ -153,7 +166,7 @@ class Model : public AdapterDevice {
   std::unique_ptr<StepTimer> timer_;
   std::vector<int64_t> graph_sizes_;  // ascending
   int64_t graph_max_blocks_ = 0;
-  std::map<int64_t, Graph> graphs_;
+  std::map<std::pair<int64_t, bool>, Graph> graphs_;  // by (batch size, with the LoRA kernels)
 };
 
 }  // namespace polylora

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "kernels/cuda_context.h"
 
 namespace polylora::kernels {
@@ -31,15 +32,51 @@ struct LoraApplyArgs {
   LoraView lora;
 };
 
+// ---- Slot-stacked LoRA: every adapter slot's weights of one module in one tensor each ----
+// a [slots, rank, in], b [slots, out, rank] in `dtype` (F32 or BF16: the serving dtype), ranks below
+// `rank` zero-padded; scale[slot] (0: the slot has no LoRA on this module, skipped). Device memory on
+// CUDA (written by the model's adapter upload, outside any forward pass), host memory on the CPU.
+struct LoraStack {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  DType dtype = DType::kF32;
+  const float* scale = nullptr;  // [slots]
+  int64_t slots = 0;
+  int64_t rank = 0;
+  int64_t in = 0;
+  int64_t out = 0;
+  bool empty() const { return a == nullptr; }
+};
+
+// Batched LoRA over tokens of any adapters (SGMV): for every module i < num and token t with slot
+// s = token_slots[t] >= 0 and w[i].scale[s] != 0:  y[i][t] += scale[s] · B[s] · (A[s] · x[t]).
+// The modules share the input x (q/k/v: one read of x for the three shrinks) and w[i].in.
+constexpr int kMaxLoraGroup = 3;
+struct LoraBatchArgs {
+  const float* x = nullptr;  // [m, in], row stride ldx
+  int64_t ldx = 0;
+  int64_t m = 0;
+  const int32_t* token_slots = nullptr;  // [m], −1: no adapter
+  int num = 1;
+  LoraStack w[kMaxLoraGroup];
+  float* y[kMaxLoraGroup] = {};  // [m, w[i].out], row stride ldy[i] (added into)
+  int64_t ldy[kMaxLoraGroup] = {};
+};
+
 namespace ref {
 void lora_apply(const LoraApplyArgs& args);
-}
+void lora_batch(const LoraBatchArgs& args);
+}  // namespace ref
 namespace cpu {
 void lora_apply(const LoraApplyArgs& args);
-}
+void lora_batch(const LoraBatchArgs& args);
+}  // namespace cpu
 namespace cuda {
 // Views (a, b) and rows in device memory; any rank.
 void lora_apply(const LoraApplyArgs& args, const CudaContext& ctx);
+// Everything in device memory; the rank-sized intermediates in ctx.workspace.
+void lora_batch(const LoraBatchArgs& args, const CudaContext& ctx);
+size_t lora_batch_workspace_bytes(const LoraBatchArgs& args);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

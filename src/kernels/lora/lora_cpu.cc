@@ -10,6 +10,7 @@
 
 #include "kernels/cpu_simd.h"
 #include "kernels/lora/lora.h"
+#include "kernels/lora/lora_stack.h"
 
 namespace polylora::kernels::cpu {
 namespace {
@@ -69,6 +70,33 @@ void lora_apply(const LoraApplyArgs& a) {
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t c = 0; c < num_chunks; ++c) {
     lora_chunk(a, c * kRowsPerTask, std::min(a.num_rows, (c + 1) * kRowsPerTask));
+  }
+}
+
+// F32 stacks: each slot's tokens through lora_apply with the slot's matrices as views (BF16 stacks, which
+// the CPU backend does not use, go through the reference).
+void lora_batch(const LoraBatchArgs& a) {
+  if (a.m <= 0) return;
+  for (int i = 0; i < a.num; ++i)
+    if (!a.w[i].empty() && a.w[i].dtype != DType::kF32) return ref::lora_batch(a);
+  thread_local std::vector<std::vector<int32_t>> rows;
+  int64_t slots = 0;
+  for (int i = 0; i < a.num; ++i) slots = std::max(slots, a.w[i].slots);
+  rows.resize(static_cast<size_t>(slots));
+  for (auto& r : rows) r.clear();
+  for (int64_t t = 0; t < a.m; ++t) {
+    const int32_t s = a.token_slots[t];
+    if (s >= 0 && s < slots) rows[static_cast<size_t>(s)].push_back(static_cast<int32_t>(t));
+  }
+  for (int64_t s = 0; s < slots; ++s) {
+    const auto& r = rows[static_cast<size_t>(s)];
+    if (r.empty()) continue;
+    for (int i = 0; i < a.num; ++i) {
+      const LoraView v = stack_view(a.w[i], static_cast<int32_t>(s));
+      if (v.empty()) continue;
+      lora_apply({.x = a.x, .ldx = a.ldx, .y = a.y[i], .ldy = a.ldy[i], .rows = r.data(),
+                  .num_rows = static_cast<int64_t>(r.size()), .lora = v});
+    }
   }
 }
 

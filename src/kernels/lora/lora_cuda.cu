@@ -1,6 +1,9 @@
 // kernels/lora/lora_cuda.cu: CUDA dense LoRA over the given rows: one block per row, shrink and expand
 // fused (the rank-sized intermediate stays in shared memory).
+#include <algorithm>
+
 #include "kernels/lora/lora_cuda.cuh"
+#include "kernels/lora/lora_stack_cuda.cuh"
 
 namespace polylora::kernels::cuda {
 namespace {
@@ -17,6 +20,168 @@ void lora_apply(const LoraApplyArgs& a, const CudaContext& ctx) {
   if (a.num_rows == 0 || a.lora.empty() || a.lora.rank == 0) return;
   lora_apply_kernel<<<static_cast<unsigned>(a.num_rows), 256, 0, cuda_util::stream(ctx)>>>(a);
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace polylora::kernels::cuda
+
+// ---- slot-stacked dense LoRA (lora_batch) ----
+
+namespace polylora::kernels::cuda {
+namespace {
+
+namespace ls = lora_stack;
+
+template <typename TW>
+struct DenseParams {
+  const float* x = nullptr;
+  int64_t ldx = 0, m = 0, in = 0, slots = 0;
+  const int32_t* token_slots = nullptr;
+  int num = 1;
+  const TW* a[kMaxLoraGroup] = {};
+  const TW* b[kMaxLoraGroup] = {};
+  const float* scale[kMaxLoraGroup] = {};
+  int64_t rank[kMaxLoraGroup] = {}, out[kMaxLoraGroup] = {};
+  float* y[kMaxLoraGroup] = {};
+  int64_t ldy[kMaxLoraGroup] = {};
+  int64_t first[kMaxLoraGroup + 1] = {};  // tmp column of each module's ranks; first[num]: the row width
+  float* tmp = nullptr;
+};
+
+// The token's slot when any module has LoRA for it, else −1.
+template <typename TW>
+__device__ __forceinline__ int32_t dense_key(const DenseParams<TW>& p, int64_t t, int module) {
+  if (t >= p.m) return -1;
+  const int32_t s = p.token_slots[t];
+  if (s < 0 || s >= p.slots) return -1;
+  if (module >= 0) return p.scale[module][s] != 0.0f ? s : -1;
+  for (int i = 0; i < p.num; ++i)
+    if (p.scale[i][s] != 0.0f) return s;
+  return -1;
+}
+
+template <typename TW>
+__global__ void __launch_bounds__(ls::kShrinkWarps * 32) dense_shrink_kernel(DenseParams<TW> p) {
+  __shared__ float xs[ls::kTileRows][ls::kChunk];
+  __shared__ ls::RowRef refs[ls::kTileRows];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
+  if (threadIdx.x < ls::kTileRows) {
+    const int64_t t = r0 + threadIdx.x;
+    const int32_t key = dense_key(p, t, -1);
+    refs[threadIdx.x] = {key, key >= 0 ? p.x + t * p.ldx : nullptr, key >= 0 ? p.tmp + t * p.first[p.num] : nullptr};
+  }
+  __syncthreads();
+  ls::ShrinkGroup<TW> g;
+  g.num = p.num;
+  g.in = p.in;
+  for (int i = 0; i < p.num; ++i) {
+    g.a[i] = p.a[i];
+    g.first[i] = p.first[i];
+    g.rank_total[i] = p.rank[i];
+  }
+  g.first[p.num] = p.first[p.num];
+  ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, xs);
+}
+
+// y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (tiles, output chunks, module).
+template <typename TW>
+__global__ void __launch_bounds__(ls::kExpandThreads) dense_expand_kernel(DenseParams<TW> p, int64_t lds) {
+  extern __shared__ float ts[];  // [kTileRows][lds]
+  __shared__ int32_t keys_s[ls::kTileRows];
+  const int i = static_cast<int>(blockIdx.z);
+  const int64_t R = p.rank[i], r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
+  if (threadIdx.x < ls::kTileRows) keys_s[threadIdx.x] = dense_key(p, r0 + threadIdx.x, i);
+  __syncthreads();
+  for (int64_t idx = threadIdx.x; idx < ls::kTileRows * lds; idx += blockDim.x) {
+    const int64_t u = idx / lds, r = idx % lds;
+    ts[idx] = keys_s[u] >= 0 && r < R ? p.tmp[(r0 + u) * p.first[p.num] + p.first[i] + r] : 0.0f;
+  }
+  __syncthreads();
+  const int64_t o = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (o >= p.out[i]) return;
+  int32_t keys[ls::kTileRows];
+  bool any = false;
+#pragma unroll
+  for (int u = 0; u < ls::kTileRows; ++u) {
+    keys[u] = keys_s[u];
+    any |= keys[u] >= 0;
+  }
+  if (!any) return;
+  const bool vec = (R & 7) == 0;
+  float acc[ls::kTileRows] = {};
+  unsigned done = 0;
+#pragma unroll
+  for (int tt = 0; tt < ls::kTileRows; ++tt) {
+    if (keys[tt] < 0 || ((done >> tt) & 1u)) continue;
+    ls::expand_rows(p.b[i] + (static_cast<int64_t>(keys[tt]) * p.out[i] + o) * R, R, vec, ts, lds, keys, keys[tt],
+                    tt, acc, done);
+  }
+#pragma unroll
+  for (int u = 0; u < ls::kTileRows; ++u)
+    if (keys[u] >= 0) p.y[i][(r0 + u) * p.ldy[i] + o] += p.scale[i][keys[u]] * acc[u];
+}
+
+template <typename TW>
+void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
+  DenseParams<TW> p;
+  p.x = a.x;
+  p.ldx = a.ldx;
+  p.m = a.m;
+  p.in = a.w[0].in;
+  p.slots = a.w[0].slots;
+  p.token_slots = a.token_slots;
+  p.num = a.num;
+  int64_t max_out = 0, max_rank = 0;
+  for (int i = 0; i < a.num; ++i) {
+    const LoraStack& w = a.w[i];
+    KERNEL_CHECK(w.in == p.in && w.slots == p.slots && w.dtype == a.w[0].dtype,
+                 "lora_batch: the modules of a group share their input size, slots and dtype");
+    p.a[i] = static_cast<const TW*>(w.a);
+    p.b[i] = static_cast<const TW*>(w.b);
+    p.scale[i] = w.scale;
+    p.rank[i] = w.rank;
+    p.out[i] = w.out;
+    p.y[i] = a.y[i];
+    p.ldy[i] = a.ldy[i];
+    p.first[i + 1] = p.first[i] + w.rank;
+    max_out = std::max(max_out, w.out);
+    max_rank = std::max(max_rank, w.rank);
+  }
+  p.tmp = static_cast<float*>(ctx.workspace);
+  const int64_t tiles = (a.m + ls::kTileRows - 1) / ls::kTileRows;
+  KERNEL_CHECK(tiles < (1LL << 31) && p.first[p.num] / ls::kShrinkRanks < 65535 && max_out / ls::kExpandThreads < 65535,
+               "lora_batch: shape too large for the grid");
+  cudaStream_t st = cuda_util::stream(ctx);
+  dim3 gs(static_cast<unsigned>(tiles),
+          static_cast<unsigned>((p.first[p.num] + ls::kShrinkRanks - 1) / ls::kShrinkRanks));
+  dense_shrink_kernel<TW><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
+  CUDA_CHECK_LAUNCH();
+  const int64_t lds = ls::round8(max_rank);
+  dim3 ge(static_cast<unsigned>(tiles), static_cast<unsigned>((max_out + ls::kExpandThreads - 1) / ls::kExpandThreads),
+          static_cast<unsigned>(a.num));
+  dense_expand_kernel<TW><<<ge, ls::kExpandThreads, static_cast<size_t>(ls::kTileRows * lds) * sizeof(float), st>>>(
+      p, lds);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
+  int64_t ranks = 0;
+  for (int i = 0; i < a.num; ++i) ranks += a.w[i].empty() ? 0 : a.w[i].rank;
+  return static_cast<size_t>(a.m * ranks) * sizeof(float);
+}
+
+void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
+  if (a.m == 0 || a.num == 0) return;
+  KERNEL_CHECK(a.num >= 1 && a.num <= kMaxLoraGroup, "lora_batch: 1 to 3 modules per call");
+  for (int i = 0; i < a.num; ++i) KERNEL_CHECK(!a.w[i].empty() && a.w[i].rank > 0, "lora_batch: empty module");
+  KERNEL_CHECK(lora_batch_workspace_bytes(a) <= ctx.workspace_bytes, "lora_batch: workspace too small");
+  if (a.w[0].dtype == DType::kBF16) {
+    launch_lora_batch<__nv_bfloat16>(a, ctx);
+  } else {
+    KERNEL_CHECK(a.w[0].dtype == DType::kF32, "lora_batch: stacks are F32 or BF16");
+    launch_lora_batch<float>(a, ctx);
+  }
 }
 
 }  // namespace polylora::kernels::cuda

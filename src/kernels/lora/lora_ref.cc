@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kernels/lora/lora.h"
+#include "kernels/lora/lora_stack.h"
 
 namespace polylora::kernels::ref {
 
@@ -22,6 +23,30 @@ void lora_apply(const LoraApplyArgs& a) {
       float acc = 0.0f;
       for (int64_t r = 0; r < l.rank; ++r) acc += l.b[o * l.rank + r] * mid[r];
       y[o] += l.scale * acc;
+    }
+  }
+}
+
+void lora_batch(const LoraBatchArgs& a) {
+  for (int i = 0; i < a.num; ++i) {
+    const LoraStack& w = a.w[i];
+    if (w.empty() || w.rank == 0) continue;
+    std::vector<float> mid(static_cast<size_t>(w.rank));
+    for (int64_t t = 0; t < a.m; ++t) {
+      const int32_t s = a.token_slots[t];
+      if (s < 0 || s >= w.slots || w.scale[s] == 0.0f) continue;
+      const float* x = a.x + t * a.ldx;
+      for (int64_t r = 0; r < w.rank; ++r) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < w.in; ++k) acc += stack_at(w.a, w.dtype, (s * w.rank + r) * w.in + k) * x[k];
+        mid[r] = acc;
+      }
+      float* y = a.y[i] + t * a.ldy[i];
+      for (int64_t o = 0; o < w.out; ++o) {
+        float acc = 0.0f;
+        for (int64_t r = 0; r < w.rank; ++r) acc += stack_at(w.b, w.dtype, (s * w.out + o) * w.rank + r) * mid[r];
+        y[o] += w.scale[s] * acc;
+      }
     }
   }
 }

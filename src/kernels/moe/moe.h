@@ -50,6 +50,27 @@ struct ExpertLoraView {
   LoraView down;
 };
 
+// Expert LoRA of one MoE layer for every adapter slot, slot-stacked in `dtype` (F32 or BF16), ranks
+// below `rank` zero-padded:
+//   a_gu [slots, E, gu_slices · rank, H], b_gu [slots, E, 2I, rank],
+//   a_down [slots, E, rank, I], b_down [slots, E, H, rank],
+//   scale [slots, E, 3]: gate/up slice 0, slice 1, down (0: none there, skipped).
+// gu_slices 1: one LoRA over all 2I gate/up outputs (GPT-OSS's fused gate_up_proj); 2: separate gate and
+// up LoRAs, output row n of gate_up (in the weight's row order) taking slice (interleaved ? n & 1 : n >= I)
+// of the shrink (interleaved: ExpertAct::kGptOssSwiglu's layout).
+struct MoeLoraStack {
+  const void* a_gu = nullptr;
+  const void* b_gu = nullptr;
+  const void* a_down = nullptr;
+  const void* b_down = nullptr;
+  DType dtype = DType::kF32;
+  const float* scale = nullptr;
+  int64_t slots = 0;
+  int64_t rank = 0;
+  int gu_slices = 1;
+  bool empty() const { return a_gu == nullptr; }
+};
+
 struct MoeExpertsArgs {
   const float* x = nullptr;  // [m, hidden], row stride ldx
   int64_t ldx = 0;
@@ -75,6 +96,8 @@ struct MoeExpertsArgs {
   float* out = nullptr;  // [m, hidden], row stride ldo; overwritten
   int64_t ldo = 0;
 };
+  // Or slot-stacked expert LoRA (used when not empty; token_slots as above, `lora` unused).
+  MoeLoraStack lora_stack;
 
 namespace ref {
 void route(const RouteArgs& args);

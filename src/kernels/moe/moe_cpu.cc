@@ -94,7 +94,40 @@ void route(const RouteArgs& a) {
   }
 }
 
-void moe_experts(const MoeExpertsArgs& a) {
+void moe_experts(const MoeExpertsArgs& in) {
+  // Slot-stacked LoRA: F32 stacks become a table of views into the stack (no copy); BF16 stacks and
+  // separate gate/up LoRA on interleaved gate/up rows go through the reference.
+  const MoeLoraStack& st = in.lora_stack;
+  if (!st.empty() && in.token_slots) {
+    const bool interleaved = in.act == ExpertAct::kGptOssSwiglu;
+    if (st.dtype != DType::kF32 || (st.gu_slices == 2 && interleaved)) return ref::moe_experts(in);
+    const int64_t E = in.num_experts, H = in.hidden, I = in.inter, R = st.rank;
+    thread_local std::vector<ExpertLoraView> table;
+    table.assign(static_cast<size_t>(st.slots * E), {});
+    const auto* ag = static_cast<const float*>(st.a_gu);
+    const auto* bg = static_cast<const float*>(st.b_gu);
+    const auto* ad = static_cast<const float*>(st.a_down);
+    const auto* bd = static_cast<const float*>(st.b_down);
+    for (int64_t se = 0; se < st.slots * E; ++se) {
+      const float* sc = st.scale + se * 3;
+      ExpertLoraView& v = table[static_cast<size_t>(se)];
+      const float* a0 = ag + se * st.gu_slices * R * H;
+      const float* b0 = bg + se * 2 * I * R;
+      if (st.gu_slices == 1) {
+        if (sc[0] != 0.0f) v.gate_up = {a0, b0, R, H, 2 * I, sc[0]};
+      } else {
+        if (sc[0] != 0.0f) v.gate = {a0, b0, R, H, I, sc[0]};
+        if (sc[1] != 0.0f) v.up = {a0 + R * H, b0 + I * R, R, H, I, sc[1]};
+      }
+      if (sc[2] != 0.0f) v.down = {ad + se * R * I, bd + se * H * R, R, I, H, sc[2]};
+    }
+    MoeExpertsArgs a = in;
+    a.lora_stack = {};
+    a.lora = table.data();
+    a.num_slots = st.slots;
+    return moe_experts(a);
+  }
+  const MoeExpertsArgs& a = in;
   int64_t H = a.hidden, I = a.inter, E = a.num_experts, K = a.top_k;
   bool has_lora = a.token_slots && a.lora && a.num_slots > 0;
   int64_t S = has_lora ? a.num_slots : 0;

@@ -23,6 +23,7 @@
 
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/moe/moe.h"
+#include "kernels/lora/lora_stack_cuda.cuh"
 #include "kernels/moe/moe_gemm_mma.cuh"
 #include "kernels/moe/moe_gemv.cuh"
 #include "kernels/moe/moe_gemv_mma.cuh"
@@ -33,6 +34,8 @@ namespace {
 using cuda_util::load_as_f32;
 using moe_detail::Phase;
 
+using moe_detail::StackBuffers;
+using moe_detail::StackStep;
 constexpr int64_t kSmallPairs = 512;  // at most this many token-expert pairs: the GEMV path (F32 weights)
 // Tensor-core weights: the tensor-core weight-streaming kernel (moe_gemv_mma.cuh) for kTcMinPerExpert to
 // kTcMaxPerExpert pairs per expert on average, where it measured faster on the H200 (GPT-OSS-20B shape:
@@ -95,6 +98,8 @@ struct MoeWorkspace {
 
   MoeWorkspace(const MoeExpertsArgs& a, void* base, Path path, bool bf16_split) {
     pairs = a.m * a.top_k;
+  float* lora_gu = nullptr;           // [max_rows, gu_slices·rank] slot-stacked LoRA: gate/up shrink
+  float* lora_down = nullptr;         // [pairs, rank] down shrink
     switch (path) {
       case Path::kGemv:
         tile_m = 1;
@@ -146,6 +151,10 @@ struct MoeWorkspace {
 };
 
 // ---- routing ----
+    if (!a.lora_stack.empty()) {
+      lora_gu = reinterpret_cast<float*>(take(4 * max_rows * a.lora_stack.gu_slices * a.lora_stack.rank));
+      lora_down = reinterpret_cast<float*>(take(4 * pairs * a.lora_stack.rank));
+    }
 
 // Is (v1, i1) ahead of (v2, i2)? Larger value first, lower index on ties; index −1 is "none".
 __device__ __forceinline__ bool ahead(float v1, int i1, float v2, int i2) {
@@ -526,6 +535,193 @@ template <Phase P, int BM>
 void launch_mma(dim3 grid, const moe_detail::MmaParams& mp, cudaStream_t st) {
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemm_mma<P, BM>,
+
+// ---- slot-stacked expert LoRA (MoeLoraStack) ----
+
+namespace ls = lora_stack;
+constexpr int kMaxTopKLora = 32;
+
+template <typename TW>
+struct StackParams {
+  const int32_t* sorted = nullptr;
+  const int32_t* num_tiles = nullptr;
+  int tile_m = 1;
+  int64_t max_rows = 0;
+  const int32_t* ids = nullptr;
+  const int32_t* token_slots = nullptr;
+  int64_t top_k = 0, E = 0, H = 0, I = 0, slots = 0, R = 0;
+  int gu_slices = 1;
+  bool interleaved = false;
+  const TW* a_gu = nullptr;
+  const TW* b_gu = nullptr;
+  const TW* a_down = nullptr;
+  const TW* b_down = nullptr;
+  const float* scale = nullptr;  // [slots, E, 3]
+};
+
+// Sorted rows below the device-side count.
+template <typename TW>
+__device__ __forceinline__ int64_t stack_rows(const StackParams<TW>& p) {
+  const int64_t rows = static_cast<int64_t>(*p.num_tiles) * p.tile_m;
+  return rows < p.max_rows ? rows : p.max_rows;
+}
+
+// The key (slot · E + expert) of a pair when its token has an adapter with LoRA on this expert in one of
+// the scale columns [c0, c1), else −1.
+template <typename TW>
+__device__ __forceinline__ int32_t stack_key(const StackParams<TW>& p, int32_t pair, int c0, int c1) {
+  const int32_t e = p.ids[pair];
+  const int32_t s = p.token_slots[pair / p.top_k];
+  if (e < 0 || e >= p.E || s < 0 || s >= p.slots) return -1;
+  const int32_t key = s * static_cast<int32_t>(p.E) + e;
+  for (int c = c0; c < c1; ++c)
+    if (p.scale[key * 3 + c] != 0.0f) return key;
+  return -1;
+}
+
+// Shrinks over tiles of sorted rows: gate/up (down == false: x of the row's token -> lora_gu[row]) or down
+// (the row's activation -> lora_down[pair]).
+template <typename TW>
+__global__ void __launch_bounds__(ls::kShrinkWarps * 32)
+    moe_stack_shrink_kernel(StackParams<TW> p, const float* in, int64_t ld_in, float* out, bool down) {
+  __shared__ float xs[ls::kTileRows][ls::kChunk];
+  __shared__ ls::RowRef refs[ls::kTileRows];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
+  if (r0 >= stack_rows(p)) return;
+  if (threadIdx.x < ls::kTileRows) {
+    const int64_t r = r0 + threadIdx.x;
+    ls::RowRef ref{-1, nullptr, nullptr};
+    const int32_t pair = r < stack_rows(p) ? p.sorted[r] : -1;
+    if (pair >= 0) {
+      ref.key = down ? stack_key(p, pair, 2, 3) : stack_key(p, pair, 0, p.gu_slices);
+      if (ref.key >= 0) {
+        ref.in = down ? in + r * ld_in : in + (pair / p.top_k) * ld_in;
+        ref.out = down ? out + static_cast<int64_t>(pair) * p.R : out + r * p.gu_slices * p.R;
+      }
+    }
+    refs[threadIdx.x] = ref;
+  }
+  __syncthreads();
+  ls::ShrinkGroup<TW> g;
+  g.num = 1;
+  g.a[0] = down ? p.a_down : p.a_gu;
+  g.rank_total[0] = down ? p.R : p.gu_slices * p.R;
+  g.first[1] = g.rank_total[0];
+  g.in = down ? p.I : p.H;
+  ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, xs);
+}
+
+__device__ __forceinline__ float expert_act(ExpertAct kind, float gate, float up, float alpha, float limit) {
+  if (kind == ExpertAct::kSiluGate) return gate / (1.0f + expf(-gate)) * up;
+  const float x = fminf(gate, limit);
+  const float u = fminf(fmaxf(up, -limit), limit);
+  return (u + 1.0f) * (x * (1.0f / (1.0f + expf(-x * alpha))));
+}
+
+// moe_act_kernel with the gate/up LoRA expand fused in: per tile of sorted rows and column j, the B rows
+// of the gate and up outputs of j read once per distinct (slot, expert) of the tile, added (scaled) to
+// gu before the activation. ts: [kTileRows][gu_slices][R8] shared.
+template <typename TW>
+__global__ void __launch_bounds__(ls::kExpandThreads)
+    moe_act_lora_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act, __nv_bfloat16* act_bf16,
+                        int64_t lda_bf16, int64_t copies, ExpertAct kind, float alpha, float limit) {
+  extern __shared__ float ts[];
+  __shared__ int32_t keys_s[ls::kTileRows];  // −2: no row, −1: a row without LoRA
+  const int64_t R = p.R, R8 = ls::round8(R), lds = p.gu_slices * R8, I = p.I;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
+  const int64_t rows = stack_rows(p);
+  if (r0 >= rows) return;
+  if (threadIdx.x < ls::kTileRows) {
+    const int64_t r = r0 + threadIdx.x;
+    const int32_t pair = r < rows ? p.sorted[r] : -1;
+    keys_s[threadIdx.x] = pair < 0 ? -2 : stack_key(p, pair, 0, p.gu_slices);
+  }
+  __syncthreads();
+  for (int64_t idx = threadIdx.x; idx < ls::kTileRows * lds; idx += blockDim.x) {
+    const int64_t u = idx / lds, c = idx % lds, sl = c / R8, r = c % R8;
+    ts[idx] = keys_s[u] >= 0 && r < R ? tmp[(r0 + u) * p.gu_slices * R + sl * R + r] : 0.0f;
+  }
+  __syncthreads();
+  const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
+  const int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (j >= width) return;
+  int32_t keys[ls::kTileRows];
+#pragma unroll
+  for (int u = 0; u < ls::kTileRows; ++u) keys[u] = keys_s[u];
+  if (j >= I) {
+#pragma unroll
+    for (int u = 0; u < ls::kTileRows; ++u) {
+      if (keys[u] == -2) continue;
+      __nv_bfloat16* brow = act_bf16 + (r0 + u) * copies * lda_bf16;
+      brow[j] = __float2bfloat16_rn(0.0f);
+      if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
+    }
+    return;
+  }
+  const int64_t n_gate = p.interleaved ? 2 * j : j, n_up = p.interleaved ? 2 * j + 1 : I + j;
+  const int up_slice = p.gu_slices == 1 ? 0 : 1;
+  const bool vec = (R & 7) == 0;
+  float acc_g[ls::kTileRows] = {}, acc_u[ls::kTileRows] = {};
+  unsigned done = 0;
+#pragma unroll
+  for (int tt = 0; tt < ls::kTileRows; ++tt) {
+    if (keys[tt] < 0 || ((done >> tt) & 1u)) continue;
+    const TW* b = p.b_gu + static_cast<int64_t>(keys[tt]) * 2 * I * R;
+    unsigned unused = done;
+    ls::expand_rows(b + n_gate * R, R, vec, ts, lds, keys, keys[tt], tt, acc_g, unused);
+    ls::expand_rows(b + n_up * R, R, vec, ts + up_slice * R8, lds, keys, keys[tt], tt, acc_u, done);
+  }
+#pragma unroll
+  for (int u = 0; u < ls::kTileRows; ++u) {
+    if (keys[u] == -2) continue;
+    const int64_t r = r0 + u;
+    float g = gu[r * 2 * I + n_gate], up = gu[r * 2 * I + n_up];
+    if (keys[u] >= 0) {
+      g += p.scale[keys[u] * 3] * acc_g[u];
+      up += p.scale[keys[u] * 3 + up_slice] * acc_u[u];
+    }
+    const float v = expert_act(kind, g, up, alpha, limit);
+    if (act != nullptr) act[r * I + j] = v;
+    if (act_bf16 != nullptr) {
+      __nv_bfloat16* brow = act_bf16 + r * copies * lda_bf16;
+      const cuda_util::Bf16Pair hl = cuda_util::split_bf16(v);
+      brow[j] = hl.hi;
+      if (copies == 2) brow[lda_bf16 + j] = hl.lo;
+    }
+  }
+}
+
+// moe_combine_kernel with the down LoRA expand fused in: out[t] = Σ_k w_k · (y_pair + scale · B · tmp_pair).
+template <typename TW>
+__global__ void __launch_bounds__(256) moe_combine_lora_kernel(StackParams<TW> p, const float* y, const float* tmp,
+                                                               const float* weights, float* out, int64_t ldo) {
+  extern __shared__ float ts[];  // [top_k][R8]
+  __shared__ int32_t keys[kMaxTopKLora];
+  const int64_t t = blockIdx.x, K = p.top_k, R = p.R, R8 = ls::round8(R), H = p.H;
+  if (threadIdx.x < K) keys[threadIdx.x] = stack_key(p, static_cast<int32_t>(t * K + threadIdx.x), 2, 3);
+  __syncthreads();
+  for (int64_t idx = threadIdx.x; idx < K * R8; idx += blockDim.x) {
+    const int64_t k = idx / R8, r = idx % R8;
+    ts[idx] = keys[k] >= 0 && r < R ? tmp[(t * K + k) * R + r] : 0.0f;
+  }
+  __syncthreads();
+  const bool vec = (R & 7) == 0;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t pr = t * K + k;
+      const int32_t e = p.ids[pr];
+      if (e < 0 || e >= p.E) continue;
+      float v = y[pr * H + h];
+      const int32_t key = keys[k];
+      if (key >= 0)
+        v += p.scale[key * 3 + 2] * ls::dot_rank(p.b_down + (static_cast<int64_t>(key) * H + h) * R, ts + k * R8, R, vec);
+      sum += weights[pr] * v;
+    }
+    out[t * ldo + h] = sum;
+  }
+}
+
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     moe_detail::MmaCfg<BM>::kSmemBytes));
     return true;
@@ -549,6 +745,80 @@ void launch_mma_tile(int tile_m, dim3 grid, const moe_detail::MmaParams& mp, cud
 
 void route(const RouteArgs& a, const CudaContext& ctx) {
   if (a.m == 0) return;
+
+
+// One step of the slot-stacked expert LoRA on the workspace of a path (sorted rows as that path sorted
+// them).
+template <typename TW>
+void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws, cudaStream_t st) {
+  const MoeLoraStack& s = a.lora_stack;
+  StackParams<TW> p;
+  p.sorted = ws.sorted;
+  p.num_tiles = ws.num_tiles;
+  p.tile_m = ws.tile_m;
+  p.max_rows = ws.max_rows;
+  p.ids = a.ids;
+  p.token_slots = a.token_slots;
+  p.top_k = a.top_k;
+  p.E = a.num_experts;
+  p.H = a.hidden;
+  p.I = a.inter;
+  p.slots = s.slots;
+  p.R = s.rank;
+  p.gu_slices = s.gu_slices;
+  p.interleaved = a.act == ExpertAct::kGptOssSwiglu;
+  p.a_gu = static_cast<const TW*>(s.a_gu);
+  p.b_gu = static_cast<const TW*>(s.b_gu);
+  p.a_down = static_cast<const TW*>(s.a_down);
+  p.b_down = static_cast<const TW*>(s.b_down);
+  p.scale = s.scale;
+  const auto tiles = static_cast<unsigned>((ws.max_rows + ls::kTileRows - 1) / ls::kTileRows);
+  const int64_t R8 = ls::round8(s.rank);
+  switch (step) {
+    case StackStep::kShrinkGateUp: {
+      dim3 grid(tiles, static_cast<unsigned>((s.gu_slices * s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks));
+      moe_stack_shrink_kernel<TW><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, a.x, a.ldx, ws.lora_gu, false);
+      break;
+    }
+    case StackStep::kActivation: {
+      const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
+      dim3 grid(tiles, static_cast<unsigned>((width + ls::kExpandThreads - 1) / ls::kExpandThreads));
+      const size_t smem = static_cast<size_t>(ls::kTileRows * s.gu_slices * R8) * sizeof(float);
+      moe_act_lora_kernel<TW><<<grid, ls::kExpandThreads, smem, st>>>(
+          p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act,
+          a.swiglu_alpha, a.swiglu_limit);
+      break;
+    }
+    case StackStep::kShrinkDown: {
+      dim3 grid(tiles, static_cast<unsigned>((s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks));
+      moe_stack_shrink_kernel<TW><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, ws.act, a.inter, ws.lora_down, true);
+      break;
+    }
+    case StackStep::kCombine: {
+      const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
+      moe_combine_lora_kernel<TW><<<static_cast<unsigned>(a.m), 256, smem, st>>>(p, ws.y, ws.lora_down, a.weights,
+                                                                                 a.out, a.ldo);
+      break;
+    }
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+namespace moe_detail {
+void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st) {
+  if (a.lora_stack.dtype == DType::kBF16) {
+    stack_lora<__nv_bfloat16>(step, a, b, st);
+  } else {
+    stack_lora<float>(step, a, b, st);
+  }
+}
+}  // namespace moe_detail
+
+namespace {
+
+
   KERNEL_CHECK(a.top_k >= 1 && a.top_k <= a.num_experts, "route: top_k must be in 1..num_experts");
   size_t smem = static_cast<size_t>(kRouteWarps * a.num_experts) * (sizeof(float) + 1);
   KERNEL_CHECK(smem <= 48 * 1024, "route: too many experts for one block's shared memory");
@@ -574,7 +844,9 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   cudaStream_t st = cuda_util::stream(ctx);
   const int64_t E = a.num_experts, I = a.inter, H = a.hidden;
   KERNEL_CHECK(E <= 65535 && ws.max_rows < (1LL << 31), "moe_experts: shape too large for the grid");
-  const bool lora = a.token_slots && a.lora && a.num_slots > 0;
+  // Expert LoRA: slot-stacked (lora_stack) or a table of per-(slot, expert) views (lora).
+  const bool stack = a.token_slots && !a.lora_stack.empty();
+  const bool lora = !stack && a.token_slots && a.lora && a.num_slots > 0;
   const int tile_m = static_cast<int>(ws.tile_m);
   const bool mma = path == Path::kMma;
   const bool tc_gemv = path == Path::kGemvTc;
@@ -583,9 +855,26 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   // activation (f32 for the GEMV and fp32 GEMMs and the down LoRA, bf16 for the tensor-core GEMM).
   auto gate_up_lora_and_activation = [&] {
     if (lora) {
+  moe_detail::StackBuffers sb;
+  if (stack) {
+    sb = {.sorted = ws.sorted, .num_tiles = ws.num_tiles, .tile_m = static_cast<int>(ws.tile_m),
+          .max_rows = ws.max_rows, .gu = ws.gu, .act = ws.act, .act_bf16 = bf16_act ? ws.act_bf16 : nullptr,
+          .lda_bf16 = ws.lda_i, .copies = ws.copies, .y = ws.y, .lora_gu = ws.lora_gu, .lora_down = ws.lora_down};
+    const MoeLoraStack& ls_ = a.lora_stack;
+    KERNEL_CHECK(ls_.rank > 0 && (ls_.gu_slices == 1 || ls_.gu_slices == 2) && a.top_k <= kMaxTopKLora &&
+                     (ls_.dtype == DType::kF32 || ls_.dtype == DType::kBF16),
+                 "moe_experts: bad LoRA stack (rank > 0, gu_slices 1 or 2, top_k <= 32, F32 or BF16)");
+    KERNEL_CHECK(ws.lora_gu != nullptr, "moe_experts: workspace sized without the LoRA stack");
+  }
       moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m,
                                                                           ws.gu, ws.act, ws.y, false);
       CUDA_CHECK_LAUNCH();
+    if (stack) {
+      moe_detail::stack_lora_step(StackStep::kShrinkGateUp, a, sb, st);
+      moe_detail::stack_lora_step(StackStep::kActivation, a, sb, st);
+      moe_detail::stack_lora_step(StackStep::kShrinkDown, a, sb, st);
+      return;
+    }
     }
     moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
         ws.sorted, ws.num_tiles, tile_m, ws.gu, (!bf16_act || lora) ? ws.act : nullptr,
@@ -750,5 +1039,6 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                                                                  a.ldo);
   CUDA_CHECK_LAUNCH();
 }
+  if (stack) return moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
 
 }  // namespace polylora::kernels::cuda

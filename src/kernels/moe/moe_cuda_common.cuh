@@ -42,3 +42,28 @@ __device__ __forceinline__ bool weight_rows_aligned16(const ExpertView& ex, int6
 }
 
 }  // namespace polylora::kernels::cuda::moe_detail
+// Slot-stacked expert LoRA (MoeLoraStack) over a path's sorted rows, defined in moe_cuda.cu and used by
+// every expert path (moe_cuda.cu, moe_mxfp4_cuda.cu): shrink of gate/up, the activation with the gate/up
+// expand fused in, shrink of down, and the combine with the down expand fused in.
+enum class StackStep { kShrinkGateUp, kActivation, kShrinkDown, kCombine };
+struct StackBuffers {
+  const int32_t* sorted = nullptr;     // [max_rows] pair of each sorted row, or −1
+  const int32_t* num_tiles = nullptr;  // device: rows in use = num_tiles · tile_m (capped by max_rows)
+  int tile_m = 1;
+  int64_t max_rows = 0;
+  const float* gu = nullptr;                // [max_rows, 2I] gate/up products by sorted row
+  float* act = nullptr;                     // [max_rows, I] activation (f32, written)
+  __nv_bfloat16* act_bf16 = nullptr;        // [max_rows, copies·lda_bf16] or nullptr
+  int64_t lda_bf16 = 0, copies = 1;
+  const float* y = nullptr;                 // [pairs, H] down products by pair
+  float* lora_gu = nullptr;                 // [max_rows, gu_slices·rank]
+  float* lora_down = nullptr;               // [pairs, rank]
+};
+void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st);
+// Workspace floats the two shrinks take.
+inline size_t stack_lora_floats(const MoeExpertsArgs& a, int64_t max_rows) {
+  if (a.lora_stack.empty()) return 0;
+  return static_cast<size_t>(max_rows * a.lora_stack.gu_slices * a.lora_stack.rank +
+                             a.m * a.top_k * a.lora_stack.rank);
+}
+

@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "kernels/lora/lora_cuda.cuh"
+#include "kernels/moe/moe_cuda_common.cuh"
 #include "kernels/moe/moe.h"
 
 namespace polylora::kernels::cuda {
@@ -46,6 +47,8 @@ struct Mxfp4Workspace {
   float* gu = nullptr;            // [pairs, 2I] by sorted row
   float* act = nullptr;           // [pairs, I] by sorted row
   float* y = nullptr;             // [pairs, H] by pair
+  float* lora_gu = nullptr;       // slot-stacked LoRA shrinks (moe_cuda_common.cuh)
+  float* lora_down = nullptr;
   size_t bytes = 0;
 
   Mxfp4Workspace(const MoeExpertsArgs& a, void* base) {
@@ -65,6 +68,10 @@ struct Mxfp4Workspace {
     gu = reinterpret_cast<float*>(take(4 * pairs * 2 * a.inter));
     act = reinterpret_cast<float*>(take(4 * pairs * a.inter));
     y = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
+    if (!a.lora_stack.empty()) {
+      lora_gu = reinterpret_cast<float*>(take(4 * pairs * a.lora_stack.gu_slices * a.lora_stack.rank));
+      lora_down = reinterpret_cast<float*>(take(4 * pairs * a.lora_stack.rank));
+    }
   }
 };
 
@@ -346,7 +353,11 @@ void moe_experts_mxfp4(const MoeExpertsArgs& a, bool tensor_cores, const CudaCon
   KERNEL_CHECK(std::max(smem_gu, smem_down) <= static_cast<size_t>(kMaxDynamicSmem),
                "moe_experts_mxfp4: hidden or intermediate size too large for the staged weight slice");
   cudaStream_t st = cuda_util::stream(ctx);
-  const bool lora = a.token_slots && a.lora && a.num_slots > 0;
+  const bool stack = a.token_slots && !a.lora_stack.empty();
+  const bool lora = !stack && a.token_slots && a.lora && a.num_slots > 0;
+  const moe_detail::StackBuffers sb{.sorted = ws.sorted, .num_tiles = ws.num_rows, .tile_m = 1, .max_rows = pairs,
+                                    .gu = ws.gu, .act = ws.act, .act_bf16 = nullptr, .lda_bf16 = 0, .copies = 1,
+                                    .y = ws.y, .lora_gu = ws.lora_gu, .lora_down = ws.lora_down};
 
   // 1. sort the pairs by expert
   const size_t align_smem = static_cast<size_t>(8 * E);
@@ -377,10 +388,16 @@ void moe_experts_mxfp4(const MoeExpertsArgs& a, bool tensor_cores, const CudaCon
     mxfp4_lora_kernel<<<row_blocks, 256, 0, st>>>(a, ws.sorted, ws.num_rows, ws.gu, ws.act, ws.y, false);
     CUDA_CHECK_LAUNCH();
   }
-  // 4. activation
-  mxfp4_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(pairs, 16384)), 256, 0, st>>>(
-      ws.num_rows, ws.gu, ws.act, I, a.act, a.swiglu_alpha, a.swiglu_limit);
-  CUDA_CHECK_LAUNCH();
+  // 4. activation (slot-stacked LoRA: gate/up shrink, the activation with its expand, down shrink)
+  if (stack) {
+    moe_detail::stack_lora_step(moe_detail::StackStep::kShrinkGateUp, a, sb, st);
+    moe_detail::stack_lora_step(moe_detail::StackStep::kActivation, a, sb, st);
+    moe_detail::stack_lora_step(moe_detail::StackStep::kShrinkDown, a, sb, st);
+  } else {
+    mxfp4_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(pairs, 16384)), 256, 0, st>>>(
+        ws.num_rows, ws.gu, ws.act, I, a.act, a.swiglu_alpha, a.swiglu_limit);
+    CUDA_CHECK_LAUNCH();
+  }
   // 5. down
   gp.x = ws.act;
   gp.ldx = I;
@@ -392,6 +409,7 @@ void moe_experts_mxfp4(const MoeExpertsArgs& a, bool tensor_cores, const CudaCon
     CUDA_CHECK_LAUNCH();
   }
   // 7. combine
+  if (stack) return moe_detail::stack_lora_step(moe_detail::StackStep::kCombine, a, sb, st);
   mxfp4_combine_kernel<<<static_cast<unsigned>(a.m), 256, 0, st>>>(ws.y, a.ids, a.weights, a.top_k, H, E,
                                                                    a.out, a.ldo);
   CUDA_CHECK_LAUNCH();

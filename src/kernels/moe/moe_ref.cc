@@ -6,6 +6,7 @@
 
 #include "kernels/activation/activation.h"
 #include "kernels/linear/linear.h"
+#include "kernels/lora/lora_stack.h"
 #include "kernels/moe/moe.h"
 
 namespace polylora::kernels::ref {
@@ -29,6 +30,34 @@ void add_lora(const LoraView& l, const float* x, float* y) {
   a.num_rows = 1;
   a.lora = l;
   lora_apply(a);
+}
+
+// Slot-stacked expert LoRA of (slot s, expert e) on one gate/up row (down == false: x [H] -> gu [2I]) or
+// one down row (x = the activation [I] -> y [H]).
+void add_stack_lora(const MoeLoraStack& st, int64_t E, int64_t H, int64_t I, bool interleaved, int32_t s,
+                    int32_t e, bool down, const float* x, float* y) {
+  if (st.empty() || s < 0 || s >= st.slots) return;
+  const int64_t R = st.rank, se = static_cast<int64_t>(s) * E + e;
+  const float* scale = st.scale + se * 3;
+  const int slices = down ? 1 : st.gu_slices;
+  const int64_t in = down ? I : H, out = down ? H : 2 * I;
+  const void* A = down ? st.a_down : st.a_gu;
+  const void* B = down ? st.b_down : st.b_gu;
+  const int64_t a0 = se * slices * R * in, b0 = se * out * R;
+  std::vector<float> mid(static_cast<size_t>(slices * R));
+  for (int64_t j = 0; j < slices * R; ++j) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < in; ++k) acc += stack_at(A, st.dtype, a0 + j * in + k) * x[k];
+    mid[static_cast<size_t>(j)] = acc;
+  }
+  for (int64_t n = 0; n < out; ++n) {
+    const int slice = down ? 0 : (slices == 1 ? 0 : (interleaved ? static_cast<int>(n & 1) : n >= I ? 1 : 0));
+    const float sc = scale[down ? 2 : slice];
+    if (sc == 0.0f) continue;
+    float acc = 0.0f;
+    for (int64_t r = 0; r < R; ++r) acc += stack_at(B, st.dtype, b0 + n * R + r) * mid[static_cast<size_t>(slice * R + r)];
+    y[n] += sc * acc;
+  }
 }
 
 }  // namespace
@@ -95,7 +124,10 @@ void moe_experts(const MoeExpertsArgs& a) {
         linear({.x = x, .m = 1, .ldx = H, .w = ex.gate, .bias = nullptr, .y = gu.data(), .ldy = I});
         linear({.x = x, .m = 1, .ldx = H, .w = ex.up, .bias = nullptr, .y = gu.data() + I, .ldy = I});
       }
-      if (lora) {
+      const bool stack = !a.lora_stack.empty() && slot >= 0;
+      const bool interleaved = a.act == ExpertAct::kGptOssSwiglu;
+      if (stack) add_stack_lora(a.lora_stack, a.num_experts, H, I, interleaved, slot, e, false, x, gu.data());
+      if (lora && !stack) {
         add_lora(lora->gate_up, x, gu.data());
         add_lora(lora->gate, x, gu.data());
         add_lora(lora->up, x, gu.data() + I);
@@ -123,7 +155,8 @@ void moe_experts(const MoeExpertsArgs& a) {
           break;
       }
       linear({.x = h.data(), .m = 1, .ldx = I, .w = ex.down, .bias = ex.down_bias, .y = y.data(), .ldy = H});
-      if (lora) add_lora(lora->down, h.data(), y.data());
+      if (stack) add_stack_lora(a.lora_stack, a.num_experts, H, I, interleaved, slot, e, true, h.data(), y.data());
+      if (lora && !stack) add_lora(lora->down, h.data(), y.data());
       float w = a.weights[t * a.top_k + k];
       for (int64_t i = 0; i < H; ++i) out[i] += w * y[i];
     }

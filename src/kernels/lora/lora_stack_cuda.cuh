@@ -1,0 +1,213 @@
+// kernels/lora/lora_stack_cuda.cuh: the CUDA building blocks of slot-stacked LoRA (lora.h LoraStack, moe.h
+// MoeLoraStack), shared by lora_cuda.cu (dense, SGMV-style) and moe_cuda.cu (expert LoRA):
+// - shrink_kernel: tmp[row, j] = A[key(row)][j] · in[row] over tiles of kTileRows consecutive rows; each
+//   block loads the tile's inputs chunk by chunk into shared memory once and computes kShrinkRanks rank
+//   rows of the concatenated rank space of up to kMaxLoraGroup modules (q/k/v share one read of x). Rows
+//   of the tile with the same key (adapter slot, or slot × expert) share one read of the weights: the
+//   weights are read once per distinct key in the tile, so prefill tiles (one sequence, one slot) and
+//   expert segments sorted by slot read each matrix once.
+// - expand helpers: B rows for a key read once per tile, dotted with the tmp rows of every row with that
+//   key; the dense expand adds scale · B · tmp into y, the MoE ones are fused into the activation and
+//   combine kernels (moe_cuda.cu), so the LoRA sum costs no pass of its own over the outputs.
+// Weights are F32 or BF16 (TW); inputs, tmp and outputs f32. Only included from .cu files.
+// Must not: depend on anything above common/.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda_util.cuh"
+#include "kernels/lora/lora.h"
+
+namespace polylora::kernels::lora_stack {
+
+constexpr int kTileRows = 8;  // rows (tokens, or sorted expert rows) per block
+constexpr int kShrinkWarps = 4;
+constexpr int kShrinkRowsPerWarp = 2;
+constexpr int kShrinkRanks = kShrinkWarps * kShrinkRowsPerWarp;  // rank rows per shrink block
+constexpr int kChunk = 256;                                      // input elements per shared-memory chunk
+constexpr int kExpandThreads = 256;
+
+// 8 consecutive elements w[i..i+8) as f32 (vec: i is a multiple of 8 and the row is 16-byte aligned),
+// elements at or past `end` read as 0 (scalar path only: the vector path is used when they all exist).
+__device__ __forceinline__ void load8(const float* w, int64_t i, int64_t end, bool vec, float* v) {
+  if (vec) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(w + i));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(w + i + 4));
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < 8; ++q) v[q] = i + q < end ? w[i + q] : 0.0f;
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16* w, int64_t i, int64_t end, bool vec, float* v) {
+  if (vec) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(w + i));
+    const auto* p = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = __bfloat1622float2(p[q]);
+      v[2 * q] = f.x;
+      v[2 * q + 1] = f.y;
+    }
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < 8; ++q) v[q] = i + q < end ? __bfloat162float(w[i + q]) : 0.0f;
+}
+
+// What a shrink row reads and writes: `key` selects the weights (−1: the row has none, skipped),
+// `in` the input row, `out` the tmp row.
+struct RowRef {
+  int32_t key;
+  const float* in;
+  float* out;
+};
+
+// Up to kMaxLoraGroup modules side by side in one rank space: rank row j of the group is row j − first[i]
+// of module i's matrix for the key: a[i] + ((key · rank_total[i]) + j − first[i]) · in.
+template <typename TW>
+struct ShrinkGroup {
+  int num = 1;
+  const TW* a[kMaxLoraGroup] = {};
+  int64_t first[kMaxLoraGroup + 1] = {};  // concatenated rank offsets; first[num] = total rank rows
+  int64_t rank_total[kMaxLoraGroup] = {};  // rows per key in module i's stack
+  int64_t in = 0;
+};
+
+// tmp rows for a tile of rows: `refs` (kTileRows, in shared memory, filled by the caller's block before a
+// barrier), the block's kShrinkRanks rank rows starting at j_base. Call from every thread of a block of
+// kShrinkWarps warps; `xs` is shared memory [kTileRows][kChunk].
+template <typename TW>
+__device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_t j_base,
+                            float (*xs)[kChunk]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t total = g.first[g.num];
+  int32_t keys[kTileRows];
+  bool any = false;
+#pragma unroll
+  for (int u = 0; u < kTileRows; ++u) {
+    keys[u] = refs[u].key;
+    any |= keys[u] >= 0;
+  }
+  if (!any) return;  // uniform over the block
+  // This warp's rank rows: module and row within the key's matrix.
+  const TW* wrow[kShrinkRowsPerWarp];
+  int64_t rows_per_key[kShrinkRowsPerWarp];
+  bool valid[kShrinkRowsPerWarp];
+#pragma unroll
+  for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
+    const int64_t j = j_base + warp * kShrinkRowsPerWarp + q;
+    valid[q] = j < total;
+    int i = 0;
+    while (i + 1 < g.num && j >= g.first[i + 1]) ++i;
+    wrow[q] = valid[q] ? g.a[i] + (j - g.first[i]) * g.in : nullptr;
+    rows_per_key[q] = g.rank_total[i];
+  }
+  const bool vec = (g.in & 7) == 0;
+  float acc[kTileRows][kShrinkRowsPerWarp];
+#pragma unroll
+  for (int u = 0; u < kTileRows; ++u)
+#pragma unroll
+    for (int q = 0; q < kShrinkRowsPerWarp; ++q) acc[u][q] = 0.0f;
+  for (int64_t k0 = 0; k0 < g.in; k0 += kChunk) {
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kTileRows * kChunk; idx += blockDim.x) {
+      const int u = idx / kChunk, kk = idx % kChunk;
+      xs[u][kk] = refs[u].key >= 0 && k0 + kk < g.in ? refs[u].in[k0 + kk] : 0.0f;
+    }
+    __syncthreads();
+    const int64_t k = k0 + lane * 8;
+    if (k >= g.in) continue;
+    const bool vk = vec && k + 8 <= g.in;
+    unsigned done = 0;
+#pragma unroll
+    for (int tt = 0; tt < kTileRows; ++tt) {
+      if ((done >> tt) & 1u) continue;
+      const int32_t key = keys[tt];
+      if (key < 0) continue;
+      float w[kShrinkRowsPerWarp][8];
+#pragma unroll
+      for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
+        if (valid[q]) {
+          load8(wrow[q] + static_cast<int64_t>(key) * rows_per_key[q] * g.in, k, g.in, vk, w[q]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) w[q][e] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = tt; u < kTileRows; ++u) {
+        if (keys[u] != key) continue;
+        done |= 1u << u;
+        const float* xv = &xs[u][lane * 8];
+#pragma unroll
+        for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
+          float s = acc[u][q];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s = fmaf(w[q][e], xv[e], s);
+          acc[u][q] = s;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kTileRows; ++u) {
+#pragma unroll
+    for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
+      const float v = cuda_util::warp_sum(acc[u][q]);
+      if (lane == 0 && keys[u] >= 0 && valid[q]) refs[u].out[j_base + warp * kShrinkRowsPerWarp + q] = v;
+    }
+  }
+}
+
+__device__ __forceinline__ float ld1(const float* w, int64_t i) { return w[i]; }
+__device__ __forceinline__ float ld1(const __nv_bfloat16* w, int64_t i) { return __bfloat162float(w[i]); }
+
+// Σ_r b[r] · t[r] for r < rank: b a row of B in global memory (vec: 16-byte aligned and rank a multiple
+// of 8), t in shared memory.
+template <typename TW>
+__device__ __forceinline__ float dot_rank(const TW* b, const float* t, int64_t rank, bool vec) {
+  float s = 0.0f;
+  if (vec) {
+    for (int64_t r = 0; r < rank; r += 8) {
+      float w[8];
+      load8(b, r, rank, true, w);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s = fmaf(w[e], t[r + e], s);
+    }
+    return s;
+  }
+  for (int64_t r = 0; r < rank; ++r) s = fmaf(ld1(b, r), t[r], s);
+  return s;
+}
+
+// acc[u] += B_row · ts[u] for every row u >= tt of a tile with keys[u] == key, marking them done: B_row
+// (R values in global memory, vec: 16-byte aligned with R a multiple of 8) read once for all of them. ts
+// rows (stride lds, a multiple of 8 >= R) are zero past R.
+template <typename TW>
+__device__ __forceinline__ void expand_rows(const TW* brow, int64_t R, bool vec, const float* ts, int64_t lds,
+                                            const int32_t* keys, int32_t key, int tt, float* acc,
+                                            unsigned& done) {
+  for (int64_t r = 0; r < R; r += 8) {
+    float w[8];
+    load8(brow, r, R, vec, w);
+#pragma unroll
+    for (int u = 0; u < kTileRows; ++u) {
+      if (u < tt || keys[u] != key) continue;
+      const float* t = ts + u * lds + r;
+      float s = acc[u];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s = fmaf(w[e], t[e], s);
+      acc[u] = s;
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kTileRows; ++u)
+    if (u >= tt && keys[u] == key) done |= 1u << u;
+}
+
+__host__ __device__ inline int64_t round8(int64_t v) { return (v + 7) / 8 * 8; }
+
+}  // namespace polylora::kernels::lora_stack

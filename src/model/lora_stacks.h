@@ -1,0 +1,104 @@
+// model/lora_stacks.h: the adapters' weights in backend memory, slot-stacked for the batched LoRA kernels
+// (kernels/lora/lora.h LoraStack, kernels/moe/moe.h MoeLoraStack): per layer and module one tensor for A
+// and one for B over every slot, padded to the reserved rank, in the serving dtype (BF16 where the
+// backend's weights are BF16/F16, else F32), and the scales per slot (per slot and expert for experts,
+// 0 where a slot has no LoRA: the kernels skip it). Every module the model has is reserved (q/k/v/o, dense
+// gate/up/down, the experts' gate/up and down), so any adapter fits and CUDA graphs captured with the
+// stacks serve any mix of slots.
+// upload() copies one adapter into one slot through page-locked staging buffers on the backend's upload
+// streams (never inside a forward pass) and waits for it; clear() zeroes a slot's scales.
+// Must not: decide which adapter takes which slot (lora/adapter_slots.h does), or run kernels.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "config/model_config.h"
+#include "kernels/lora/lora.h"
+#include "kernels/moe/moe.h"
+#include "lora/adapter.h"
+
+namespace polylora {
+
+class LoraStacks {
+ public:
+  LoraStacks(Backend& backend, const ModelConfig& config);
+  ~LoraStacks();
+  LoraStacks(const LoraStacks&) = delete;
+  LoraStacks& operator=(const LoraStacks&) = delete;
+
+  // Allocates the stacks for `slots` slots of rank `rank` (rounded up to a multiple of 8), freeing any
+  // previous ones (their contents are lost: every slot is empty afterwards). The caller makes sure no
+  // queued step reads the old ones.
+  void reserve(int64_t slots, int64_t rank);
+  bool reserved() const { return slots_ > 0; }
+  int64_t slots() const { return slots_; }
+  int64_t rank() const { return rank_; }
+  DType dtype() const { return dtype_; }
+  size_t bytes() const { return bytes_; }
+  // Bytes reserve(slots, rank) would allocate.
+  size_t bytes_for(int64_t slots, int64_t rank) const;
+  // Moves every time the stacks are reallocated (graphs hold their pointers).
+  uint64_t epoch() const { return epoch_; }
+
+  // Copies `adapter` into `slot` (its max_rank <= rank(), slot < slots()), waiting for the copies. No
+  // step in flight may read the slot.
+  void upload(int32_t slot, const LoraAdapter& adapter);
+  // The slot holds nothing from now on (its scales are 0).
+  void clear(int32_t slot);
+  // Whether `slot` holds this adapter (the same object and registry version; unregistered adapters, of
+  // version 0, never match, so they are copied at every use).
+  bool holds(int32_t slot, const LoraAdapter& adapter) const;
+
+  // The stack of a dense module of a layer (empty when the model has no such module there), and of a MoE
+  // layer's experts (empty for dense layers).
+  kernels::LoraStack dense(int64_t layer, LoraModule module) const;
+  kernels::MoeLoraStack experts(int64_t layer) const;
+
+ private:
+  struct Dense {
+    void* a = nullptr;
+    void* b = nullptr;
+    int64_t in = 0, out = 0;
+  };
+  struct Experts {
+    void* a_gu = nullptr;
+    void* b_gu = nullptr;
+    void* a_down = nullptr;
+    void* b_down = nullptr;
+  };
+  struct Held {
+    const LoraAdapter* adapter = nullptr;
+    uint64_t generation = 0;
+  };
+  void release();
+  void upload_scales();
+  // Writes rows [0, rows) of `cols` f32 values, produced by fill(row, dst), to dst (stack dtype) through
+  // the staging buffers.
+  template <typename Fill>
+  void put(void* dst, int64_t rows, int64_t cols, const Fill& fill);
+
+  Backend& be_;
+  ModelConfig config_;
+  DType dtype_ = DType::kF32;
+  int gu_slices_ = 1;
+  int64_t slots_ = 0, rank_ = 0;
+  size_t bytes_ = 0;
+  uint64_t epoch_ = 0;
+  std::vector<std::array<Dense, kNumLoraModules>> dense_;  // [layer][module]
+  std::vector<Experts> experts_;                            // [layer]
+  std::vector<void*> allocations_;
+  // Scales, host mirror and device copy: dense [layer][module][slot], then experts
+  // [layer][slot][expert][3].
+  std::vector<float> scales_;
+  float* d_scales_ = nullptr;
+  size_t experts_scale_offset_ = 0;
+  std::vector<Held> held_;
+  std::unique_ptr<UploadStaging> staging_;
+  int next_buffer_ = 0;
+};
+
+}  // namespace polylora
