@@ -50,10 +50,9 @@ struct SamplingParams {
   std::optional<int64_t> truncate_prompt_tokens;
 
   bool greedy() const { return temperature < 1e-5; }
-  // Logit masks only the host sampler applies (allowed_token_ids, bad_words, structured output).
-  bool needs_host_masks() const {
-    return !allowed_token_ids.empty() || !bad_words_token_ids.empty() || structured_output.has_value();
-  }
+  // Logit masks only the host sampler applies (allowed_token_ids, bad_words). Structured-output masks
+  // are applied by either sampler (worker/model_runner.h).
+  bool needs_host_masks() const { return !allowed_token_ids.empty() || !bad_words_token_ids.empty(); }
   // Throws polylora::Error naming the field, e.g. "temperature must be >= 0, got -1".
   void validate(int64_t vocab_size) const;
 };

@@ -437,6 +437,9 @@ std::vector<RequestOutput> Engine::step() {
   runner_->launch(plan, adapters_.get());  // queues nothing for an empty plan
   if (!plan.empty()) launched(plan);
   if (inflight_plan_) complete_inflight();
+  // Structured output: a constrained row whose previous token the completed step sampled gets its mask
+  // now (its matcher has seen that token), while the GPU runs the forward pass queued above.
+  runner_->finish_launch();
   if (plan.empty()) {
     retire_adapters(seq);
   } else {

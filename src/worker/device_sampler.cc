@@ -1,5 +1,6 @@
 // worker/device_sampler.cc: DeviceSampler: SamplingParams -> per-row kernel params and logit edits (on the
-// host, O(prompt + output + bias + stop ids) per row, as the CPU sampler's own processing), one upload,
+// host, O(prompt + output + bias + stop ids) per row, as the CPU sampler's own processing; structured-output
+// bitmasks copied as they are), one upload,
 // the backend's sampling op, one download of the packed results, double-buffered host staging.
 #include "worker/device_sampler.h"
 
@@ -21,15 +22,16 @@ size_t align16(size_t n) {
 
 // Where the sections of one launch's inputs lie in the staging and device buffers.
 struct InputLayout {
-  size_t params = 0, states = 0, edits = 0, biases = 0, bytes = 0;
+  size_t params = 0, states = 0, edits = 0, biases = 0, masks = 0, bytes = 0;
 };
-InputLayout input_layout(size_t rows, size_t edits, size_t biases) {
+InputLayout input_layout(size_t rows, size_t edits, size_t biases, size_t mask_bytes = 0) {
   InputLayout l;
   l.params = 0;
   l.states = align16(l.params + rows * sizeof(k::SampleRowParams));
   l.edits = align16(l.states + rows * sizeof(k::SampleRowState));
   l.biases = align16(l.edits + edits * sizeof(k::SampleEdit));
-  l.bytes = align16(l.biases + biases * sizeof(float));
+  l.masks = align16(l.biases + biases * sizeof(float));
+  l.bytes = align16(l.masks + mask_bytes);
   return l;
 }
 
@@ -98,6 +100,13 @@ void DeviceSampler::build_row(const DeviceSampleRow& row) {
     return static_cast<int32_t>(std::clamp<int64_t>(asked, 0, vocab_));
   };
 
+  if (!row.grammar_mask.empty() && !row.forced_token) {
+    if (row.grammar_mask.size() * 32 < static_cast<size_t>(vocab_))
+      fail("a grammar mask of {} words does not cover the vocabulary ({} tokens)", row.grammar_mask.size(),
+           vocab_);
+    p.mask_row = static_cast<int32_t>(masks_.size());
+    masks_.push_back(row.grammar_mask);
+  }
   if (row.forced_token) {
     check_id(*row.forced_token);
     p.mode = static_cast<int32_t>(k::SampleMode::kForced);
@@ -210,6 +219,7 @@ int DeviceSampler::launch(const float* device_logits, std::span<const DeviceSamp
   states_.clear();
   edits_.clear();
   biases_.clear();
+  masks_.clear();
   slot.meta.clear();
   for (const DeviceSampleRow& row : rows) {
     build_row(row);
@@ -220,7 +230,9 @@ int DeviceSampler::launch(const float* device_logits, std::span<const DeviceSamp
   next_slot_ ^= 1;
   if (n == 0) return last_slot_;
 
-  const InputLayout l = input_layout(params_.size(), edits_.size(), biases_.size());
+  const size_t mask_words = static_cast<size_t>((vocab_ + 31) / 32);
+  const InputLayout l =
+      input_layout(params_.size(), edits_.size(), biases_.size(), masks_.size() * mask_words * sizeof(uint32_t));
   if (l.bytes > slot.in_capacity) {
     be_.free_host(slot.pinned_in);
     slot.in_capacity = l.bytes + l.bytes / 2;
@@ -236,6 +248,9 @@ int DeviceSampler::launch(const float* device_logits, std::span<const DeviceSamp
   std::memcpy(staging + l.states, states_.data(), states_.size() * sizeof(k::SampleRowState));
   if (!edits_.empty()) std::memcpy(staging + l.edits, edits_.data(), edits_.size() * sizeof(k::SampleEdit));
   if (!biases_.empty()) std::memcpy(staging + l.biases, biases_.data(), biases_.size() * sizeof(float));
+  for (size_t m = 0; m < masks_.size(); ++m)
+    std::memcpy(staging + l.masks + m * mask_words * sizeof(uint32_t), masks_[m].data(),
+                mask_words * sizeof(uint32_t));
   be_.copy_to_device_async(in_, staging, l.bytes);
 
   auto* dev = static_cast<char*>(in_);
@@ -248,6 +263,8 @@ int DeviceSampler::launch(const float* device_logits, std::span<const DeviceSamp
   args.state = reinterpret_cast<k::SampleRowState*>(dev + l.states);
   args.edits = reinterpret_cast<const k::SampleEdit*>(dev + l.edits);
   args.biases = reinterpret_cast<const float*>(dev + l.biases);
+  args.masks = masks_.empty() ? nullptr : reinterpret_cast<const uint32_t*>(dev + l.masks);
+  args.mask_words = static_cast<int64_t>(mask_words);
   args.num_rounds = k::sample_num_rounds(params_.data(), n);
   args.any_random = std::any_of(params_.begin(), params_.end(), [](const k::SampleRowParams& p) {
     return p.mode == static_cast<int32_t>(k::SampleMode::kRandom);

@@ -2,7 +2,8 @@
 // worker/sampler.h's Sampler: the same processing order, the same counter-based uniform, the same
 // SampleResult. Only the sampled ids (and the log-probs asked for) come back to the host.
 // Owns: the op's device scratch (4 * max_rows * vocab bytes for the processed logits, plus about 96 KB
-// a row of histograms and candidate buffers), one device input buffer, and two page-locked host staging areas
+// a row of histograms and candidate buffers), one device input buffer (with the rows' structured-output
+// bitmasks, vocab / 8 bytes per constrained row), and two page-locked host staging areas
 // with an event each, so that a launch can be queued while the previous one's copies are still in flight.
 // Must not: keep request state between calls (everything arrives in DeviceSampleRow each launch), make
 // scheduling decisions, or synchronize inside launch() (except to grow its input buffer when a step's
@@ -36,6 +37,9 @@ struct DeviceSampleRow {
   // Prompt logprobs: sample nothing, report this token's raw log-prob and rank and the
   // params->prompt_logprobs best alternatives (Sampler::prompt_logprob with k = prompt_logprobs or 0).
   std::optional<int32_t> forced_token;
+  // Structured output: [mask_words(vocab)] allowed-token bitmask (bit id set = id allowed), uploaded with
+  // the launch's inputs and applied after the other processors; empty = no mask. Read during launch() only.
+  std::span<const uint32_t> grammar_mask;
 };
 
 class DeviceSampler {
@@ -122,6 +126,7 @@ class DeviceSampler {
   std::vector<int32_t> edit_of_;  // [vocab] index into row_edits_ or -1; all -1 between rows
   std::vector<HostEdit> row_edits_;
   std::vector<std::pair<int32_t, float>> row_biases_;
+  std::vector<std::span<const uint32_t>> masks_;  // the launch's rows' masks, by mask_row
 };
 
 }  // namespace polylora

@@ -3,10 +3,74 @@
 #include "worker/model_runner.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "common/error.h"
+#include "structured/grammar.h"
 
 namespace polylora {
+
+// One job at a time on its own thread: run() hands it over, wait() returns when it is done (rethrowing
+// what it threw).
+class ModelRunner::MaskWorker {
+ public:
+  MaskWorker() : thread_([this] { loop(); }) {}
+  ~MaskWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void run(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      CHECK_MSG(!job_ && !busy_, "MaskWorker: a job is already running");
+      job_ = std::move(job);
+    }
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !job_ && !busy_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || job_; });
+      if (!job_) return;
+      std::function<void()> job = std::move(job_);
+      job_ = nullptr;
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      busy_ = false;
+      error_ = error;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
 
 ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, int64_t max_step_tokens,
                          std::unique_ptr<DeviceSampler> device_sampler)
@@ -32,6 +96,7 @@ ModelRunner::~ModelRunner() {
     be.destroy_event(done_[i]);
   }
   be.free(d_ids_);
+  mask_worker_.reset();
 }
 
 StepResult ModelRunner::execute(const StepPlan& plan, const AdapterRegistry* adapters) {
@@ -58,14 +123,16 @@ ModelRunner::Sampling ModelRunner::choose_sampling(const BatchBuilder::Step& ste
               (s->num_output() >= p.min_tokens || (s->sampling->eos_ids.empty() && p.stop_token_ids.empty()));
     device &= !(penalties && s->pending_row >= 0);
     device &= !p.needs_host_masks();  // allowed_token_ids / bad_words: the host sampler's masks
-    argmax &= !p.needs_host_masks();
+    argmax &= !p.needs_host_masks() && !s->sampling->grammar;  // grammar masks: either sampler
   }
   return argmax && !device ? Sampling::kArgmax : device ? Sampling::kDevice : Sampling::kHost;
 }
 
-void ModelRunner::launch_device_sampler(const BatchBuilder::Step& step, InFlight& f) {
+void ModelRunner::launch_device_sampler(const BatchBuilder::Step& step, InFlight& f,
+                                        const std::vector<std::vector<uint32_t>>& masks) {
   sample_rows_.clear();
-  for (const BatchBuilder::Row& o : step.rows) {
+  for (size_t i = 0; i < step.rows.size(); ++i) {
+    const BatchBuilder::Row& o = step.rows[i];
     const BatchBuilder::RequestState& s = *builder_.find(o.id);
     const RequestSampling& info = *s.sampling;
     DeviceSampleRow r;
@@ -78,6 +145,7 @@ void ModelRunner::launch_device_sampler(const BatchBuilder::Step& step, InFlight
       // is the output step either way).
       r.output_ids = std::span<const int32_t>(s.tokens.data() + s.num_prompt_tokens,
                                               static_cast<size_t>(o.position + 1 - s.num_prompt_tokens));
+      r.grammar_mask = masks[i];
     } else {
       r.forced_token = s.tokens[static_cast<size_t>(o.position + 1)];
     }
@@ -89,6 +157,7 @@ void ModelRunner::launch_device_sampler(const BatchBuilder::Step& step, InFlight
 }
 
 void ModelRunner::launch(const StepPlan& plan, const AdapterRegistry* adapters) {
+  CHECK_MSG(!deferred_, "launch() before finish_launch() of the previous launch");
   CHECK_MSG(inflight_.size() < 2, "more than two steps in flight");
   CHECK_MSG(!needs_collect_before_launch(), "the step in flight samples on the host: collect() it first");
   builder_.apply(plan);
@@ -100,8 +169,70 @@ void ModelRunner::launch(const StepPlan& plan, const AdapterRegistry* adapters) 
   const ForwardBatch& b = step_.batch;
   const auto R = static_cast<int64_t>(b.logits_rows.size());
   CHECK_MSG(R <= max_rows_, "a step with {} logits rows exceeds the runner's {}", R, max_rows_);
-  Backend& be = model_.backend();
+  // Structured output: the sampled rows' masks, filled on the worker thread while the forward pass is
+  // queued and runs (the matchers are not touched elsewhere until this step is completed).
+  std::vector<std::vector<uint32_t>> masks(step_.rows.size());
+  std::vector<std::pair<size_t, const structured::GrammarMatcher*>> jobs;
+  bool waits_for_token = false;
+  for (size_t i = 0; i < step_.rows.size(); ++i) {
+    const BatchBuilder::Row& o = step_.rows[i];
+    const BatchBuilder::RequestState& s = *builder_.find(o.id);
+    if (!o.sample || !s.sampling->grammar) continue;
+    waits_for_token |= s.pending_row >= 0;
+    masks[i].resize(structured::mask_words(model_.config().vocab_size));
+    jobs.emplace_back(i, s.sampling->grammar.get());
+  }
+  if (waits_for_token) {
+    // The step in flight is still sampling a constrained row's previous token: queue the forward pass
+    // now, the masks and the sampling in finish_launch().
+    model_.launch(b, kv_.views(), step_.adapters, step_.feed);
+    deferred_ = true;
+    return;
+  }
+  struct JoinMasks {
+    MaskWorker* worker;
+    ~JoinMasks() {
+      if (!worker) return;
+      try {
+        worker->wait();
+      } catch (...) {  // unwinding already: the forward pass's error is the one reported
+      }
+    }
+  } join{nullptr};
+  if (!jobs.empty()) {
+    if (!mask_worker_) mask_worker_ = std::make_unique<MaskWorker>();
+    mask_worker_->run([&masks, &jobs] {
+      for (const auto& [i, matcher] : jobs) matcher->fill_mask(masks[i]);
+    });
+    join.worker = mask_worker_.get();
+  }
   model_.launch(b, kv_.views(), step_.adapters, step_.feed);
+  if (join.worker) {
+    join.worker = nullptr;
+    mask_worker_->wait();
+  }
+  queue_sampling(std::move(masks));
+}
+
+void ModelRunner::finish_launch() {
+  if (!deferred_) return;
+  std::vector<std::vector<uint32_t>> masks(step_.rows.size());
+  for (size_t i = 0; i < step_.rows.size(); ++i) {
+    const BatchBuilder::Row& o = step_.rows[i];
+    const BatchBuilder::RequestState& s = *builder_.find(o.id);
+    if (!o.sample || !s.sampling->grammar) continue;
+    CHECK_MSG(s.pending_row < 0, "finish_launch(): collect() (and complete) the step in flight first");
+    masks[i].resize(structured::mask_words(model_.config().vocab_size));
+    s.sampling->grammar->fill_mask(masks[i]);
+  }
+  deferred_ = false;
+  queue_sampling(std::move(masks));
+}
+
+void ModelRunner::queue_sampling(std::vector<std::vector<uint32_t>> masks) {
+  Backend& be = model_.backend();
+  const auto R = static_cast<int64_t>(step_.batch.logits_rows.size());
+  const bool grammar = std::any_of(masks.begin(), masks.end(), [](const auto& m) { return !m.empty(); });
   InFlight f;
   f.rows = step_.rows;
   f.slot = next_slot_;
@@ -112,10 +243,11 @@ void ModelRunner::launch(const StepPlan& plan, const AdapterRegistry* adapters) 
       be.copy_to_host_async(h_ids_[static_cast<size_t>(f.slot)], d_ids_, static_cast<size_t>(R) * sizeof(int32_t));
       break;
     case Sampling::kDevice:
-      launch_device_sampler(step_, f);
+      launch_device_sampler(step_, f, masks);
       break;
     case Sampling::kHost:
       f.on_host = true;
+      if (grammar) f.masks = std::move(masks);
       break;
   }
   model_.end_step();
@@ -125,6 +257,7 @@ void ModelRunner::launch(const StepPlan& plan, const AdapterRegistry* adapters) 
 }
 
 StepResult ModelRunner::collect() {
+  CHECK_MSG(!inflight_.empty() || !deferred_, "collect() of a launch that waits for finish_launch()");
   CHECK_MSG(!inflight_.empty(), "collect() with no step in flight");
   InFlight f = std::move(inflight_.front());
   inflight_.pop_front();
@@ -133,7 +266,7 @@ StepResult ModelRunner::collect() {
   model_.step_completed();
   StepResult result;
   if (f.on_host) {
-    sample_on_host(f.rows, result);
+    sample_on_host(f.rows, f.masks, result);
   } else if (f.device_sampler) {
     std::vector<SampleResult> res = device_sampler_->wait(f.ticket);
     CHECK(res.size() == f.rows.size());
@@ -158,7 +291,8 @@ StepResult ModelRunner::collect() {
   return result;
 }
 
-void ModelRunner::sample_on_host(const std::vector<BatchBuilder::Row>& rows, StepResult& result) {
+void ModelRunner::sample_on_host(const std::vector<BatchBuilder::Row>& rows,
+                                 const std::vector<std::vector<uint32_t>>& masks, StepResult& result) {
   const int64_t vocab = model_.config().vocab_size;
   logits_.resize(rows.size() * static_cast<size_t>(vocab));
   // No later step was launched (needs_collect_before_launch()), so the device logits are this step's.
@@ -167,9 +301,6 @@ void ModelRunner::sample_on_host(const std::vector<BatchBuilder::Row>& rows, Ste
   // Prompt logprobs first (sampling modifies rows in place), then one sampling call for the batch.
   std::vector<SamplerRow> sample_rows;
   std::vector<RequestId> sample_ids;
-  // Structured output: each constrained row's token mask, from its matcher's current state (the engine
-  // advanced it with every token before this step was launched).
-  std::vector<std::vector<uint32_t>> grammar_masks;
   for (size_t r = 0; r < rows.size(); ++r) {
     const BatchBuilder::Row& o = rows[r];
     const BatchBuilder::RequestState& s = *builder_.find(o.id);
@@ -193,16 +324,12 @@ void ModelRunner::sample_on_host(const std::vector<BatchBuilder::Row>& rows, Ste
                                                known - static_cast<size_t>(s.num_prompt_tokens));
       sr.eos_ids = info.eos_ids;
       sr.seed = info.seed;
-      if (info.grammar) {
-        grammar_masks.emplace_back(structured::mask_words(vocab));
-        info.grammar->fill_mask(grammar_masks.back());
-      }
+      // Structured output: the mask launch() filled from the row's matcher (empty: none).
+      if (r < masks.size()) sr.grammar_mask = masks[r];
       sample_rows.push_back(sr);
       sample_ids.push_back(o.id);
     }
   }
-  for (size_t i = 0, g = 0; i < sample_rows.size(); ++i)
-    if (builder_.find(sample_ids[i])->sampling->grammar) sample_rows[i].grammar_mask = grammar_masks[g++];
   std::vector<SampleResult> sampled = sampler_.sample(sample_rows);
   for (size_t i = 0; i < sampled.size(); ++i) {
     SampledToken t;

@@ -2,7 +2,10 @@
 // it, the step's rows are sampled (on the device where the logits are, when every row allows it; else on
 // the host with the CPU sampler) and a StepResult comes back. Steps can be queued ahead (launch() then,
 // later, collect()): a step's sampled ids stay on the device and feed the next step's inputs there, so
-// the engine plans and queues step N+1 while the GPU runs step N.
+// the engine plans and queues step N+1 while the GPU runs step N. Rows with a structured-output grammar
+// get their allowed-token bitmask from their matcher while the forward pass runs (on a worker thread, or,
+// when the previous token is still being sampled, in finish_launch() after the engine completed that
+// step); the sampler (device or CPU) applies it.
 // Must not: make scheduling decisions (what runs, and when, comes from the plan).
 #pragma once
 
@@ -56,8 +59,15 @@ class ModelRunner {
   void launch(const StepPlan& plan, const AdapterRegistry* adapters = nullptr);
   // Waits for the oldest queued step and returns its result.
   StepResult collect();
-  bool in_flight() const { return !inflight_.empty(); }
+  bool in_flight() const { return !inflight_.empty() || deferred_; }
   bool needs_collect_before_launch() const { return !inflight_.empty() && inflight_.back().on_host; }
+  // Structured output with a step queued ahead: when a constrained row's previous token is still being
+  // sampled by the step in flight, launch() queues only the forward pass; the caller then collect()s and
+  // completes the step in flight (advancing the row's matcher by that token) and calls finish_launch(),
+  // which computes the masks (while the GPU runs the forward pass) and queues the sampling. A no-op
+  // otherwise.
+  void finish_launch();
+  bool launch_deferred() const { return deferred_; }
 
   const KvStorage& kv() const { return kv_; }
   // Captures the model's decode graphs over this runner's KV cache (see Model::prepare_graphs).
@@ -73,11 +83,19 @@ class ModelRunner {
     int ticket = 0;        // of the device sampler's launch
     std::vector<char> want_logprobs;  // per row (the request's state may be gone by collect())
     int slot = 0;          // pinned ids buffer and event
+    // Structured output, host sampling: each row's allowed-token bitmask (empty: none), computed at
+    // launch while the forward pass ran.
+    std::vector<std::vector<uint32_t>> masks;
   };
   Sampling choose_sampling(const BatchBuilder::Step& step) const;
-  void launch_device_sampler(const BatchBuilder::Step& step, InFlight& f);
-  // Copies the step's logits to the host: prompt logprobs, then the CPU sampler on the sampled rows.
-  void sample_on_host(const std::vector<BatchBuilder::Row>& rows, StepResult& result);
+  void launch_device_sampler(const BatchBuilder::Step& step, InFlight& f,
+                             const std::vector<std::vector<uint32_t>>& masks);
+  // step_'s sampling (masks: per row, empty = none), end of step, and its InFlight entry.
+  void queue_sampling(std::vector<std::vector<uint32_t>> masks);
+  // Copies the step's logits to the host: prompt logprobs, then the CPU sampler on the sampled rows
+  // (masks: per row, as InFlight::masks).
+  void sample_on_host(const std::vector<BatchBuilder::Row>& rows, const std::vector<std::vector<uint32_t>>& masks,
+                      StepResult& result);
 
   Model& model_;
   KvStorage kv_;
@@ -93,6 +111,10 @@ class ModelRunner {
   std::vector<float> logits_;
   std::unique_ptr<DeviceSampler> device_sampler_;
   std::vector<DeviceSampleRow> sample_rows_;
+  // Structured output: a thread that fills the step's grammar masks while the forward pass runs.
+  class MaskWorker;
+  std::unique_ptr<MaskWorker> mask_worker_;
+  bool deferred_ = false;  // step_'s forward pass is queued, its sampling waits for finish_launch()
 };
 
 }  // namespace polylora

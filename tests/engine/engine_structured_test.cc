@@ -2,7 +2,8 @@
 // constrained response parses and conforms to its schema (the random tiny model writes something else
 // unconstrained), choice and regex outputs match, and a batch mixing constrained and free requests gives
 // each the outputs it gets alone, with synchronous and asynchronous scheduling and with the device sampler
-// (constrained rows go to the host sampler). Bad schemas are refused by add_request, naming the problem.
+// (which applies the grammar masks itself: the same tokens as the host sampler's masks). Bad schemas are
+// refused by add_request, naming the problem.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -103,29 +104,43 @@ const char* kPersonSchema = R"({"type": "object", "properties": {
   "$defs": {"ref": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 99}},
                     "required": ["id"]}}})";
 
+const char* kNumbersSchema = R"({"type": "object", "properties": {
+    "t": {"type": "number", "minimum": -40.5, "exclusiveMaximum": 60.25},
+    "p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "n": {"type": "array", "items": {"type": "integer", "minimum": -3, "maximum": 3}, "maxItems": 3}},
+  "required": ["t", "p", "n"], "additionalProperties": false})";
+
 TEST_F(EngineStructuredTest, ConstrainedOutputsParseAndConform) {
-  auto e = engine(false, false);
-  const nlohmann::json schema = nlohmann::json::parse(kPersonSchema);
+  const nlohmann::json person = nlohmann::json::parse(kPersonSchema);
+  const nlohmann::json numbers = nlohmann::json::parse(kNumbersSchema);
   std::vector<EngineRequest> reqs;
   const std::vector<std::string> prompts = {"Hello world", "The quick brown fox", "Once upon a time",
                                             "Write JSON:"};
-  for (size_t i = 0; i < prompts.size(); ++i)
+  for (size_t i = 0; i < prompts.size(); ++i) {
     for (double t : {0.0, 1.0})
       reqs.push_back(request("p" + std::to_string(i) + "t" + std::to_string(static_cast<int>(t)), prompts[i],
                              GrammarSpec{SpecKind::kJsonSchema, kPersonSchema, {}}, t, 100 + i));
+    reqs.push_back(request("numbers" + std::to_string(i), prompts[i],
+                           GrammarSpec{SpecKind::kJsonSchema, kNumbersSchema, {}}, 1.0, 200 + i));
+  }
   // The same prompt without a constraint: the model writes something that is not the schema's JSON.
   reqs.push_back(request("free", prompts[0], std::nullopt, 0.0, 1, 40));
-  auto out = run(*e, reqs);
-  ASSERT_EQ(out.size(), reqs.size());
-  for (const auto& [id, o] : out) {
-    if (id == "free") {
-      EXPECT_TRUE(nlohmann::json::parse(o.text, nullptr, false).is_discarded()) << o.text;
-      continue;
+  // Masks applied by the host sampler and by the device sampler (its host version here).
+  for (bool device : {false, true}) {
+    auto e = engine(false, device);
+    auto out = run(*e, reqs);
+    ASSERT_EQ(out.size(), reqs.size());
+    for (const auto& [id, o] : out) {
+      if (id == "free") {
+        EXPECT_TRUE(nlohmann::json::parse(o.text, nullptr, false).is_discarded()) << o.text;
+        continue;
+      }
+      EXPECT_EQ(o.finish, FinishReason::kStop) << id << ": " << o.text;
+      nlohmann::json v = nlohmann::json::parse(o.text, nullptr, false);
+      ASSERT_FALSE(v.is_discarded()) << id << " is not JSON: " << o.text;
+      const nlohmann::json& schema = id.starts_with("numbers") ? numbers : person;
+      EXPECT_EQ(testing_util::schema_violation(v, schema, schema), "") << id << " device " << device << ": " << o.text;
     }
-    EXPECT_EQ(o.finish, FinishReason::kStop) << id << ": " << o.text;
-    nlohmann::json v = nlohmann::json::parse(o.text, nullptr, false);
-    ASSERT_FALSE(v.is_discarded()) << id << " is not JSON: " << o.text;
-    EXPECT_EQ(testing_util::schema_violation(v, schema, schema), "") << id << ": " << o.text;
   }
 }
 
@@ -163,7 +178,12 @@ TEST_F(EngineStructuredTest, MixedBatchesMatchRequestsAlone) {
       request("json-sampled", "Once upon", GrammarSpec{SpecKind::kJsonSchema, kPersonSchema, {}}, 0.8, 3),
       request("free-sampled", "Write JSON:", std::nullopt, 0.8, 4, 30),
       request("choice", "Answer:", GrammarSpec{SpecKind::kChoice, "", {"yes", "no"}}, 1.0, 5),
+      request("json-numbers", "Numbers:", GrammarSpec{SpecKind::kJsonSchema, kNumbersSchema, {}}, 1.0, 6),
   };
+  // Constrained rows with filters, penalties and log-probs (each sampler applies the mask after them).
+  reqs.back().sampling.top_k = 20;
+  reqs.back().sampling.repetition_penalty = 1.2;
+  reqs.back().sampling.logprobs = 2;
   // Alone: synchronous, with or without the device sampler (its random draws are its own).
   std::map<bool, std::map<std::string, Out>> alone;
   for (bool device : {false, true})
@@ -172,7 +192,7 @@ TEST_F(EngineStructuredTest, MixedBatchesMatchRequestsAlone) {
       alone[device][r.request_id] = run(*e, {r}).at(r.request_id);
     }
   for (const auto& r : reqs)
-    if (r.sampling.structured_output)  // constrained rows always sample on the host
+    if (r.sampling.structured_output)  // the device sampler's masks give the host sampler's tokens
       EXPECT_EQ(alone[false][r.request_id].tokens, alone[true][r.request_id].tokens) << r.request_id;
   for (bool async : {false, true})
     for (bool device : {false, true}) {

@@ -99,6 +99,38 @@ TEST(GpuSampler, DistributionMatchesSoftmax) {
   sc::distributions_match(backend());
 }
 
+// Structured-output bitmasks applied on the device (kernels/sampling prepare phase): the CPU Sampler's
+// tokens (allowed by the masks), and exactly the host version's results with the fused and per-phase
+// kernels at several batch sizes.
+TEST(GpuSampler, GrammarMasksMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  sc::grammar_masks_match(backend(), 4099, 60, 0.95);
+  sc::grammar_masks_match(backend(), 201088, 64, 0.95);
+  for (int64_t vocab : {4099, 201088}) {
+    for (int64_t rows : {1, 13, 64, 130}) {
+      const auto logits = sc::normal_logits(rows, vocab, 95 + rows);
+      const auto cases = sc::masked_cases(rows, vocab, logits, 96 + static_cast<uint64_t>(rows));
+      for (bool fused : {true, false}) {
+        sc::DeviceRows dev_gpu(backend(), logits), dev_cpu(cpu(), logits);
+        DeviceSampler gpu(backend(), vocab, rows, 20), host(cpu(), vocab, rows, 20);
+        gpu.set_fused_kernel(fused);
+        const auto a = sc::device_results(gpu, dev_gpu.get(), cases);
+        const auto b = sc::device_results(host, dev_cpu.get(), cases);
+        const std::string what = "masks vocab " + std::to_string(vocab) + " rows " + std::to_string(rows) +
+                                 (fused ? " fused" : " per phase");
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t r = 0; r < a.size(); ++r) {
+          ASSERT_EQ(a[r].token, b[r].token) << what << " row " << r;
+          EXPECT_EQ(a[r].rank, b[r].rank) << what << " row " << r;
+          EXPECT_NEAR(a[r].logprob, b[r].logprob, 1e-6) << what << " row " << r;
+          ASSERT_EQ(a[r].top.size(), b[r].top.size()) << what << " row " << r;
+          for (size_t j = 0; j < a[r].top.size(); ++j) EXPECT_EQ(a[r].top[j].id, b[r].top[j].id) << what;
+        }
+      }
+    }
+  }
+}
+
 TEST(GpuSampler, DegenerateRowsMatchCpu) {
   SKIP_WITHOUT_GPU();
   sc::degenerate_rows_match(backend());

@@ -2,7 +2,7 @@
 // with the semantics of worker/sampler.h (vLLM v1 order): raw log-probs (log_softmax of the unprocessed
 // logits) of the chosen token with its rank and the top-N raw log-probs; min_tokens masking, logit_bias
 // and repetition / frequency / presence penalties (given as a compact per-row edit list built on the
-// host); then greedy argmax, or temperature, min_p, top_k, top_p and an inverse-CDF draw with the
+// host), a structured-output bitmask per row (disallowed tokens -inf); then greedy argmax, or temperature, min_p, top_k, top_p and an inverse-CDF draw with the
 // counter-based uniform of sampler_uniform(seed, step). Forced rows (prompt logprobs) report the raw
 // log-prob, rank and top-N of a given token and draw nothing.
 //
@@ -86,6 +86,10 @@ struct SampleRowParams {
   int32_t edit_end = 0;
   uint64_t seed = 0;  // the request's generator seed
   int64_t step = 0;   // tokens generated so far (the uniform's counter)
+  // Structured output: row mask_row of SampleArgs::masks is this row's allowed-token bitmask (bit i of
+  // word i / 32 set = token i allowed); every other token's processed logit is -inf. -1: no mask.
+  int32_t mask_row = -1;
+  int32_t pad = 0;
 };
 
 // SampleSelector::status
@@ -195,6 +199,10 @@ struct SampleArgs {
   SampleRowState* state = nullptr;          // [rows], from init_sample_row_state(); updated
   const SampleEdit* edits = nullptr;        // the rows' edit ranges
   const float* biases = nullptr;            // the edits' bias ranges
+  // Allowed-token bitmasks of the rows with a mask_row: [num_masks, mask_words] uint32, mask_words >=
+  // ceil(vocab / 32); applied after the edits (the CPU sampler's apply_grammar_mask).
+  const uint32_t* masks = nullptr;
+  int64_t mask_words = 0;
   int32_t num_rounds = 0;                   // CUDA round kernels: sample_num_rounds(params, rows)
   bool any_random = true;                   // false: no row is kRandom (the draw phase is skipped)
   // CUDA: every phase in one cooperative kernel (grid barriers between phases, rounds stop once no row

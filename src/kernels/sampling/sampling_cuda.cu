@@ -4,7 +4,8 @@
 // sums, maxima of order keys) and, where a decision needs all of them, by the last block of the row to
 // finish (a per-row counter; threadfence before the count, so that block sees every other block's
 // writes), which also re-zeroes what it consumed. Kernels, in stream order:
-//   prepare  (tiles of 2048): raw max; edits + temperature into the processed copy; its max / argmax;
+//   prepare  (tiles of 2048): raw max; edits, the row's bitmask + temperature into the processed copy;
+//            its max / argmax;
 //            the first histogram (top 11 key bits) of the top-N and top_k selectors.
 //   round x num_rounds: per running selector either a histogram round (2048 bins in shared memory,
 //            non-zero bins flushed to the row's global histogram; the last block finds the crossing bin
@@ -540,8 +541,13 @@ __device__ void prepare_phase(const Launch& c, int64_t row, int tile_idx, int nt
     const bool random = p.mode == static_cast<int32_t>(SampleMode::kRandom);
     const bool divide = random && p.temperature != 1.0f;
     float* proc = c.proc + row * c.vocab + base;
+    // Structured output: the row's allowed-token bitmask (kPrepTile is a multiple of 32, so a tile
+    // starts at a word).
+    const uint32_t* bits = p.mask_row >= 0 ? c.a.masks + static_cast<int64_t>(p.mask_row) * c.a.mask_words + base / 32
+                                           : nullptr;
     for (int i = threadIdx.x; i < len; i += kThreads) {
       float v = tile[i];
+      if (bits && !(__ldg(bits + (i >> 5)) >> (i & 31) & 1u)) v = kNegInf;
       if (divide) v = fdiv(v, p.temperature);
       if (random) proc[i] = v;
       if (v == v) {

@@ -84,6 +84,11 @@ void sample(const SampleArgs& a) {
         const SampleEdit& ed = a.edits[e];
         proc[ed.token] = apply_edit(proc[ed.token], ed, a.biases, p);
       }
+      if (p.mask_row >= 0) {
+        const uint32_t* bits = a.masks + static_cast<int64_t>(p.mask_row) * a.mask_words;
+        for (int64_t i = 0; i < vocab; ++i)
+          if (!(bits[i >> 5] >> (i & 31) & 1u)) proc[i] = kNegInf;
+      }
       if (mode == SampleMode::kRandom && p.temperature != 1.0f)
         for (int64_t i = 0; i < vocab; ++i) proc[i] = fdiv(proc[i], p.temperature);
       for (int64_t i = 0; i < vocab; ++i)

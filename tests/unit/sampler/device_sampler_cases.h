@@ -32,6 +32,7 @@ struct Case {
   std::vector<int32_t> eos;
   uint64_t seed = 0;
   std::optional<int32_t> forced;
+  std::vector<uint32_t> mask;  // structured output: allowed-token bitmask (empty: none)
 };
 
 inline std::vector<float> normal_logits(int64_t rows, int64_t vocab, uint64_t seed, float stddev = 2.0f) {
@@ -82,7 +83,7 @@ inline std::vector<SampleResult> cpu_results(const std::vector<float>& logits, i
       out.push_back(
           Sampler::prompt_logprob(row.data(), vocab, *c.forced, c.params.prompt_logprobs.value_or(0)));
     } else {
-      SamplerRow sr{row.data(), &c.params, c.prompt, c.output, c.eos, c.seed};
+      SamplerRow sr{row.data(), &c.params, c.prompt, c.output, c.eos, c.seed, c.mask};
       out.push_back(sampler.sample_row(sr));
     }
   }
@@ -91,7 +92,7 @@ inline std::vector<SampleResult> cpu_results(const std::vector<float>& logits, i
 
 inline std::vector<DeviceSampleRow> device_rows(const std::vector<Case>& cases) {
   std::vector<DeviceSampleRow> rows;
-  for (const Case& c : cases) rows.push_back({&c.params, c.prompt, c.output, c.eos, c.seed, c.forced});
+  for (const Case& c : cases) rows.push_back({&c.params, c.prompt, c.output, c.eos, c.seed, c.forced, c.mask});
   return rows;
 }
 
@@ -340,7 +341,7 @@ inline void distribution_matches(Backend& be, const SamplingParams& params, cons
     const int64_t n = std::min<int64_t>(kBatch, draws - start);
     for (int64_t r = 0; r < n; ++r)
       rows[r] = {&params, {},   std::span<const int32_t>(history.data(), static_cast<size_t>(start + r)),
-                 {},      2024, {}};
+                 {},      2024, {}, {}};
     ds.launch(dev.get(), std::span<const DeviceSampleRow>(rows.data(), static_cast<size_t>(n)));
     for (const SampleResult& res : ds.wait()) ++counts[static_cast<size_t>(res.token)];
   }
@@ -417,6 +418,93 @@ inline void degenerate_rows_match(Backend& be) {
   cases[4].params.logprobs = 20;
   cases[4].seed = 5;
   check_cases(be, kVocab, logits, cases, 1.0, "degenerate");
+}
+
+// Structured-output bitmasks: rows of every kind (greedy, seeded with each filter, log-probs, processors,
+// a forced row, rows without a mask between them) with masks that exclude the argmax, allow one token,
+// allow only ids in the last partial word, allow a random third, or allow nothing. Tokens equal the CPU
+// sampler's (greedy and single-token rows exactly, seeded ones on >= min_equal of the rows), every token
+// a masked row draws is allowed by its mask, and the log-probs reported are the raw (unmasked) ones.
+inline std::vector<Case> masked_cases(int64_t rows, int64_t vocab, const std::vector<float>& logits,
+                                      uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto words = static_cast<size_t>((vocab + 31) / 32);
+  std::vector<Case> cases(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    Case& c = cases[static_cast<size_t>(r)];
+    const float* row = logits.data() + r * vocab;
+    const auto best = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    switch (r % 6) {
+      case 0: c.params = greedy(r % 12 == 0 ? std::optional<int64_t>(4) : std::nullopt); break;
+      case 1: c.params.top_k = 40; break;
+      case 2: c.params.top_p = 0.9; c.params.temperature = 0.7; break;
+      case 3: c.params.min_p = 0.05; c.params.logprobs = 3; break;
+      case 4: c.params.temperature = 1.3; c.params.logit_bias = {{best, -0.5}}; break;
+      case 5: c.params = greedy(); c.params.min_tokens = 3; c.eos = {(best + 1) % static_cast<int32_t>(vocab)}; break;
+    }
+    c.seed = seed + static_cast<uint64_t>(r);
+    if (r % 7 == 6) continue;  // no mask
+    if (r % 13 == 10) {
+      c.forced = static_cast<int32_t>(r % vocab);  // a forced row reports raw log-probs; a mask is ignored
+      c.params.prompt_logprobs = 2;
+    }
+    c.mask.assign(words, 0);
+    auto allow = [&](int64_t id) { c.mask[static_cast<size_t>(id >> 5)] |= 1u << (id & 31); };
+    switch (r % 5) {
+      case 0:  // everything but the argmax
+        std::fill(c.mask.begin(), c.mask.end(), 0xFFFFFFFFu);
+        c.mask[static_cast<size_t>(best >> 5)] &= ~(1u << (best & 31));
+        break;
+      case 1:  // one token
+        allow((best * 7 + 3) % vocab);
+        break;
+      case 2:  // the last partial word only (and its bits past the vocabulary, which must not matter)
+        for (int64_t id = (vocab - 1) / 32 * 32; id < vocab; ++id) allow(id);
+        c.mask.back() = 0xFFFFFFFFu;
+        break;
+      case 3:  // a random third
+        for (int64_t id = 0; id < vocab; ++id)
+          if (rng() % 3 == 0) allow(id);
+        break;
+      case 4:  // nothing (the all -inf fallbacks)
+        break;
+    }
+  }
+  return cases;
+}
+
+inline void grammar_masks_match(Backend& be, int64_t vocab, int64_t rows, double min_equal) {
+  const auto logits = normal_logits(rows, vocab, 91 + static_cast<uint64_t>(vocab));
+  const auto cases = masked_cases(rows, vocab, logits, 92);
+  DeviceRows dev(be, logits);
+  DeviceSampler ds(be, vocab, rows, 20);
+  const auto cpu = cpu_results(logits, vocab, cases);
+  const auto got = device_results(ds, dev.get(), cases);
+  const std::string what = "masks vocab " + std::to_string(vocab);
+  const int64_t differ = compare(cpu, got, cases, what);
+  EXPECT_GE(static_cast<double>(rows - differ) / static_cast<double>(rows), min_equal)
+      << what << ": " << differ << " of " << rows << " tokens differ";
+  for (int64_t r = 0; r < rows; ++r) {
+    const Case& c = cases[static_cast<size_t>(r)];
+    const int32_t t = got[static_cast<size_t>(r)].token;
+    const bool exact = c.params.greedy() || (!c.mask.empty() && r % 5 == 1);
+    if (exact) {
+      EXPECT_EQ(t, cpu[static_cast<size_t>(r)].token) << what << " row " << r;
+    }
+    const bool any_allowed = std::any_of(c.mask.begin(), c.mask.end(), [](uint32_t w) { return w != 0; });
+    if (!c.mask.empty() && !c.forced && any_allowed && r % 5 != 2) {
+      EXPECT_TRUE(c.mask[static_cast<size_t>(t >> 5)] >> (t & 31) & 1u) << what << " row " << r << " token " << t;
+    }
+    if (!c.mask.empty() && r % 5 == 2 && !c.forced) {
+      EXPECT_GE(t, (vocab - 1) / 32 * 32) << what << " row " << r;
+    }
+    if (!c.forced && c.params.logprobs && t >= 0) {  // the raw log-prob of the token
+      const float* row = logits.data() + r * vocab;
+      double m = *std::max_element(row, row + vocab), sum = 0;
+      for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i]) - m);
+      EXPECT_NEAR(got[static_cast<size_t>(r)].logprob, row[t] - m - std::log(sum), 1e-4) << what << " row " << r;
+    }
+  }
 }
 
 }  // namespace polylora::sampler_cases

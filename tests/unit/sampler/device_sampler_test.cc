@@ -141,12 +141,17 @@ TEST(DeviceSamplerCpu, DegenerateRowsMatch) {
   sc::degenerate_rows_match(cpu());
 }
 
+TEST(DeviceSamplerCpu, GrammarMasksMatch) {
+  sc::grammar_masks_match(cpu(), 1000, 60, 0.95);
+  sc::grammar_masks_match(cpu(), 4099, 30, 0.95);  // a partial last mask word
+}
+
 TEST(DeviceSamplerCpu, BadInputsAreErrors) {
   DeviceSampler ds(cpu(), 100, 4, 5);
   std::vector<float> logits(100, 0.0f);
   SamplingParams p;
   p.logit_bias = {{42, 1.0}, {100, 1.0}};
-  DeviceSampleRow row{&p, {}, {}, {}, 0, {}};
+  DeviceSampleRow row{&p, {}, {}, {}, 0, {}, {}};
   EXPECT_THROW(ds.launch(logits.data(), std::span<const DeviceSampleRow>(&row, 1)), Error);
   SamplingParams many;
   many.logprobs = 6;
