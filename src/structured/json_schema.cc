@@ -419,10 +419,12 @@ class SchemaConverter {
     };
     exclusive("exclusiveMinimum", min, true);
     exclusive("exclusiveMaximum", max, false);
-    if (!min && !max) return basic("integer");
     const auto limit = static_cast<double>(kIntLimit);
-    if ((min && std::ceil(*min) > limit) || (max && std::floor(*max) < -limit) ||
-        (min && std::ceil(*min) < -limit) || (max && std::floor(*max) > limit))
+    // Bounds beyond what the grammar writes (18 digits) on the open side are no limit.
+    if (min && std::ceil(*min) < -limit) min.reset();
+    if (max && std::floor(*max) > limit) max.reset();
+    if (!min && !max) return basic("integer");
+    if ((min && std::ceil(*min) > limit) || (max && std::floor(*max) < -limit))
       error(path, "integer bounds beyond ±{} are not supported", kIntLimit);
     const int64_t lo = min ? static_cast<int64_t>(std::ceil(*min)) : -kIntLimit;
     const int64_t hi = max ? static_cast<int64_t>(std::floor(*max)) : kIntLimit;

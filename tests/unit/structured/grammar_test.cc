@@ -247,6 +247,10 @@ TEST_F(Engine, SchemaIntegerBoundsExact) {
     EXPECT_FALSE(matches(*g, "-0"));
     EXPECT_FALSE(matches(*g, "007"));
   }
+  expect_all(schema(R"({"type": "integer", "minimum": -1e30, "maximum": 3e40})"), {"-999999999999999999", "0", "7"},
+             {"1.5"});
+  EXPECT_NE(error_of({SpecKind::kJsonSchema, R"({"type": "integer", "minimum": 1e19})", {}}).find("beyond"),
+            std::string::npos);
   auto lower_only = schema(R"({"type": "integer", "minimum": 5})");
   expect_all(lower_only, {"5", "6", "1000000000000"}, {"4", "-5", "0"});
   EXPECT_NE(error_of({SpecKind::kJsonSchema, R"({"type": "integer", "minimum": 5, "maximum": 4})", {}})
