@@ -93,11 +93,11 @@ struct MoeExpertsArgs {
   const int32_t* token_slots = nullptr;  // [m]
   const ExpertLoraView* lora = nullptr;  // [num_slots · num_experts]
   int64_t num_slots = 0;
+  // Or slot-stacked expert LoRA (used when not empty; token_slots as above, `lora` unused).
+  MoeLoraStack lora_stack;
   float* out = nullptr;  // [m, hidden], row stride ldo; overwritten
   int64_t ldo = 0;
 };
-  // Or slot-stacked expert LoRA (used when not empty; token_slots as above, `lora` unused).
-  MoeLoraStack lora_stack;
 
 namespace ref {
 void route(const RouteArgs& args);
