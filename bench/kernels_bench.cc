@@ -1,22 +1,31 @@
-// bench/kernels_bench.cc: `polylora_bench kernels [--json]`: the CPU fast kernels at model shapes, judged
-// against the machine's limits measured in the same run (memory bandwidth, OpenBLAS sgemm) and against
-// their references (speedup). Every benchmarked kernel is also covered by tests/kernels/.
-// Must not: validate numerics (the tests do); run longer than about a minute.
+// bench/kernels_bench.cc: `polylora_bench kernels [--json] [--device cpu|cuda]`: the CPU fast kernels at
+// model shapes, judged against the machine's limits measured in the same run (memory bandwidth, OpenBLAS
+// sgemm) and against their references (speedup). Every benchmarked kernel is also covered by tests/kernels/.
+// --device cuda: the CUDA kernels' entries (slot-stacked dense LoRA, lora_batch, at GPT-OSS-20B's q/k/v and
+// o shapes), each first checked against its reference on the host (a failure is an error: a benchmarked
+// kernel is a validated one; the GPU tests cover the awkward shapes), then timed as CUDA-graph replays and
+// judged against the device copy bandwidth measured in the same run.
+// Must not: run longer than about a minute.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
+#include "backend_timing.h"
 #include "bench_command.h"
 #include "common/dtype.h"
+#include "common/error.h"
 #include "kernels/attention/attention.h"
 #include "kernels/linear/linear.h"
+#include "kernels/lora/lora.h"
 #include "kernels/moe/moe.h"
 #include "machine_limits.h"
 
@@ -192,6 +201,136 @@ Result bench_attention(bool decode, double bandwidth) {
   return {"attention prefill", shape, t * 1e3, flops / t / 1e9, "GFLOP/s", -1.0, t_ref / t};
 }
 
+// Slot-stacked dense LoRA (Backend::lora_batch) at GPT-OSS-20B shapes: q/k/v (x 2880 -> 4096, 512, 512, one
+// call for the three) or o (4096 -> 2880); 8 slots of BF16 rank-16 stacks (uniform ±0.05), m tokens
+// round-robin over 8 adapters (1 at m = 1). Validated against ref::lora_batch on every token first (max error
+// over rms(ref LoRA term) <= 1e-4: f32 products of the same values), then timed; the throughput counts the
+// LoRA weights of the distinct slots used (read once) plus x and y (read + written), against the copy
+// bandwidth.
+Result bench_lora_batch_device(Backend& be, int64_t m, bool qkv, double copy_gbs) {
+  constexpr int64_t kSlots = 8, kRank = 16;
+  const int num = qkv ? 3 : 1;
+  const int64_t in = qkv ? 2880 : 4096;
+  const int64_t outs[3] = {qkv ? 4096 : 2880, 512, 512};
+  const int64_t nact = m == 1 ? 1 : kSlots;
+  std::vector<float> x = random_floats(static_cast<size_t>(m * in), 21);
+  std::vector<int32_t> slots(static_cast<size_t>(m));
+  for (int64_t t = 0; t < m; ++t) slots[t] = static_cast<int32_t>(t % nact);
+  std::vector<void*> ptrs;
+  auto up = [&](const void* src, size_t bytes) {
+    void* p = be.alloc(std::max<size_t>(bytes, 1));
+    ptrs.push_back(p);
+    be.copy_to_device(p, src, bytes);
+    return p;
+  };
+  std::vector<std::vector<uint16_t>> a(3), b(3);
+  std::vector<float> scale(kSlots, 1.0f);
+  std::vector<std::vector<float>> y0(3);
+  LoraBatchArgs h;
+  h.x = x.data();
+  h.ldx = in;
+  h.m = m;
+  h.token_slots = slots.data();
+  h.num = num;
+  LoraBatchArgs d = h;
+  d.x = static_cast<const float*>(up(x.data(), x.size() * sizeof(float)));
+  d.token_slots = static_cast<const int32_t*>(up(slots.data(), slots.size() * sizeof(int32_t)));
+  const float* d_scale = static_cast<const float*>(up(scale.data(), scale.size() * sizeof(float)));
+  double weight_bytes = 0, act_bytes = static_cast<double>(m * in) * 4;
+  for (int i = 0; i < num; ++i) {
+    a[i] = random_bf16(static_cast<size_t>(kSlots * kRank * in), static_cast<uint32_t>(30 + i));
+    b[i] = random_bf16(static_cast<size_t>(kSlots * outs[i] * kRank), static_cast<uint32_t>(40 + i));
+    h.w[i] = {.a = a[i].data(),
+              .b = b[i].data(),
+              .dtype = DType::kBF16,
+              .scale = scale.data(),
+              .slots = kSlots,
+              .rank = kRank,
+              .in = in,
+              .out = outs[i]};
+    d.w[i] = h.w[i];
+    d.w[i].a = up(a[i].data(), a[i].size() * 2);
+    d.w[i].b = up(b[i].data(), b[i].size() * 2);
+    d.w[i].scale = d_scale;
+    y0[i] = random_floats(static_cast<size_t>(m * outs[i]), static_cast<uint32_t>(50 + i));
+    h.ldy[i] = d.ldy[i] = outs[i];
+    d.y[i] = static_cast<float*>(up(y0[i].data(), y0[i].size() * sizeof(float)));
+    weight_bytes += static_cast<double>(nact) * kRank * (in + outs[i]) * 2;
+    act_bytes += 2.0 * m * outs[i] * 4;
+  }
+  // Validation: one call on the device against the reference on a copy.
+  be.lora_batch(d);
+  double worst = 0;
+  for (int i = 0; i < num; ++i) {
+    std::vector<float> ref = y0[i], got(ref.size());
+    h.y[i] = ref.data();
+    be.copy_to_host(got.data(), d.y[i], got.size() * sizeof(float));
+    LoraBatchArgs one = h;
+    one.num = 1;
+    one.w[0] = h.w[i];
+    one.y[0] = ref.data();
+    one.ldy[0] = h.ldy[i];
+    ref::lora_batch(one);
+    double sq = 0, err = 0;
+    for (size_t j = 0; j < ref.size(); ++j) {
+      const double delta = double(ref[j]) - y0[i][j];
+      sq += delta * delta;
+      err = std::max(err, std::fabs(double(got[j]) - ref[j]));
+    }
+    const double rel = err / std::max(1e-30, std::sqrt(sq / static_cast<double>(ref.size())));
+    worst = std::max(worst, rel);
+    if (!(rel <= 1e-4))
+      fail("lora_batch m={} module {}: max error {:.3g} of the LoRA term's rms (tolerance 1e-4); not timing",
+           m, i, rel);
+  }
+  // y keeps accumulating over the timed calls (as a residual stream would); the time does not depend on it.
+  OpTiming t = time_backend_op(
+      be, [&] { be.lora_batch(d); }, 200, true);
+  be.synchronize();
+  for (void* p : ptrs) be.free(p);
+  const double gbs = (weight_bytes + act_bytes) / t.seconds / 1e9;
+  std::string shape = "m=" + std::to_string(m) + (qkv ? " qkv 2880->4096/512/512" : " o 4096->2880") +
+                      " r16 " + std::to_string(nact) + " slots" + (t.graph ? "" : " (no graph)");
+  char err_text[32];
+  std::snprintf(err_text, sizeof err_text, " err %.0e", worst);
+  return {std::string("lora_batch bf16") + (qkv ? " qkv" : " o"),
+          shape + err_text,
+          t.seconds * 1e3,
+          gbs,
+          "GB/s",
+          100.0 * gbs / copy_gbs,
+          -1.0};
+}
+
+int run_device_kernels(bool json) {
+  std::unique_ptr<Backend> be = make_backend({.device = DeviceKind::kCuda});
+  const double copy_gbs = measure_backend_copy_gbs(*be);
+  std::vector<Result> rs;
+  for (int64_t m : {1, 16, 64, 256}) rs.push_back(bench_lora_batch_device(*be, m, true, copy_gbs));
+  for (int64_t m : {1, 64}) rs.push_back(bench_lora_batch_device(*be, m, false, copy_gbs));
+  if (json) {
+    std::printf("{\n  \"device\": \"%s\",\n  \"copy_bandwidth_gbs\": %.3f,\n  \"kernels\": [\n",
+                be->name().c_str(), copy_gbs);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const Result& r = rs[i];
+      std::printf(
+          "    {\"name\": \"%s\", \"shape\": \"%s\", \"ms\": %.6f, \"value\": %.3f, \"unit\": \"%s\", "
+          "\"percent_of_limit\": %.2f}%s\n",
+          r.name.c_str(), r.shape.c_str(), r.ms, r.value, r.unit.c_str(), r.pct,
+          i + 1 < rs.size() ? "," : "");
+    }
+    std::printf("  ]\n}\n");
+    return 0;
+  }
+  std::printf("device: %s, copy bandwidth %.1f GB/s (read + write)\n\n", be->name().c_str(), copy_gbs);
+  std::printf("%-22s %-52s %10s %12s %8s %10s\n", "kernel", "shape", "ms/call", "throughput", "unit",
+              "% of copy");
+  for (const Result& r : rs)
+    std::printf("%-22s %-52s %10.4f %12.1f %8s %9ld%%\n", r.name.c_str(), r.shape.c_str(), r.ms, r.value,
+                r.unit.c_str(), std::lround(r.pct));
+  return 0;
+}
+
 // The 1-minute load average before the run (Linux; −1 elsewhere): above the thread count, other processes
 // compete for the cores and fork-join timings degrade by whole scheduler time slices.
 double load_average() {
@@ -240,15 +379,19 @@ void print_json(double bandwidth, double sgemm, const std::vector<Result>& rs) {
 }
 
 int run_kernels_bench(int argc, char** argv) {
-  bool json = false;
+  bool json = false, cuda = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) {
       json = true;
+    } else if (!std::strcmp(argv[i], "--device") && i + 1 < argc &&
+               (!std::strcmp(argv[i + 1], "cpu") || !std::strcmp(argv[i + 1], "cuda"))) {
+      cuda = !std::strcmp(argv[++i], "cuda");
     } else {
-      std::fprintf(stderr, "usage: polylora_bench kernels [--json]\n");
+      std::fprintf(stderr, "usage: polylora_bench kernels [--json] [--device cpu|cuda]\n");
       return 2;
     }
   }
+  if (cuda) return run_device_kernels(json);
   double sgemm = measure_sgemm_gflops();  // first: before OpenMP threads exist and spin
   double bandwidth = measure_memory_bandwidth_gbs();
   std::vector<Result> rs;
@@ -268,7 +411,8 @@ int run_kernels_bench(int argc, char** argv) {
   return 0;
 }
 
-const BenchRegistrar kRegister("kernels", "CPU kernels vs machine limits and references [--json]",
+const BenchRegistrar kRegister("kernels",
+                               "CPU (or --device cuda) kernels vs machine limits and references [--json]",
                                run_kernels_bench);
 
 }  // namespace

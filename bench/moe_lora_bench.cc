@@ -1,0 +1,501 @@
+// bench/moe_lora_bench.cc: `polylora_bench moe-lora [--device cuda|cpu]`: the slot-stacked expert LoRA
+// (MoeExpertsArgs::lora_stack) at the shapes of ../shared/peers/bench_vllm_moe_lora.py, so that the two
+// run side by side in one device run: GPT-OSS-20B experts (H = I = 2880, E = 32, top 4), rank 16, 8 adapter
+// slots, separate gate and up LoRAs (gu_slices 2, as the harness's two w13 slices) plus down, M = 1 (one
+// active adapter) and 16 / 64 / 256 (8 adapters, tokens round-robin); random bf16 weights (std 0.02, LoRA
+// std 0.05 as the harness), routing by softmax + top-k of random logits.
+// For each M: first validated against the CPU reference (ref::moe_experts on a sample of tokens covering
+// every active adapter, with and without LoRA; fails with exit code 1 above the tolerance), then timed
+// (backend_timing.h: CUDA-graph replays between CUDA events) without LoRA and with the stacked LoRA. The
+// LoRA's cost is the difference, per layer (w13 + w2 LoRA, what the harness's vllm_w13_us + vllm_w2_us
+// measure for vLLM's fused_moe_lora). One JSON line per M (and a final "RESULTS [...]" line, as the
+// harness prints), fields:
+//   M, active_adapters, slots, rank, gu_slices, act, weight_dtype, lora_dtype, device, graphs, iters;
+//   validated_tokens, max_abs_err (GPU vs reference output with LoRA), max_rel_err (that / rms of the
+//   reference), lora_delta_max_rel_err (max |(out_lora − out_base) − reference's same| / its rms), tolerance;
+//   base_us (experts without LoRA), lora_us (with the stacked LoRA), lora_delta_us (lora_us − base_us);
+//   lora_pairs (distinct (slot, expert) pairs routed: each reads its A/B matrices once), lora_bytes_MB
+//   (pairs × bytes of their A_gu, B_gu, A_down, B_down, as the harness computes), lora_delta_GBps
+//   (lora_bytes / lora_delta_us), lora_delta_fraction_of_copy (that / copy_GBps), lora_copy_roofline_us
+//   (lora_bytes / copy_GBps); base_experts (experts routed), base_bytes_MB, base_GBps,
+//   base_fraction_of_copy; copy_GBps (the backend's device copy bandwidth, read + write bytes, measured in
+//   the same run); issue_goal_lora_us (issue 15's goal for lora_delta_us at this M, null elsewhere);
+//   with --old-views: old_views_lora_us / old_views_lora_delta_us (the same LoRA through the per-adapter
+//   ExpertLoraView table of f32 matrices, the path before the stacks) and old_views_max_rel_diff (its
+//   output vs the stacked one, over the rms).
+// Must not: run the vLLM harness (scripts do, in the same device run).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend_timing.h"
+#include "bench_command.h"
+#include "common/dtype.h"
+#include "common/error.h"
+#include "kernels/moe/moe.h"
+
+namespace polylora::bench {
+namespace {
+
+using namespace polylora::kernels;
+
+// splitmix64: fast deterministic values for the ~100 M LoRA and activation numbers.
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform with mean 0 and standard deviation `stddev`.
+  float uniform(float stddev) {
+    float u = static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    return (2.0f * u - 1.0f) * 1.7320508f * stddev;
+  }
+};
+
+// A host tensor in F32 or BF16.
+struct HostTensor {
+  DType dtype = DType::kBF16;
+  std::vector<float> f;
+  std::vector<uint16_t> h;
+  HostTensor(DType d, size_t n, float stddev, uint64_t seed) : dtype(d) {
+    Rng rng(seed);
+    if (d == DType::kBF16) {
+      h.resize(n);
+      for (auto& v : h) v = f32_to_bf16(rng.uniform(stddev));
+    } else {
+      f.resize(n);
+      for (auto& v : f) v = rng.uniform(stddev);
+    }
+  }
+  const void* data() const {
+    return dtype == DType::kBF16 ? static_cast<const void*>(h.data()) : static_cast<const void*>(f.data());
+  }
+  size_t bytes() const { return (dtype == DType::kBF16 ? h.size() : f.size()) * dtype_size(dtype); }
+};
+
+// Backend allocations of the benchmark, freed at the end.
+class Device {
+ public:
+  explicit Device(Backend& be) : be_(be) {}
+  ~Device() {
+    be_.synchronize();
+    for (void* p : ptrs_) be_.free(p);
+  }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  void* up(const void* src, size_t bytes) {
+    void* p = be_.alloc(std::max<size_t>(bytes, 1));
+    ptrs_.push_back(p);
+    be_.copy_to_device(p, src, bytes);
+    return p;
+  }
+  template <typename T>
+  T* up(const std::vector<T>& v) {
+    return static_cast<T*>(up(v.data(), v.size() * sizeof(T)));
+  }
+  float* zeros(size_t n) {
+    void* p = be_.alloc(std::max<size_t>(n, 1) * sizeof(float));
+    ptrs_.push_back(p);
+    return static_cast<float*>(p);
+  }
+
+ private:
+  Backend& be_;
+  std::vector<void*> ptrs_;
+};
+
+double rms(const std::vector<float>& v) {
+  double sq = 0;
+  for (float x : v) sq += double(x) * x;
+  return v.empty() ? 0.0 : std::sqrt(sq / static_cast<double>(v.size()));
+}
+
+std::vector<int64_t> parse_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(std::stoll(item));
+  return out;
+}
+
+int run_moe_lora_bench(int argc, char** argv) {
+  CLI::App app{"Slot-stacked expert LoRA at the shapes of ../shared/peers/bench_vllm_moe_lora.py",
+               "polylora_bench moe-lora"};
+  std::string device = "cuda", dtype = "bfloat16", lora_dtype = "bfloat16", act_name = "swiglu",
+              ms_text = "1,16,64,256";
+  std::string json_path;
+  int64_t rank = 16, slots = 8, validate_tokens = 16;
+  int gu_slices = 2, iters = 0;
+  bool no_graphs = false, old_views = false;
+  app.add_option("--device", device, "cuda | cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--dtype", dtype, "Expert weight dtype on CUDA: bfloat16 | float32 (the CPU keeps bf16)")
+      ->check(CLI::IsMember({"bfloat16", "float32"}));
+  app.add_option("--lora-dtype", lora_dtype, "Stack dtype: bfloat16 | float32")
+      ->check(CLI::IsMember({"bfloat16", "float32"}));
+  app.add_option(
+         "--act", act_name,
+         "swiglu: GPT-OSS (fused interleaved gate_up with biases; gate/up slice n & 1) | silu: gate rows "
+         "then up rows, no biases (slice n >= I, the harness's w13 layout)")
+      ->check(CLI::IsMember({"swiglu", "silu"}));
+  app.add_option("--gu-slices", gu_slices, "1: one gate_up LoRA, 2: separate gate and up LoRAs (the harness)")
+      ->check(CLI::Range(1, 2));
+  app.add_option("--rank", rank, "LoRA rank (every slot)")->check(CLI::Range(1, 1024));
+  app.add_option("--slots", slots, "Adapter slots in the stack (the harness's max_loras)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--m", ms_text, "Comma-separated token counts");
+  app.add_option("--iters", iters, "Timed calls per batch (default 200 on CUDA, 2 on the CPU)");
+  app.add_option("--validate-tokens", validate_tokens, "Tokens checked against the CPU reference per M")
+      ->check(CLI::Range(1, 100000));
+  app.add_flag("--no-graphs", no_graphs, "Time queued calls instead of CUDA-graph replays");
+  app.add_flag(
+      "--old-views", old_views,
+      "Also time the per-adapter ExpertLoraView path (f32 matrices, one allocation each) on the same "
+      "values (gu_slices 2 over the interleaved layout as one gate_up LoRA of rank 2r)");
+  app.add_option("--json-out", json_path, "Also write the results as a JSON array here");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const std::vector<int64_t> ms = parse_list(ms_text);
+  if (ms.empty() || *std::min_element(ms.begin(), ms.end()) < 1) fail("--m needs token counts >= 1");
+  const int64_t H = 2880, I = 2880, E = 32, K = 4, R = rank, S = slots, G = gu_slices;
+  const ExpertAct act = act_name == "swiglu" ? ExpertAct::kGptOssSwiglu : ExpertAct::kSiluGate;
+  const DType ldt = lora_dtype == "float32" ? DType::kF32 : DType::kBF16;
+
+  BackendOptions bo;
+  bo.device = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
+  bo.weight_dtype = dtype == "float32" ? DType::kF32 : DType::kBF16;
+  std::unique_ptr<Backend> be_ptr = make_backend(bo);
+  Backend& be = *be_ptr;
+  const bool on_cpu = be.kind() == DeviceKind::kCpu;
+  if (iters <= 0) iters = on_cpu ? 2 : 200;
+  Device dev(be);
+  std::fprintf(stderr, "moe-lora on %s: measuring the copy bandwidth...\n", be.name().c_str());
+  const double copy_gbs = measure_backend_copy_gbs(be);
+
+  // Experts: random on the backend, copied back for the reference (the CPU backend's are host memory).
+  std::fprintf(stderr, "making %ld experts (H %ld, I %ld) and the LoRA stack (%ld slots, rank %ld)...\n",
+               static_cast<long>(E), static_cast<long>(H), static_cast<long>(I), static_cast<long>(S),
+               static_cast<long>(R));
+  std::vector<ExpertView> d_experts(static_cast<size_t>(E)), h_experts(static_cast<size_t>(E));
+  std::vector<std::vector<uint8_t>> host_bytes;
+  std::vector<std::vector<float>> biases;
+  host_bytes.reserve(static_cast<size_t>(2 * E));
+  biases.reserve(static_cast<size_t>(2 * E));
+  auto host_copy = [&](const WeightView& w) {
+    if (on_cpu) return w;
+    host_bytes.emplace_back(static_cast<size_t>(w.rows * w.cols) * dtype_size(w.dtype));
+    be.copy_to_host(host_bytes.back().data(), w.data, host_bytes.back().size());
+    WeightView h = w;
+    h.data = host_bytes.back().data();
+    return h;
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    d_experts[e].gate_up = be.random_matrix(2 * I, H, 0.02f, static_cast<uint64_t>(1000 + 2 * e));
+    d_experts[e].down = be.random_matrix(H, I, 0.02f, static_cast<uint64_t>(1001 + 2 * e));
+    h_experts[e].gate_up = host_copy(d_experts[e].gate_up);
+    h_experts[e].down = host_copy(d_experts[e].down);
+    if (act == ExpertAct::kGptOssSwiglu) {
+      Rng rng(static_cast<uint64_t>(5000 + e));
+      biases.emplace_back(static_cast<size_t>(2 * I));
+      for (float& b : biases.back()) b = rng.uniform(0.1f);
+      h_experts[e].gate_up_bias = biases.back().data();
+      d_experts[e].gate_up_bias = be.vector_from_host(biases.back().data(), biases.back().size());
+      biases.emplace_back(static_cast<size_t>(H));
+      for (float& b : biases.back()) b = rng.uniform(0.1f);
+      h_experts[e].down_bias = biases.back().data();
+      d_experts[e].down_bias = be.vector_from_host(biases.back().data(), biases.back().size());
+    }
+  }
+  const ExpertView* dev_experts = dev.up(d_experts);
+  // The stack: every slot has LoRA on every expert (the harness enables all), scale 1.
+  const HostTensor a_gu(ldt, static_cast<size_t>(S * E * G * R * H), 0.05f, 11);
+  const HostTensor b_gu(ldt, static_cast<size_t>(S * E * 2 * I * R), 0.05f, 12);
+  const HostTensor a_down(ldt, static_cast<size_t>(S * E * R * I), 0.05f, 13);
+  const HostTensor b_down(ldt, static_cast<size_t>(S * E * H * R), 0.05f, 14);
+  std::vector<float> scale(static_cast<size_t>(S * E * 3), 1.0f);
+  if (G == 1)
+    for (int64_t i = 0; i < S * E; ++i) scale[static_cast<size_t>(i * 3 + 1)] = 0.0f;
+  MoeLoraStack h_stack{.a_gu = a_gu.data(),
+                       .b_gu = b_gu.data(),
+                       .a_down = a_down.data(),
+                       .b_down = b_down.data(),
+                       .dtype = ldt,
+                       .scale = scale.data(),
+                       .slots = S,
+                       .rank = R,
+                       .gu_slices = gu_slices};
+  MoeLoraStack d_stack = h_stack;
+  d_stack.a_gu = dev.up(a_gu.data(), a_gu.bytes());
+  d_stack.b_gu = dev.up(b_gu.data(), b_gu.bytes());
+  d_stack.a_down = dev.up(a_down.data(), a_down.bytes());
+  d_stack.b_down = dev.up(b_down.data(), b_down.bytes());
+  d_stack.scale = dev.up(scale);
+  // The old path's table on the device (--old-views): per (slot, expert) f32 copies of the same values.
+  std::vector<ExpertLoraView> old_table(static_cast<size_t>(S * E));
+  const ExpertLoraView* d_old_table = nullptr;
+  if (old_views) {
+    auto val = [&](const HostTensor& t, int64_t i) {
+      return t.dtype == DType::kBF16 ? bf16_to_f32(t.h[static_cast<size_t>(i)]) : t.f[static_cast<size_t>(i)];
+    };
+    auto up_f32 = [&](const std::vector<float>& v) { return static_cast<const float*>(dev.up(v)); };
+    const bool interleaved = act == ExpertAct::kGptOssSwiglu;
+    for (int64_t se = 0; se < S * E; ++se) {
+      ExpertLoraView& v = old_table[static_cast<size_t>(se)];
+      std::vector<float> ag(static_cast<size_t>(G * R * H)), bg(static_cast<size_t>(2 * I * R));
+      for (int64_t i = 0; i < G * R * H; ++i) ag[i] = val(a_gu, se * G * R * H + i);
+      for (int64_t i = 0; i < 2 * I * R; ++i) bg[i] = val(b_gu, se * 2 * I * R + i);
+      if (G == 1) {
+        v.gate_up = {.a = up_f32(ag), .b = up_f32(bg), .rank = R, .in = H, .out = 2 * I, .scale = 1.0f};
+      } else if (!interleaved) {
+        std::vector<float> a0(ag.begin(), ag.begin() + R * H), a1(ag.begin() + R * H, ag.end());
+        std::vector<float> b0(bg.begin(), bg.begin() + I * R), b1(bg.begin() + I * R, bg.end());
+        v.gate = {.a = up_f32(a0), .b = up_f32(b0), .rank = R, .in = H, .out = I, .scale = 1.0f};
+        v.up = {.a = up_f32(a1), .b = up_f32(b1), .rank = R, .in = H, .out = I, .scale = 1.0f};
+      } else {
+        std::vector<float> fb(static_cast<size_t>(2 * I * 2 * R), 0.0f);
+        for (int64_t n = 0; n < 2 * I; ++n)
+          for (int64_t i = 0; i < R; ++i) fb[n * 2 * R + (n & 1) * R + i] = bg[n * R + i];
+        v.gate_up = {.a = up_f32(ag), .b = up_f32(fb), .rank = 2 * R, .in = H, .out = 2 * I, .scale = 1.0f};
+      }
+      std::vector<float> ad(static_cast<size_t>(R * I)), bd(static_cast<size_t>(H * R));
+      for (int64_t i = 0; i < R * I; ++i) ad[i] = val(a_down, se * R * I + i);
+      for (int64_t i = 0; i < H * R; ++i) bd[i] = val(b_down, se * H * R + i);
+      v.down = {.a = up_f32(ad), .b = up_f32(bd), .rank = R, .in = I, .out = H, .scale = 1.0f};
+    }
+    d_old_table = dev.up(old_table);
+  }
+  const double pair_bytes = static_cast<double>(G * R * H + 2 * I * R + R * I + H * R) * dtype_size(ldt);
+  const double expert_bytes = static_cast<double>(3 * H * I) * dtype_size(h_experts[0].gate_up.dtype);
+  const double tolerance = dtype == "float32" && !on_cpu ? 1e-3 : 2e-2;
+
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  for (int64_t M : ms) {
+    const int64_t nact = M == 1 ? 1 : std::min<int64_t>(8, S);
+    // Inputs: x as bf16 values (the harness's activations), routing = top-k of softmax(random logits).
+    Rng rng(static_cast<uint64_t>(77 + M));
+    std::vector<float> x(static_cast<size_t>(M * H)), logits(static_cast<size_t>(M * E));
+    for (float& v : x) v = bf16_to_f32(f32_to_bf16(rng.uniform(1.0f)));
+    for (float& v : logits) v = rng.uniform(1.0f);
+    std::vector<int32_t> ids(static_cast<size_t>(M * K)), token_slots(static_cast<size_t>(M));
+    std::vector<float> w(ids.size());
+    ref::route({.logits = logits.data(),
+                .m = M,
+                .num_experts = E,
+                .top_k = K,
+                .scoring = RouterScoring::kSoftmaxTopK,
+                .renormalize = false,
+                .ids = ids.data(),
+                .weights = w.data()});
+    for (int64_t t = 0; t < M; ++t) token_slots[t] = static_cast<int32_t>(t % nact);
+    std::set<std::pair<int32_t, int32_t>> pairs;
+    std::set<int32_t> experts_used;
+    for (int64_t t = 0; t < M; ++t) {
+      for (int64_t k = 0; k < K; ++k) {
+        pairs.insert({token_slots[t], ids[t * K + k]});
+        experts_used.insert(ids[t * K + k]);
+      }
+    }
+    MoeExpertsArgs base;
+    base.x = dev.up(x);
+    base.ldx = H;
+    base.m = M;
+    base.hidden = H;
+    base.inter = I;
+    base.num_experts = E;
+    base.top_k = K;
+    base.ids = dev.up(ids);
+    base.weights = dev.up(w);
+    base.experts = dev_experts;
+    base.act = act;
+    base.out = dev.zeros(static_cast<size_t>(M * H));
+    base.ldo = H;
+    MoeExpertsArgs lora = base;
+    lora.token_slots = dev.up(token_slots);
+    lora.lora_stack = d_stack;
+    lora.out = dev.zeros(static_cast<size_t>(M * H));
+
+    // Validation on a sample: the first token of every active adapter, then evenly spaced tokens.
+    std::vector<int64_t> sample;
+    for (int64_t t = 0; t < std::min(M, nact); ++t) sample.push_back(t);
+    const int64_t extra =
+        std::max<int64_t>(0, std::min(M, validate_tokens) - static_cast<int64_t>(sample.size()));
+    for (int64_t j = 0; j < extra; ++j) {
+      int64_t t = nact + (M - nact) * j / std::max<int64_t>(1, extra);
+      if (t < M && t >= nact) sample.push_back(t);
+    }
+    std::sort(sample.begin(), sample.end());
+    sample.erase(std::unique(sample.begin(), sample.end()), sample.end());
+    const int64_t n = static_cast<int64_t>(sample.size());
+    be.moe_experts(base);
+    be.moe_experts(lora);
+    std::vector<float> got_base(static_cast<size_t>(M * H)), got_lora(got_base.size());
+    be.copy_to_host(got_base.data(), base.out, got_base.size() * sizeof(float));
+    be.copy_to_host(got_lora.data(), lora.out, got_lora.size() * sizeof(float));
+    std::vector<float> sx(static_cast<size_t>(n * H)), sw(static_cast<size_t>(n * K));
+    std::vector<int32_t> sids(static_cast<size_t>(n * K)), sslots(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t t = sample[j];
+      std::copy_n(x.begin() + t * H, H, sx.begin() + j * H);
+      std::copy_n(ids.begin() + t * K, K, sids.begin() + j * K);
+      std::copy_n(w.begin() + t * K, K, sw.begin() + j * K);
+      sslots[j] = token_slots[t];
+    }
+    MoeExpertsArgs rb;
+    rb.x = sx.data();
+    rb.ldx = H;
+    rb.m = n;
+    rb.hidden = H;
+    rb.inter = I;
+    rb.num_experts = E;
+    rb.top_k = K;
+    rb.ids = sids.data();
+    rb.weights = sw.data();
+    rb.experts = h_experts.data();
+    rb.act = act;
+    rb.ldo = H;
+    MoeExpertsArgs rl = rb;
+    rl.token_slots = sslots.data();
+    rl.lora_stack = h_stack;
+    std::vector<float> ref_base(static_cast<size_t>(n * H)), ref_lora(ref_base.size());
+    rb.out = ref_base.data();
+    rl.out = ref_lora.data();
+    std::fprintf(stderr, "M=%ld: CPU reference on %ld tokens...\n", static_cast<long>(M),
+                 static_cast<long>(n));
+    ref::moe_experts(rb);
+    ref::moe_experts(rl);
+    double max_abs = 0, delta_err = 0;
+    std::vector<float> ref_delta(ref_base.size());
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t t = sample[j];
+      for (int64_t i = 0; i < H; ++i) {
+        const float gl = got_lora[t * H + i], gb = got_base[t * H + i];
+        const float rlv = ref_lora[j * H + i], rbv = ref_base[j * H + i];
+        max_abs = std::max(max_abs, static_cast<double>(std::fabs(gl - rlv)));
+        ref_delta[j * H + i] = rlv - rbv;
+        delta_err = std::max(delta_err, static_cast<double>(std::fabs((gl - gb) - (rlv - rbv))));
+      }
+    }
+    const double rel = max_abs / std::max(1e-30, rms(ref_lora));
+    const double delta_rel = delta_err / std::max(1e-30, rms(ref_delta));
+    const bool valid =
+        std::isfinite(rel) && std::isfinite(delta_rel) && rel <= tolerance && delta_rel <= tolerance;
+    nlohmann::ordered_json r = {{"M", M},
+                                {"active_adapters", nact},
+                                {"slots", S},
+                                {"rank", R},
+                                {"gu_slices", G},
+                                {"act", act_name},
+                                {"weight_dtype", dtype_name(h_experts[0].gate_up.dtype)},
+                                {"lora_dtype", dtype_name(ldt)},
+                                {"device", be.name()},
+                                {"validated_tokens", n},
+                                {"max_abs_err", max_abs},
+                                {"max_rel_err", rel},
+                                {"lora_delta_max_rel_err", delta_rel},
+                                {"tolerance", tolerance}};
+    if (!valid) {
+      std::printf("%s\n", r.dump().c_str());
+      std::fprintf(stderr,
+                   "polylora_bench moe-lora: VALIDATION FAILED at M=%ld: max relative error %.3g, LoRA delta "
+                   "relative error %.3g (tolerance %.3g); not timing\n",
+                   static_cast<long>(M), rel, delta_rel, tolerance);
+      return 1;
+    }
+    std::fprintf(stderr, "M=%ld: valid (max rel err %.2e, LoRA delta %.2e); timing...\n",
+                 static_cast<long>(M), rel, delta_rel);
+    const OpTiming tb = time_backend_op(
+        be, [&] { be.moe_experts(base); }, iters, !no_graphs);
+    const OpTiming tl = time_backend_op(
+        be, [&] { be.moe_experts(lora); }, iters, !no_graphs);
+    const double delta_s = tl.seconds - tb.seconds;
+    const double lora_bytes = static_cast<double>(pairs.size()) * pair_bytes;
+    const double base_bytes = static_cast<double>(experts_used.size()) * expert_bytes;
+    const double lora_gbs = delta_s > 0 ? lora_bytes / delta_s / 1e9 : 0.0;
+    const double base_gbs = base_bytes / tb.seconds / 1e9;
+    auto goal = [&]() -> nlohmann::ordered_json {
+      switch (M) {
+        case 1:
+          return 12;
+        case 16:
+          return 28;
+        case 64:
+          return 53;
+        case 256:
+          return 82;
+        default:
+          return nullptr;
+      }
+    };
+    r["graphs"] = tb.graph && tl.graph;
+    r["iters"] = iters;
+    r["base_us"] = tb.seconds * 1e6;
+    r["lora_us"] = tl.seconds * 1e6;
+    r["lora_delta_us"] = delta_s * 1e6;
+    r["lora_pairs"] = pairs.size();
+    r["lora_bytes_MB"] = lora_bytes / 1e6;
+    r["lora_delta_GBps"] = lora_gbs;
+    r["lora_delta_fraction_of_copy"] = lora_gbs / copy_gbs;
+    r["lora_copy_roofline_us"] = lora_bytes / (copy_gbs * 1e9) * 1e6;
+    r["base_experts"] = experts_used.size();
+    r["base_bytes_MB"] = base_bytes / 1e6;
+    r["base_GBps"] = base_gbs;
+    r["base_fraction_of_copy"] = base_gbs / copy_gbs;
+    r["copy_GBps"] = copy_gbs;
+    r["issue_goal_lora_us"] = goal();
+    if (old_views) {
+      // The same LoRA through the ExpertLoraView table: checked against the stacked result, then timed.
+      MoeExpertsArgs ov = lora;
+      ov.lora_stack = {};
+      ov.lora = d_old_table;
+      ov.num_slots = S;
+      ov.out = dev.zeros(static_cast<size_t>(M * H));
+      be.moe_experts(ov);
+      std::vector<float> got_old(got_lora.size());
+      be.copy_to_host(got_old.data(), ov.out, got_old.size() * sizeof(float));
+      double diff = 0;
+      for (size_t j = 0; j < got_old.size(); ++j)
+        diff = std::max(diff, double(std::fabs(got_old[j] - got_lora[j])));
+      const double old_rel = diff / std::max(1e-30, rms(got_lora));
+      if (!(old_rel <= tolerance)) {
+        std::fprintf(stderr,
+                     "polylora_bench moe-lora: the old views disagree with the stack at M=%ld (%.3g)\n",
+                     static_cast<long>(M), old_rel);
+        return 1;
+      }
+      const OpTiming to = time_backend_op(
+          be, [&] { be.moe_experts(ov); }, iters, !no_graphs);
+      r["old_views_max_rel_diff"] = old_rel;
+      r["old_views_lora_us"] = to.seconds * 1e6;
+      r["old_views_lora_delta_us"] = (to.seconds - tb.seconds) * 1e6;
+    }
+    std::printf("%s\n", r.dump().c_str());
+    std::fflush(stdout);
+    all.push_back(r);
+  }
+  std::printf("RESULTS %s\n", all.dump().c_str());
+  if (!json_path.empty()) std::ofstream(json_path) << all.dump(2) << "\n";
+  return 0;
+}
+
+const BenchRegistrar kRegister("moe-lora",
+                               "Stacked expert LoRA at vLLM's fused_moe_lora harness shapes, validated, then "
+                               "timed [--device cuda|cpu]",
+                               run_moe_lora_bench);
+
+}  // namespace
+}  // namespace polylora::bench
