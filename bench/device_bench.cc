@@ -32,6 +32,10 @@ int run_device_bench(int argc, char** argv) {
   app.add_option("--config", config_dir, "Folder with config.json")->required();
   app.add_option("--device", device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--dtype", dtype, "bfloat16 | float32")->check(CLI::IsMember({"bfloat16", "float32"}));
+  std::string quantization = "none";
+  app.add_option("--quantization", quantization,
+                 "none | int8 (the dense and expert matrices as INT8, docs/quantization.md)")
+      ->check(CLI::IsMember({"none", "int8"}));
   app.add_option("--batches", batches_text, "Comma-separated batch sizes");
   app.add_option("--prompt-len", prompt_len, "Prompt tokens per sequence");
   app.add_option("--decode-tokens", decode_tokens,
@@ -66,6 +70,7 @@ int run_device_bench(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   ModelLoadOptions lo;
   lo.load_format = LoadFormat::kDummy;
+  if (quantization == "int8") lo.quantization = WeightQuantization::kInt8;
   std::shared_ptr<Model> model = Model::load(config_dir, lo, backend);
   backend->synchronize();
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -73,8 +78,11 @@ int run_device_bench(int argc, char** argv) {
   // Which weights ran: the backend's dense dtype, and the experts' format (MXFP4 where the config's
   // quantization_config says so, e.g. tests/data/configs/gpt-oss-20b; its bf16 twin is gpt-oss-20b-bf16).
   // (dummy weights on the CPU are bf16; on CUDA the --dtype)
+  // (--quantization int8: the linear and expert matrices are INT8, the embedding and LM head as the dtype)
   const std::string dense_format =
-      bo.device == DeviceKind::kCuda && bo.weight_dtype == DType::kF32 ? "f32" : "bf16";
+      lo.quantization == WeightQuantization::kInt8
+          ? "int8"
+          : (bo.device == DeviceKind::kCuda && bo.weight_dtype == DType::kF32 ? "f32" : "bf16");
   const bool any_mxfp4 = std::find(c.mxfp4_experts.begin(), c.mxfp4_experts.end(), true) != c.mxfp4_experts.end();
   const std::string weight_format =
       c.is_moe() ? fmt::format("dense {}, experts {}", dense_format, any_mxfp4 ? "mxfp4" : dense_format) : dense_format;

@@ -33,6 +33,11 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool model_required) {
   app.add_option("--load-format", f.load_format,
                  "auto | safetensors | dummy (random weights from config.json)")
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
+  app.add_option("--quantization", f.quantization,
+                 "none | int8 (weight-only INT8 made at load: per-output-channel scales of the linear and "
+                 "expert matrices, bf16/f32 activations) | mxfp4 (the checkpoint's own, GPT-OSS; read from "
+                 "config.json either way); -q is the same")
+      ->capture_default_str();
   app.add_option("--lora,--lora-modules", f.loras,
                  "LoRA adapters to load: NAME=PATH or JSON {\"name\", \"path\", \"base_model_name\"} "
                  "(PATH a directory or a hub id; repeatable, several per flag)");
@@ -158,6 +163,26 @@ void finish_model_flags(ModelFlags& f, EngineConfig& c) {
   }
 }
 
+WeightQuantization quantization_from_flag(const std::string& value, const std::string& model_dir) {
+  if (value == "none") return WeightQuantization::kNone;
+  if (value == "int8") return WeightQuantization::kInt8;
+  if (value == "mxfp4") {
+    // MXFP4 is read as shipped, never made: the checkpoint must be one.
+    const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
+    if (ModelConfig::from_file(path).quant_method != QuantMethod::kMxfp4)
+      fail(
+          "--quantization mxfp4: {} is not an MXFP4 checkpoint (its config.json has no quantization_config "
+          "with quant_method mxfp4); polylora serves MXFP4 checkpoints as shipped and does not quantize to "
+          "MXFP4 (--quantization int8 makes a smaller model from bf16/f32 weights)",
+          model_dir);
+    return WeightQuantization::kNone;
+  }
+  fail(
+      "--quantization {}: polylora cannot honour this value: it makes INT8 weight-only models at load and "
+      "serves GPT-OSS's MXFP4 checkpoints as shipped (accepted: none, int8, mxfp4)",
+      value);
+}
+
 LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   namespace fs = std::filesystem;
   LoadedEngine le;
@@ -166,10 +191,12 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   std::shared_ptr<Backend> backend = make_backend(backend_options(f.device, f.dtype));
   std::string model_dir = resolve_model_path(f.model_dir, f.revision, "model");
   if (model_dir != f.model_dir) spdlog::info("model '{}' (revision {}): {}", f.model_dir, f.revision, model_dir);
+  opts.quantization = quantization_from_flag(f.quantization, model_dir);
   le.model = Model::load(model_dir, opts, backend);
-  spdlog::info("loaded {} ({}, {} layers, {:.1f} MB of parameters) on {}", le.model->source(),
+  spdlog::info("loaded {} ({}, {} layers, {:.1f} MB of parameters{}) on {}", le.model->source(),
                le.model->config().model_type, le.model->config().num_layers,
-               static_cast<double>(le.model->weights().num_bytes) / 1e6, backend->name());
+               static_cast<double>(le.model->weights().num_bytes) / 1e6,
+               opts.quantization == WeightQuantization::kInt8 ? ", INT8 weights" : "", backend->name());
   std::string tok_dir =
       f.tokenizer_dir.empty() ? model_dir : resolve_model_path(f.tokenizer_dir, "main", "tokenizer");
   bool has_tok =

@@ -1,5 +1,5 @@
 // apps/engine_flags.h: the one place command-line flags become configuration: model loading flags
-// (--model, --tokenizer, --device, --dtype, --load-format, adapters) and the engine flags (vLLM's names),
+// (--model, --tokenizer, --device, --dtype, --load-format, --quantization, adapters) and the engine flags (vLLM's names),
 // shared by `generate` and `serve`, plus building the Engine from them.
 #pragma once
 
@@ -22,6 +22,7 @@ struct ModelFlags {
   std::string device = "auto";
   std::string dtype = "auto";
   std::string load_format = "auto";
+  std::string quantization = "none";  // --quantization / -q: none | int8 | mxfp4 (docs/quantization.md)
   std::vector<std::string> loras;  // NAME=DIR or vLLM's JSON {"name": ..., "path": ..., "base_model_name": ...}
   std::string max_model_len;         // --max-model-len (human-readable: 32k, 32K, auto)
   std::string max_num_batched_tokens;  // --max-num-batched-tokens (human-readable)
@@ -53,6 +54,9 @@ struct LoadedEngine {
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;  // may be null
   std::unique_ptr<Engine> engine;
 };
+// --quantization's value for the model in `model_dir`; throws polylora::Error naming the accepted values
+// for an unknown one, and for mxfp4 on a checkpoint that is not MXFP4.
+WeightQuantization quantization_from_flag(const std::string& value, const std::string& model_dir);
 // Loads the model, tokenizer and adapters and builds the engine; logs what it did.
 LoadedEngine load_engine(const ModelFlags& flags, const EngineConfig& config);
 

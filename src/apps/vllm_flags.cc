@@ -138,8 +138,6 @@ const std::vector<Ignored>& ignored_table() {
       {"--kv-transfer-config", true, {}, "no disaggregated prefill / KV transfer", true},
       {"--kv-events-config", true, {}, "no KV cache events", true},
       {"--additional-config", true, {}, "no platform plugins"},
-      {"--quantization", true, {"none", "mxfp4"},
-       "quantized checkpoints other than GPT-OSS's MXFP4 experts (read from config.json) are not supported"},
       // LoRA.
       {"--lora-dtype", true, {"auto"}, "adapters are stored in the compute dtype"},
       {"--fully-sharded-loras", false, {}, "one GPU: adapters are not sharded"},

@@ -104,6 +104,11 @@ class Backend {
   // equally likely, and every scale byte `scale` (--load-format dummy on an MXFP4 config). Default: made on
   // the host and copied.
   virtual kernels::WeightView random_mxfp4(int64_t rows, int64_t cols, uint8_t scale, uint64_t seed);
+  // Weight matrix `w` (F32, F16 or BF16, in this backend's memory) quantized to INT8 (common/int8.h:
+  // per-row symmetric scales), as a new view whose codes [rows, cols] and f32 row scales [rows] are one
+  // allocation starting at `data`; `w` is left as it is (the caller frees it). Default (host memory, the
+  // CPU): rows in parallel with OpenMP; CUDA: on the device, the same bytes.
+  virtual kernels::WeightView quantize_int8(const kernels::WeightView& w);
   // An f32 vector from host memory (norm weights, biases, sinks).
   virtual const float* vector_from_host(const float* host, size_t n) = 0;
   // Bytes allocated so far.

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "common/error.h"
+#include "common/int8.h"
 
 namespace polylora {
 namespace {
@@ -164,6 +165,29 @@ kernels::WeightView Backend::random_mxfp4(int64_t rows, int64_t cols, uint8_t sc
   copy_to_device(c, codes.data(), codes.size());
   copy_to_device(s, scales.data(), scales.size());
   return {c, DType::kU8, rows, cols, static_cast<const uint8_t*>(s)};
+}
+
+kernels::WeightView Backend::quantize_int8(const kernels::WeightView& w) {
+  CHECK_MSG(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
+            "quantize_int8: a {} matrix cannot be quantized (expected F32, F16 or BF16)",
+            dtype_name(w.dtype));
+  const int64_t rows = w.rows, cols = w.cols;
+  const size_t codes_bytes = (static_cast<size_t>(rows * cols) + 255) / 256 * 256;
+  auto* base = static_cast<std::byte*>(alloc(codes_bytes + static_cast<size_t>(rows) * sizeof(float)));
+  auto* codes = reinterpret_cast<int8_t*>(base);
+  auto* scales = reinterpret_cast<float*>(base + codes_bytes);
+#pragma omp parallel if (rows * cols >= (int64_t{1} << 16))
+  {
+    std::vector<float> row(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      w.row_to_f32(r, row.data());
+      scales[r] = int8_quantize_row(row.data(), cols, codes + r * cols);
+    }
+  }
+  kernels::WeightView q{codes, DType::kI8, rows, cols};
+  q.row_scales = scales;
+  return q;
 }
 
 std::unique_ptr<Backend> make_cpu_backend() {

@@ -22,6 +22,7 @@ bool supported(DType src, DType dst) {
       case DType::kI32:
       case DType::kI64:
       case DType::kU8:
+      case DType::kI8:
         return false;
     }
     return false;

@@ -79,6 +79,7 @@ void convert_to_f32(const void* src, DType dtype, size_t n, float* dst) {
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:
+    case DType::kI8:
       break;
   }
   fail("cannot convert a {} tensor to F32", dtype_name(dtype));

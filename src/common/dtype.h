@@ -9,7 +9,9 @@
 
 namespace polylora {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
+// kI8: INT8 weight codes of --quantization int8 (common/int8.h; a WeightView of this dtype carries its row
+// scales), never a checkpoint dtype.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8, kI8 };
 
 constexpr size_t dtype_size(DType dtype) {
   switch (dtype) {
@@ -24,6 +26,8 @@ constexpr size_t dtype_size(DType dtype) {
     case DType::kI64:
       return 8;
     case DType::kU8:
+      return 1;
+    case DType::kI8:
       return 1;
   }
   return 0;
@@ -44,6 +48,8 @@ constexpr std::string_view dtype_name(DType dtype) {
       return "I64";
     case DType::kU8:
       return "U8";
+    case DType::kI8:
+      return "I8";
   }
   return "?";
 }

@@ -43,7 +43,8 @@ inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {
   return static_cast<unsigned>(b < cap ? b : cap);
 }
 
-// Element i of a weight array in `dtype` (F32, BF16 or F16), as f32.
+// Element i of a weight array in `dtype` (F32, BF16 or F16), as f32; of an INT8 array (--quantization
+// int8) the code, exactly (the caller applies the row's scale).
 __device__ __forceinline__ float load_as_f32(const void* p, DType dtype, int64_t i) {
   switch (dtype) {
     case DType::kF32:
@@ -54,13 +55,15 @@ __device__ __forceinline__ float load_as_f32(const void* p, DType dtype, int64_t
       return __half2float(static_cast<const __half*>(p)[i]);
     case DType::kI32:
     case DType::kI64:
+    case DType::kI8:
+      return static_cast<float>(static_cast<const int8_t*>(p)[i]);
     case DType::kU8:
       break;
   }
   return 0.0f;
 }
 
-// Element i as bf16 (exact for BF16; round-to-nearest-even from F32/F16).
+// Element i as bf16 (exact for BF16 and INT8 codes; round-to-nearest-even from F32/F16).
 __device__ __forceinline__ __nv_bfloat16 load_as_bf16(const void* p, DType dtype, int64_t i) {
   if (dtype == DType::kBF16) return static_cast<const __nv_bfloat16*>(p)[i];
   return __float2bfloat16_rn(load_as_f32(p, dtype, i));

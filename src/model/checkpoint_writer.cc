@@ -101,6 +101,7 @@ void generate(std::byte* out, size_t bytes, DType dtype, float fill, float scale
         case DType::kI32:
         case DType::kI64:
         case DType::kU8:
+        case DType::kI8:
           fail("checkpoints are written as BF16, F16 or F32, not {}", dtype_name(dtype));
       }
     }
@@ -136,6 +137,7 @@ CheckpointWriteStats write_random_checkpoint(const std::string& config_dir, cons
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:
+    case DType::kI8:
       fail("checkpoints are written as BF16, F16 or F32, not {}", dtype_name(options.dtype));
   }
   const fs::path src(config_dir), dst(out_dir);

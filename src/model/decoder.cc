@@ -20,6 +20,7 @@
 #include "lora/adapter_batch.h"
 #include "model/arch/arch.h"
 #include "model/model.h"
+#include "model/quantize.h"
 
 namespace polylora {
 
@@ -141,12 +142,15 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelLoadOption
 
 std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Checkpoint* checkpoint,
                                           const ModelLoadOptions& options, std::shared_ptr<Backend> backend) {
+  check_quantization(options.quantization, config, checkpoint ? checkpoint->location() : "the dummy model");
   std::unique_ptr<Model> m(new Model());
   m->config_ = config;
   m->backend_ = backend ? std::move(backend) : std::shared_ptr<Backend>(make_cpu_backend());
   WeightLoader loader(checkpoint, *m->backend_, m->weights_, options.seed, options.upload);
   arch::bind(config, loader, m->weights_);
   loader.finish();  // the staged path reads and uploads everything here
+  if (options.quantization == WeightQuantization::kInt8)
+    quantize_weights_int8(m->weights_, loader, *m->backend_);
   m->rope_ = RopeTable::from_config(config);
   m->inv_freq_ = m->backend_->vector_from_host(m->rope_.inv_freq.data(), m->rope_.inv_freq.size());
   m->ws_ = std::make_unique<Workspace>();
@@ -509,6 +513,7 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
            .weights = route_w,
            .experts = lw.moe.experts_on_device,
            .experts_mxfp4 = lw.moe.experts.front().gate_up.mxfp4(),
+           .experts_int8 = lw.moe.experts.front().down.int8(),
            .act = c.expert_activation == ExpertActivation::kGptOssClampedSwiglu ? k::ExpertAct::kGptOssSwiglu
                                                                                 : k::ExpertAct::kSiluGate,
            .swiglu_alpha = static_cast<float>(c.swiglu_alpha),

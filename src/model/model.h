@@ -27,6 +27,7 @@ struct ModelLoadOptions {
   LoadFormat load_format = LoadFormat::kAuto;  // auto: safetensors
   uint64_t seed = 0;                           // dummy weights
   WeightUploadOptions upload;                  // how checkpoint bytes reach the backend (weight_upload.h)
+  WeightQuantization quantization = WeightQuantization::kNone;  // --quantization (model/quantize.h)
 };
 
 // RoPE frequencies for a config: inv_freq [rotary_dim / 2] and the cos/sin scale (YaRN's mscale).

@@ -140,11 +140,13 @@ kernels::WeightView WeightLoader::matrix(const std::string& name, int64_t rows, 
       return {nullptr, DType::kBF16, rows, cols};
     case Mode::kDummy:
       view = backend_->random_matrix(rows, cols, kDummyStddev, seed_++);
+      track(view.data, view.data);
       break;
     case Mode::kPerTensor: {
       const TensorInfo& t = tensor(name, {rows, cols});
       view = keep_f32 ? backend_->matrix_from_host_as({t.data, t.dtype, rows, cols}, DType::kF32)
                       : backend_->matrix_from_host({t.data, t.dtype, rows, cols});
+      if (view.data != t.data) track(view.data, view.data);  // copied (not a view into the mapping)
       bytes_per_tensor_path_ += t.num_bytes;
       break;
     }
@@ -154,6 +156,7 @@ kernels::WeightView WeightLoader::matrix(const std::string& name, int64_t rows, 
       void* dst = backend_->alloc(static_cast<size_t>(rows * cols) * dtype_size(target));
       jobs_.push_back({&t, 0, rows, cols, dst, target, cols, false});
       view = {dst, target, rows, cols};
+      track(dst, dst);
       break;
     }
   }
@@ -201,9 +204,11 @@ kernels::WeightView WeightLoader::expert_transposed(const std::string& name, int
     // One allocation for all experts of the tensor; expert e's [a, b] slice is transposed on upload.
     const DType target = stored_dtype(t.dtype, false);
     const size_t slot = round_up(n * dtype_size(target), kSlotAlign);
-    std::byte* dst = expert_block(name, num_experts, slot) + static_cast<size_t>(expert) * slot;
+    std::byte* block = expert_block(name, num_experts, slot);
+    std::byte* dst = block + static_cast<size_t>(expert) * slot;
     jobs_.push_back(
         {&t, static_cast<uint64_t>(expert) * n * dtype_size(t.dtype), a, b, dst, target, a, true});
+    track(dst, block);
     weights_.num_bytes += n * dtype_size(target);
     return {dst, target, b, a};
   }
@@ -233,6 +238,7 @@ kernels::WeightView WeightLoader::expert_transposed(const std::string& name, int
       weights_.owned_f32.pop_back();
     else
       weights_.owned.pop_back();
+    track(view.data, view.data);
   }
   return view;
 }
@@ -353,6 +359,37 @@ const kernels::ExpertView* WeightLoader::experts_to_device(const std::vector<ker
   void* p = backend_->alloc(bytes);
   backend_->copy_to_device(p, experts.data(), bytes);
   return static_cast<const kernels::ExpertView*>(p);
+}
+
+void WeightLoader::track(const void* view_data, const void* allocation) {
+  view_allocation_[view_data] = allocation;
+  ++allocation_views_[allocation];
+}
+
+void WeightLoader::quantize_int8(kernels::WeightView& w) {
+  CHECK_MSG(mode_ != Mode::kPlan, "quantize_int8 in plan mode");
+  const kernels::WeightView old = w;
+  w = backend_->quantize_int8(old);
+  weights_.num_bytes += w.num_bytes();
+  weights_.num_bytes -= old.num_bytes();
+  // The host copies of transposed experts (CPU, per-tensor path) are dropped with their last view.
+  auto drop_owned = [&](auto& owned) {
+    for (size_t i = 0; i < owned.size(); ++i)
+      if (owned[i].get() == old.data) {
+        owned.erase(owned.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+  };
+  drop_owned(weights_.owned);
+  drop_owned(weights_.owned_f32);
+  auto it = view_allocation_.find(old.data);
+  if (it == view_allocation_.end()) return;  // a view into the checkpoint mapping (CPU)
+  const void* allocation = it->second;
+  view_allocation_.erase(it);
+  if (--allocation_views_[allocation] > 0) return;
+  allocation_views_.erase(allocation);
+  backend_->synchronize();  // the quantizer read it
+  backend_->free(const_cast<void*>(allocation));
 }
 
 void WeightLoader::finish() {

@@ -24,6 +24,12 @@ namespace polylora {
 
 enum class LoadFormat { kAuto, kSafetensors, kDummy };
 
+// --quantization: how weight matrices are stored after loading (model/quantize.h).
+enum class WeightQuantization {
+  kNone,  // as the checkpoint (or the backend's weight dtype) has them
+  kInt8,  // W8A16: the linear layers' and experts' matrices as INT8 with one f32 scale per output row
+};
+
 // A tensor an architecture reads, as a checkpoint holds it (plan mode).
 struct ExpectedTensor {
   std::string name;
@@ -74,6 +80,11 @@ class WeightLoader {
   // Throws if the checkpoint holds a tensor nothing asked for; then (staged path) reads and uploads every
   // tensor, and logs the time and rate of the load.
   void finish();
+  // After finish(): replaces matrix `w` (a view this loader returned) by its INT8 copy
+  // (Backend::quantize_int8, --quantization int8) and frees the memory that held `w` once no other view
+  // this loader returned lives in it (an [E, ...] expert tensor: after its last expert); views into the
+  // CPU's checkpoint mapping are simply no longer used. Counts the INT8 bytes in ModelWeights::num_bytes.
+  void quantize_int8(kernels::WeightView& w);
 
  private:
   enum class Mode { kPlan, kDummy, kPerTensor, kStaged };
@@ -100,6 +111,11 @@ class WeightLoader {
   std::set<std::string> used_;
   std::vector<UploadJob> jobs_;                      // staged: queued until finish()
   std::map<std::string, std::byte*> expert_blocks_;  // staged: per 3-D/2-D expert tensor
+  // Backend allocations holding matrices, for quantize_int8(): the allocation of each matrix view's data
+  // and the number of views still in each.
+  std::map<const void*, const void*> view_allocation_;
+  std::map<const void*, int64_t> allocation_views_;
+  void track(const void* view_data, const void* allocation);
   uint64_t bytes_per_tensor_path_ = 0;               // per-tensor path: checkpoint bytes read
   std::chrono::steady_clock::time_point start_;
   // Progress of the checkpoint's shards (files), logged as vLLM's "Loading safetensors checkpoint shards".

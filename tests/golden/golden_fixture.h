@@ -49,13 +49,14 @@ struct Fixture {
   std::vector<std::shared_ptr<LoraAdapter>> adapters;
   std::vector<std::string> variants;  // "base" or an adapter name
 
-  explicit Fixture(const std::string& name, std::shared_ptr<Backend> backend = nullptr)
+  explicit Fixture(const std::string& name, std::shared_ptr<Backend> backend = nullptr,
+                   const ModelLoadOptions& options = {})
       : dir(std::string(POLYLORA_TEST_DATA) + "/models/" + name) {
     std::ifstream in(dir + "/reference.json");
     meta = nlohmann::json::parse(in);
     static const DType kRefTypes[] = {DType::kF32, DType::kI32};
     ref = SafetensorsFile::open(dir + "/reference.safetensors", kRefTypes);
-    model = Model::load(dir, {}, std::move(backend));
+    model = Model::load(dir, options, std::move(backend));
     for (const auto& v : meta["variants"]) {
       std::string variant = v.get<std::string>();
       variants.push_back(variant);

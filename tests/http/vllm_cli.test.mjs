@@ -101,6 +101,26 @@ describe('the long vLLM-style command line of docs/vllm-flags.md', () => {
   });
 });
 
+describe('--quantization int8 (docs/quantization.md)', () => {
+  test('serves the INT8 model and the adapters; the start-up line gives the INT8 size', async () => {
+    const server = await startServer(['--model', MODEL, '-q', 'int8', '--lora-modules', `attn=${ADAPTERS.attn}`]);
+    try {
+      const log = server.log();
+      const m = /quantized to INT8 .* parameters ([\d.]+) MB -> ([\d.]+) MB/.exec(log);
+      assert.ok(m, log);
+      assert.ok(Number(m[2]) < 0.75 * Number(m[1]), m[0]);
+      assert.match(log, new RegExp(`${m[2].replace('.', '\\.')} MB of parameters, INT8 weights`));
+      for (const model of [MODEL, 'attn']) {
+        const r = await completion(server.url, model);
+        assert.equal(r.status, 200, r.text);
+        assert.ok(r.json.usage.completion_tokens >= 1);
+      }
+    } finally {
+      await server.stop();
+    }
+  });
+});
+
 describe('values polylora cannot honour stop the start, naming the flag', () => {
   for (const [args, pattern] of [
     [['-tp', '2'], /--tensor-parallel-size 2: polylora cannot honour this value/],
@@ -108,6 +128,10 @@ describe('values polylora cannot honour stop the start, naming the flag', () => 
     [['-pp', '2'], /--pipeline-parallel-size 2/],
     [['--kv-cache-dtype', 'fp8'], /--kv-cache-dtype fp8: polylora cannot honour this value.*fp8/],
     [['--quantization', 'awq'], /--quantization awq: polylora cannot honour/],
+    [['-q', 'fp8'], /--quantization fp8: polylora cannot honour this value.*\(accepted: none, int8, mxfp4\)/],
+    [['--quantization', 'mxfp4'], /--quantization mxfp4: .*qwen3-moe-tiny is not an MXFP4 checkpoint/],
+    [['--model', path.join(REPO, 'tests/data/models/gpt-oss-mxfp4-tiny'), '-q', 'int8'],
+      /--quantization int8: .*gpt-oss-mxfp4-tiny is an MXFP4 checkpoint/],
     [['--max-model-len', '1.5K'], /--max-model-len '1.5K': decimals are not allowed/],
     [['--lora-modules', '{"name": "x"}'], /--lora-modules .*needs "name" and "path"/],
     [['--dtype', 'float64'], /--dtype/],

@@ -53,6 +53,7 @@ inline TestWeight make_weight(int64_t rows, int64_t cols, DType dtype, uint32_t 
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:
+    case DType::kI8:
       break;
   }
   return w;

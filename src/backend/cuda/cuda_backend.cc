@@ -341,6 +341,7 @@ class CudaBackend final : public Backend {
       case DType::kI32:
       case DType::kI64:
       case DType::kU8:
+      case DType::kI8:
         fail("weight matrix of dtype {} cannot be used on {} (expected F32, F16 or BF16)",
              dtype_name(host.dtype), name_);
     }
@@ -377,6 +378,19 @@ class CudaBackend final : public Backend {
     cuda_backend::fill_random(codes, DType::kU8, n / 2, 0.0f, seed, stream_);
     CUDA_CHECK(cudaMemsetAsync(scales, scale, n / kMxfp4BlockSize, stream_));
     return {codes, DType::kU8, rows, cols, static_cast<const uint8_t*>(scales)};
+  }
+  k::WeightView quantize_int8(const k::WeightView& w) override {
+    CHECK_MSG(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
+              "quantize_int8: a {} matrix cannot be quantized (expected F32, F16 or BF16)",
+              dtype_name(w.dtype));
+    const size_t codes_bytes = (static_cast<size_t>(w.rows * w.cols) + 255) / 256 * 256;
+    auto* base = static_cast<char*>(alloc(codes_bytes + static_cast<size_t>(w.rows) * sizeof(float)));
+    auto* scales = reinterpret_cast<float*>(base + codes_bytes);
+    cuda_backend::quantize_int8(w.data, w.dtype, w.rows, w.cols, reinterpret_cast<int8_t*>(base), scales,
+                                stream_);
+    k::WeightView q{base, DType::kI8, w.rows, w.cols};
+    q.row_scales = scales;
+    return q;
   }
   const float* vector_from_host(const float* host, size_t n) override {
     auto* p = static_cast<float*>(alloc(n * sizeof(float)));
@@ -558,6 +572,7 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:
+    case DType::kI8:
       fail("--dtype {}: the CUDA backend stores weights as bfloat16 or float32",
            dtype_name(options.weight_dtype));
   }

@@ -43,6 +43,34 @@ __global__ void fill_random_kernel(void* dst, DType dtype, size_t n, float stdde
   }
 }
 
+// One block per row (grid-stride): common/int8.h's quantizer with the same f32 operations (IEEE division,
+// round halves away from zero), so the bytes equal the CPU's.
+__global__ void quantize_int8_kernel(const void* src, DType dtype, int64_t rows, int64_t cols, int8_t* codes,
+                                     float* scales) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    float amax = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      amax = fmaxf(amax, fabsf(polylora::kernels::cuda_util::load_as_f32(src, dtype, r * cols + c)));
+    amax = polylora::kernels::cuda_util::warp_max(amax);
+    __syncthreads();  // partial may still be read for the previous row
+    if (lane == 0) partial[warp] = amax;
+    __syncthreads();
+    amax = polylora::kernels::cuda_util::warp_max(lane < warps ? partial[lane] : 0.0f);
+    const float scale = __fdiv_rn(amax, 127.0f);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      float q = 0.0f;
+      if (scale > 0.0f) {
+        q = roundf(__fdiv_rn(polylora::kernels::cuda_util::load_as_f32(src, dtype, r * cols + c), scale));
+        q = fminf(fmaxf(q, -127.0f), 127.0f);
+      }
+      codes[r * cols + c] = static_cast<int8_t>(q);
+    }
+    if (threadIdx.x == 0) scales[r] = scale;
+  }
+}
+
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -72,6 +100,14 @@ void fill_random(void* dst, DType dtype, size_t n, float stddev, uint64_t seed, 
   if (n == 0) return;
   fill_random_kernel<<<blocks_for(static_cast<int64_t>(n), 256, 8192), 256, 0, as_stream(stream)>>>(
       dst, dtype, n, stddev, seed);
+  CUDA_CHECK_LAUNCH();
+}
+
+void quantize_int8(const void* src, DType src_dtype, int64_t rows, int64_t cols, int8_t* codes, float* scales,
+                   void* stream) {
+  if (rows == 0) return;
+  quantize_int8_kernel<<<blocks_for(rows, 1, 65535), 256, 0, as_stream(stream)>>>(src, src_dtype, rows, cols,
+                                                                                  codes, scales);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -236,6 +272,7 @@ void launch_upload_from(const void* src, int64_t rows, int64_t cols, void* dst, 
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:
+    case DType::kI8:
       break;
   }
 }
@@ -264,6 +301,7 @@ void upload_block(const void* src, DType src_dtype, int64_t rows, int64_t cols, 
     case DType::kI32:
     case DType::kI64:
     case DType::kU8:
+    case DType::kI8:
       break;
   }
   CUDA_CHECK_LAUNCH();

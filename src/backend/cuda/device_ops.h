@@ -20,6 +20,10 @@ void upload_block(const void* src, DType src_dtype, int64_t rows, int64_t cols, 
 // n values uniform in [−√3·stddev, √3·stddev] (standard deviation `stddev`) from a counter hash of (seed, i)
 // (F32 or BF16); U8: n random bytes (stddev unused).
 void fill_random(void* dst, DType dtype, size_t n, float stddev, uint64_t seed, void* stream);
+// INT8 weight quantization (common/int8.h, the same bytes as the CPU's): src [rows, cols] of src_dtype
+// (F32/F16/BF16) into codes [rows, cols] and scales [rows].
+void quantize_int8(const void* src, DType src_dtype, int64_t rows, int64_t cols, int8_t* codes, float* scales,
+                   void* stream);
 void add_inplace(float* y, const float* x, int64_t n, void* stream);
 void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst,
                  void* stream);

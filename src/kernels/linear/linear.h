@@ -35,10 +35,16 @@ void linear_batch(const LinearArgs* args, int64_t count);
 namespace cuda {
 // cuBLAS: BF16 weights multiply bf16 activations (f32 accumulate and output): with ctx.bf16_split(m) each
 // row of x as hi + lo bf16 rows (both products summed in f32), else x rounded to bf16. F32 weights run an
-// exact fp32 sgemm (no TF32). F16 weights are not supported (the CUDA backend converts them on load).
+// exact fp32 sgemm (no TF32). INT8 weights run linear_int8. F16 weights are not supported (the CUDA backend
+// converts them on load).
 void linear(const LinearArgs& args, const CudaContext& ctx);
 // Workspace bytes linear() needs (the bf16 copies of x and, for small split products, the f32 halves).
 size_t linear_workspace_bytes(const LinearArgs& args, const CudaContext& ctx);
+// INT8 weights (linear_int8_cuda.cu; codes and row scales read as stored): a weight-streaming kernel for
+// few rows (f32 activations with ctx.bf16_split(m), else rounded to bf16), a bf16 tensor-core GEMM
+// dequantizing the codes in its K loop for many (x as hi + lo bf16 with the split, else one bf16).
+void linear_int8(const LinearArgs& args, const CudaContext& ctx);
+size_t linear_int8_workspace_bytes(const LinearArgs& args, const CudaContext& ctx);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

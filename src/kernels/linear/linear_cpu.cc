@@ -1,6 +1,7 @@
 // kernels/linear/linear_cpu.cc: the CPU fast path of y = x·Wᵀ + b.
-// Few rows (decode): register-tiled AVX2 dot products reading W (F32/F16/BF16, or MXFP4: each 32-value block
-// decoded to f32 in registers) once, parallel over the output features (memory-bandwidth bound). Many rows (prefill): W panels converted to f32 into
+// Few rows (decode): register-tiled AVX2 dot products reading W (F32/F16/BF16, MXFP4: each 32-value block
+// decoded to f32 in registers, or INT8: codes widened to f32 in registers, each row's sum times its scale)
+// once, parallel over the output features (memory-bandwidth bound). Many rows (prefill): W panels converted to f32 into
 // thread-local scratch and multiplied with single-threaded OpenBLAS sgemm, parallel over panels.
 // linear_batch runs several independent products (MoE experts) as the tasks of one OpenMP region.
 // Must not: allocate per call beyond thread-local scratch; nest OpenMP regions.
@@ -194,6 +195,94 @@ POLYLORA_AVX2 void dot_block_mxfp4_avx2(const LinearArgs& a, int64_t r0, int64_t
   }
 }
 
+// 8 INT8 codes widened to f32 (exact).
+POLYLORA_AVX2 inline __m256 load8_int8(const int8_t* q) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+}
+
+// INT8 W: y[mi, r] = scale[r] · (x[mi]·q[r]) + bias[r] for M rows of x and R consecutive rows of W from row
+// `r0` (the codes are exact in f32, so the sum is that of the dequantized products up to rounding).
+template <int M, int R>
+POLYLORA_AVX2 void dot_tile_int8(const float* x, int64_t ldx, const WeightView& w, int64_t r0, float* y,
+                                 int64_t ldy, const float* bias) {
+  const int64_t k = w.cols;
+  const int8_t* q[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) q[r] = static_cast<const int8_t*>(w.data) + (r0 + r) * k;
+  __m256 acc[M][R];
+#pragma GCC unroll 4
+  for (int mi = 0; mi < M; ++mi) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[mi][r] = _mm256_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    __m256 wv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(q[r] + i) + 256, _MM_HINT_T0);
+      wv[r] = load8_int8(q[r] + i);
+    }
+#pragma GCC unroll 4
+    for (int mi = 0; mi < M; ++mi) {
+      __m256 xv = _mm256_loadu_ps(x + mi * ldx + i);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[mi][r] = _mm256_fmadd_ps(xv, wv[r], acc[mi][r]);
+    }
+  }
+  if (i < k) {
+    __m256i mask = simd::tail_mask(k - i);
+    __m256 wv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float tail[8] = {};
+      for (int64_t j = i; j < k; ++j) tail[j - i] = static_cast<float>(q[r][j]);
+      wv[r] = _mm256_load_ps(tail);
+    }
+#pragma GCC unroll 4
+    for (int mi = 0; mi < M; ++mi) {
+      __m256 xv = _mm256_maskload_ps(x + mi * ldx + i, mask);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[mi][r] = _mm256_fmadd_ps(xv, wv[r], acc[mi][r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int mi = 0; mi < M; ++mi) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      y[mi * ldy + r] = simd::hsum(acc[mi][r]) * w.row_scales[r0 + r] + (bias ? bias[r] : 0.0f);
+  }
+}
+
+template <int M, int R>
+POLYLORA_AVX2 void dot_rows_int8(const LinearArgs& a, int64_t m0, int64_t r0, int64_t r1) {
+  const float* x = a.x + m0 * a.ldx;
+  float* y = a.y + m0 * a.ldy;
+  int64_t r = r0;
+  for (; r + R <= r1; r += R)
+    dot_tile_int8<M, R>(x, a.ldx, a.w, r, y + r, a.ldy, a.bias ? a.bias + r : nullptr);
+  for (; r < r1; ++r) dot_tile_int8<M, 1>(x, a.ldx, a.w, r, y + r, a.ldy, a.bias ? a.bias + r : nullptr);
+}
+
+POLYLORA_AVX2 void dot_block_int8_avx2(const LinearArgs& a, int64_t r0, int64_t r1) {
+  for (int64_t m0 = 0; m0 < a.m; m0 += 4) {
+    switch (std::min<int64_t>(4, a.m - m0)) {
+      case 1:
+        dot_rows_int8<1, 4>(a, m0, r0, r1);
+        break;
+      case 2:
+        dot_rows_int8<2, 4>(a, m0, r0, r1);
+        break;
+      case 3:
+        dot_rows_int8<3, 2>(a, m0, r0, r1);
+        break;
+      default:
+        dot_rows_int8<4, 2>(a, m0, r0, r1);
+        break;
+    }
+  }
+}
+
 template <DType D, int M, int R>
 POLYLORA_AVX2 void dot_rows(const LinearArgs& a, int64_t m0, int64_t r0, int64_t r1) {
   const auto* w = static_cast<const Elem<D>*>(a.w.data);
@@ -255,6 +344,8 @@ void dot_block(const LinearArgs& a, int64_t r0, int64_t r1) {
         return dot_block_avx2<DType::kF16>(a, r0, r1);
       case DType::kU8:
         return dot_block_mxfp4_avx2(a, r0, r1);
+      case DType::kI8:
+        return dot_block_int8_avx2(a, r0, r1);
       case DType::kI32:
       case DType::kI64:
         break;
@@ -282,7 +373,7 @@ Plan plan(const LinearArgs& a, int64_t threads) {
   return {rows, (n + rows - 1) / rows, true};
 }
 
-// Rows [r0, r0 + nr) of W through sgemm: converted (MXFP4: decoded) to f32 in thread-local scratch unless
+// Rows [r0, r0 + nr) of W through sgemm: converted (MXFP4, INT8: decoded) to f32 in thread-local scratch unless
 // already F32.
 void panel(const LinearArgs& a, int64_t r0, int64_t nr) {
   int64_t k = a.w.cols;
@@ -297,6 +388,8 @@ void panel(const LinearArgs& a, int64_t r0, int64_t nr) {
     for (int64_t r = 0; r < nr; ++r) {
       if (a.w.mxfp4())
         mxfp4_decode_row(a.w.mxfp4_codes(r0 + r), a.w.mxfp4_scales(r0 + r), k, scratch.data() + r * k);
+      else if (a.w.int8())
+        a.w.row_to_f32(r0 + r, scratch.data() + r * k);
       else
         simd::to_f32(base + (r0 + r) * row_bytes, a.w.dtype, k, scratch.data() + r * k);
     }

@@ -6,7 +6,7 @@
 // GEMM into the workspace and a fold kernel adds the halves (the weights are read once); large ones
 // (prefill; compute-bound) run two GEMMs, the second accumulating into y (beta = 1). F32 weights: exact
 // fp32 cublasSgemm (the handle's math mode is CUBLAS_DEFAULT_MATH, no TF32). The bias is added by a small
-// kernel afterwards (or by the fold).
+// kernel afterwards (or by the fold). INT8 weights: linear_int8_cuda.cu.
 #include <cublas_v2.h>
 
 #include "kernels/cuda_util.cuh"
@@ -73,6 +73,7 @@ __global__ void add_bias_kernel(float* y, int64_t ldy, int64_t m, int64_t n, con
 }  // namespace
 
 size_t linear_workspace_bytes(const LinearArgs& a, const CudaContext& ctx) {
+  if (a.w.int8()) return linear_int8_workspace_bytes(a, ctx);
   if (a.w.dtype != DType::kBF16) return 0;
   size_t x_bytes = align256(static_cast<size_t>(a.m * a.w.cols) * sizeof(__nv_bfloat16));
   if (!ctx.bf16_split(a.m)) return x_bytes;
@@ -128,6 +129,9 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
                                static_cast<int>(k), a.x, static_cast<int>(a.ldx), &zero, a.y,
                                static_cast<int>(a.ldy)));
       break;
+    case DType::kI8:
+      linear_int8(a, ctx);
+      return;  // bias added by its kernels
     case DType::kF16:
     case DType::kI32:
     case DType::kI64:

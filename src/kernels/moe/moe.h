@@ -85,6 +85,9 @@ struct MoeExpertsArgs {
   // Every expert's gate_up and down are MXFP4 views (tensor_view.h; gate_up fused): the CPU kernels read
   // the views' formats themselves, CUDA dispatches on this (the views are in device memory).
   bool experts_mxfp4 = false;
+  // Every expert's matrices are INT8 views (tensor_view.h, --quantization int8; gate_up fused or gate and
+  // up): the CPU kernels read the views' formats themselves, CUDA dispatches on this.
+  bool experts_int8 = false;
   ExpertAct act = ExpertAct::kSiluGate;
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;

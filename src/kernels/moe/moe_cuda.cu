@@ -17,7 +17,8 @@
 //   activation written in bf16 by step 4, each as a hi + lo pair with CudaContext::bf16_split(m); fp32
 //   accumulation); F32 weights an fp32 FMA GEMM.
 // Both end with a weighted combine per token in k order (deterministic). Intermediates are f32 in the
-// workspace.
+// workspace. INT8 experts (MoeExpertsArgs::experts_int8) take the fp32 GEMV kernel or the tensor-core
+// grouped GEMM (both read the codes and row scales directly, moe_gemv.cuh / moe_gemm_mma.cuh).
 #include <algorithm>
 #include <cstdlib>
 
@@ -67,6 +68,9 @@ int64_t small_pairs_limit(int64_t num_experts, bool tensor_cores) {
 
 Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
   const int64_t pairs = a.m * a.top_k;
+  // INT8 experts (--quantization int8), whatever the backend's dtype: the fp32 GEMV kernel (codes widened in
+  // registers) for few pairs, else the bf16 grouped GEMM dequantizing in its K loop.
+  if (a.experts_int8) return pairs <= small_pairs_limit(a.num_experts, true) ? Path::kGemv : Path::kMma;
   if (pairs <= small_pairs_limit(a.num_experts, tensor_cores))
     return tensor_cores && pairs >= kTcMinPerExpert * a.num_experts ? Path::kGemvTc : Path::kGemv;
   return tensor_cores ? Path::kMma : Path::kF32;

@@ -1,6 +1,6 @@
 // kernels/moe/moe_cuda_common.cuh: what moe_cuda.cu's GEMM and GEMV kernels share: the phase (gate_up or
-// down) and, per phase, an expert's weight row pointer, weight dtype and bias. Only included from
-// moe_cuda.cu and its kernel headers. Must not: depend on anything above common/.
+// down) and, per phase, an expert's weight row pointer, weight dtype, row scale (INT8) and bias. Only
+// included from moe_cuda.cu and its kernel headers. Must not: depend on anything above common/.
 #pragma once
 
 #include "kernels/cuda_util.cuh"
@@ -23,6 +23,28 @@ __device__ __forceinline__ const char* weight_row(const ExpertView& ex, int64_t 
 template <Phase P>
 __device__ __forceinline__ DType weight_dtype(const ExpertView& ex) {
   return P == Phase::kDown ? ex.down.dtype : (ex.gate_up.data != nullptr ? ex.gate_up.dtype : ex.gate.dtype);
+}
+
+// The scale of row n of the phase's weight: INT8 views' row_scales (tensor_view.h), 1 otherwise.
+template <Phase P>
+__device__ __forceinline__ float weight_row_scale(const ExpertView& ex, int64_t n, int64_t I) {
+  const bool split = P == Phase::kGateUp && ex.gate_up.data == nullptr;  // gate rows then up rows
+  const WeightView& w = P == Phase::kDown ? ex.down : (!split ? ex.gate_up : (n < I ? ex.gate : ex.up));
+  if (w.dtype != DType::kI8) return 1.0f;
+  return w.row_scales[split && n >= I ? n - I : n];
+}
+
+// Are all of the phase's weight matrices `bytes`-aligned (a power of two) with rows of a multiple of
+// `bytes`? (weight_rows_aligned16 below is the 16-byte case.)
+template <Phase P>
+__device__ __forceinline__ bool weight_rows_aligned(const ExpertView& ex, int64_t K, int64_t bytes) {
+  const auto mask = static_cast<uintptr_t>(bytes - 1);
+  auto ok = [&](const WeightView& w) {
+    return w.data == nullptr || ((reinterpret_cast<uintptr_t>(w.data) & mask) == 0 &&
+                                 (K * static_cast<int64_t>(dtype_size(w.dtype))) % bytes == 0);
+  };
+  if (P == Phase::kDown) return ok(ex.down);
+  return ok(ex.gate_up) && ok(ex.gate) && ok(ex.up);
 }
 
 template <Phase P>

@@ -3,21 +3,25 @@
 // bf16 with f32 accumulation fed by ldmatrix from XOR-swizzled shared memory; a kStages-deep cp.async
 // pipeline of BK = 32 slices. A rows are gathered from a bf16 activation buffer cast once (gate_up: x by
 // token; down: act by sorted row) whose rows are zero-padded to a multiple of BK; B is the expert's
-// weight [N, K] read with 16-byte cp.async when it is BF16 with 16-byte rows, else converted element by
-// element (odd shapes, F16). Tiles past the device-side tile count exit at once.
+// weight [N, K] read with 16-byte cp.async when it is BF16 with 16-byte rows; INT8 weights (--quantization
+// int8) with 8-byte rows are dequantized in the K loop (codes loaded into registers, widened to bf16 exactly
+// and stored into the stage after its MMAs; the row scales multiply the accumulators in the epilogue); else
+// converted element by element (odd shapes, F16, INT8 codes). Tiles past the device-side tile count exit at
+// once.
 // hi + lo split (CudaContext::bf16_split(m)): each A row holds bf16(x) in its first kb_tiles·BK columns and
 // bf16(x − bf16(x)) in the next kb_tiles·BK; the K loop runs over both copies while B's K index wraps
 // (kt mod kb_tiles), so the accumulator sums W·hi + W·lo.
 // Only included from moe_cuda.cu. Must not: depend on anything above common/.
 #pragma once
 
+#include "kernels/mma_util.cuh"
 #include "kernels/moe/moe_cuda_common.cuh"
 
 namespace polylora::kernels::cuda::moe_detail {
 
 constexpr int kMmaThreads = 256;
 constexpr int kMmaBN = 128;
-constexpr int kMmaBK = 32;  // one 64-byte row of a shared-memory tile = 4 chunks of 16 bytes
+constexpr int kMmaBK = mma::kBK;
 constexpr int kMmaStages = 4;
 
 template <int BM>
@@ -43,33 +47,13 @@ struct MmaParams {
   float* out = nullptr;  // kGateUp: gu [max_rows, 2I] by sorted row; kDown: y [pairs, H] by pair
 };
 
-// Byte offset of 16-byte chunk c (0..3) of row r in a [rows][kMmaBK] bf16 tile (XOR swizzle: the 8 rows
-// an ldmatrix phase reads land in 8 distinct bank groups).
+using mma::cp_async16;
+using mma::cp_async_commit;
+using mma::cp_async_wait;
+using mma::ldmatrix_x4;
+using mma::mma_bf16;
 __device__ __forceinline__ uint32_t mma_swz(int r, int c) {
-  return static_cast<uint32_t>(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  return mma::swz(r, c);
 }
 
 template <Phase P, int BM>
@@ -95,6 +79,10 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   const DType bdt = weight_dtype<P>(ex);
   const float* bias = weight_bias<P>(ex);
   const bool b_fast = bdt == DType::kBF16 && weight_rows_aligned16<P>(ex, K);
+  // INT8 weights with 8-byte rows: 8 codes per 8-byte load into registers, widened to bf16 (exact) and
+  // stored after the stage's MMAs (the load's latency hides behind them); the row scales in the epilogue.
+  const bool b_int8 = bdt == DType::kI8 && weight_rows_aligned<P>(ex, K, 8);
+  uint2 b_pending[2];
   // Each thread copies chunk (tid % 4) of rows tid / 4 + 64·i of the A and B tiles.
   const int ld_chunk = tid & 3, ld_row = tid >> 2;
   constexpr int kARowsPerThread = BM / 64;
@@ -128,7 +116,10 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = ld_row + 64 * i;
-      if (b_fast) {
+      if (b_int8) {
+        const bool ok = b_src[i] != nullptr && k < K;
+        b_pending[i] = ok ? __ldg(reinterpret_cast<const uint2*>(b_src[i] + k)) : make_uint2(0u, 0u);
+      } else if (b_fast) {
         const bool ok = b_src[i] != nullptr && k < K;
         cp_async16(sb + mma_swz(r, ld_chunk), ok ? b_src[i] + k * 2 : static_cast<const void*>(p.a),
                    ok ? 16 : 0);
@@ -143,9 +134,18 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
             hi = __bfloat16_as_ushort(cuda_util::load_as_bf16(b_src[i], bdt, k + 2 * j + 1));
           w[j] = lo | (hi << 16);
         }
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sb + mma_swz(r, ld_chunk)), "r"(w[0]),
-                     "r"(w[1]), "r"(w[2]), "r"(w[3]));
+        mma::st_shared_v4(sb + mma_swz(r, ld_chunk), w);
       }
+    }
+  };
+  // b_int8: the codes load_stage left in registers, into stage `stage`'s B tile.
+  auto store_pending_b = [&](int stage) {
+    const uint32_t sb = smem_base + stage * C::kStageBytes + C::kABytes;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint32_t w[4];
+      mma::int8x8_to_bf16x8(b_pending[i].x, b_pending[i].y, w);
+      mma::st_shared_v4(sb + mma_swz(ld_row + 64 * i, ld_chunk), w);
     }
   };
 
@@ -159,7 +159,10 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
 
 #pragma unroll
   for (int s = 0; s < kMmaStages - 1; ++s) {
-    if (s < num_kt) load_stage(s, s);
+    if (s < num_kt) {
+      load_stage(s, s);
+      if (b_int8) store_pending_b(s);
+    }
     cp_async_commit();
   }
   const int wm = warp >> 2, wn = warp & 3;
@@ -195,6 +198,9 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
 #pragma unroll
         for (int ni = 0; ni < C::kNI; ++ni) mma_bf16(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
     }
+    // Stage nk's slot was last read in iteration kt − 1 (before this iteration's barrier) and is next read
+    // after the barrier of iteration nk.
+    if (b_int8 && nk < num_kt) store_pending_b(nk % kMmaStages);
   }
   cp_async_wait<0>();
 
@@ -212,6 +218,10 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
       for (int ni = 0; ni < C::kNI; ++ni) {
         const int64_t n = n0 + wn * 32 + ni * 8 + (lane & 3) * 2;
         float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+        if (bdt == DType::kI8) {  // the codes' products times the rows' scales
+          if (n < N) v0 *= weight_row_scale<P>(ex, n, p.inter);
+          if (n + 1 < N) v1 *= weight_row_scale<P>(ex, n + 1, p.inter);
+        }
         if (n + 1 < N) {
           if (bias != nullptr) {
             v0 += bias[n];

@@ -1,0 +1,65 @@
+// kernels/mma_util.cuh: the tensor-core building blocks shared by the bf16 GEMM kernels (the MoE grouped
+// GEMM of moe/moe_gemm_mma.cuh, the INT8 dense GEMM of linear/linear_int8_cuda.cu): the XOR-swizzled
+// layout of a [rows][32] bf16 shared-memory tile, cp.async, ldmatrix and mma.sync m16n8k16 (bf16 inputs,
+// f32 accumulation), and the INT8 -> bf16 widening of weight codes (exact: |q| <= 127 has 7 bits).
+// Only included from .cu files. Must not: depend on anything above common/.
+#pragma once
+
+#include "kernels/cuda_util.cuh"
+
+namespace polylora::kernels::cuda::mma {
+
+constexpr int kBK = 32;  // one 64-byte row of a shared-memory tile = 4 chunks of 16 bytes
+
+// Byte offset of 16-byte chunk c (0..3) of row r in a [rows][kBK] bf16 tile (XOR swizzle: the 8 rows
+// an ldmatrix phase reads land in 8 distinct bank groups).
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return static_cast<uint32_t>(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&w)[4]) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+               "r"(w[3]));
+}
+
+// Signed byte j (0..3) of w as f32.
+__device__ __forceinline__ float int8_lane(uint32_t w, int j) {
+  return static_cast<float>(static_cast<int32_t>(w << (24 - 8 * j)) >> 24);
+}
+
+// 8 INT8 codes (the bytes of lo, then hi, the lowest first) as 8 bf16 packed in pairs (the lower k in the
+// low half), exactly.
+__device__ __forceinline__ void int8x8_to_bf16x8(uint32_t lo, uint32_t hi, uint32_t (&out)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t w = j < 2 ? lo : hi;
+    const int b = (j & 1) * 2;
+    const uint32_t e0 = __bfloat16_as_ushort(__float2bfloat16_rn(int8_lane(w, b)));
+    const uint32_t e1 = __bfloat16_as_ushort(__float2bfloat16_rn(int8_lane(w, b + 1)));
+    out[j] = e0 | (e1 << 16);
+  }
+}
+
+}  // namespace polylora::kernels::cuda::mma

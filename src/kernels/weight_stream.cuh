@@ -1,0 +1,137 @@
+// kernels/weight_stream.cuh: the inner loop of the weight-streaming (GEMV-style) kernels for few token
+// rows, shared by the MoE small-batch kernel (moe/moe_gemv.cuh) and the INT8 dense product
+// (linear/linear_int8_cuda.cu): a warp holds kR weight rows and sums their products with up to TM
+// activation rows staged through shared memory in K chunks of kKc, lanes across K, fp32 accumulation.
+// Weights are read with 128-bit loads (BF16: 8, F32: 4, INT8: 16 values per load, widened to f32 in
+// registers) when rows are 16-byte aligned, else element by element in any dtype. INT8 sums are of the
+// codes: the caller multiplies each row's sum by its scale. Only included from .cu files. Must not: depend
+// on anything above common/.
+#pragma once
+
+#include "kernels/cuda_util.cuh"
+
+namespace polylora::kernels::cuda::stream {
+
+constexpr int kR = 4;      // weight rows per warp
+constexpr int kKc = 1024;  // K chunk staged in shared memory (activations: [TM, kKc] f32)
+
+// 128-bit weight vectors: kN elements, converted to f32.
+template <typename W>
+struct GemvVec;
+template <>
+struct GemvVec<__nv_bfloat16> {
+  static constexpr int kN = 8;
+  __device__ static void cvt(const uint4& u, float* f) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+};
+template <>
+struct GemvVec<int8_t> {
+  static constexpr int kN = 16;
+  __device__ static void cvt(const uint4& u, float* f) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        f[4 * i + j] = static_cast<float>(static_cast<int32_t>(w[i] << (24 - 8 * j)) >> 24);
+  }
+};
+template <>
+struct GemvVec<float> {
+  static constexpr int kN = 4;
+  __device__ static void cvt(const uint4& u, float* f) {
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+  }
+};
+
+// acc[r][t] += Σ_k W[row r, k] · x_t[k] over all K, for the first nt of TM staged rows (the others hold
+// garbage and are never stored; rows[r] nullptr: a row past the matrix, never stored either). vec: 128-bit
+// loads of W (W is BF16, F32 or INT8, rows 16-byte aligned, K a multiple of the vector); otherwise scalar
+// loads in any dtype (INT8: the codes). round_bf16: BF16 and INT8 weights multiply activations rounded to
+// bf16 (the bf16 model's numerics without the hi + lo split).
+template <typename W, int TM>
+__device__ __forceinline__ void accumulate(const char* const (&rows)[kR], bool vec, DType dt, int64_t K,
+                                           int nt, const float* const* s_src, float* xs, bool round_bf16,
+                                           float (&acc)[kR][TM]) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t kc0 = 0; kc0 < K; kc0 += kKc) {
+    const int kcn = static_cast<int>(K - kc0 < kKc ? K - kc0 : kKc);
+    __syncthreads();  // the previous chunk's readers are done
+    for (int t = 0; t < nt; ++t) {
+      const float* src = s_src[t] + kc0;
+      // Without the hi + lo split, bf16 weights multiply activations rounded to bf16, exactly as the
+      // tensor-core GEMM and cuBLAS paths then do, so a token's numerics do not depend on the batch size
+      // that picked the path. With it, f32 activations (the split paths agree with them to ~2^-17).
+      if (round_bf16 && (dt == DType::kBF16 || dt == DType::kI8))
+        for (int kk = threadIdx.x; kk < kcn; kk += blockDim.x)
+          xs[t * kKc + kk] = __bfloat162float(__float2bfloat16_rn(src[kk]));
+      else
+        for (int kk = threadIdx.x; kk < kcn; kk += blockDim.x) xs[t * kKc + kk] = src[kk];
+    }
+    __syncthreads();
+    if (vec) {
+      constexpr int V = GemvVec<W>::kN, S = 2, kStep = 32 * V * S;
+      for (int g = 0; g < kcn; g += kStep) {
+        uint4 wv[S][kR];
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const int kk = g + (s * 32 + lane) * V;
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+            wv[s][r] = rows[r] != nullptr && kk < kcn
+                           ? __ldg(reinterpret_cast<const uint4*>(rows[r] + (kc0 + kk) * sizeof(W)))
+                           : make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          const int kk = g + (s * 32 + lane) * V;
+          if (kk >= kcn) continue;
+          float wf[kR][V];
+#pragma unroll
+          for (int r = 0; r < kR; ++r) GemvVec<W>::cvt(wv[s][r], wf[r]);
+#pragma unroll
+          for (int t = 0; t < TM; ++t) {
+            float xv[V];
+#pragma unroll
+            for (int i = 0; i < V; i += 4) {
+              const float4 f4 = *reinterpret_cast<const float4*>(xs + t * kKc + kk + i);
+              xv[i] = f4.x;
+              xv[i + 1] = f4.y;
+              xv[i + 2] = f4.z;
+              xv[i + 3] = f4.w;
+            }
+#pragma unroll
+            for (int r = 0; r < kR; ++r)
+#pragma unroll
+              for (int i = 0; i < V; ++i) acc[r][t] = fmaf(wf[r][i], xv[i], acc[r][t]);
+          }
+        }
+      }
+    } else {
+      for (int kk = lane; kk < kcn; kk += 32) {
+        float wf[kR];
+#pragma unroll
+        for (int r = 0; r < kR; ++r)
+          wf[r] = rows[r] != nullptr ? cuda_util::load_as_f32(rows[r], dt, kc0 + kk) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+          const float xv = xs[t * kKc + kk];
+#pragma unroll
+          for (int r = 0; r < kR; ++r) acc[r][t] = fmaf(wf[r], xv, acc[r][t]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace polylora::kernels::cuda::stream
