@@ -170,12 +170,12 @@ class Backend {
   virtual void silu_and_mul(const kernels::SiluAndMulArgs& args) = 0;
   virtual void gpt_oss_swiglu(const kernels::GptOssSwigluArgs& args) = 0;
   virtual void lora_apply(const kernels::LoraApplyArgs& args) = 0;
+  virtual void lora_batch(const kernels::LoraBatchArgs& args) = 0;
   virtual void route(const kernels::RouteArgs& args) = 0;
   virtual void moe_experts(const kernels::MoeExpertsArgs& args) = 0;
   // y[i] += x[i] for i < n (residual connections).
   virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
   // dst[r] = src[rows[r]] for r < num_rows, rows of `cols` floats (gathering the rows whose logits are
-  virtual void lora_batch(const kernels::LoraBatchArgs& args) = 0;
   // wanted).
   virtual void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols,
                            float* dst) = 0;

@@ -100,8 +100,8 @@ class CpuBackend final : public Backend {
   void silu_and_mul(const kernels::SiluAndMulArgs& a) override { kernels::cpu::silu_and_mul(a); }
   void gpt_oss_swiglu(const kernels::GptOssSwigluArgs& a) override { kernels::cpu::gpt_oss_swiglu(a); }
   void lora_apply(const kernels::LoraApplyArgs& a) override { kernels::cpu::lora_apply(a); }
-  void route(const kernels::RouteArgs& a) override { kernels::cpu::route(a); }
   void lora_batch(const kernels::LoraBatchArgs& a) override { kernels::cpu::lora_batch(a); }
+  void route(const kernels::RouteArgs& a) override { kernels::cpu::route(a); }
   void moe_experts(const kernels::MoeExpertsArgs& a) override { kernels::cpu::moe_experts(a); }
   void add_inplace(float* y, const float* x, int64_t n) override {
 #pragma omp parallel for simd if (n > 65536)

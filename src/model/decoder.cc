@@ -334,14 +334,14 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
       need_slots = std::max<int64_t>(need_slots, slot + 1);
       need_rank = std::max(need_rank, adapters[static_cast<size_t>(slot)]->max_rank);
     }
-  }
-
-  // Pack every step input into one host buffer and copy it once.
-  Staging st(ws.staging);
     if (!lora_ || need_slots > lora_->slots() || need_rank > lora_->rank())
       reserve_adapters(std::max({need_slots, lora_ ? lora_->slots() : 0, adapter_slots_hint_}),
                        std::max(need_rank, lora_ ? lora_->rank() : 0));
     for (int32_t slot : si.adapters.slots) ensure_uploaded(slot, *adapters[static_cast<size_t>(slot)]);
+  }
+
+  // Pack every step input into one host buffer and copy it once.
+  Staging st(ws.staging);
   si.o_ids = st.add(b.token_ids);
   si.o_pos = st.add(b.positions);
   si.o_qs = st.add(b.query_start);
@@ -399,14 +399,14 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
       a.ldy[a.num] = ldy;
       ++a.num;
     }
-  };
-
-  be.embedding({.ids = d_ids, .m = T, .table = weights_.embed, .out = x, .ld_out = H});
-  for (int64_t l = 0; l < c.num_layers; ++l) {
     if (a.num > 0) be.lora_batch(a);
   };
   auto linear = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy) {
     be.linear({.x = in, .m = T, .ldx = ldx, .w = lw.w, .bias = lw.bias, .y = y, .ldy = ldy});
+  };
+
+  be.embedding({.ids = d_ids, .m = T, .table = weights_.embed, .out = x, .ld_out = H});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
     const AttentionWeights& aw = lw.attn;
     be.rms_norm({.x = x, .ldx = H, .y = h, .ldy = H, .m = T, .n = H, .w = lw.input_norm, .eps = eps});

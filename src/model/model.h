@@ -98,7 +98,6 @@ class Model : public AdapterDevice {
   // slot or its rank does not fit (which invalidates captured graphs: they are recorded again).
   void upload_adapter(int32_t slot, const LoraAdapter& adapter) override;
   void free_adapter_slot(int32_t slot) override;
-  // Captures a graph per decode batch size (largest first, after a warm-up prefill). From then on a step
   // Reserves the stacks for `slots` adapters of rank up to `max_rank` (--max-loras, --max-lora-rank) now,
   // so that their memory is counted before the KV cache is sized and graphs are captured with LoRA.
   void reserve_adapters(int64_t slots, int64_t max_rank);
@@ -107,6 +106,7 @@ class Model : public AdapterDevice {
   void set_adapter_slots(int64_t slots) { adapter_slots_hint_ = slots; }
   // Bytes of the stacks (0 before the first adapter or reservation).
   size_t adapter_bytes() const { return lora_ ? lora_->bytes() : 0; }
+  // Captures a graph per decode batch size (largest first, after a warm-up prefill). From then on a step
   // whose sequences each compute one token, without adapters, whose logits are wanted for every token and
   // whose block tables fit max_blocks_per_seq replays the graph of its padded size; other steps run
   // eagerly. A graph is recorded again at its next use when a buffer it holds moved (a larger eager step)

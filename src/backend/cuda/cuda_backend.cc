@@ -433,6 +433,10 @@ class CudaBackend final : public Backend {
   void lora_apply(const k::LoraApplyArgs& a) override {
     timed("lora_apply", [&] { k::cuda::lora_apply(a, ctx()); });
   }
+  void lora_batch(const k::LoraBatchArgs& a) override {
+    ensure_workspace(k::cuda::lora_batch_workspace_bytes(a));
+    timed("lora_batch", [&] { k::cuda::lora_batch(a, ctx()); });
+  }
   void route(const k::RouteArgs& a) override {
     timed("route", [&] { k::cuda::route(a, ctx()); });
   }
@@ -446,10 +450,6 @@ class CudaBackend final : public Backend {
     ensure_workspace(k::cuda::moe_experts_workspace_bytes(a, ctx()));
     timed(a.m <= 64 ? "moe_experts (m<=64)" : "moe_experts (m>64)",
           [&] { k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx()); });
-  }
-  void lora_batch(const k::LoraBatchArgs& a) override {
-    ensure_workspace(k::cuda::lora_batch_workspace_bytes(a));
-    timed("lora_batch", [&] { k::cuda::lora_batch(a, ctx()); });
   }
   void add_inplace(float* y, const float* x, int64_t n) override {
     timed("add_inplace", [&] { cuda_backend::add_inplace(y, x, n, stream_); });

@@ -44,7 +44,8 @@ struct DenseParams {
   float* y[kMaxLoraGroup] = {};
   int64_t ldy[kMaxLoraGroup] = {};
   int64_t first[kMaxLoraGroup + 1] = {};  // tmp column of each module's ranks; first[num]: the row width
-  float* tmp = nullptr;
+  float* tmp = nullptr;                    // [splits][m][first[num]] partial sums
+  int splits = 1;
 };
 
 // The token's slot when any module has LoRA for it, else −1.
@@ -79,7 +80,9 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32) dense_shrink_kernel(Den
     g.rank_total[i] = p.rank[i];
   }
   g.first[p.num] = p.first[p.num];
-  ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, xs);
+  g.splits = p.splits;
+  g.split_stride = p.m * p.first[p.num];
+  ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, static_cast<int>(blockIdx.z), xs);
 }
 
 // y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (tiles, output chunks, module).
@@ -93,7 +96,10 @@ __global__ void __launch_bounds__(ls::kExpandThreads) dense_expand_kernel(DenseP
   __syncthreads();
   for (int64_t idx = threadIdx.x; idx < ls::kTileRows * lds; idx += blockDim.x) {
     const int64_t u = idx / lds, r = idx % lds;
-    ts[idx] = keys_s[u] >= 0 && r < R ? p.tmp[(r0 + u) * p.first[p.num] + p.first[i] + r] : 0.0f;
+    float v = 0.0f;
+    if (keys_s[u] >= 0 && r < R)
+      for (int z = 0; z < p.splits; ++z) v += p.tmp[(z * p.m + r0 + u) * p.first[p.num] + p.first[i] + r];
+    ts[idx] = v;
   }
   __syncthreads();
   const int64_t o = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
@@ -108,13 +114,10 @@ __global__ void __launch_bounds__(ls::kExpandThreads) dense_expand_kernel(DenseP
   if (!any) return;
   const bool vec = (R & 7) == 0;
   float acc[ls::kTileRows] = {};
-  unsigned done = 0;
-#pragma unroll
-  for (int tt = 0; tt < ls::kTileRows; ++tt) {
-    if (keys[tt] < 0 || ((done >> tt) & 1u)) continue;
-    ls::expand_rows(p.b[i] + (static_cast<int64_t>(keys[tt]) * p.out[i] + o) * R, R, vec, ts, lds, keys, keys[tt],
-                    tt, acc, done);
-  }
+  const TW* b = p.b[i];
+  const int64_t out = p.out[i];
+  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * out + o) * R; }, R, vec, ts, lds, keys,
+                      acc);
 #pragma unroll
   for (int u = 0; u < ls::kTileRows; ++u)
     if (keys[u] >= 0) p.y[i][(r0 + u) * p.ldy[i] + o] += p.scale[i][keys[u]] * acc[u];
@@ -148,11 +151,12 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   }
   p.tmp = static_cast<float*>(ctx.workspace);
   const int64_t tiles = (a.m + ls::kTileRows - 1) / ls::kTileRows;
+  const int64_t rank_blocks = (p.first[p.num] + ls::kShrinkRanks - 1) / ls::kShrinkRanks;
+  p.splits = ls::shrink_splits(tiles, rank_blocks, p.in);
   KERNEL_CHECK(tiles < (1LL << 31) && p.first[p.num] / ls::kShrinkRanks < 65535 && max_out / ls::kExpandThreads < 65535,
                "lora_batch: shape too large for the grid");
   cudaStream_t st = cuda_util::stream(ctx);
-  dim3 gs(static_cast<unsigned>(tiles),
-          static_cast<unsigned>((p.first[p.num] + ls::kShrinkRanks - 1) / ls::kShrinkRanks));
+  dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(rank_blocks), static_cast<unsigned>(p.splits));
   dense_shrink_kernel<TW><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
   CUDA_CHECK_LAUNCH();
   const int64_t lds = ls::round8(max_rank);
@@ -168,7 +172,11 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
 size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
   int64_t ranks = 0;
   for (int i = 0; i < a.num; ++i) ranks += a.w[i].empty() ? 0 : a.w[i].rank;
-  return static_cast<size_t>(a.m * ranks) * sizeof(float);
+  if (a.m == 0 || ranks == 0) return 0;
+  const int splits = lora_stack::shrink_splits((a.m + lora_stack::kTileRows - 1) / lora_stack::kTileRows,
+                                               (ranks + lora_stack::kShrinkRanks - 1) / lora_stack::kShrinkRanks,
+                                               a.w[0].in);
+  return static_cast<size_t>(splits * a.m * ranks) * sizeof(float);
 }
 
 void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
@@ -185,3 +193,21 @@ void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
 }
 
 }  // namespace polylora::kernels::cuda
+
+namespace polylora::kernels::lora_stack {
+
+int shrink_splits(int64_t tiles, int64_t rank_blocks, int64_t in) {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0)
+      return 132;
+    return n;
+  }();
+  const int64_t blocks = std::max<int64_t>(1, tiles * rank_blocks);
+  const int64_t chunks = std::max<int64_t>(1, (in + kChunk - 1) / kChunk);
+  const int64_t want = (4 * sms + blocks - 1) / blocks;
+  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(chunks, 16)));
+}
+
+}  // namespace polylora::kernels::lora_stack

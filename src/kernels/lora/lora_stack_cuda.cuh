@@ -66,7 +66,10 @@ struct RowRef {
 };
 
 // Up to kMaxLoraGroup modules side by side in one rank space: rank row j of the group is row j − first[i]
-// of module i's matrix for the key: a[i] + ((key · rank_total[i]) + j − first[i]) · in.
+// of module i's matrix for the key: a[i] + ((key · rank_total[i]) + j − first[i]) · in. The input is split
+// into `splits` ranges of whole chunks (split-K: skinny LoRA products at small batches need many blocks
+// to have enough loads in flight); split z writes its partial sums at out + z · split_stride, summed by
+// the expand step that reads them.
 template <typename TW>
 struct ShrinkGroup {
   int num = 1;
@@ -74,13 +77,17 @@ struct ShrinkGroup {
   int64_t first[kMaxLoraGroup + 1] = {};  // concatenated rank offsets; first[num] = total rank rows
   int64_t rank_total[kMaxLoraGroup] = {};  // rows per key in module i's stack
   int64_t in = 0;
+  int splits = 1;
+  int64_t split_stride = 0;  // floats between the partial sums of consecutive splits
 };
 
-// tmp rows for a tile of rows: `refs` (kTileRows, in shared memory, filled by the caller's block before a
-// barrier), the block's kShrinkRanks rank rows starting at j_base. Call from every thread of a block of
-// kShrinkWarps warps; `xs` is shared memory [kTileRows][kChunk].
+// tmp rows (partial sums of split `split`) for a tile of rows: `refs` (kTileRows, in shared memory,
+// filled by the caller's block before a barrier), the block's kShrinkRanks rank rows starting at j_base.
+// Call from every thread of a block of kShrinkWarps warps; `xs` is shared memory [kTileRows][kChunk].
+// Every row's weights are loaded unconditionally (rows without LoRA read key 0's and add nothing), so a
+// warp has all of its tile's loads in flight at once; rows of the tile with the same key hit L1.
 template <typename TW>
-__device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_t j_base,
+__device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_t j_base, int split,
                             float (*xs)[kChunk]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t total = g.first[g.num];
@@ -92,9 +99,8 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
     any |= keys[u] >= 0;
   }
   if (!any) return;  // uniform over the block
-  // This warp's rank rows: module and row within the key's matrix.
   const TW* wrow[kShrinkRowsPerWarp];
-  int64_t rows_per_key[kShrinkRowsPerWarp];
+  int64_t key_stride[kShrinkRowsPerWarp];
   bool valid[kShrinkRowsPerWarp];
 #pragma unroll
   for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
@@ -102,8 +108,8 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
     valid[q] = j < total;
     int i = 0;
     while (i + 1 < g.num && j >= g.first[i + 1]) ++i;
-    wrow[q] = valid[q] ? g.a[i] + (j - g.first[i]) * g.in : nullptr;
-    rows_per_key[q] = g.rank_total[i];
+    wrow[q] = valid[q] ? g.a[i] + (j - g.first[i]) * g.in : g.a[0];
+    key_stride[q] = g.rank_total[i] * g.in;
   }
   const bool vec = (g.in & 7) == 0;
   float acc[kTileRows][kShrinkRowsPerWarp];
@@ -111,7 +117,11 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
   for (int u = 0; u < kTileRows; ++u)
 #pragma unroll
     for (int q = 0; q < kShrinkRowsPerWarp; ++q) acc[u][q] = 0.0f;
-  for (int64_t k0 = 0; k0 < g.in; k0 += kChunk) {
+  const int64_t chunks = (g.in + kChunk - 1) / kChunk;
+  const int64_t per = (chunks + g.splits - 1) / g.splits;
+  const int64_t c0 = split * per, c1 = c0 + per < chunks ? c0 + per : chunks;
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t k0 = c * kChunk;
     __syncthreads();
     for (int idx = threadIdx.x; idx < kTileRows * kChunk; idx += blockDim.x) {
       const int u = idx / kChunk, kk = idx % kChunk;
@@ -121,34 +131,21 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
     const int64_t k = k0 + lane * 8;
     if (k >= g.in) continue;
     const bool vk = vec && k + 8 <= g.in;
-    unsigned done = 0;
+    float w[kTileRows][kShrinkRowsPerWarp][8];
 #pragma unroll
-    for (int tt = 0; tt < kTileRows; ++tt) {
-      if ((done >> tt) & 1u) continue;
-      const int32_t key = keys[tt];
-      if (key < 0) continue;
-      float w[kShrinkRowsPerWarp][8];
+    for (int u = 0; u < kTileRows; ++u)
+#pragma unroll
+      for (int q = 0; q < kShrinkRowsPerWarp; ++q)
+        load8(wrow[q] + static_cast<int64_t>(keys[u] >= 0 ? keys[u] : 0) * key_stride[q], k, g.in, vk, w[u][q]);
+#pragma unroll
+    for (int u = 0; u < kTileRows; ++u) {
+      const float* xv = &xs[u][lane * 8];
 #pragma unroll
       for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
-        if (valid[q]) {
-          load8(wrow[q] + static_cast<int64_t>(key) * rows_per_key[q] * g.in, k, g.in, vk, w[q]);
-        } else {
+        float s = acc[u][q];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) w[q][e] = 0.0f;
-        }
-      }
-#pragma unroll
-      for (int u = tt; u < kTileRows; ++u) {
-        if (keys[u] != key) continue;
-        done |= 1u << u;
-        const float* xv = &xs[u][lane * 8];
-#pragma unroll
-        for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
-          float s = acc[u][q];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) s = fmaf(w[q][e], xv[e], s);
-          acc[u][q] = s;
-        }
+        for (int e = 0; e < 8; ++e) s = fmaf(w[u][q][e], xv[e], s);
+        acc[u][q] = s;
       }
     }
   }
@@ -157,10 +154,15 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
 #pragma unroll
     for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
       const float v = cuda_util::warp_sum(acc[u][q]);
-      if (lane == 0 && keys[u] >= 0 && valid[q]) refs[u].out[j_base + warp * kShrinkRowsPerWarp + q] = v;
+      if (lane == 0 && keys[u] >= 0 && valid[q])
+        refs[u].out[split * g.split_stride + j_base + warp * kShrinkRowsPerWarp + q] = v;
     }
   }
 }
+
+// How many splits of the input a shrink of `tiles` × `rank_blocks` blocks over `in` values takes: enough
+// blocks for about four per SM, at most one per chunk (and 16).
+int shrink_splits(int64_t tiles, int64_t rank_blocks, int64_t in);
 
 __device__ __forceinline__ float ld1(const float* w, int64_t i) { return w[i]; }
 __device__ __forceinline__ float ld1(const __nv_bfloat16* w, int64_t i) { return __bfloat162float(w[i]); }
@@ -183,29 +185,27 @@ __device__ __forceinline__ float dot_rank(const TW* b, const float* t, int64_t r
   return s;
 }
 
-// acc[u] += B_row · ts[u] for every row u >= tt of a tile with keys[u] == key, marking them done: B_row
-// (R values in global memory, vec: 16-byte aligned with R a multiple of 8) read once for all of them. ts
-// rows (stride lds, a multiple of 8 >= R) are zero past R.
-template <typename TW>
-__device__ __forceinline__ void expand_rows(const TW* brow, int64_t R, bool vec, const float* ts, int64_t lds,
-                                            const int32_t* keys, int32_t key, int tt, float* acc,
-                                            unsigned& done) {
+// acc[u] += B[key_u] row · ts[u] for every row u of a tile with keys[u] >= 0: row(key) gives the B row
+// (R values in global memory, vec: 16-byte aligned with R a multiple of 8). All rows' loads of a chunk of
+// 8 rank columns are issued together (rows without LoRA read key 0's row and add nothing). ts rows
+// (stride lds, a multiple of 8 >= R) are zero past R.
+template <typename TW, typename RowOf>
+__device__ __forceinline__ void expand_tile(const RowOf& row, int64_t R, bool vec, const float* ts, int64_t lds,
+                                            const int32_t* keys, float* acc) {
   for (int64_t r = 0; r < R; r += 8) {
-    float w[8];
-    load8(brow, r, R, vec, w);
+    float w[kTileRows][8];
+#pragma unroll
+    for (int u = 0; u < kTileRows; ++u) load8(static_cast<const TW*>(row(keys[u] >= 0 ? keys[u] : 0)), r, R, vec, w[u]);
 #pragma unroll
     for (int u = 0; u < kTileRows; ++u) {
-      if (u < tt || keys[u] != key) continue;
+      if (keys[u] < 0) continue;
       const float* t = ts + u * lds + r;
       float s = acc[u];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s = fmaf(w[e], t[e], s);
+      for (int e = 0; e < 8; ++e) s = fmaf(w[u][e], t[e], s);
       acc[u] = s;
     }
   }
-#pragma unroll
-  for (int u = 0; u < kTileRows; ++u)
-    if (u >= tt && keys[u] == key) done |= 1u << u;
 }
 
 __host__ __device__ inline int64_t round8(int64_t v) { return (v + 7) / 8 * 8; }

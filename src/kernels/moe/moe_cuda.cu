@@ -23,8 +23,8 @@
 #include <cstdlib>
 
 #include "kernels/lora/lora_cuda.cuh"
-#include "kernels/moe/moe.h"
 #include "kernels/lora/lora_stack_cuda.cuh"
+#include "kernels/moe/moe.h"
 #include "kernels/moe/moe_gemm_mma.cuh"
 #include "kernels/moe/moe_gemv.cuh"
 #include "kernels/moe/moe_gemv_mma.cuh"
@@ -34,9 +34,9 @@ namespace {
 
 using cuda_util::load_as_f32;
 using moe_detail::Phase;
-
 using moe_detail::StackBuffers;
 using moe_detail::StackStep;
+
 constexpr int64_t kSmallPairs = 512;  // at most this many token-expert pairs: the GEMV path (F32 weights)
 // Tensor-core weights: the tensor-core weight-streaming kernel (moe_gemv_mma.cuh) for kTcMinPerExpert to
 // kTcMaxPerExpert pairs per expert on average, where it measured faster on the H200 (GPT-OSS-20B shape:
@@ -98,12 +98,12 @@ struct MoeWorkspace {
   float* y = nullptr;                 // [pairs, H]
   __nv_bfloat16* x_bf16 = nullptr;    // [m, copies·lda_h] (tensor-core path)
   __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, copies·lda_i] (tensor-core path)
+  float* lora_gu = nullptr;           // [max_rows, gu_slices·rank] slot-stacked LoRA: gate/up shrink
+  float* lora_down = nullptr;         // [pairs, rank] down shrink
   size_t bytes = 0;
 
   MoeWorkspace(const MoeExpertsArgs& a, void* base, Path path, bool bf16_split) {
     pairs = a.m * a.top_k;
-  float* lora_gu = nullptr;           // [max_rows, gu_slices·rank] slot-stacked LoRA: gate/up shrink
-  float* lora_down = nullptr;         // [pairs, rank] down shrink
     switch (path) {
       case Path::kGemv:
         tile_m = 1;
@@ -151,14 +151,15 @@ struct MoeWorkspace {
     y = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
     x_bf16 = reinterpret_cast<__nv_bfloat16*>(take(2 * a.m * copies * lda_h));
     act_bf16 = reinterpret_cast<__nv_bfloat16*>(take(2 * max_rows * copies * lda_i));
+    if (!a.lora_stack.empty()) {
+      const moe_detail::StackSplits sp = moe_detail::stack_splits(a, max_rows);
+      lora_gu = reinterpret_cast<float*>(take(4 * sp.gu_floats));
+      lora_down = reinterpret_cast<float*>(take(4 * sp.down_floats));
+    }
   }
 };
 
 // ---- routing ----
-    if (!a.lora_stack.empty()) {
-      lora_gu = reinterpret_cast<float*>(take(4 * max_rows * a.lora_stack.gu_slices * a.lora_stack.rank));
-      lora_down = reinterpret_cast<float*>(take(4 * pairs * a.lora_stack.rank));
-    }
 
 // Is (v1, i1) ahead of (v2, i2)? Larger value first, lower index on ties; index −1 is "none".
 __device__ __forceinline__ bool ahead(float v1, int i1, float v2, int i2) {
@@ -535,10 +536,6 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* ids, const flo
   }
 }
 
-template <Phase P, int BM>
-void launch_mma(dim3 grid, const moe_detail::MmaParams& mp, cudaStream_t st) {
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemm_mma<P, BM>,
 
 // ---- slot-stacked expert LoRA (MoeLoraStack) ----
 
@@ -561,6 +558,8 @@ struct StackParams {
   const TW* a_down = nullptr;
   const TW* b_down = nullptr;
   const float* scale = nullptr;  // [slots, E, 3]
+  int gu_splits = 1, down_splits = 1;  // partial sums of the shrinks (split-K)
+  int64_t gu_stride = 0, down_stride = 0;
 };
 
 // Sorted rows below the device-side count.
@@ -612,7 +611,9 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32)
   g.rank_total[0] = down ? p.R : p.gu_slices * p.R;
   g.first[1] = g.rank_total[0];
   g.in = down ? p.I : p.H;
-  ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, xs);
+  g.splits = down ? p.down_splits : p.gu_splits;
+  g.split_stride = down ? p.down_stride : p.gu_stride;
+  ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, static_cast<int>(blockIdx.z), xs);
 }
 
 __device__ __forceinline__ float expert_act(ExpertAct kind, float gate, float up, float alpha, float limit) {
@@ -643,7 +644,10 @@ __global__ void __launch_bounds__(ls::kExpandThreads)
   __syncthreads();
   for (int64_t idx = threadIdx.x; idx < ls::kTileRows * lds; idx += blockDim.x) {
     const int64_t u = idx / lds, c = idx % lds, sl = c / R8, r = c % R8;
-    ts[idx] = keys_s[u] >= 0 && r < R ? tmp[(r0 + u) * p.gu_slices * R + sl * R + r] : 0.0f;
+    float v = 0.0f;
+    if (keys_s[u] >= 0 && r < R)
+      for (int z = 0; z < p.gu_splits; ++z) v += tmp[z * p.gu_stride + (r0 + u) * p.gu_slices * R + sl * R + r];
+    ts[idx] = v;
   }
   __syncthreads();
   const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
@@ -666,15 +670,15 @@ __global__ void __launch_bounds__(ls::kExpandThreads)
   const int up_slice = p.gu_slices == 1 ? 0 : 1;
   const bool vec = (R & 7) == 0;
   float acc_g[ls::kTileRows] = {}, acc_u[ls::kTileRows] = {};
-  unsigned done = 0;
+  int32_t lkeys[ls::kTileRows];  // −1 for both "no row" and "no LoRA"
 #pragma unroll
-  for (int tt = 0; tt < ls::kTileRows; ++tt) {
-    if (keys[tt] < 0 || ((done >> tt) & 1u)) continue;
-    const TW* b = p.b_gu + static_cast<int64_t>(keys[tt]) * 2 * I * R;
-    unsigned unused = done;
-    ls::expand_rows(b + n_gate * R, R, vec, ts, lds, keys, keys[tt], tt, acc_g, unused);
-    ls::expand_rows(b + n_up * R, R, vec, ts + up_slice * R8, lds, keys, keys[tt], tt, acc_u, done);
-  }
+  for (int u = 0; u < ls::kTileRows; ++u) lkeys[u] = keys[u] >= 0 ? keys[u] : -1;
+  const TW* b = p.b_gu;
+  const int64_t two_i = 2 * I;
+  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * two_i + n_gate) * R; }, R, vec, ts, lds,
+                      lkeys, acc_g);
+  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * two_i + n_up) * R; }, R, vec,
+                      ts + up_slice * R8, lds, lkeys, acc_u);
 #pragma unroll
   for (int u = 0; u < ls::kTileRows; ++u) {
     if (keys[u] == -2) continue;
@@ -706,11 +710,15 @@ __global__ void __launch_bounds__(256) moe_combine_lora_kernel(StackParams<TW> p
   __syncthreads();
   for (int64_t idx = threadIdx.x; idx < K * R8; idx += blockDim.x) {
     const int64_t k = idx / R8, r = idx % R8;
-    ts[idx] = keys[k] >= 0 && r < R ? tmp[(t * K + k) * R + r] : 0.0f;
+    float v = 0.0f;
+    if (keys[k] >= 0 && r < R)
+      for (int z = 0; z < p.down_splits; ++z) v += tmp[z * p.down_stride + (t * K + k) * R + r];
+    ts[idx] = v;
   }
   __syncthreads();
   const bool vec = (R & 7) == 0;
-  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+  for (int64_t h = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; h < H;
+       h += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     float sum = 0.0f;
     for (int64_t k = 0; k < K; ++k) {
       const int64_t pr = t * K + k;
@@ -726,6 +734,10 @@ __global__ void __launch_bounds__(256) moe_combine_lora_kernel(StackParams<TW> p
   }
 }
 
+template <Phase P, int BM>
+void launch_mma(dim3 grid, const moe_detail::MmaParams& mp, cudaStream_t st) {
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemm_mma<P, BM>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     moe_detail::MmaCfg<BM>::kSmemBytes));
     return true;
@@ -745,10 +757,6 @@ void launch_mma_tile(int tile_m, dim3 grid, const moe_detail::MmaParams& mp, cud
   }
 }
 
-}  // namespace
-
-void route(const RouteArgs& a, const CudaContext& ctx) {
-  if (a.m == 0) return;
 
 
 // One step of the slot-stacked expert LoRA on the workspace of a path (sorted rows as that path sorted
@@ -778,9 +786,15 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
   p.scale = s.scale;
   const auto tiles = static_cast<unsigned>((ws.max_rows + ls::kTileRows - 1) / ls::kTileRows);
   const int64_t R8 = ls::round8(s.rank);
+  const moe_detail::StackSplits sp = moe_detail::stack_splits(a, ws.max_rows);
+  p.gu_splits = sp.gu;
+  p.down_splits = sp.down;
+  p.gu_stride = ws.max_rows * s.gu_slices * s.rank;
+  p.down_stride = a.m * a.top_k * s.rank;
   switch (step) {
     case StackStep::kShrinkGateUp: {
-      dim3 grid(tiles, static_cast<unsigned>((s.gu_slices * s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks));
+      dim3 grid(tiles, static_cast<unsigned>((s.gu_slices * s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks),
+                static_cast<unsigned>(sp.gu));
       moe_stack_shrink_kernel<TW><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, a.x, a.ldx, ws.lora_gu, false);
       break;
     }
@@ -794,14 +808,15 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       break;
     }
     case StackStep::kShrinkDown: {
-      dim3 grid(tiles, static_cast<unsigned>((s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks));
+      dim3 grid(tiles, static_cast<unsigned>((s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks),
+                static_cast<unsigned>(sp.down));
       moe_stack_shrink_kernel<TW><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, ws.act, a.inter, ws.lora_down, true);
       break;
     }
     case StackStep::kCombine: {
       const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
-      moe_combine_lora_kernel<TW><<<static_cast<unsigned>(a.m), 256, smem, st>>>(p, ws.y, ws.lora_down, a.weights,
-                                                                                 a.out, a.ldo);
+      dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>((a.hidden + 255) / 256));
+      moe_combine_lora_kernel<TW><<<grid, 256, smem, st>>>(p, ws.y, ws.lora_down, a.weights, a.out, a.ldo);
       break;
     }
   }
@@ -811,6 +826,18 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
 }  // namespace
 
 namespace moe_detail {
+StackSplits stack_splits(const MoeExpertsArgs& a, int64_t max_rows) {
+  StackSplits sp;
+  const MoeLoraStack& s = a.lora_stack;
+  if (s.empty()) return sp;
+  const int64_t tiles = (max_rows + ls::kTileRows - 1) / ls::kTileRows;
+  sp.gu = ls::shrink_splits(tiles, (s.gu_slices * s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks, a.hidden);
+  sp.down = ls::shrink_splits(tiles, (s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks, a.inter);
+  sp.gu_floats = static_cast<size_t>(sp.gu * max_rows * s.gu_slices * s.rank);
+  sp.down_floats = static_cast<size_t>(sp.down * a.m * a.top_k * s.rank);
+  return sp;
+}
+
 void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st) {
   if (a.lora_stack.dtype == DType::kBF16) {
     stack_lora<__nv_bfloat16>(step, a, b, st);
@@ -823,6 +850,10 @@ void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers
 namespace {
 
 
+}  // namespace
+
+void route(const RouteArgs& a, const CudaContext& ctx) {
+  if (a.m == 0) return;
   KERNEL_CHECK(a.top_k >= 1 && a.top_k <= a.num_experts, "route: top_k must be in 1..num_experts");
   size_t smem = static_cast<size_t>(kRouteWarps * a.num_experts) * (sizeof(float) + 1);
   KERNEL_CHECK(smem <= 48 * 1024, "route: too many experts for one block's shared memory");
@@ -855,10 +886,6 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   const bool mma = path == Path::kMma;
   const bool tc_gemv = path == Path::kGemvTc;
   const bool bf16_act = mma || tc_gemv;  // the down product reads the activation as bf16
-  // Steps 3 and 4 of every path (the GEMV path's sorted rows are tiles of one row): gate_up LoRA, then the
-  // activation (f32 for the GEMV and fp32 GEMMs and the down LoRA, bf16 for the tensor-core GEMM).
-  auto gate_up_lora_and_activation = [&] {
-    if (lora) {
   moe_detail::StackBuffers sb;
   if (stack) {
     sb = {.sorted = ws.sorted, .num_tiles = ws.num_tiles, .tile_m = static_cast<int>(ws.tile_m),
@@ -870,15 +897,19 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                  "moe_experts: bad LoRA stack (rank > 0, gu_slices 1 or 2, top_k <= 32, F32 or BF16)");
     KERNEL_CHECK(ws.lora_gu != nullptr, "moe_experts: workspace sized without the LoRA stack");
   }
-      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m,
-                                                                          ws.gu, ws.act, ws.y, false);
-      CUDA_CHECK_LAUNCH();
+  // Steps 3 and 4 of every path (the GEMV path's sorted rows are tiles of one row): gate_up LoRA, then the
+  // activation (f32 for the GEMV and fp32 GEMMs and the down LoRA, bf16 for the tensor-core GEMM).
+  auto gate_up_lora_and_activation = [&] {
     if (stack) {
       moe_detail::stack_lora_step(StackStep::kShrinkGateUp, a, sb, st);
       moe_detail::stack_lora_step(StackStep::kActivation, a, sb, st);
       moe_detail::stack_lora_step(StackStep::kShrinkDown, a, sb, st);
       return;
     }
+    if (lora) {
+      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m,
+                                                                          ws.gu, ws.act, ws.y, false);
+      CUDA_CHECK_LAUNCH();
     }
     moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
         ws.sorted, ws.num_tiles, tile_m, ws.gu, (!bf16_act || lora) ? ws.act : nullptr,
@@ -1039,10 +1070,10 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     CUDA_CHECK_LAUNCH();
   }
   // 7. combine
+  if (stack) return moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
   moe_combine_kernel<<<static_cast<unsigned>(a.m), 256, 0, st>>>(ws.y, a.ids, a.weights, a.top_k, H, E, a.out,
                                                                  a.ldo);
   CUDA_CHECK_LAUNCH();
 }
-  if (stack) return moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
 
 }  // namespace polylora::kernels::cuda

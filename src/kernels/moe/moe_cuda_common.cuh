@@ -63,7 +63,6 @@ __device__ __forceinline__ bool weight_rows_aligned16(const ExpertView& ex, int6
   return ok(ex.gate_up) && ok(ex.gate) && ok(ex.up);
 }
 
-}  // namespace polylora::kernels::cuda::moe_detail
 // Slot-stacked expert LoRA (MoeLoraStack) over a path's sorted rows, defined in moe_cuda.cu and used by
 // every expert path (moe_cuda.cu, moe_mxfp4_cuda.cu): shrink of gate/up, the activation with the gate/up
 // expand fused in, shrink of down, and the combine with the down expand fused in.
@@ -78,14 +77,16 @@ struct StackBuffers {
   __nv_bfloat16* act_bf16 = nullptr;        // [max_rows, copies·lda_bf16] or nullptr
   int64_t lda_bf16 = 0, copies = 1;
   const float* y = nullptr;                 // [pairs, H] down products by pair
-  float* lora_gu = nullptr;                 // [max_rows, gu_slices·rank]
-  float* lora_down = nullptr;               // [pairs, rank]
+  float* lora_gu = nullptr;                 // [gu splits][max_rows, gu_slices·rank] partial sums
+  float* lora_down = nullptr;               // [down splits][pairs, rank]
 };
 void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st);
-// Workspace floats the two shrinks take.
-inline size_t stack_lora_floats(const MoeExpertsArgs& a, int64_t max_rows) {
-  if (a.lora_stack.empty()) return 0;
-  return static_cast<size_t>(max_rows * a.lora_stack.gu_slices * a.lora_stack.rank +
-                             a.m * a.top_k * a.lora_stack.rank);
-}
+// Split-K of the two shrinks for a path with `max_rows` sorted rows, and the floats of lora_gu and
+// lora_down it takes.
+struct StackSplits {
+  int gu = 1, down = 1;
+  size_t gu_floats = 0, down_floats = 0;
+};
+StackSplits stack_splits(const MoeExpertsArgs& a, int64_t max_rows);
 
+}  // namespace polylora::kernels::cuda::moe_detail

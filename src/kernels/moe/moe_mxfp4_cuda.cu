@@ -69,8 +69,9 @@ struct Mxfp4Workspace {
     act = reinterpret_cast<float*>(take(4 * pairs * a.inter));
     y = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
     if (!a.lora_stack.empty()) {
-      lora_gu = reinterpret_cast<float*>(take(4 * pairs * a.lora_stack.gu_slices * a.lora_stack.rank));
-      lora_down = reinterpret_cast<float*>(take(4 * pairs * a.lora_stack.rank));
+      const moe_detail::StackSplits sp = moe_detail::stack_splits(a, pairs);
+      lora_gu = reinterpret_cast<float*>(take(static_cast<int64_t>(4 * sp.gu_floats)));
+      lora_down = reinterpret_cast<float*>(take(static_cast<int64_t>(4 * sp.down_floats)));
     }
   }
 };
