@@ -180,6 +180,7 @@ void run_moe(const Int8MoeCase& c) {
                       .experts = experts.data(),
                       .experts_int8 = true,
                       .act = c.fused ? k::ExpertAct::kGptOssSwiglu : k::ExpertAct::kSiluGate,
+                      .lora_stack = {},
                       .out = nullptr,
                       .ldo = ldo};
   std::vector<float> ref(static_cast<size_t>(m * ldo), 3.0f);
