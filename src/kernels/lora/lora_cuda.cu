@@ -206,7 +206,7 @@ int shrink_splits(int64_t tiles, int64_t rank_blocks, int64_t in) {
   }();
   const int64_t blocks = std::max<int64_t>(1, tiles * rank_blocks);
   const int64_t chunks = std::max<int64_t>(1, (in + kChunk - 1) / kChunk);
-  const int64_t want = (4 * sms + blocks - 1) / blocks;
+  const int64_t want = (8 * sms + blocks - 1) / blocks;
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(chunks, 16)));
 }
 

@@ -161,7 +161,7 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
 }
 
 // How many splits of the input a shrink of `tiles` × `rank_blocks` blocks over `in` values takes: enough
-// blocks for about four per SM, at most one per chunk (and 16).
+// blocks for about eight per SM, at most one per chunk (and 16).
 int shrink_splits(int64_t tiles, int64_t rank_blocks, int64_t in);
 
 __device__ __forceinline__ float ld1(const float* w, int64_t i) { return w[i]; }

@@ -830,7 +830,8 @@ StackSplits stack_splits(const MoeExpertsArgs& a, int64_t max_rows) {
   StackSplits sp;
   const MoeLoraStack& s = a.lora_stack;
   if (s.empty()) return sp;
-  const int64_t tiles = (max_rows + ls::kTileRows - 1) / ls::kTileRows;
+  // Split by the rows that can hold pairs (the GEMM paths' padding rows exit at once).
+  const int64_t tiles = (std::min(max_rows, a.m * a.top_k) + ls::kTileRows - 1) / ls::kTileRows;
   sp.gu = ls::shrink_splits(tiles, (s.gu_slices * s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks, a.hidden);
   sp.down = ls::shrink_splits(tiles, (s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks, a.inter);
   sp.gu_floats = static_cast<size_t>(sp.gu * max_rows * s.gu_slices * s.rank);
