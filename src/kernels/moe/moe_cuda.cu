@@ -497,20 +497,9 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
         if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
         continue;
       }
-      float v;
-      switch (kind) {
-        case ExpertAct::kSiluGate: {
-          float x = g[j];
-          v = x / (1.0f + expf(-x)) * g[I + j];
-          break;
-        }
-        case ExpertAct::kGptOssSwiglu: {
-          float x = fminf(g[2 * j], limit);
-          float u = fminf(fmaxf(g[2 * j + 1], -limit), limit);
-          v = (u + 1.0f) * (x * (1.0f / (1.0f + expf(-x * alpha))));
-          break;
-        }
-      }
+      const float v = kind == ExpertAct::kGptOssSwiglu
+                          ? moe_detail::expert_act(kind, g[2 * j], g[2 * j + 1], alpha, limit)
+                          : moe_detail::expert_act(kind, g[j], g[I + j], alpha, limit);
       if (act != nullptr) act[r * I + j] = v;
       if (brow != nullptr) {
         const cuda_util::Bf16Pair p = cuda_util::split_bf16(v);
@@ -616,13 +605,6 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32)
   ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, static_cast<int>(blockIdx.z), xs);
 }
 
-__device__ __forceinline__ float expert_act(ExpertAct kind, float gate, float up, float alpha, float limit) {
-  if (kind == ExpertAct::kSiluGate) return gate / (1.0f + expf(-gate)) * up;
-  const float x = fminf(gate, limit);
-  const float u = fminf(fmaxf(up, -limit), limit);
-  return (u + 1.0f) * (x * (1.0f / (1.0f + expf(-x * alpha))));
-}
-
 // moe_act_kernel with the gate/up LoRA expand fused in: per tile of sorted rows and column j, the B rows
 // of the gate and up outputs of j read once per distinct (slot, expert) of the tile, added (scaled) to
 // gu before the activation. ts: [kTileRows][gu_slices][R8] shared.
@@ -688,7 +670,7 @@ __global__ void __launch_bounds__(ls::kExpandThreads)
       g += p.scale[keys[u] * 3] * acc_g[u];
       up += p.scale[keys[u] * 3 + up_slice] * acc_u[u];
     }
-    const float v = expert_act(kind, g, up, alpha, limit);
+    const float v = moe_detail::expert_act(kind, g, up, alpha, limit);
     if (act != nullptr) act[r * I + j] = v;
     if (act_bf16 != nullptr) {
       __nv_bfloat16* brow = act_bf16 + r * copies * lda_bf16;

@@ -63,6 +63,15 @@ __device__ __forceinline__ bool weight_rows_aligned16(const ExpertView& ex, int6
   return ok(ex.gate_up) && ok(ex.gate) && ok(ex.up);
 }
 
+// The expert activation of one output from its gate and up values (gate/up rows are interleaved for
+// GPT-OSS's clamped SwiGLU, gate rows then up rows otherwise: the caller picks them).
+__device__ __forceinline__ float expert_act(ExpertAct kind, float gate, float up, float alpha, float limit) {
+  if (kind == ExpertAct::kSiluGate) return gate / (1.0f + expf(-gate)) * up;
+  const float x = fminf(gate, limit);
+  const float u = fminf(fmaxf(up, -limit), limit);
+  return (u + 1.0f) * (x * (1.0f / (1.0f + expf(-x * alpha))));
+}
+
 // Slot-stacked expert LoRA (MoeLoraStack) over a path's sorted rows, defined in moe_cuda.cu and used by
 // every expert path (moe_cuda.cu, moe_mxfp4_cuda.cu): shrink of gate/up, the activation with the gate/up
 // expand fused in, shrink of down, and the combine with the down expand fused in.

@@ -289,20 +289,10 @@ __global__ void mxfp4_act_kernel(const int32_t* num_rows, const float* gu, float
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* g = gu + r * 2 * I;
     for (int64_t j = threadIdx.x; j < I; j += blockDim.x) {
-      float v;
-      switch (kind) {
-        case ExpertAct::kSiluGate: {  // gate rows then up rows
-          const float x = g[j];
-          v = x / (1.0f + expf(-x)) * g[I + j];
-          break;
-        }
-        case ExpertAct::kGptOssSwiglu: {  // interleaved, even = gate
-          const float x = fminf(g[2 * j], limit);
-          const float u = fminf(fmaxf(g[2 * j + 1], -limit), limit);
-          v = (u + 1.0f) * (x * (1.0f / (1.0f + expf(-x * alpha))));
-          break;
-        }
-      }
+      // Gate rows then up rows, or interleaved (even = gate) for GPT-OSS.
+      const float v = kind == ExpertAct::kGptOssSwiglu
+                          ? moe_detail::expert_act(kind, g[2 * j], g[2 * j + 1], alpha, limit)
+                          : moe_detail::expert_act(kind, g[j], g[I + j], alpha, limit);
       act[r * I + j] = v;
     }
   }
