@@ -26,6 +26,7 @@
 #include "kernels/lora/lora_stack_cuda.cuh"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_gemm_mma.cuh"
+#include "kernels/moe/moe_gemv_pipe.cuh"
 #include "kernels/moe/moe_gemv.cuh"
 #include "kernels/moe/moe_gemv_mma.cuh"
 
@@ -38,11 +39,12 @@ using moe_detail::StackBuffers;
 using moe_detail::StackStep;
 
 constexpr int64_t kSmallPairs = 512;  // at most this many token-expert pairs: the GEMV path (F32 weights)
-// Tensor-core weights: the tensor-core weight-streaming kernel (moe_gemv_mma.cuh) for kTcMinPerExpert to
-// kTcMaxPerExpert pairs per expert on average, where it measured faster on the H200 (GPT-OSS-20B shape:
-// batch 64 38.2 vs 47.5 ms per decode step, batch 128 60.8 vs 89.3 ms); below, the fp32 GEMV kernel
-// (batch 1 4.7 vs 6.8 ms, batch 16 17.6 vs 21.9 ms); above, the grouped GEMM (batch 256 47.5 vs 106.7 ms).
-constexpr int64_t kTcMinPerExpert = 4;
+// Tensor-core weights: the tensor-core weight-streaming kernels (moe_gemv_pipe.cuh, falling back to
+// moe_gemv_mma.cuh for odd shapes) for up to kTcMaxPerExpert pairs per expert on average; above, the grouped
+// GEMM. kTcMinPerExpert was 4 (below it the fp32 GEMV kernel) until the cp.async pipeline: measured on the
+// H200 (GPT-OSS-20B, `polylora_bench device`, same run) it is faster from batch 1 (195.7 vs 191.2 tok/s)
+// and at batch 16 (1,020.8 vs 630.3 tok/s), so every small batch of BF16 experts takes it now.
+constexpr int64_t kTcMinPerExpert = 0;
 constexpr int64_t kTcMaxPerExpert = 16;
 constexpr int kAlignSmallThreads = 512;
 constexpr int kF32TileM = 64;  // rows of an fp32 GEMM tile
@@ -66,13 +68,61 @@ int64_t small_pairs_limit(int64_t num_experts, bool tensor_cores) {
   return tensor_cores ? std::max(kSmallPairs, kTcMaxPerExpert * num_experts) : kSmallPairs;
 }
 
+// The tensor-core GEMV's lower bound in pairs per expert: kTcMinPerExpert, or POLYLORA_MOE_TC_MIN_PER_EXPERT
+// (a tuning override: 0 sends every small batch of BF16 experts to the tensor-core kernel).
+int64_t tc_min_per_expert() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("POLYLORA_MOE_TC_MIN_PER_EXPERT");
+    return e != nullptr && *e != '\0' ? static_cast<int64_t>(std::atoll(e)) : kTcMinPerExpert;
+  }();
+  return v;
+}
+
+// POLYLORA_MOE_GEMV_PIPE=0: the register-streaming moe_gemv_tc_kernel instead of the cp.async pipeline
+// (moe_gemv_pipe.cuh), for A/B timing; on by default.
+bool gemv_pipe_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("POLYLORA_MOE_GEMV_PIPE");
+    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
+  }();
+  return v;
+}
+
+template <Phase P, int C>
+void launch_gemv_pipe(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t st) {
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemv_pipe_kernel<P, C>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    moe_detail::PipeCfg<C>::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  moe_detail::moe_gemv_pipe_kernel<P, C>
+      <<<grid, moe_detail::kPipeThreads, moe_detail::PipeCfg<C>::kSmemBytes, st>>>(tp);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The tensor-core small-batch product of one phase: the pipelined kernel (C = copies of each activation
+// row), or the register-streaming one.
+template <Phase P>
+void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t st) {
+  if (!gemv_pipe_enabled()) {
+    moe_detail::moe_gemv_tc_kernel<P><<<grid, moe_detail::kTcThreads, 0, st>>>(tp);
+    CUDA_CHECK_LAUNCH();
+  } else if (tp.split) {
+    launch_gemv_pipe<P, 2>(grid, tp, st);
+  } else {
+    launch_gemv_pipe<P, 1>(grid, tp, st);
+  }
+}
+
 Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
   const int64_t pairs = a.m * a.top_k;
   // INT8 experts (--quantization int8), whatever the backend's dtype: the fp32 GEMV kernel (codes widened in
   // registers) for few pairs, else the bf16 grouped GEMM dequantizing in its K loop.
   if (a.experts_int8) return pairs <= small_pairs_limit(a.num_experts, true) ? Path::kGemv : Path::kMma;
   if (pairs <= small_pairs_limit(a.num_experts, tensor_cores))
-    return tensor_cores && pairs >= kTcMinPerExpert * a.num_experts ? Path::kGemvTc : Path::kGemv;
+    return tensor_cores && pairs >= tc_min_per_expert() * a.num_experts ? Path::kGemvTc : Path::kGemv;
   return tensor_cores ? Path::kMma : Path::kF32;
 }
 
@@ -928,8 +978,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_h;
     tp.out = ws.gu;
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    moe_detail::moe_gemv_tc_kernel<Phase::kGateUp><<<grid_gu, moe_detail::kTcThreads, 0, st>>>(tp);
-    CUDA_CHECK_LAUNCH();
+    launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
     gate_up_lora_and_activation();
     // 5. down
@@ -938,8 +987,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_i;
     tp.out = ws.y;
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    moe_detail::moe_gemv_tc_kernel<Phase::kDown><<<grid_down, moe_detail::kTcThreads, 0, st>>>(tp);
-    CUDA_CHECK_LAUNCH();
+    launch_gemv_tc<Phase::kDown>(grid_down, tp, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
     const size_t smem = static_cast<size_t>(8 * E);

@@ -141,12 +141,11 @@ __device__ __forceinline__ void gemv_tc_pass_any(const GemvTcParams& p, const ch
   }
 }
 
+// One CTA's work (kTcThreads threads): also the fallback of moe_gemv_pipe_kernel for experts whose
+// weights are not BF16 with 16-byte rows.
 template <Phase P>
-__global__ void __launch_bounds__(kTcThreads) moe_gemv_tc_kernel(GemvTcParams p) {
+__device__ __forceinline__ void gemv_tc_cta(const GemvTcParams& p, int e) {
   __shared__ int64_t s_off[kTcMaxTok];  // activation row offset (elements) per routed row of the pass, −1 none
-  const int j = blockIdx.y;
-  if (j >= *p.num_active) return;
-  const int e = p.active[j];
   const int count = p.counts[e], base = p.offsets[e];
   const ExpertView& ex = p.experts[e];
   const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
@@ -177,6 +176,13 @@ __global__ void __launch_bounds__(kTcThreads) moe_gemv_tc_kernel(GemvTcParams p)
       gemv_tc_pass_any<P, false>(p, row0, row1, dt, K, N, n_warp, bias, base + tok0, nvalid, s_off);
     }
   }
+}
+
+template <Phase P>
+__global__ void __launch_bounds__(kTcThreads) moe_gemv_tc_kernel(GemvTcParams p) {
+  const int j = blockIdx.y;
+  if (j >= *p.num_active) return;
+  gemv_tc_cta<P>(p, p.active[j]);
 }
 
 }  // namespace polylora::kernels::cuda::moe_detail
