@@ -214,6 +214,10 @@ int run_serve(int argc, char** argv) {
       "--ignore-eos,!--no-ignore-eos", config.client.ignore_eos,
       "Send ignore_eos (vLLM's extension) so every output runs to its max_tokens (default off, as vLLM)");
   app.add_option("--temperature", config.client.temperature, "Sampling temperature")->capture_default_str();
+  std::string extra_body;
+  app.add_option("--extra-body", extra_body,
+                 "JSON object merged into every request body (vLLM's flag), e.g. "
+                 "'{\"response_format\": {\"type\": \"json_schema\", ...}}'");
   app.add_option("--request-timeout", config.client.timeout_s, "Seconds a request may wait for data")
       ->capture_default_str();
   app.add_option("--percentile-metrics", percentile_metrics, "Metrics to report: any of ttft,tpot,itl,e2el")
@@ -239,6 +243,7 @@ int run_serve(int argc, char** argv) {
   }
 
   config.backend = backend;
+  if (!extra_body.empty()) config.client.extra_body = bench_client::parse_extra_body(extra_body);
   if (endpoint_option->count() == 0)
     config.client.endpoint = backend == "openai-chat" ? "/v1/chat/completions" : "/v1/completions";
   auto kind = bench_client::endpoint_kind(config.client.endpoint);

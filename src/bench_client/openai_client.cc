@@ -158,7 +158,16 @@ nlohmann::json OpenAiClient::request_body(const BenchRequest& request) const {
   if (options_.top_k) body["top_k"] = *options_.top_k;
   if (options_.min_p) body["min_p"] = *options_.min_p;
   if (options_.ignore_eos) body["ignore_eos"] = true;
+  if (options_.extra_body.is_object())
+    for (const auto& [key, value] : options_.extra_body.items()) body[key] = value;
   return body;
+}
+
+nlohmann::json parse_extra_body(const std::string& text) {
+  nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) fail("--extra-body: not valid JSON: {}", text.substr(0, 200));
+  if (!parsed.is_object()) fail("--extra-body: expected a JSON object, got {}", parsed.type_name());
+  return parsed;
 }
 
 RequestOutcome OpenAiClient::send(const BenchRequest& request) {

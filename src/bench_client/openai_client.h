@@ -45,7 +45,13 @@ struct ClientOptions {
   std::optional<int64_t> top_k;
   std::vector<std::pair<std::string, std::string>> headers;  // --header KEY=VALUE, on every request
   double timeout_s = 6 * 3600.0;  // read timeout per request (vLLM's aiohttp default is 6 h)
+  // --extra-body: members merged into every request body last (they override the fields above), as
+  // vLLM's `bench serve --extra-body` does; null when not given.
+  nlohmann::json extra_body;
 };
+
+// The --extra-body argument: a JSON object (e.g. '{"response_format": {...}}'); fails naming what is wrong.
+nlohmann::json parse_extra_body(const std::string& text);
 
 class OpenAiClient {
  public:
