@@ -161,4 +161,17 @@ describe('polylora bench serve (vllm bench serve command lines)', () => {
     assert.equal(results[3].ramp_up_strategy, 'linear');
     assert.equal(results[3].ramp_up_end_rps, 50);
   });
+
+  test('--extra-body is merged into every request last (its max_tokens wins), and bad JSON is refused', async () => {
+    const { text } = await bench(['--dataset-name', 'random', '--random-input-len', '8', '--random-output-len', '9',
+      '--num-prompts', '4', '--ignore-eos', '--extra-body', '{"max_tokens": 2, "seed": 5}', '--save-result',
+      '--save-detailed'], 'extra.json');
+    const r = JSON.parse(text);
+    assert.equal(r.completed, 4, text);
+    assert.deepEqual(r.output_lens, [2, 2, 2, 2], text);
+    for (const [bad, why] of [['{"max_tokens": ', /not valid JSON/], ['[1, 2]', /expected a JSON object/]]) {
+      await assert.rejects(run(BIN, ['bench', 'serve', '--base-url', server.url, '--num-prompts', '1', '--extra-body', bad]),
+        (e) => why.test(String(e.stderr) + String(e.stdout)));
+    }
+  });
 });
