@@ -141,6 +141,21 @@ __device__ __forceinline__ void gemv_tc_pass_any(const GemvTcParams& p, const ch
   }
 }
 
+// The activation row offset (elements) of each of a pass's n routed rows, sorted rows first_row.., into
+// s_off (−1 past nvalid): gate_up reads x by token, down the activation by sorted row. Block-strided.
+template <Phase P>
+__device__ __forceinline__ void pass_row_offsets(const GemvTcParams& p, int first_row, int nvalid, int n,
+                                                 int64_t* s_off) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    int64_t off = -1;
+    if (i < nvalid) {
+      const int64_t row = first_row + i;
+      off = (P == Phase::kGateUp ? static_cast<int64_t>(p.sorted[row] / p.top_k) : row) * p.lda;
+    }
+    s_off[i] = off;
+  }
+}
+
 // One CTA's work (kTcThreads threads): also the fallback of moe_gemv_pipe_kernel for experts whose
 // weights are not BF16 with 16-byte rows.
 template <Phase P>
@@ -161,14 +176,7 @@ __device__ __forceinline__ void gemv_tc_cta(const GemvTcParams& p, int e) {
   for (int tok0 = 0; tok0 < count; tok0 += kTcMaxTok) {
     const int nvalid = count - tok0 < kTcMaxTok ? count - tok0 : kTcMaxTok;
     __syncthreads();  // the previous pass no longer reads s_off
-    for (int i = threadIdx.x; i < kTcMaxTok; i += blockDim.x) {
-      int64_t off = -1;
-      if (i < nvalid) {
-        const int64_t row = base + tok0 + i;
-        off = (P == Phase::kGateUp ? static_cast<int64_t>(p.sorted[row] / p.top_k) : row) * p.lda;
-      }
-      s_off[i] = off;
-    }
+    pass_row_offsets<P>(p, base + tok0, nvalid, kTcMaxTok, s_off);
     __syncthreads();
     if (vec) {
       gemv_tc_pass_any<P, true>(p, row0, row1, dt, K, N, n_warp, bias, base + tok0, nvalid, s_off);

@@ -92,14 +92,7 @@ __global__ void __launch_bounds__(kPipeThreads, 2) moe_gemv_pipe_kernel(GemvTcPa
   for (int tok0 = 0; tok0 < count; tok0 += kPipeTok) {
     const int nvalid = count - tok0 < kPipeTok ? count - tok0 : kPipeTok;
     __syncthreads();  // the previous pass no longer reads s_off or the reduction
-    for (int i = threadIdx.x; i < kPipeTok; i += blockDim.x) {
-      int64_t off = -1;
-      if (i < nvalid) {
-        const int64_t row = base + tok0 + i;
-        off = (P == Phase::kGateUp ? static_cast<int64_t>(p.sorted[row] / p.top_k) : row) * p.lda;
-      }
-      s_off[i] = off;
-    }
+    pass_row_offsets<P>(p, base + tok0, nvalid, kPipeTok, s_off);
     __syncthreads();
     const bool two = nvalid > 8;  // the second n8 fragment holds routed rows (warp-uniform)
     const __nv_bfloat16* xrow[kPipeNT];
@@ -193,7 +186,8 @@ __global__ void __launch_bounds__(kPipeThreads, 2) moe_gemv_pipe_kernel(GemvTcPa
         if (col >= nvalid || n >= N) continue;
         float y = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kPipeWarps; ++w) y += red[(w * Cfg::kAccPerLane + (mt * kPipeNT + i) * 4 + q) * 32 + lane];
+        for (int w = 0; w < kPipeWarps; ++w)
+          y += red[(w * Cfg::kAccPerLane + (mt * kPipeNT + i) * 4 + q) * 32 + lane];
         if (bias != nullptr) y += bias[n];
         const int64_t row = base + tok0 + col;
         if (P == Phase::kGateUp) {
