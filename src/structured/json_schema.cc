@@ -598,6 +598,66 @@ class SchemaConverter {
     return alternatives(alts);
   }
 
+  // A JSON string naming an extra member: any key but the declared `names` (so an extra member never
+  // repeats a listed property under another schema). A trie over the names' code points: while the key
+  // is a prefix of some name, each character is written plainly (no escape, which could spell a name's
+  // character another way); it may end there unless the prefix is a name; a plain character that no
+  // name continues with, or any character after a complete name, leaves the trie, and then the rest is
+  // any string content.
+  std::string extra_key(const std::vector<std::string>& names) {
+    struct Node {
+      std::map<uint32_t, int> next;
+      bool name = false;
+    };
+    std::vector<Node> trie(1);
+    for (const std::string& n : names) {
+      int at = 0;
+      bool complete = true;
+      for (size_t i = 0; i < n.size();) {
+        auto c = static_cast<unsigned char>(n[i]);
+        int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4;
+        uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+        for (int k = 1; k < len && i + static_cast<size_t>(k) < n.size(); ++k)
+          cp = (cp << 6) | (static_cast<unsigned char>(n[i + static_cast<size_t>(k)]) & 0x3F);
+        i += static_cast<size_t>(len);
+        // A character JSON must escape: keys through here need an escape, which the trie never allows.
+        if (cp == '"' || cp == '\\' || cp < 0x20) {
+          complete = false;
+          break;
+        }
+        auto it = trie[static_cast<size_t>(at)].next.find(cp);
+        if (it == trie[static_cast<size_t>(at)].next.end()) {
+          trie.push_back({});
+          const int id = static_cast<int>(trie.size()) - 1;
+          trie[static_cast<size_t>(at)].next[cp] = id;
+          at = id;
+        } else {
+          at = it->second;
+        }
+      }
+      if (complete) trie[static_cast<size_t>(at)].name = true;
+    }
+    const std::string base = new_rule_name("key");
+    const std::string rest = basic("char") + "* \"\\\"\"";  // any content, then the closing quote
+    auto cp_escape = [](uint32_t cp) { return fmt::format("\\U{:08X}", cp); };
+    for (size_t i = 0; i < trie.size(); ++i) {
+      const Node& node = trie[i];
+      std::vector<std::string> alts;
+      if (!node.name) alts.push_back("\"\\\"\"");
+      std::string diverge = "[^\"\\\\\\x00-\\x1F";
+      for (const auto& [cp, child] : node.next) {
+        alts.push_back("\"" + cp_escape(cp) + "\" " + base + "-" + std::to_string(child));
+        diverge += cp_escape(cp);
+      }
+      alts.push_back(diverge + "] " + rest);
+      std::string def;
+      for (size_t k = 0; k < alts.size(); ++k) def += (k ? " | " : "") + alts[k];
+      rules_[base + "-" + std::to_string(i)] = def;
+    }
+    rules_[base] = "\"\\\"\" " + base + "-0";
+    return base;
+  }
+
   std::string object_schema(const ordered_json& s, const std::string& path) {
     std::string ws = basic("ws");
     std::vector<std::pair<std::string, const ordered_json*>> props;
@@ -619,7 +679,9 @@ class SchemaConverter {
       const auto& ap = s["additionalProperties"];
       if (!(ap.is_boolean() && !ap.get<bool>())) {
         std::string value = ap.is_boolean() ? basic("value") : visit(ap, path + "/additionalProperties");
-        extra = basic("string") + " " + ws + " \":\" " + ws + " " + value;
+        std::vector<std::string> names;
+        for (const auto& p : props) names.push_back(p.first);
+        extra = (names.empty() ? basic("string") : extra_key(names)) + " " + ws + " \":\" " + ws + " " + value;
       }
     } else if (props.empty()) {
       extra = basic("string") + " " + ws + " \":\" " + ws + " " + basic("value");

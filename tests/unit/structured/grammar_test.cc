@@ -145,6 +145,16 @@ TEST_F(Engine, SchemaObjects) {
                           "additionalProperties": {"type": "string"}})");
   expect_all(extra, {R"({"a": 1})", R"({"a": 1, "zz": "q", "y": ""})"},
              {R"({"a": 1, "zz": 2})", R"({"zz": "q"})"});
+  // An extra member never repeats a listed name (written plainly or with escapes); keys that share a
+  // prefix with a name, extend one or are empty are fine.
+  auto named = schema(R"({"type": "object", "properties": {"ab": {"type": "integer"}, "\u00e9": {"type": "null"}},
+                          "additionalProperties": {"type": "string"}})");
+  expect_all(named,
+             {R"({"ab": 1, "a": "x"})", R"({"abc": "x"})", R"({"b": "x", "ax": ""})",
+              "{\"\xC3\xA9\": null, \"\xC3\xA9x\": \"\"}", R"({"": "e"})", R"({"x\n": "y"})",
+              R"({"ab": 2, "abab": "z"})"},
+             {R"({"ab": "x"})", R"({"ab": 1, "ab": "x"})", R"({"a\u0062": "x"})", "{\"\xC3\xA9\": \"s\"}",
+              R"({"\u00e9": "s"})"});
   auto any = schema(R"({"type": "object", "additionalProperties": true})");
   expect_all(any, {"{}", R"({"k": [1, {"x": null}]})"}, {"[]"});
   EXPECT_NE(error_of({SpecKind::kJsonSchema,
