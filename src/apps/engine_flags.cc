@@ -2,8 +2,12 @@
 #include "apps/engine_flags.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <exception>
 #include <filesystem>
+#include <future>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "apps/backend_flags.h"
@@ -192,33 +196,63 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   std::string model_dir = resolve_model_path(f.model_dir, f.revision, "model");
   if (model_dir != f.model_dir) spdlog::info("model '{}' (revision {}): {}", f.model_dir, f.revision, model_dir);
   opts.quantization = quantization_from_flag(f.quantization, model_dir);
-  le.model = Model::load(model_dir, opts, backend);
-  spdlog::info("loaded {} ({}, {} layers, {:.1f} MB of parameters{}) on {}", le.model->source(),
-               le.model->config().model_type, le.model->config().num_layers,
-               static_cast<double>(le.model->weights().num_bytes) / 1e6,
-               opts.quantization == WeightQuantization::kInt8 ? ", INT8 weights" : "", backend->name());
   std::string tok_dir =
       f.tokenizer_dir.empty() ? model_dir : resolve_model_path(f.tokenizer_dir, "main", "tokenizer");
   bool has_tok =
       fs::exists(fs::path(tok_dir) / "tokenizer.json") || fs::exists(fs::path(tok_dir) / "tokenizer.json.gz");
   if (!f.tokenizer_dir.empty() && !has_tok) fail("--tokenizer {}: no tokenizer.json there", f.tokenizer_dir);
+  // The tokenizer is read while the weights load (cold start: both take about a second for GPT-OSS).
+  std::future<std::shared_ptr<const tokenizer::Tokenizer>> tok;
   if (has_tok)
-    le.tokenizer = std::make_shared<const tokenizer::Tokenizer>(tokenizer::Tokenizer::load(tok_dir));
+    tok = std::async(std::launch::async, [tok_dir] {
+      return std::make_shared<const tokenizer::Tokenizer>(tokenizer::Tokenizer::load(tok_dir));
+    });
+  le.model = Model::load(model_dir, opts, backend);
+  spdlog::info("loaded {} ({}, {} layers, {:.1f} MB of parameters{}) on {}", le.model->source(),
+               le.model->config().model_type, le.model->config().num_layers,
+               static_cast<double>(le.model->weights().num_bytes) / 1e6,
+               opts.quantization == WeightQuantization::kInt8 ? ", INT8 weights" : "", backend->name());
+  if (has_tok)
+    le.tokenizer = tok.get();
   else
     spdlog::warn("no tokenizer.json in {}: text prompts, detokenized output and stop strings are unavailable",
                  tok_dir);
   EngineConfig ec = config;
   ec.lora.reserve_on_device = ec.lora.reserve_on_device || f.enable_lora || !f.loras.empty();
   le.engine = std::make_unique<Engine>(le.model, ec, le.tokenizer);
+  // --lora-modules: read in parallel (each read converts the whole file), registered in the given order;
+  // the first failing module (in that order) is the start-up error.
+  std::vector<std::pair<std::string, std::string>> modules;  // name, path
   for (const std::string& spec : f.loras) {
     LoraModuleSpec m = parse_lora_module(spec);
-    std::string name = m.name;
-    std::string path = resolve_model_path(m.path, "main", "adapter");
-    auto adapter = load_peft_adapter(path, name, le.model->config(), {config.lora.max_lora_rank});
+    modules.emplace_back(m.name, resolve_model_path(m.path, "main", "adapter"));
+  }
+  std::vector<std::shared_ptr<LoraAdapter>> loaded(modules.size());
+  std::vector<std::exception_ptr> errors(modules.size());
+  std::atomic<size_t> next{0};
+  auto read_modules = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < modules.size();) {
+      try {
+        loaded[i] = load_peft_adapter(modules[i].second, modules[i].first, le.model->config(),
+                                      {config.lora.max_lora_rank});
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  const size_t readers = std::min<size_t>({modules.size(), 8, std::max(1u, std::thread::hardware_concurrency())});
+  std::vector<std::thread> threads;
+  for (size_t k = 1; k < readers; ++k) threads.emplace_back(read_modules);
+  read_modules();
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (errors[i]) std::rethrow_exception(errors[i]);
+    const auto& [name, path] = modules[i];
+    const auto& adapter = loaded[i];
     spdlog::info("loaded adapter '{}' from {} (rank {}, {:.1f} MB){}", name, path, adapter->max_rank,
                  static_cast<double>(adapter->num_bytes()) / 1e6,
                  adapter->has_expert_lora ? " with expert LoRA" : "");
-    le.engine->add_adapter(std::move(adapter));
+    le.engine->add_adapter(std::move(loaded[i]));
   }
   return le;
 }

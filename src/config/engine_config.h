@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace polylora {
@@ -45,6 +45,10 @@ struct LoraConfig {
   // rank max_lora_rank) is reserved at start-up, before the KV cache is sized, and CUDA graphs are captured
   // with LoRA too; otherwise it is reserved when the first adapter is used.
   bool reserve_on_device = false;
+  // Adapters are copied into device slots on an upload thread while steps run (a request waits until
+  // its adapter's copy is done; others keep running). Unset: on for the GPU, off for the CPU (copies are
+  // then made when the adapter is prefetched, synchronously). POLYLORA_SYNC_ADAPTER_UPLOADS=1 turns it off.
+  std::optional<bool> async_uploads;
 };
 
 // How the GPU runs steps (vLLM's compilation settings).

@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <set>
 #include <variant>
@@ -61,6 +62,11 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   // run), so the KV cache gets what is really left.
   const size_t weight_bytes = be.allocated_bytes();
   model_->set_adapter_slots(config_.lora.max_loras);
+  {
+    const char* sync_env = std::getenv("POLYLORA_SYNC_ADAPTER_UPLOADS");
+    const bool sync = sync_env && std::string(sync_env) == "1";
+    model_->set_async_uploads(!sync && config_.lora.async_uploads.value_or(gpu));
+  }
   if (gpu && config_.lora.reserve_on_device)
     model_->reserve_adapters(config_.lora.max_loras, config_.lora.max_lora_rank);
   const size_t adapter_bytes = model_->adapter_bytes();
@@ -265,6 +271,28 @@ void Engine::poll_adapters() {
   for (const auto& [name, id] : resolving_) adapters_->prefetch(id);  // those that found no room yet
   // Inline loads (no loader thread) are done already: take them so this step can admit their requests.
   if (!config_.lora.load_thread) fail_requests(adapters_->poll());
+  // Device tier: copies that are done make their adapters' requests admissible; then the adapters of
+  // queued requests that are in host memory start their copies into slots that neither the running
+  // requests nor adapters queued before them hold (in queue order, while slots can be taken). A request
+  // is admitted once its adapter is on the device, so a copy never stalls the running ones.
+  adapters_->poll_uploads();
+  std::vector<AdapterId> keep = scheduler_->running_adapters();
+  // Requests overdue for their adapter (bounded wait) go first and may take the slot of an adapter that
+  // only requests queued before them want.
+  for (AdapterId id : scheduler_->waiting_adapters(/*overdue_only=*/true))
+    if (adapters_->slot_of(id) >= 0 || (adapters_->ready(id) && adapters_->prefetch_device(id, keep)))
+      keep.push_back(id);
+  for (AdapterId id : scheduler_->waiting_adapters()) {
+    if (adapters_->slot_of(id) >= 0) {
+      keep.push_back(id);
+      continue;
+    }
+    if (!adapters_->ready(id)) continue;  // still on disk: the host prefetch above brings it
+    if (!adapters_->prefetch_device(id, keep)) break;
+    keep.push_back(id);
+  }
+  adapters_->fill_free_slots();  // adapters in host memory take slots nobody needs yet
+  adapters_->poll_uploads();     // synchronous copies are done already
   // Resolver loads that are done: their waiting requests may now be added.
   for (auto it = resolving_.begin(); it != resolving_.end();) {
     const auto& [name, id] = *it;

@@ -277,6 +277,28 @@ bool AdapterRegistry::ensure(uint64_t step, std::span<const AdapterId> ids) {
   });
 }
 
+bool AdapterRegistry::prefetch_device(AdapterId id, std::span<const AdapterId> keep) {
+  if (id.base() || slots_.slot_of(id) >= 0) return true;
+  Entry& e = entry(id);
+  if (!e.host) return false;  // on disk: prefetch() brings it to the host first
+  e.last_use = ++clock_;
+  return slots_.prefetch(id, e.host, keep);
+}
+
+void AdapterRegistry::fill_free_slots() {
+  // One copy at a time, and none while another is under way: copies for queued requests go first.
+  if (!slots_.has_free_slot() || slots_.stats().uploading > 0) return;
+  std::vector<uint64_t> versions;
+  for (const auto& [v, e] : entries_)
+    if (e.host && !e.removed && slots_.slot_of(e.id) < 0) versions.push_back(v);
+  std::sort(versions.begin(), versions.end());
+  for (uint64_t v : versions) {
+    Entry& e = entries_.at(v);
+    slots_.prefetch(e.id, e.host, {}, /*free_only=*/true);
+    if (slots_.stats().uploading > 0 || !slots_.has_free_slot()) break;  // synchronous copies: go on
+  }
+}
+
 std::vector<AdapterEntryInfo> AdapterRegistry::list() const {
   std::vector<AdapterEntryInfo> out;
   for (const auto& [name, id] : by_name_) {
@@ -301,6 +323,11 @@ AdapterRegistryStats AdapterRegistry::stats() const {
   s.loads_device = slots_.stats().uploads;
   s.evictions_device = slots_.stats().evictions;
   s.resident_device = slots_.stats().resident;
+  s.uploading_device = slots_.stats().uploading;
+  const AdapterDevice::UploadTiming t = slots_.upload_timing();
+  s.upload_count = t.count;
+  s.upload_seconds = t.seconds;
+  s.upload_bytes = static_cast<double>(t.bytes);
   for (const auto& [v, e] : entries_) {
     if (e.removed) continue;
     if (e.host)

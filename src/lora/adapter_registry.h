@@ -50,6 +50,11 @@ struct AdapterRegistryStats {
   int64_t loads_host = 0, loads_device = 0;          // disk -> host, host -> device
   int64_t evictions_host = 0, evictions_device = 0;  // host copies dropped, slots overwritten or freed
   int64_t load_failures = 0;
+  int64_t uploading_device = 0;  // slots whose copy is under way
+  // Asynchronous host -> device copies: count, seconds spent copying, bytes written.
+  int64_t upload_count = 0;
+  double upload_seconds = 0;
+  double upload_bytes = 0;
   // Disk -> host load latency: counts per upper bound (seconds, cumulative as Prometheus buckets).
   static constexpr std::array<double, 10> kLatencyBounds = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                             0.05,  0.1,    0.25,  1.0,  5.0};
@@ -110,6 +115,16 @@ class AdapterRegistry {
 
   // Device tier, for one step: places the step's adapters (see AdapterSlots::ensure).
   bool ensure(uint64_t step, std::span<const AdapterId> ids);
+  // Starts copying a ready adapter's weights into a device slot while steps run (AdapterSlots::prefetch;
+  // `keep`: adapters whose slots must not be taken). True when it is on the device or uploading.
+  bool prefetch_device(AdapterId id, std::span<const AdapterId> keep);
+  // Copies adapters in host memory that are in no slot into empty slots (registration order), one at a
+  // time and only while no other copy is under way (synchronous copies: all that fit), so slots are not
+  // left idle while adapters could use them.
+  void fill_free_slots();
+  // Finishes the device uploads that are done; returns how many.
+  int poll_uploads() { return slots_.poll_uploads(); }
+  bool uploading(AdapterId id) const { return slots_.uploading(id); }
   void retire(uint64_t step) { slots_.retire(step); }
   int32_t slot_of(AdapterId id) const { return slots_.slot_of(id); }
   const LoraAdapter* adapter_in_slot(int32_t slot) const { return slots_.adapter_in(slot); }

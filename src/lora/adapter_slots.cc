@@ -23,9 +23,74 @@ const LoraAdapter* AdapterSlots::adapter_in(int32_t slot) const {
   return slots_[static_cast<size_t>(slot)].weights.get();
 }
 
+bool AdapterSlots::placed(AdapterId id) const {
+  int32_t slot = slot_of(id);
+  return slot >= 0 && !slots_[static_cast<size_t>(slot)].uploading;
+}
+
+bool AdapterSlots::uploading(AdapterId id) const {
+  int32_t slot = slot_of(id);
+  return slot >= 0 && slots_[static_cast<size_t>(slot)].uploading;
+}
+
+void AdapterSlots::finish(Slot& s) {
+  if (!s.uploading) return;
+  if (device_) device_->finish_upload(static_cast<int32_t>(&s - slots_.data()));
+  s.uploading = false;
+  --stats_.uploading;
+  ++stats_.uploads;
+}
+
+int AdapterSlots::poll_uploads() {
+  int n = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (!s.uploading || (device_ && !device_->upload_done(static_cast<int32_t>(i)))) continue;
+    finish(s);
+    ++n;
+  }
+  return n;
+}
+
+bool AdapterSlots::has_free_slot() const {
+  return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.id.base(); });
+}
+
+bool AdapterSlots::prefetch(AdapterId id, std::shared_ptr<const LoraAdapter> weights,
+                            std::span<const AdapterId> keep, bool free_only) {
+  if (id.base() || slot_of(id) >= 0) return true;
+  CHECK_MSG(weights != nullptr, "adapter version {} is prefetched without host weights", id.version);
+  std::set<AdapterId> kept(keep.begin(), keep.end());
+  int32_t best = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.in_flight > 0 || s.uploading || (!s.id.base() && kept.count(s.id))) continue;
+    if (best < 0) {
+      best = static_cast<int32_t>(i);
+      continue;
+    }
+    const Slot& b = slots_[static_cast<size_t>(best)];
+    if (b.id.base()) continue;  // a free slot already
+    if (s.id.base() || s.last_use < b.last_use) best = static_cast<int32_t>(i);
+  }
+  if (best < 0 || (free_only && !slots_[static_cast<size_t>(best)].id.base())) return false;
+  Slot& s = slots_[static_cast<size_t>(best)];
+  free_slot(s);
+  s.id = id;
+  s.weights = std::move(weights);
+  s.last_use = ++clock_;  // not the first victim of the next prefetch
+  s.uploading = true;
+  ++stats_.uploading;
+  ++stats_.resident;
+  if (device_)
+    device_->begin_upload(best, s.weights);
+  return true;
+}
+
 void AdapterSlots::free_slot(Slot& s) {
   CHECK_MSG(s.in_flight == 0, "adapter slot freed while a step in flight uses it");
   if (s.id.base()) return;
+  finish(s);  // an upload under way completes first (its copy writes the slot)
   if (device_) device_->free_adapter_slot(static_cast<int32_t>(&s - slots_.data()));
   s = Slot{};
   ++stats_.evictions;
@@ -44,7 +109,8 @@ bool AdapterSlots::place(uint64_t step, std::span<const AdapterId> ids,
   std::vector<int32_t> candidates;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
-    if (s.in_flight == 0 && (s.id.base() || !wanted.count(s.id))) candidates.push_back(static_cast<int32_t>(i));
+    if (s.in_flight == 0 && !s.uploading && (s.id.base() || !wanted.count(s.id)))
+      candidates.push_back(static_cast<int32_t>(i));
   }
   if (candidates.size() < missing.size()) return false;
   std::stable_sort(candidates.begin(), candidates.end(), [&](int32_t a, int32_t b) {
@@ -68,6 +134,7 @@ bool AdapterSlots::place(uint64_t step, std::span<const AdapterId> ids,
   for (AdapterId id : wanted) {
     int32_t slot = slot_of(id);
     Slot& s = slots_[static_cast<size_t>(slot)];
+    finish(s);  // prefetched and still copying: the step waits for it
     s.last_use = clock_;
     ++s.in_flight;
     used.push_back(slot);
@@ -116,9 +183,13 @@ std::string AdapterSlots::check_invariants() const {
     ++resident;
     if (!seen.insert(s.id).second) return "adapter version " + std::to_string(s.id.version) + " is in two slots";
     if (!s.weights) return "slot " + std::to_string(i) + " holds no weights";
+    if (s.uploading && s.in_flight > 0) return "slot " + std::to_string(i) + " is used while uploading";
     if (s.drop_when_idle && s.in_flight == 0) return "slot " + std::to_string(i) + " outlived its drop";
   }
   if (resident != stats_.resident) return "resident slot count is off";
+  int64_t uploading = 0;
+  for (const Slot& s : slots_) uploading += s.uploading;
+  if (uploading != stats_.uploading) return "uploading slot count is off";
   return "";
 }
 

@@ -189,11 +189,36 @@ void Model::upload_adapter(int32_t slot, const LoraAdapter& adapter) {
   ensure_uploaded(slot, adapter);
 }
 
-void Model::ensure_uploaded(int32_t slot, const LoraAdapter& adapter) {
-  if (lora_ && lora_->holds(slot, adapter)) return;
+void Model::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+  CHECK(adapter != nullptr);
+  if (!async_uploads_) return upload_adapter(slot, *adapter);
+  if (lora_ && lora_->holds(slot, *adapter)) return;
+  fit_stacks(slot, *adapter);
+  lora_->begin_upload(slot, std::move(adapter), upload_delay_ms_);
+}
+
+bool Model::upload_done(int32_t slot) { return !lora_ || lora_->upload_done(slot); }
+
+void Model::finish_upload(int32_t slot) {
+  if (lora_) lora_->finish_upload(slot);
+}
+
+AdapterDevice::UploadTiming Model::upload_timing() const {
+  if (!lora_) return {};
+  const LoraStacks::UploadTiming t = lora_->upload_timing();
+  return {.count = t.count, .seconds = t.seconds, .bytes = t.bytes};
+}
+
+void Model::fit_stacks(int32_t slot, const LoraAdapter& adapter) {
   if (!lora_ || slot >= lora_->slots() || adapter.max_rank > lora_->rank())
     reserve_adapters(std::max<int64_t>({slot + 1, lora_ ? lora_->slots() : 0, adapter_slots_hint_}),
                      std::max<int64_t>({adapter.max_rank, lora_ ? lora_->rank() : 0, 1}));
+}
+
+void Model::ensure_uploaded(int32_t slot, const LoraAdapter& adapter) {
+  if (lora_ && lora_->upload_pending(slot)) lora_->finish_upload(slot);  // begun, not yet finished
+  if (lora_ && lora_->holds(slot, adapter)) return;
+  fit_stacks(slot, adapter);
   lora_->upload(slot, adapter);
 }
 

@@ -3,8 +3,10 @@
 #include "model/lora_stacks.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
+#include "common/dtype.h"
 #include "common/error.h"
 
 namespace polylora {
@@ -12,6 +14,8 @@ namespace {
 
 constexpr int kStagingBuffers = 4;
 constexpr size_t kStagingBytes = size_t{8} << 20;
+constexpr size_t kUploadThreads = 8;  // fill threads of an asynchronous upload (each with its staging)
+constexpr size_t kAsyncStagingBytes = size_t{4} << 20;
 
 bool has_module(const ModelConfig& c, int64_t layer, LoraModule m) {
   switch (m) {
@@ -69,10 +73,29 @@ LoraStacks::LoraStacks(Backend& backend, const ModelConfig& config) : be_(backen
   gu_slices_ = config.expert_activation == ExpertActivation::kGptOssClampedSwiglu ? 1 : 2;
 }
 
-LoraStacks::~LoraStacks() { release(); }
+LoraStacks::~LoraStacks() {
+  wait_uploads();
+  stop_upload_thread();
+  release();
+}
+
+void LoraStacks::stop_upload_thread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
 
 void LoraStacks::release() {
-  staging_.reset();
+  wait_uploads();  // the upload thread writes into the allocations below
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.clear();
+  }
+  main_ = {};
+  async_.clear();
   for (void* p : allocations_) be_.free(p);
   allocations_.clear();
   dense_.clear();
@@ -141,72 +164,116 @@ void LoraStacks::reserve(int64_t slots, int64_t rank) {
   d_scales_ = static_cast<float*>(alloc(scales_.size() * sizeof(float)));
   held_.assign(static_cast<size_t>(slots), {});
   // Made after the allocations (and their zeroing), so the uploads are ordered after them.
-  staging_ = be_.make_upload_staging(kStagingBuffers, kStagingBytes);
+  main_.staging = be_.make_upload_staging(kStagingBuffers, kStagingBytes);
 }
 
 template <typename Fill>
-void LoraStacks::put(void* dst, int64_t rows, int64_t cols, const Fill& fill) {
-  const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes / (sizeof(float) * cols)));
-  CHECK_MSG(static_cast<size_t>(cols) * sizeof(float) <= kStagingBytes, "LoRA row of {} values is too long", cols);
+size_t LoraStacks::put(Stager& st, void* dst, int64_t rows, int64_t cols, const Fill& fill) {
+  // BF16 stacks get BF16 rows from the host (rounded here: half the bytes over the bus, copied as they
+  // are); F32 stacks get F32 rows.
+  const bool bf16 = dtype_ == DType::kBF16;
   const size_t es = dtype_size(dtype_);
+  const size_t cap = st.staging->buffer_bytes();
+  CHECK_MSG(static_cast<size_t>(cols) * es <= cap, "LoRA row of {} values is too long", cols);
+  const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(cap / (es * static_cast<size_t>(cols))));
+  std::vector<float> row(bf16 ? static_cast<size_t>(cols) : 0);
   for (int64_t r0 = 0; r0 < rows; r0 += per) {
     const int64_t n = std::min(per, rows - r0);
-    const int i = next_buffer_;
-    next_buffer_ = (next_buffer_ + 1) % staging_->num_buffers();
-    staging_->wait(i);
-    auto* buf = reinterpret_cast<float*>(staging_->buffer(i));
-    for (int64_t r = 0; r < n; ++r) fill(r0 + r, buf + r * cols);
-    staging_->upload(i, {.rows = n,
-                         .cols = cols,
-                         .src_dtype = DType::kF32,
-                         .dst = static_cast<char*>(dst) + static_cast<size_t>(r0 * cols) * es,
-                         .dst_dtype = dtype_,
-                         .dst_ld = cols,
-                         .transpose = false});
+    const int i = st.next;
+    st.next = (st.next + 1) % st.staging->num_buffers();
+    st.staging->wait(i);
+    std::byte* buf = st.staging->buffer(i);
+    for (int64_t r = 0; r < n; ++r) {
+      if (!bf16) {
+        fill(r0 + r, reinterpret_cast<float*>(buf) + r * cols);
+        continue;
+      }
+      fill(r0 + r, row.data());
+      auto* out = reinterpret_cast<uint16_t*>(buf) + r * cols;
+      for (int64_t k = 0; k < cols; ++k) out[k] = f32_to_bf16(row[static_cast<size_t>(k)]);
+    }
+    st.staging->upload(i, {.rows = n,
+                           .cols = cols,
+                           .src_dtype = dtype_,
+                           .dst = static_cast<char*>(dst) + static_cast<size_t>(r0 * cols) * es,
+                           .dst_dtype = dtype_,
+                           .dst_ld = cols,
+                           .transpose = false});
   }
+  return static_cast<size_t>(rows * cols) * es;
 }
 
 void LoraStacks::upload_scales() {
+  Stager& st = main_;
   const int64_t n = static_cast<int64_t>(scales_.size());
   const int64_t per = static_cast<int64_t>(kStagingBytes / sizeof(float));
   for (int64_t o = 0; o < n; o += per) {
     const int64_t len = std::min(per, n - o);
-    const int i = next_buffer_;
-    next_buffer_ = (next_buffer_ + 1) % staging_->num_buffers();
-    staging_->wait(i);
-    std::memcpy(staging_->buffer(i), scales_.data() + o, static_cast<size_t>(len) * sizeof(float));
-    staging_->upload(i, {.rows = 1, .cols = len, .src_dtype = DType::kF32, .dst = d_scales_ + o,
-                         .dst_dtype = DType::kF32, .dst_ld = len, .transpose = false});
+    const int i = st.next;
+    st.next = (st.next + 1) % st.staging->num_buffers();
+    st.staging->wait(i);
+    std::memcpy(st.staging->buffer(i), scales_.data() + o, static_cast<size_t>(len) * sizeof(float));
+    st.staging->upload(i, {.rows = 1, .cols = len, .src_dtype = DType::kF32, .dst = d_scales_ + o,
+                           .dst_dtype = DType::kF32, .dst_ld = len, .transpose = false});
   }
+  st.staging->finish();
 }
 
 void LoraStacks::upload(int32_t slot, const LoraAdapter& ad) {
+  CHECK_MSG(!upload_pending(slot), "LoRA slot {} is uploaded while an upload into it is pending", slot);
+  held_.at(static_cast<size_t>(slot)) = {};
+  write_weights(main_, slot, ad);
+  activate(slot, ad);
+}
+
+size_t LoraStacks::write_weights_parallel(int32_t slot, const LoraAdapter& ad) {
+  const size_t n = async_.size();
+  CHECK(n > 0);
+  std::vector<size_t> bytes(n, 0);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (size_t k = 1; k < n; ++k)
+    threads.emplace_back([&, k] {
+      try {
+        bytes[k] = write_weights(async_[k], slot, ad, static_cast<int64_t>(k), static_cast<int64_t>(n));
+      } catch (const std::exception& e) {
+        errors[k] = e.what();
+      }
+    });
+  try {
+    bytes[0] = write_weights(async_[0], slot, ad, 0, static_cast<int64_t>(n));
+  } catch (const std::exception& e) {
+    errors[0] = e.what();
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& e : errors)
+    if (!e.empty()) fail("{}", e);
+  size_t total = 0;
+  for (size_t b : bytes) total += b;
+  return total;
+}
+
+size_t LoraStacks::write_weights(Stager& st, int32_t slot, const LoraAdapter& ad, int64_t first, int64_t stride) {
   const ModelConfig& c = config_;
   CHECK_MSG(slot >= 0 && slot < slots_, "LoRA slot {} outside the {} reserved", slot, slots_);
   CHECK_MSG(ad.max_rank <= rank_, "adapter '{}' has rank {}, above the reserved {}", ad.name, ad.max_rank, rank_);
   CHECK(static_cast<int64_t>(ad.layers.size()) == c.num_layers);
-  const int64_t R = rank_, E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size, S = slots_;
+  const int64_t R = rank_, E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
   const size_t es = dtype_size(dtype_);
-  held_[static_cast<size_t>(slot)] = {};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  size_t bytes = 0;
+  for (int64_t l = first; l < c.num_layers; l += stride) {
     const LoraLayer& src = ad.layers[static_cast<size_t>(l)];
     for (size_t m = 0; m < kNumLoraModules; ++m) {
       const Dense& d = dense_[static_cast<size_t>(l)][m];
-      float& scale = scales_[(static_cast<size_t>(l) * kNumLoraModules + m) * static_cast<size_t>(S) +
-                             static_cast<size_t>(slot)];
       const std::optional<LoraMatrix>& mat = src.modules[m];
-      scale = 0.0f;
       if (!d.a) continue;  // ignored by the loader's checks already: the model has no such module here
       if (!mat) continue;  // the scale 0 keeps the stale rows unread
-      put(static_cast<char*>(d.a) + static_cast<size_t>(slot * R * d.in) * es, R, d.in,
-          [&](int64_t r, float* dst) { a_row(mat, r, d.in, dst); });
-      put(static_cast<char*>(d.b) + static_cast<size_t>(slot * d.out * R) * es, d.out, R,
-          [&](int64_t r, float* dst) { b_row(mat, r, R, dst); });
-      scale = mat->scale;
+      bytes += put(st, static_cast<char*>(d.a) + static_cast<size_t>(slot * R * d.in) * es, R, d.in,
+                   [&](int64_t r, float* dst) { a_row(mat, r, d.in, dst); });
+      bytes += put(st, static_cast<char*>(d.b) + static_cast<size_t>(slot * d.out * R) * es, d.out, R,
+                   [&](int64_t r, float* dst) { b_row(mat, r, R, dst); });
     }
     const Experts& x = experts_[static_cast<size_t>(l)];
-    float* esc = scales_.data() + experts_scale_offset_ + static_cast<size_t>((l * S + slot) * E * 3);
-    std::fill(esc, esc + E * 3, 0.0f);
     if (!x.a_gu || src.experts.empty()) continue;
     CHECK(static_cast<int64_t>(src.experts.size()) == E);
     const int64_t G = gu_slices_;
@@ -216,35 +283,52 @@ void LoraStacks::upload(int32_t slot, const LoraAdapter& ad) {
       if (G == 1 || le.gate_up) return le.gate_up;
       return sl == 0 ? le.gate : le.up;
     };
-    put(static_cast<char*>(x.a_gu) + static_cast<size_t>(slot * E * G * R * H) * es, E * G * R, H,
-        [&](int64_t q, float* dst) { a_row(gu_src(q / (G * R), (q % (G * R)) / R), q % R, H, dst); });
-    put(static_cast<char*>(x.b_gu) + static_cast<size_t>(slot * E * 2 * I * R) * es, E * 2 * I, R,
-        [&](int64_t q, float* dst) {
-          const int64_t e = q / (2 * I), n = q % (2 * I);
-          const LoraExpert& le = src.experts[static_cast<size_t>(e)];
-          if (G == 1 || le.gate_up) return b_row(le.gate_up, n, R, dst);
-          return n < I ? b_row(le.gate, n, R, dst) : b_row(le.up, n - I, R, dst);
-        });
-    put(static_cast<char*>(x.a_down) + static_cast<size_t>(slot * E * R * I) * es, E * R, I,
-        [&](int64_t q, float* dst) { a_row(src.experts[static_cast<size_t>(q / R)].down, q % R, I, dst); });
-    put(static_cast<char*>(x.b_down) + static_cast<size_t>(slot * E * H * R) * es, E * H, R,
-        [&](int64_t q, float* dst) { b_row(src.experts[static_cast<size_t>(q / H)].down, q % H, R, dst); });
+    bytes += put(st, static_cast<char*>(x.a_gu) + static_cast<size_t>(slot * E * G * R * H) * es, E * G * R, H,
+                 [&](int64_t q, float* dst) { a_row(gu_src(q / (G * R), (q % (G * R)) / R), q % R, H, dst); });
+    bytes += put(st, static_cast<char*>(x.b_gu) + static_cast<size_t>(slot * E * 2 * I * R) * es, E * 2 * I, R,
+                 [&](int64_t q, float* dst) {
+                   const int64_t e = q / (2 * I), n = q % (2 * I);
+                   const LoraExpert& le = src.experts[static_cast<size_t>(e)];
+                   if (G == 1 || le.gate_up) return b_row(le.gate_up, n, R, dst);
+                   return n < I ? b_row(le.gate, n, R, dst) : b_row(le.up, n - I, R, dst);
+                 });
+    bytes += put(st, static_cast<char*>(x.a_down) + static_cast<size_t>(slot * E * R * I) * es, E * R, I,
+                 [&](int64_t q, float* dst) { a_row(src.experts[static_cast<size_t>(q / R)].down, q % R, I, dst); });
+    bytes += put(st, static_cast<char*>(x.b_down) + static_cast<size_t>(slot * E * H * R) * es, E * H, R,
+                 [&](int64_t q, float* dst) { b_row(src.experts[static_cast<size_t>(q / H)].down, q % H, R, dst); });
+  }
+  st.staging->finish();
+  return bytes;
+}
+
+void LoraStacks::activate(int32_t slot, const LoraAdapter& ad) {
+  const ModelConfig& c = config_;
+  const int64_t E = c.num_experts, S = slots_;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LoraLayer& src = ad.layers[static_cast<size_t>(l)];
+    for (size_t m = 0; m < kNumLoraModules; ++m) {
+      const std::optional<LoraMatrix>& mat = src.modules[m];
+      scales_[(static_cast<size_t>(l) * kNumLoraModules + m) * static_cast<size_t>(S) + static_cast<size_t>(slot)] =
+          dense_[static_cast<size_t>(l)][m].a && mat ? mat->scale : 0.0f;
+    }
+    float* esc = scales_.data() + experts_scale_offset_ + static_cast<size_t>((l * S + slot) * E * 3);
+    std::fill(esc, esc + E * 3, 0.0f);
+    if (!experts_[static_cast<size_t>(l)].a_gu || src.experts.empty()) continue;
+    const int64_t G = gu_slices_;
     for (int64_t e = 0; e < E; ++e) {
       const LoraExpert& le = src.experts[static_cast<size_t>(e)];
       for (int64_t sl = 0; sl < G; ++sl) {
-        const std::optional<LoraMatrix>& m = gu_src(e, sl);
+        const std::optional<LoraMatrix>& m = G == 1 || le.gate_up ? le.gate_up : sl == 0 ? le.gate : le.up;
         esc[e * 3 + sl] = m ? m->scale : 0.0f;
       }
       esc[e * 3 + 2] = le.down ? le.down->scale : 0.0f;
     }
   }
   upload_scales();
-  staging_->finish();
   held_[static_cast<size_t>(slot)] = {&ad, ad.generation};
 }
 
-void LoraStacks::clear(int32_t slot) {
-  if (slot < 0 || slot >= slots_) return;
+void LoraStacks::zero_scales(int32_t slot) {
   const ModelConfig& c = config_;
   const size_t S = static_cast<size_t>(slots_), E = static_cast<size_t>(c.num_experts);
   for (size_t l = 0; l < static_cast<size_t>(c.num_layers); ++l) {
@@ -253,8 +337,111 @@ void LoraStacks::clear(int32_t slot) {
     std::fill(esc, esc + E * 3, 0.0f);
   }
   upload_scales();
-  staging_->finish();
+}
+
+void LoraStacks::clear(int32_t slot) {
+  if (slot < 0 || slot >= slots_) return;
+  CHECK_MSG(!upload_pending(slot), "LoRA slot {} is cleared while an upload into it is pending", slot);
+  zero_scales(slot);
   held_[static_cast<size_t>(slot)] = {};
+}
+
+void LoraStacks::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> adapter, int delay_ms) {
+  CHECK(adapter != nullptr);
+  CHECK_MSG(slot >= 0 && slot < slots_, "LoRA slot {} outside the {} reserved", slot, slots_);
+  CHECK_MSG(adapter->max_rank <= rank_, "adapter '{}' has rank {}, above the reserved {}", adapter->name,
+            adapter->max_rank, rank_);
+  CHECK_MSG(!upload_pending(slot), "LoRA slot {} is uploaded while an upload into it is pending", slot);
+  if (async_.empty()) {  // the upload threads' staging, made on first use (after the allocations)
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    async_.resize(std::min<size_t>(kUploadThreads, hw));
+    for (Stager& st : async_) st.staging = be_.make_upload_staging(kStagingBuffers, kAsyncStagingBytes);
+  }
+  // Steps launched from now on skip the slot (its stale rows are overwritten while they may run).
+  if (held_[static_cast<size_t>(slot)].adapter) zero_scales(slot);
+  held_[static_cast<size_t>(slot)] = {};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back({.slot = slot, .adapter = std::move(adapter), .done = false, .error = {}, .delay_ms = delay_ms});
+    stop_ = false;
+    if (!thread_.joinable()) thread_ = std::thread([this] { upload_main(); });
+  }
+  cv_.notify_all();
+}
+
+void LoraStacks::upload_main() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] {
+      return stop_ || std::any_of(jobs_.begin(), jobs_.end(), [](const Job& j) { return !j.done; });
+    });
+    if (stop_) return;
+    auto it = std::find_if(jobs_.begin(), jobs_.end(), [](const Job& j) { return !j.done; });
+    const int32_t slot = it->slot;
+    std::shared_ptr<const LoraAdapter> adapter = it->adapter;
+    const int delay_ms = it->delay_ms;
+    lock.unlock();
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    std::string error;
+    size_t bytes = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      bytes = write_weights_parallel(slot, *adapter);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    lock.lock();
+    // The job is still queued: finish_upload waits for it, release() waits for every job first.
+    for (Job& j : jobs_)
+      if (j.slot == slot && !j.done) {
+        j.done = true;
+        j.error = std::move(error);
+        break;
+      }
+    ++timing_.count;
+    timing_.seconds += seconds;
+    timing_.bytes += bytes;
+    cv_.notify_all();
+  }
+}
+
+bool LoraStacks::upload_pending(int32_t slot) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::any_of(jobs_.begin(), jobs_.end(), [&](const Job& j) { return j.slot == slot; });
+}
+
+bool LoraStacks::upload_done(int32_t slot) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Job& j : jobs_)
+    if (j.slot == slot) return j.done;
+  return true;
+}
+
+void LoraStacks::finish_upload(int32_t slot) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto find = [&] {
+    return std::find_if(jobs_.begin(), jobs_.end(), [&](const Job& j) { return j.slot == slot; });
+  };
+  if (find() == jobs_.end()) return;
+  cv_.wait(lock, [&] { return find()->done; });
+  auto it = find();
+  Job job = std::move(*it);
+  jobs_.erase(it);
+  lock.unlock();
+  if (!job.error.empty())
+    fail("uploading adapter '{}' into LoRA slot {} failed: {}", job.adapter->name, slot, job.error);
+  activate(slot, *job.adapter);
+}
+
+void LoraStacks::wait_uploads() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return std::all_of(jobs_.begin(), jobs_.end(), [](const Job& j) { return j.done; }); });
+}
+
+LoraStacks::UploadTiming LoraStacks::upload_timing() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timing_;
 }
 
 bool LoraStacks::holds(int32_t slot, const LoraAdapter& adapter) const {

@@ -6,13 +6,19 @@
 // gate/up/down, the experts' gate/up and down), so any adapter fits and CUDA graphs captured with the
 // stacks serve any mix of slots.
 // upload() copies one adapter into one slot through page-locked staging buffers on the backend's upload
-// streams (never inside a forward pass) and waits for it; clear() zeroes a slot's scales.
+// streams (never inside a forward pass) and waits for it; begin_upload() does the same copy on a thread
+// of its own (its own staging buffers and streams) while steps run, and finish_upload() makes the slot
+// live once it is done; clear() zeroes a slot's scales.
 // Must not: decide which adapter takes which slot (lora/adapter_slots.h does), or run kernels.
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -47,6 +53,27 @@ class LoraStacks {
   // Copies `adapter` into `slot` (its max_rank <= rank(), slot < slots()), waiting for the copies. No
   // step in flight may read the slot.
   void upload(int32_t slot, const LoraAdapter& adapter);
+  // Asynchronous upload: queues the copy of `adapter` into `slot` on the upload thread and returns; the
+  // slot's scales are zeroed first, so steps launched meanwhile skip it (no step may use it until
+  // finish_upload). upload_done() says whether the copy is done (never blocks); finish_upload() waits for
+  // it, then writes the slot's scales (steps launched afterwards see the adapter). The adapter is kept
+  // alive until finish_upload. A slot with an upload pending must not be uploaded again or cleared before
+  // finish_upload. An error of the copy is thrown by finish_upload.
+  // `delay_ms` holds the copy back that long first (tests: a slow copy).
+  void begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> adapter, int delay_ms = 0);
+  bool upload_pending(int32_t slot) const;
+  bool upload_done(int32_t slot) const;
+  void finish_upload(int32_t slot);
+  // Waits for every queued copy (finish_upload is still to be called for each).
+  void wait_uploads();
+  // The copies done by the upload thread: their count and total seconds (from the start of a copy to its
+  // end, queueing excluded).
+  struct UploadTiming {
+    int64_t count = 0;
+    double seconds = 0;
+    size_t bytes = 0;  // bytes written into the stacks
+  };
+  UploadTiming upload_timing() const;
   // The slot holds nothing from now on (its scales are 0).
   void clear(int32_t slot);
   // Whether `slot` holds this adapter (the same object and registry version; unregistered adapters, of
@@ -74,12 +101,37 @@ class LoraStacks {
     const LoraAdapter* adapter = nullptr;
     uint64_t generation = 0;
   };
+  // Staging buffers and the next one to fill: one set for the calling thread, one for the upload thread.
+  struct Stager {
+    std::unique_ptr<UploadStaging> staging;
+    int next = 0;
+  };
+  struct Job {
+    int32_t slot = 0;
+    std::shared_ptr<const LoraAdapter> adapter;
+    bool done = false;
+    std::string error;
+    int delay_ms = 0;
+  };
   void release();
   void upload_scales();
   // Writes rows [0, rows) of `cols` f32 values, produced by fill(row, dst), to dst (stack dtype) through
-  // the staging buffers.
+  // the stager's buffers. Returns the bytes written.
   template <typename Fill>
-  void put(void* dst, int64_t rows, int64_t cols, const Fill& fill);
+  size_t put(Stager& st, void* dst, int64_t rows, int64_t cols, const Fill& fill);
+  // The weights (A and B rows) of `adapter` into `slot`, through `st`, waiting for the copies; touches
+  // neither the scales nor held_ (safe on the upload thread). Returns the bytes written.
+  // Layers l with l % stride == first only.
+  size_t write_weights(Stager& st, int32_t slot, const LoraAdapter& adapter, int64_t first = 0,
+                       int64_t stride = 1);
+  // write_weights split by layer over the upload stagers, one thread each (the host-side fill of the
+  // staging buffers is what limits a copy).
+  size_t write_weights_parallel(int32_t slot, const LoraAdapter& adapter);
+  // The slot's scales from `adapter` (zeros for what it does not adapt), uploaded; held_ updated.
+  void activate(int32_t slot, const LoraAdapter& adapter);
+  void zero_scales(int32_t slot);
+  void upload_main();
+  void stop_upload_thread();
 
   Backend& be_;
   ModelConfig config_;
@@ -97,8 +149,16 @@ class LoraStacks {
   float* d_scales_ = nullptr;
   size_t experts_scale_offset_ = 0;
   std::vector<Held> held_;
-  std::unique_ptr<UploadStaging> staging_;
-  int next_buffer_ = 0;
+  Stager main_;
+  // The upload thread: jobs queued by begin_upload (the front one is copied; finished ones wait for
+  // finish_upload), and the staging buffers of its fill threads, made with the stacks.
+  std::vector<Stager> async_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  UploadTiming timing_;
+  std::thread thread_;
 };
 
 }  // namespace polylora

@@ -98,6 +98,15 @@ class Model : public AdapterDevice {
   // slot or its rank does not fit (which invalidates captured graphs: they are recorded again).
   void upload_adapter(int32_t slot, const LoraAdapter& adapter) override;
   void free_adapter_slot(int32_t slot) override;
+  // With asynchronous uploads on (set_async_uploads), begin_upload queues the copy on the stacks' upload
+  // thread (LoraStacks::begin_upload) while steps run; otherwise it copies now.
+  void begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
+  bool upload_done(int32_t slot) override;
+  void finish_upload(int32_t slot) override;
+  UploadTiming upload_timing() const override;
+  void set_async_uploads(bool on) { async_uploads_ = on; }
+  // Tests: every asynchronous copy waits this long before it starts (a slow upload).
+  void set_upload_delay_for_tests(int ms) { upload_delay_ms_ = ms; }
   // Reserves the stacks for `slots` adapters of rank up to `max_rank` (--max-loras, --max-lora-rank) now,
   // so that their memory is counted before the KV cache is sized and graphs are captured with LoRA.
   void reserve_adapters(int64_t slots, int64_t max_rank);
@@ -131,6 +140,8 @@ class Model : public AdapterDevice {
   struct Graph;
   // Makes sure slot `slot` of the stacks holds `adapter` (growing them when needed).
   void ensure_uploaded(int32_t slot, const LoraAdapter& adapter);
+  // Grows the stacks when `slot` or the adapter's rank does not fit them.
+  void fit_stacks(int32_t slot, const LoraAdapter& adapter);
   // Packs a step's inputs into the host staging buffer (feed pairs last).
   StepInputs stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters,
                    std::span<const int32_t> feed_pairs = {});
@@ -160,6 +171,8 @@ class Model : public AdapterDevice {
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<LoraStacks> lora_;
   int64_t adapter_slots_hint_ = 1;
+  bool async_uploads_ = false;
+  int upload_delay_ms_ = 0;
   bool graphs_enabled_ = false;
   bool gpu_timing_ = false;
   double last_gpu_seconds_ = 0, last_gap_seconds_ = 0;

@@ -204,15 +204,21 @@ StepPlan Scheduler::schedule() {
     std::set<AdapterId> held_adapters = step_adapters;
     for (RequestId id : running_)
       if (!requests_.at(id)->adapter.base()) held_adapters.insert(requests_.at(id)->adapter);
-    std::vector<RequestId> first, second;
+    // A request whose adapter is in host memory waits for the copy into a device slot (the engine starts
+    // it); one that waited max_wait_steps for it while every slot is held makes the slots drain.
+    std::vector<RequestId> first;
+    bool overdue_upload = false;
     for (RequestId id : waiting_) {
       const SchedRequest& r = *requests_.at(id);
       AdapterReadiness ready = r.adapter.base() || !readiness_ ? AdapterReadiness::kOnDevice : readiness_(r.adapter);
       if (ready == AdapterReadiness::kNotReady) continue;
       const bool overdue = step_number_ - r.waiting_since >= static_cast<uint64_t>(lora_.max_wait_steps);
-      (ready == AdapterReadiness::kOnDevice || overdue ? first : second).push_back(id);
+      if (ready == AdapterReadiness::kInHost) {
+        overdue_upload = overdue_upload || (overdue && !held_adapters.count(r.adapter));
+        continue;
+      }
+      first.push_back(id);
     }
-    first.insert(first.end(), second.begin(), second.end());
     // The fair policy picks, each time, the front request of the tenant with the smallest counter.
     std::map<AdapterId, std::deque<RequestId>> by_tenant;
     if (fair()) {
@@ -238,7 +244,7 @@ StepPlan Scheduler::schedule() {
     };
     // An overdue request that finds every slot held stops the admission of other adapters' requests
     // until the running ones free a slot, so a cold adapter cannot starve behind busy ones.
-    bool hold_slots = false;
+    bool hold_slots = overdue_upload && static_cast<int64_t>(held_adapters.size()) >= lora_.max_loras;
     uint64_t latest_admitted = 0;
     bool admitted_any = false;
     while (std::optional<RequestId> next = next_candidate()) {
@@ -249,6 +255,7 @@ StepPlan Scheduler::schedule() {
       if (r.wait_for || r.num_pending > 0) continue;  // waits for a sibling's prompt or its token
       if (hold_slots && !r.adapter.base()) continue;  // the slots drain for an overdue request
       if (!r.adapter.base() && !held_adapters.count(r.adapter)) {
+        // A request overdue for its adapter's copy keeps the last slot from being taken by others.
         if (static_cast<int64_t>(held_adapters.size()) >= lora_.max_loras) {
           // Waits for an adapter slot.
           if (step_number_ - r.waiting_since >= static_cast<uint64_t>(lora_.max_wait_steps)) hold_slots = true;
@@ -331,12 +338,13 @@ bool Scheduler::any_waiting_for_sibling() const {
   return false;
 }
 
-std::vector<AdapterId> Scheduler::waiting_adapters() const {
+std::vector<AdapterId> Scheduler::waiting_adapters(bool overdue_only) const {
   std::vector<AdapterId> out;
   std::set<AdapterId> seen;
   for (RequestId id : waiting_) {
-    AdapterId a = requests_.at(id)->adapter;
-    if (!a.base() && seen.insert(a).second) out.push_back(a);
+    const SchedRequest& r = *requests_.at(id);
+    if (overdue_only && step_number_ - r.waiting_since < static_cast<uint64_t>(lora_.max_wait_steps)) continue;
+    if (!r.adapter.base() && seen.insert(r.adapter).second) out.push_back(r.adapter);
   }
   return out;
 }

@@ -85,13 +85,16 @@ class Scheduler {
   void launched(const StepPlan& plan);
   void completed(const StepPlan& plan, const std::unordered_map<RequestId, int32_t>& sampled);
 
-  // Adapter residency. Waiting requests whose adapter is not ready (being loaded) are passed over
-  // without blocking the rest; among ready ones, those whose adapter is on the device (or that use the
-  // base model) are admitted first, except that a request waiting --lora-max-wait-steps steps or more
-  // counts as resident (bounded wait). Unset: every adapter is on the device.
+  // Adapter residency. Only requests whose adapter is on the device (or that use the base model) are
+  // admitted; the others are passed over without blocking the rest: those whose adapter is being read
+  // from disk, and those whose adapter is in host memory and is being copied into a device slot (the
+  // engine starts the copies). A request that waited --lora-max-wait-steps steps or more for a slot while
+  // every slot is held stops the admission of adapter requests until running ones free one (bounded
+  // wait). Unset: every adapter is on the device.
   void set_adapter_readiness(std::function<AdapterReadiness(AdapterId)> fn) { readiness_ = std::move(fn); }
   // Distinct adapters of the waiting requests in queue order (for prefetching), and of running ones.
-  std::vector<AdapterId> waiting_adapters() const;
+  // overdue_only: only those of requests waiting --lora-max-wait-steps steps or more.
+  std::vector<AdapterId> waiting_adapters(bool overdue_only = false) const;
   std::vector<AdapterId> running_adapters() const;
   // The most steps a waiting request whose adapter was ready saw requests behind it admitted (bounded by
   // max_wait_steps plus the time the running requests holding the slots take to finish).

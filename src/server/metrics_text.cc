@@ -154,6 +154,16 @@ std::string prometheus_text(const EngineSnapshot& snap, const std::string& model
   o << "polylora:adapter_load_seconds_bucket{" << labels << ",le=\"+Inf\"} " << t.latency_count << "\n";
   o << "polylora:adapter_load_seconds_sum{" << labels << "} " << t.latency_sum << "\n";
   o << "polylora:adapter_load_seconds_count{" << labels << "} " << t.latency_count << "\n";
+  // Host -> device slot copies made on the upload thread while steps run (a summary: sum and count).
+  header(o, "polylora:adapter_upload_seconds", "summary",
+         "Time to copy an adapter from host memory into a device slot, on the upload thread (copies made "
+         "while steps run; the CPU and synchronous uploads are not counted).");
+  o << "polylora:adapter_upload_seconds_sum{" << labels << "} " << t.upload_seconds << "\n";
+  o << "polylora:adapter_upload_seconds_count{" << labels << "} " << t.upload_count << "\n";
+  counter("polylora:adapter_upload_bytes_total", "Bytes written into device slots by those copies.",
+          t.upload_bytes);
+  gauge("polylora:adapters_uploading", "Device slots whose copy is under way.",
+        static_cast<double>(t.uploading_device));
   // Per-adapter request and token counters ("base" for the base model).
   const char* names[] = {"polylora:adapter_requests_total", "polylora:adapter_prompt_tokens_total",
                          "polylora:adapter_generation_tokens_total"};

@@ -91,7 +91,8 @@ TEST_F(AdapterResolverTest, LoadsOnFirstUseAndGeneratesAsTheSameAdapterRegistere
   EXPECT_EQ(engine.lookup_adapter("good"), Engine::AdapterLookup::kRegistered);
   ASSERT_EQ(engine.adapters().size(), 1u);
   EXPECT_EQ(engine.adapters()[0].path, (dir_ / "good").string());
-  EXPECT_EQ(engine.adapters()[0].tier, AdapterTier::kHost);
+  // In host memory; the engine may already have copied it into an empty device slot.
+  EXPECT_NE(engine.adapters()[0].tier, AdapterTier::kDisk);
   EXPECT_EQ(engine.check_invariants(), "");
   std::vector<EngineRequest> reqs;
   for (int k = 0; k < 3; ++k) reqs.push_back(greedy_request(prompt(k), 6, "good"));

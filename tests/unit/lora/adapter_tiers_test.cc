@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
+#include <chrono>
 
 #include "common/error.h"
 #include "lora/adapter_registry.h"
@@ -143,8 +145,9 @@ class AdapterTiersTest : public ::testing::Test {
     res.max_passed_over = engine.max_passed_over_steps();
     return res;
   }
-  static EngineConfig config(int64_t max_loras, int64_t max_cpu_loras, bool thread) {
+  static EngineConfig config(int64_t max_loras, int64_t max_cpu_loras, bool thread, bool async_uploads = false) {
     EngineConfig ec = test_engine_config(512);
+    ec.lora.async_uploads = async_uploads;
     ec.scheduler.max_num_seqs = 32;
     ec.lora.max_loras = max_loras;
     ec.lora.max_cpu_loras = max_cpu_loras;
@@ -186,8 +189,9 @@ TEST_F(AdapterTiersTest, ZipfTrafficOverFewSlotsMatchesEverythingResident) {
   EXPECT_EQ(few.stats.latency_count, few.stats.loads_host);
   // Bounded wait: a ready request sees later ones admitted for at most --lora-max-wait-steps (8) plus the
   // steps the running requests holding every slot take to finish (prompt + 5 tokens: 6 steps), plus the
-  // step it became overdue in and the step a slot frees.
-  EXPECT_LE(few.max_passed_over, 8u + 6u + 2u);
+  // step it became overdue in, the step a slot frees and the step its copy into that slot is made in (a
+  // request is admitted only once its adapter is on the device).
+  EXPECT_LE(few.max_passed_over, 8u + 6u + 3u);
   std::printf("all resident: %lld steps; 4 slots / 32 host: %lld steps, %lld host loads, %lld uploads, %lld "
               "host evictions, %lld slot evictions, longest pass-over %llu steps\n",
               static_cast<long long>(all.steps), static_cast<long long>(few.steps),
@@ -206,6 +210,86 @@ TEST_F(AdapterTiersTest, LoaderThreadGivesTheSameOutputs) {
     EXPECT_EQ(threaded.outputs[id], inline_loads.outputs[id]) << id;
   }
   EXPECT_GT(threaded.stats.evictions_host, 0);
+}
+
+// Device copies on the upload thread (the GPU's default; on the CPU the same thread writes the f32
+// stacks): requests wait for their adapter's copy while the others run; outputs are unchanged.
+TEST_F(AdapterTiersTest, AsyncUploadsGiveTheSameOutputs) {
+  const auto traffic = zipf_traffic(120, 13);
+  Result sync = run(traffic, config(4, 32, false), 3);
+  Result async = run(traffic, config(4, 32, false, /*async_uploads=*/true), 3);
+  ASSERT_EQ(async.outputs.size(), traffic.size());
+  for (size_t i = 0; i < traffic.size(); ++i) {
+    const std::string id = "r" + std::to_string(i);
+    EXPECT_EQ(async.outputs[id], sync.outputs[id]) << id << " (adapter " << traffic[i].adapter << ")";
+  }
+  EXPECT_GT(async.stats.loads_device, 4);
+  // The model's upload-thread copies accumulate over engines: the synchronous run adds none.
+  EXPECT_EQ(async.stats.upload_count - sync.stats.upload_count, async.stats.loads_device);
+  EXPECT_GT(async.stats.upload_bytes, 0.0);
+  EXPECT_EQ(async.stats.uploading_device, 0);
+  EXPECT_LE(async.stats.resident_device, 4);
+}
+
+// A slow copy into a device slot (held back 1.5 s) stalls only its own request: a base-model request
+// submitted with it runs to the end while the copy is still under way; the adapter's request then gives
+// the tokens it gives with synchronous copies.
+TEST_F(AdapterTiersTest, SlowUploadHoldsBackOnlyItsOwnRequest) {
+  const std::vector<int32_t> prompt = {11, 12, 13, 14, 15}, base_prompt = {21, 22, 23};
+  const std::string path = (dir_ / "a3").string();
+  std::vector<int32_t> expected;
+  {
+    Engine ref(model_, config(2, 8, false), nullptr);
+    ref.add_adapter_on_disk("a3", path);
+    EngineRequest r = greedy_request(prompt, 4, "a3");
+    r.request_id = "ref";
+    ref.add_request(std::move(r));
+    while (ref.has_unfinished())
+      for (const RequestOutput& o : ref.step())
+        for (const SequenceOutput& so : o.sequences)
+          expected.insert(expected.end(), so.new_token_ids.begin(), so.new_token_ids.end());
+  }
+  ASSERT_EQ(expected.size(), 4u);
+  model_->set_upload_delay_for_tests(1500);
+  Engine engine(model_, config(2, 8, true, /*async_uploads=*/true), nullptr);
+  const int64_t uploads_before = engine.stats().adapter_tiers.upload_count;  // the model's copies so far
+  engine.add_adapter_on_disk("a3", path);
+  std::map<std::string, std::vector<int32_t>> got;
+  bool base_done = false, base_done_while_copying = false, copying = false;
+  auto step = [&] {
+    for (const RequestOutput& o : engine.step()) {
+      EXPECT_FALSE(o.error) << o.request_id;
+      for (const SequenceOutput& so : o.sequences) {
+        auto& v = got[o.request_id];
+        v.insert(v.end(), so.new_token_ids.begin(), so.new_token_ids.end());
+      }
+      if (o.request_id == "base" && o.finished) {
+        base_done = true;
+        base_done_while_copying = engine.stats().adapter_tiers.uploading_device == 1 && got["slow"].empty();
+      }
+    }
+    ASSERT_EQ(engine.check_invariants(), "");
+  };
+  EngineRequest slow = greedy_request(prompt, 4, "a3");
+  slow.request_id = "slow";
+  engine.add_request(std::move(slow));
+  // Read from disk on the loader thread, then its copy starts (and is held back).
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!copying && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    step();
+    copying = engine.stats().adapter_tiers.uploading_device == 1;
+  }
+  ASSERT_TRUE(copying);
+  EngineRequest base = greedy_request(base_prompt, 6);
+  base.request_id = "base";
+  engine.add_request(std::move(base));
+  while (engine.has_unfinished() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) step();
+  model_->set_upload_delay_for_tests(0);
+  EXPECT_TRUE(base_done);
+  EXPECT_TRUE(base_done_while_copying);
+  EXPECT_EQ(got["base"].size(), 6u);
+  EXPECT_EQ(got["slow"], expected);
+  EXPECT_EQ(engine.stats().adapter_tiers.upload_count - uploads_before, 1);
 }
 
 TEST_F(AdapterTiersTest, CorruptAdapterFailsOnlyItsRequests) {
@@ -280,6 +364,75 @@ TEST(AdapterSlots, NeverTakesASlotInFlightAndEvictsLeastRecentlyUsed) {
   EXPECT_EQ(slots.check_invariants(), "");
   EXPECT_EQ(dev.log, (std::vector<std::string>{"up 0 x1", "up 1 x2", "free 0", "up 0 x3", "free 1"}));
   EXPECT_EQ(slots.stats().uploads, 3);
+  EXPECT_EQ(slots.stats().evictions, 2);
+}
+
+// Asynchronous copies: a prefetched adapter is not placed (no step may use it) until its copy is done;
+// prefetch never takes a slot a step in flight uses, one it is told to keep, or one still copying; a
+// step that needs an adapter whose copy is under way waits for it.
+struct GatedDevice : AdapterDevice {
+  std::vector<std::string> log;
+  std::map<int32_t, bool> done;  // slot -> copy finished
+  void upload_adapter(int32_t slot, const LoraAdapter& a) override {
+    log.push_back("up " + std::to_string(slot) + " " + a.name);
+  }
+  void free_adapter_slot(int32_t slot) override { log.push_back("free " + std::to_string(slot)); }
+  void begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> a) override {
+    log.push_back("begin " + std::to_string(slot) + " " + a->name);
+    done[slot] = false;
+  }
+  bool upload_done(int32_t slot) override { return done.at(slot); }
+  void finish_upload(int32_t slot) override { log.push_back("finish " + std::to_string(slot)); }
+};
+
+TEST(AdapterSlots, PrefetchCopiesWhileStepsRunAndStepsWaitForUnfinishedCopies) {
+  GatedDevice dev;
+  AdapterSlots slots(3, &dev);
+  std::map<uint64_t, std::shared_ptr<LoraAdapter>> w;
+  for (uint64_t v = 1; v <= 5; ++v) {
+    w[v] = std::make_shared<LoraAdapter>();
+    w[v]->name = "x" + std::to_string(v);
+  }
+  auto weights = [&](AdapterId id) -> std::shared_ptr<const LoraAdapter> { return w.at(id.version); };
+  const AdapterId a{1}, b{2}, c{3}, d{4}, e{5};
+  ASSERT_TRUE(slots.ensure(1, std::vector<AdapterId>{a}, weights));  // synchronous: slot 0, step 1 in flight
+  ASSERT_TRUE(slots.prefetch(b, w[2], {}));                           // slot 1, copying
+  EXPECT_FALSE(slots.placed(b));
+  EXPECT_TRUE(slots.uploading(b));
+  EXPECT_EQ(slots.slot_of(b), 1);
+  EXPECT_EQ(slots.stats().uploading, 1);
+  EXPECT_TRUE(slots.prefetch(b, w[2], {}));  // already under way: nothing new
+  ASSERT_TRUE(slots.prefetch(c, w[3], {}));  // slot 2
+  // No slot left: 0 is in flight, 1 and 2 are copying.
+  EXPECT_FALSE(slots.prefetch(d, w[4], {}));
+  EXPECT_EQ(slots.check_invariants(), "");
+  EXPECT_EQ(slots.poll_uploads(), 0);
+  dev.done[1] = true;
+  EXPECT_EQ(slots.poll_uploads(), 1);
+  EXPECT_TRUE(slots.placed(b));
+  EXPECT_FALSE(slots.placed(c));
+  // A step needing c (still copying) waits for it: finish_upload before the step is placed.
+  ASSERT_TRUE(slots.ensure(2, std::vector<AdapterId>{b, c}, weights));
+  EXPECT_TRUE(slots.placed(c));
+  EXPECT_EQ(slots.stats().uploading, 0);
+  slots.retire(1);
+  // Slot 0 (a) is idle now, but kept: d finds no slot; without keep it takes a's slot.
+  EXPECT_FALSE(slots.prefetch(d, w[4], std::vector<AdapterId>{a}));
+  ASSERT_TRUE(slots.prefetch(d, w[4], {}));
+  EXPECT_EQ(slots.slot_of(a), -1);
+  EXPECT_EQ(slots.slot_of(d), 0);
+  // Dropping an adapter whose copy is under way waits for the copy, then frees the slot.
+  slots.drop(d);
+  EXPECT_EQ(slots.slot_of(d), -1);
+  slots.retire(2);
+  // The most recently used idle slot is kept over the older one: c (used by step 2 with b; b was placed
+  // earlier but used at the same step) -- both idle; the free slot 0 goes first.
+  ASSERT_TRUE(slots.prefetch(e, w[5], {}));
+  EXPECT_EQ(slots.slot_of(e), 0);
+  EXPECT_EQ(slots.check_invariants(), "");
+  EXPECT_EQ(dev.log, (std::vector<std::string>{"up 0 x1", "begin 1 x2", "begin 2 x3", "finish 1", "finish 2",
+                                               "free 0", "begin 0 x4", "finish 0", "free 0", "begin 0 x5"}));
+  EXPECT_EQ(slots.stats().uploads, 4);  // a (synchronous), b, c, d; e still copying
   EXPECT_EQ(slots.stats().evictions, 2);
 }
 
