@@ -428,6 +428,11 @@ void Engine::finish_sequence(Sequence& seq, FinishReason reason, std::optional<S
   if (!by_stop_string) seq.text->flush();
 }
 
+bool Engine::idle_adapter_work() {
+  poll_adapters();
+  return adapters_->stats().uploading_device > 0;
+}
+
 bool Engine::has_unfinished() const {
   return !groups_.empty() || inflight_plan_.has_value();
 }

@@ -75,6 +75,9 @@ class Engine {
   // more token computed by the queued step, which is discarded.
   std::vector<RequestOutput> step();
   bool has_unfinished() const;
+  // Between requests: finishes adapter copies that are done and starts more into empty slots (what a
+  // step does first). Returns whether a copy is still under way (call again soon).
+  bool idle_adapter_work();
 
   // Adapters (held by the AdapterRegistry). add_adapter replaces nothing: a name in use is an error. It
   // enters the host tier (the least recently used unpinned copy goes to disk when --max-cpu-loras are

@@ -355,7 +355,9 @@ void EngineThread::loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       auto ready = [&] { return exit_ || !commands_.empty() || loads_done_ || engine_->has_unfinished(); };
-      if (stats_logger_.enabled())
+      if (idle_copies_)  // adapter copies under way while idle: look again shortly
+        cv_.wait_for(lock, std::chrono::milliseconds(2), ready);
+      else if (stats_logger_.enabled())
         cv_.wait_until(lock, stats_logger_.next_due(), ready);  // wakes to log the stats line when idle
       else
         cv_.wait(lock, ready);
@@ -371,9 +373,17 @@ void EngineThread::loop() {
     settle_resolutions();
     log_stats_if_due();
     if (!engine_->has_unfinished()) {
+      // Idle: adapter copies go on (empty slots are filled with adapters in host memory).
+      try {
+        idle_copies_ = engine_->idle_adapter_work();
+      } catch (const std::exception& e) {
+        spdlog::error("adapter copy failed: {}", e.what());
+        idle_copies_ = false;
+      }
       publish();
       continue;
     }
+    idle_copies_ = false;
     const auto step_start = Clock::now();
     std::vector<RequestOutput> outputs;
     try {

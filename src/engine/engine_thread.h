@@ -131,6 +131,8 @@ class EngineThread {
   std::deque<Command> commands_;
   bool stopping_ = false;  // no new requests
   bool exit_ = false;      // leave the loop
+  // An adapter copy was under way at the last idle check (true at start: empty slots get filled).
+  bool idle_copies_ = true;
   bool loads_done_ = false;  // the adapter loader finished a load (set on its thread)
   bool resolves_adapters_ = false;
   std::thread thread_;

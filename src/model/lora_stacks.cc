@@ -203,6 +203,39 @@ size_t LoraStacks::put(Stager& st, void* dst, int64_t rows, int64_t cols, const 
   return static_cast<size_t>(rows * cols) * es;
 }
 
+template <typename Src>
+size_t LoraStacks::put_runs(Stager& st, void* dst, int64_t total, const Src& src) {
+  const bool bf16 = dtype_ == DType::kBF16;
+  const size_t es = dtype_size(dtype_);
+  const auto cap = static_cast<int64_t>(st.staging->buffer_bytes() / es);
+  for (int64_t o = 0; o < total; o += cap) {
+    const int64_t n = std::min(cap, total - o);
+    const int i = st.next;
+    st.next = (st.next + 1) % st.staging->num_buffers();
+    st.staging->wait(i);
+    std::byte* buf = st.staging->buffer(i);
+    for (int64_t k = 0; k < n;) {
+      auto [p, run] = src(o + k);
+      run = std::min(run, n - k);
+      if (bf16) {
+        auto* out = reinterpret_cast<uint16_t*>(buf) + k;
+        for (int64_t j = 0; j < run; ++j) out[j] = f32_to_bf16(p[j]);
+      } else {
+        std::memcpy(reinterpret_cast<float*>(buf) + k, p, static_cast<size_t>(run) * sizeof(float));
+      }
+      k += run;
+    }
+    st.staging->upload(i, {.rows = 1,
+                           .cols = n,
+                           .src_dtype = dtype_,
+                           .dst = static_cast<char*>(dst) + static_cast<size_t>(o) * es,
+                           .dst_dtype = dtype_,
+                           .dst_ld = n,
+                           .transpose = false});
+  }
+  return static_cast<size_t>(total) * es;
+}
+
 void LoraStacks::upload_scales() {
   Stager& st = main_;
   const int64_t n = static_cast<int64_t>(scales_.size());
@@ -268,10 +301,15 @@ size_t LoraStacks::write_weights(Stager& st, int32_t slot, const LoraAdapter& ad
       const std::optional<LoraMatrix>& mat = src.modules[m];
       if (!d.a) continue;  // ignored by the loader's checks already: the model has no such module here
       if (!mat) continue;  // the scale 0 keeps the stale rows unread
-      bytes += put(st, static_cast<char*>(d.a) + static_cast<size_t>(slot * R * d.in) * es, R, d.in,
-                   [&](int64_t r, float* dst) { a_row(mat, r, d.in, dst); });
-      bytes += put(st, static_cast<char*>(d.b) + static_cast<size_t>(slot * d.out * R) * es, d.out, R,
-                   [&](int64_t r, float* dst) { b_row(mat, r, R, dst); });
+      void* da = static_cast<char*>(d.a) + static_cast<size_t>(slot * R * d.in) * es;
+      void* db = static_cast<char*>(d.b) + static_cast<size_t>(slot * d.out * R) * es;
+      if (mat->rank == R && mat->in == d.in && mat->out == d.out) {  // the stacks' [R, in], [out, R] as they are
+        bytes += put_runs(st, da, R * d.in, [&](int64_t o) { return std::pair{mat->a.data() + o, R * d.in - o}; });
+        bytes += put_runs(st, db, d.out * R, [&](int64_t o) { return std::pair{mat->b.data() + o, d.out * R - o}; });
+        continue;
+      }
+      bytes += put(st, da, R, d.in, [&](int64_t r, float* dst) { a_row(mat, r, d.in, dst); });
+      bytes += put(st, db, d.out, R, [&](int64_t r, float* dst) { b_row(mat, r, R, dst); });
     }
     const Experts& x = experts_[static_cast<size_t>(l)];
     if (!x.a_gu || src.experts.empty()) continue;
@@ -283,6 +321,41 @@ size_t LoraStacks::write_weights(Stager& st, int32_t slot, const LoraAdapter& ad
       if (G == 1 || le.gate_up) return le.gate_up;
       return sl == 0 ? le.gate : le.up;
     };
+    void* dagu = static_cast<char*>(x.a_gu) + static_cast<size_t>(slot * E * G * R * H) * es;
+    void* dbgu = static_cast<char*>(x.b_gu) + static_cast<size_t>(slot * E * 2 * I * R) * es;
+    void* dad = static_cast<char*>(x.a_down) + static_cast<size_t>(slot * E * R * I) * es;
+    void* dbd = static_cast<char*>(x.b_down) + static_cast<size_t>(slot * E * H * R) * es;
+    // Every expert with all its matrices at the full rank: the stacks' blocks are the matrices as they are
+    // (per expert: A [G, R, H] and B [2I, R] of gate/up, A [R, I] and B [H, R] of down), copied in runs.
+    bool whole = true;
+    for (int64_t e = 0; e < E && whole; ++e) {
+      const LoraExpert& le = src.experts[static_cast<size_t>(e)];
+      whole = le.down && le.down->rank == R;
+      for (int64_t sl = 0; sl < G && whole; ++sl) whole = gu_src(e, sl) && gu_src(e, sl)->rank == R;
+      if (G == 2 && le.gate_up) whole = false;  // a fused gate_up where the stack wants slices
+    }
+    if (whole) {
+      const int64_t agu = G * R * H, bgu = 2 * I * R, ad_ = R * I, bd = H * R;
+      bytes += put_runs(st, dagu, E * agu, [&](int64_t o) {
+        const int64_t e = o / agu, w = o % agu, sl = w / (R * H), k = w % (R * H);
+        return std::pair{gu_src(e, sl)->a.data() + k, R * H - k};
+      });
+      bytes += put_runs(st, dbgu, E * bgu, [&](int64_t o) {
+        const int64_t e = o / bgu, w = o % bgu;
+        if (G == 1) return std::pair{gu_src(e, 0)->b.data() + w, bgu - w};
+        const int64_t sl = w / (I * R), k = w % (I * R);
+        return std::pair{gu_src(e, sl)->b.data() + k, I * R - k};
+      });
+      bytes += put_runs(st, dad, E * ad_, [&](int64_t o) {
+        const int64_t e = o / ad_, w = o % ad_;
+        return std::pair{src.experts[static_cast<size_t>(e)].down->a.data() + w, ad_ - w};
+      });
+      bytes += put_runs(st, dbd, E * bd, [&](int64_t o) {
+        const int64_t e = o / bd, w = o % bd;
+        return std::pair{src.experts[static_cast<size_t>(e)].down->b.data() + w, bd - w};
+      });
+      continue;
+    }
     bytes += put(st, static_cast<char*>(x.a_gu) + static_cast<size_t>(slot * E * G * R * H) * es, E * G * R, H,
                  [&](int64_t q, float* dst) { a_row(gu_src(q / (G * R), (q % (G * R)) / R), q % R, H, dst); });
     bytes += put(st, static_cast<char*>(x.b_gu) + static_cast<size_t>(slot * E * 2 * I * R) * es, E * 2 * I, R,

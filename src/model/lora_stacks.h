@@ -119,6 +119,10 @@ class LoraStacks {
   // the stager's buffers. Returns the bytes written.
   template <typename Fill>
   size_t put(Stager& st, void* dst, int64_t rows, int64_t cols, const Fill& fill);
+  // Writes `total` values to dst (stack dtype) from runs of f32 values: src(offset) gives the source of
+  // value `offset` and how many values follow it contiguously.
+  template <typename Src>
+  size_t put_runs(Stager& st, void* dst, int64_t total, const Src& src);
   // The weights (A and B rows) of `adapter` into `slot`, through `st`, waiting for the copies; touches
   // neither the scales nor held_ (safe on the upload thread). Returns the bytes written.
   // Layers l with l % stride == first only.
