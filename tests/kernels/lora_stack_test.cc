@@ -216,7 +216,10 @@ void run_stack_moe(const test::StackMoeCase& c) {
     for (int64_t t = 0; t < m; ++t) {
       if (test::token_has_lora(f, st, t, K)) continue;
       for (int64_t i = 0; i < H; ++i) {
-        ASSERT_NEAR(got[t * f.ldo + i], base_out[t * f.ldo + i], 1e-6f)
+        // Only rounding may differ (the base product is summed in another order by each path, and
+        // OpenBLAS's kernel depends on the CPU); a LoRA delta here would be ~0.1 (asserted above).
+        ASSERT_NEAR(got[t * f.ldo + i], base_out[t * f.ldo + i],
+                    1e-5f * std::max(1.0f, std::fabs(base_out[t * f.ldo + i])))
             << impl << " " << what << " token " << t << " (slot " << f.slots[t]
             << ", no LoRA on its experts)";
       }
