@@ -167,71 +167,70 @@ void LoraStacks::reserve(int64_t slots, int64_t rank) {
   main_.staging = be_.make_upload_staging(kStagingBuffers, kStagingBytes);
 }
 
+std::byte* LoraStacks::take_buffer(Stager& st, int* index) {
+  const int i = st.next;
+  st.next = (st.next + 1) % st.staging->num_buffers();
+  st.staging->wait(i);
+  *index = i;
+  return st.staging->buffer(i);
+}
+
+void LoraStacks::store_values(const float* src, int64_t n, std::byte* dst) const {
+  if (dtype_ != DType::kBF16) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  auto* out = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t j = 0; j < n; ++j) out[j] = f32_to_bf16(src[j]);
+}
+
+void LoraStacks::submit(Stager& st, int i, void* dst, int64_t rows, int64_t cols, DType dtype) {
+  st.staging->upload(i, {.rows = rows,
+                         .cols = cols,
+                         .src_dtype = dtype,
+                         .dst = dst,
+                         .dst_dtype = dtype,
+                         .dst_ld = cols,
+                         .transpose = false});
+}
+
 template <typename Fill>
 size_t LoraStacks::put(Stager& st, void* dst, int64_t rows, int64_t cols, const Fill& fill) {
   // BF16 stacks get BF16 rows from the host (rounded here: half the bytes over the bus, copied as they
   // are); F32 stacks get F32 rows.
-  const bool bf16 = dtype_ == DType::kBF16;
   const size_t es = dtype_size(dtype_);
   const size_t cap = st.staging->buffer_bytes();
   CHECK_MSG(static_cast<size_t>(cols) * es <= cap, "LoRA row of {} values is too long", cols);
   const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(cap / (es * static_cast<size_t>(cols))));
-  std::vector<float> row(bf16 ? static_cast<size_t>(cols) : 0);
+  std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r0 = 0; r0 < rows; r0 += per) {
     const int64_t n = std::min(per, rows - r0);
-    const int i = st.next;
-    st.next = (st.next + 1) % st.staging->num_buffers();
-    st.staging->wait(i);
-    std::byte* buf = st.staging->buffer(i);
+    int i = 0;
+    std::byte* buf = take_buffer(st, &i);
     for (int64_t r = 0; r < n; ++r) {
-      if (!bf16) {
-        fill(r0 + r, reinterpret_cast<float*>(buf) + r * cols);
-        continue;
-      }
       fill(r0 + r, row.data());
-      auto* out = reinterpret_cast<uint16_t*>(buf) + r * cols;
-      for (int64_t k = 0; k < cols; ++k) out[k] = f32_to_bf16(row[static_cast<size_t>(k)]);
+      store_values(row.data(), cols, buf + static_cast<size_t>(r * cols) * es);
     }
-    st.staging->upload(i, {.rows = n,
-                           .cols = cols,
-                           .src_dtype = dtype_,
-                           .dst = static_cast<char*>(dst) + static_cast<size_t>(r0 * cols) * es,
-                           .dst_dtype = dtype_,
-                           .dst_ld = cols,
-                           .transpose = false});
+    submit(st, i, static_cast<char*>(dst) + static_cast<size_t>(r0 * cols) * es, n, cols, dtype_);
   }
   return static_cast<size_t>(rows * cols) * es;
 }
 
 template <typename Src>
 size_t LoraStacks::put_runs(Stager& st, void* dst, int64_t total, const Src& src) {
-  const bool bf16 = dtype_ == DType::kBF16;
   const size_t es = dtype_size(dtype_);
   const auto cap = static_cast<int64_t>(st.staging->buffer_bytes() / es);
   for (int64_t o = 0; o < total; o += cap) {
     const int64_t n = std::min(cap, total - o);
-    const int i = st.next;
-    st.next = (st.next + 1) % st.staging->num_buffers();
-    st.staging->wait(i);
-    std::byte* buf = st.staging->buffer(i);
+    int i = 0;
+    std::byte* buf = take_buffer(st, &i);
     for (int64_t k = 0; k < n;) {
       auto [p, run] = src(o + k);
       run = std::min(run, n - k);
-      if (bf16) {
-        auto* out = reinterpret_cast<uint16_t*>(buf) + k;
-        for (int64_t j = 0; j < run; ++j) out[j] = f32_to_bf16(p[j]);
-      } else {
-        std::memcpy(reinterpret_cast<float*>(buf) + k, p, static_cast<size_t>(run) * sizeof(float));
-      }
+      store_values(p, run, buf + static_cast<size_t>(k) * es);
       k += run;
     }
-    st.staging->upload(i, {.rows = 1,
-                           .cols = n,
-                           .src_dtype = dtype_,
-                           .dst = static_cast<char*>(dst) + static_cast<size_t>(o) * es,
-                           .dst_dtype = dtype_,
-                           .dst_ld = n,
-                           .transpose = false});
+    submit(st, i, static_cast<char*>(dst) + static_cast<size_t>(o) * es, 1, n, dtype_);
   }
   return static_cast<size_t>(total) * es;
 }
@@ -239,15 +238,13 @@ size_t LoraStacks::put_runs(Stager& st, void* dst, int64_t total, const Src& src
 void LoraStacks::upload_scales() {
   Stager& st = main_;
   const int64_t n = static_cast<int64_t>(scales_.size());
-  const int64_t per = static_cast<int64_t>(kStagingBytes / sizeof(float));
+  const int64_t per = static_cast<int64_t>(st.staging->buffer_bytes() / sizeof(float));
   for (int64_t o = 0; o < n; o += per) {
     const int64_t len = std::min(per, n - o);
-    const int i = st.next;
-    st.next = (st.next + 1) % st.staging->num_buffers();
-    st.staging->wait(i);
-    std::memcpy(st.staging->buffer(i), scales_.data() + o, static_cast<size_t>(len) * sizeof(float));
-    st.staging->upload(i, {.rows = 1, .cols = len, .src_dtype = DType::kF32, .dst = d_scales_ + o,
-                           .dst_dtype = DType::kF32, .dst_ld = len, .transpose = false});
+    int i = 0;
+    std::byte* buf = take_buffer(st, &i);
+    std::memcpy(buf, scales_.data() + o, static_cast<size_t>(len) * sizeof(float));
+    submit(st, i, d_scales_ + o, 1, len, DType::kF32);
   }
   st.staging->finish();
 }

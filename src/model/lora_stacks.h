@@ -115,6 +115,12 @@ class LoraStacks {
   };
   void release();
   void upload_scales();
+  // The next staging buffer of `st` once no queued copy reads it (its index in *index); n f32 values
+  // stored at dst in the stacks' dtype (rounded to BF16 or copied); a rows x cols block of buffer i
+  // queued for dst.
+  static std::byte* take_buffer(Stager& st, int* index);
+  void store_values(const float* src, int64_t n, std::byte* dst) const;
+  static void submit(Stager& st, int i, void* dst, int64_t rows, int64_t cols, DType dtype);
   // Writes rows [0, rows) of `cols` f32 values, produced by fill(row, dst), to dst (stack dtype) through
   // the stager's buffers. Returns the bytes written.
   template <typename Fill>
