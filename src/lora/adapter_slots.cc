@@ -2,6 +2,7 @@
 #include "lora/adapter_slots.h"
 
 #include <algorithm>
+#include <exception>
 #include <set>
 
 #include "common/error.h"
@@ -10,6 +11,15 @@ namespace polylora {
 
 AdapterSlots::AdapterSlots(int64_t num_slots, AdapterDevice* device)
     : slots_(static_cast<size_t>(std::max<int64_t>(num_slots, 1))), device_(device) {}
+
+AdapterSlots::~AdapterSlots() {
+  for (Slot& s : slots_) {
+    try {
+      finish(s);
+    } catch (const std::exception&) {  // a failed copy: nothing reads the slot any more
+    }
+  }
+}
 
 int32_t AdapterSlots::slot_of(AdapterId id) const {
   if (id.base()) return -1;

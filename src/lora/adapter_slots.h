@@ -56,6 +56,11 @@ class AdapterSlots {
  public:
   // device may be null (then slots are bookkeeping only).
   AdapterSlots(int64_t num_slots, AdapterDevice* device);
+  // Waits for the copies still under way (the device outlives the slot manager; its next owner may
+  // reuse the slots).
+  ~AdapterSlots();
+  AdapterSlots(const AdapterSlots&) = delete;
+  AdapterSlots& operator=(const AdapterSlots&) = delete;
 
   // Places the adapters a step uses (base-model ids are ignored, duplicates allowed) and marks those
   // slots used by `step` until retire(step). weights_of(id) gives the host copy to upload for an adapter

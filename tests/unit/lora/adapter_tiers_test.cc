@@ -292,6 +292,43 @@ TEST_F(AdapterTiersTest, SlowUploadHoldsBackOnlyItsOwnRequest) {
   EXPECT_EQ(engine.stats().adapter_tiers.upload_count - uploads_before, 1);
 }
 
+// An engine that goes away while a copy is under way waits for it, so the next engine on the same model
+// can take the slot again (the model's stacks are shared).
+TEST_F(AdapterTiersTest, EngineGoneDuringACopyLeavesTheSlotUsable) {
+  const std::string path = (dir_ / "a5").string();
+  auto run_one = [&](Engine& e, bool until_copying) {
+    std::vector<int32_t> out;
+    EngineRequest r = greedy_request({31, 32, 33}, 3, "a5");
+    r.request_id = "q";
+    e.add_request(std::move(r));
+    const auto t0 = std::chrono::steady_clock::now();
+    while (e.has_unfinished() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+      for (const RequestOutput& o : e.step())
+        for (const SequenceOutput& so : o.sequences) out.insert(out.end(), so.new_token_ids.begin(), so.new_token_ids.end());
+      if (until_copying && e.stats().adapter_tiers.uploading_device == 1) break;
+    }
+    return out;
+  };
+  std::vector<int32_t> expected;
+  {
+    Engine ref(model_, config(1, 4, false), nullptr);
+    ref.add_adapter_on_disk("a5", path);
+    expected = run_one(ref, false);
+  }
+  ASSERT_EQ(expected.size(), 3u);
+  model_->set_upload_delay_for_tests(300);
+  {
+    Engine gone(model_, config(1, 4, true, /*async_uploads=*/true), nullptr);
+    gone.add_adapter_on_disk("a5", path);
+    EXPECT_TRUE(run_one(gone, true).empty());
+    ASSERT_EQ(gone.stats().adapter_tiers.uploading_device, 1);
+  }  // destroyed with the copy under way
+  model_->set_upload_delay_for_tests(0);
+  Engine next(model_, config(1, 4, true, /*async_uploads=*/true), nullptr);
+  next.add_adapter_on_disk("a5", path);
+  EXPECT_EQ(run_one(next, false), expected);
+}
+
 TEST_F(AdapterTiersTest, CorruptAdapterFailsOnlyItsRequests) {
   fs::path bad = dir_ / "broken";
   fs::create_directories(bad);
