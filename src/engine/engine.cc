@@ -279,18 +279,19 @@ void Engine::poll_adapters() {
   std::vector<AdapterId> keep = scheduler_->running_adapters();
   // Requests overdue for their adapter (bounded wait) go first and may take the slot of an adapter that
   // only requests queued before them want.
-  for (AdapterId id : scheduler_->waiting_adapters(/*overdue_only=*/true))
-    if (adapters_->slot_of(id) >= 0 || (adapters_->ready(id) && adapters_->prefetch_device(id, keep)))
-      keep.push_back(id);
-  for (AdapterId id : scheduler_->waiting_adapters()) {
-    if (adapters_->slot_of(id) >= 0) {
-      keep.push_back(id);
-      continue;
+  // False when the adapter needs a slot and none can be taken (one still on disk is skipped: the host
+  // prefetch above brings it).
+  auto to_device = [&](AdapterId id) {
+    if (adapters_->slot_of(id) < 0) {
+      if (!adapters_->ready(id)) return true;
+      if (!adapters_->prefetch_device(id, keep)) return false;
     }
-    if (!adapters_->ready(id)) continue;  // still on disk: the host prefetch above brings it
-    if (!adapters_->prefetch_device(id, keep)) break;
     keep.push_back(id);
-  }
+    return true;
+  };
+  for (AdapterId id : scheduler_->waiting_adapters(/*overdue_only=*/true)) to_device(id);
+  for (AdapterId id : scheduler_->waiting_adapters())
+    if (!to_device(id)) break;
   adapters_->fill_free_slots();  // adapters in host memory take slots nobody needs yet
   adapters_->poll_uploads();     // synchronous copies are done already
   // Resolver loads that are done: their waiting requests may now be added.

@@ -62,6 +62,21 @@ int AdapterSlots::poll_uploads() {
   return n;
 }
 
+std::vector<int32_t> AdapterSlots::takeable(const std::set<AdapterId>& protect) const {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.in_flight == 0 && !s.uploading && (s.id.base() || !protect.count(s.id)))
+      out.push_back(static_cast<int32_t>(i));
+  }
+  std::stable_sort(out.begin(), out.end(), [&](int32_t a, int32_t b) {
+    const Slot &x = slots_[static_cast<size_t>(a)], &y = slots_[static_cast<size_t>(b)];
+    if (x.id.base() != y.id.base()) return x.id.base();
+    return x.last_use < y.last_use;
+  });
+  return out;
+}
+
 bool AdapterSlots::has_free_slot() const {
   return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.id.base(); });
 }
@@ -70,20 +85,9 @@ bool AdapterSlots::prefetch(AdapterId id, std::shared_ptr<const LoraAdapter> wei
                             std::span<const AdapterId> keep, bool free_only) {
   if (id.base() || slot_of(id) >= 0) return true;
   CHECK_MSG(weights != nullptr, "adapter version {} is prefetched without host weights", id.version);
-  std::set<AdapterId> kept(keep.begin(), keep.end());
-  int32_t best = -1;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    if (s.in_flight > 0 || s.uploading || (!s.id.base() && kept.count(s.id))) continue;
-    if (best < 0) {
-      best = static_cast<int32_t>(i);
-      continue;
-    }
-    const Slot& b = slots_[static_cast<size_t>(best)];
-    if (b.id.base()) continue;  // a free slot already
-    if (s.id.base() || s.last_use < b.last_use) best = static_cast<int32_t>(i);
-  }
-  if (best < 0 || (free_only && !slots_[static_cast<size_t>(best)].id.base())) return false;
+  const std::vector<int32_t> order = takeable(std::set<AdapterId>(keep.begin(), keep.end()));
+  if (order.empty() || (free_only && !slots_[static_cast<size_t>(order[0])].id.base())) return false;
+  const int32_t best = order[0];
   Slot& s = slots_[static_cast<size_t>(best)];
   free_slot(s);
   s.id = id;
@@ -116,18 +120,8 @@ bool AdapterSlots::place(uint64_t step, std::span<const AdapterId> ids,
   std::vector<AdapterId> missing;
   for (AdapterId id : wanted)
     if (slot_of(id) < 0) missing.push_back(id);
-  std::vector<int32_t> candidates;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    if (s.in_flight == 0 && !s.uploading && (s.id.base() || !wanted.count(s.id)))
-      candidates.push_back(static_cast<int32_t>(i));
-  }
+  const std::vector<int32_t> candidates = takeable(wanted);
   if (candidates.size() < missing.size()) return false;
-  std::stable_sort(candidates.begin(), candidates.end(), [&](int32_t a, int32_t b) {
-    const Slot &x = slots_[static_cast<size_t>(a)], &y = slots_[static_cast<size_t>(b)];
-    if (x.id.base() != y.id.base()) return x.id.base();
-    return x.last_use < y.last_use;
-  });
   for (size_t k = 0; k < missing.size(); ++k) {
     Slot& s = slots_[static_cast<size_t>(candidates[k])];
     std::shared_ptr<const LoraAdapter> w = weights_of(missing[k]);

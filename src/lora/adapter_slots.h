@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -108,6 +109,9 @@ class AdapterSlots {
     bool uploading = false;  // begin_upload called, finish_upload not yet
   };
   void finish(Slot& s);  // waits for the slot's upload, if any
+  // Slots that may be given to another adapter: no step in flight uses them, no copy is under way and
+  // they hold no adapter of `protect`; free ones first, then least recently used.
+  std::vector<int32_t> takeable(const std::set<AdapterId>& protect) const;
   bool place(uint64_t step, std::span<const AdapterId> ids,
              const std::function<std::shared_ptr<const LoraAdapter>(AdapterId)>& weights_of);
   void free_slot(Slot& s);
