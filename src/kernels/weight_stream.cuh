@@ -1,7 +1,9 @@
-// kernels/weight_stream.cuh: the inner loop of the weight-streaming (GEMV-style) kernels for few token
-// rows, shared by the MoE small-batch kernel (moe/moe_gemv.cuh) and the INT8 dense product
-// (linear/linear_int8_cuda.cu): a warp holds kR weight rows and sums their products with up to TM
-// activation rows staged through shared memory in K chunks of kKc, lanes across K, fp32 accumulation.
+// kernels/weight_stream.cuh: the inner loops of the weight-streaming (GEMV-style) kernels for few token
+// rows. accumulate: the INT8 dense product's (linear/linear_int8_cuda.cu): a warp holds kR weight rows and
+// sums their products with up to TM activation rows staged through shared memory in K chunks of kKc, lanes
+// across K, fp32 accumulation. dot_rows_vec / dot_rows_scalar (below): the same sums with the activations read
+// straight from global memory, no shared memory or barrier, several loads per row in flight (the MoE
+// small-batch kernel, moe/moe_gemv.cuh, and the dense BF16 small-batch product, linear/linear_cuda.cu).
 // Weights are read with 128-bit loads (BF16: 8, F32: 4, INT8: 16 values per load, widened to f32 in
 // registers) when rows are 16-byte aligned, else element by element in any dtype. INT8 sums are of the
 // codes: the caller multiplies each row's sum by its scale. Only included from .cu files. Must not: depend
@@ -130,6 +132,88 @@ __device__ __forceinline__ void accumulate(const char* const (&rows)[kR], bool v
           for (int r = 0; r < kR; ++r) acc[r][t] = fmaf(wf[r], xv, acc[r][t]);
         }
       }
+    }
+  }
+}
+
+// ---- register-streaming dot products (no shared memory, no barrier): moe/moe_gemv.cuh and the dense
+// BF16 small-batch product (linear/linear_cuda.cu) ----
+
+// A 128-bit weight load that skips L1 (weights are read once; L1 keeps the activation rows).
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float x_value(float v, bool round_bf16) {
+  return round_bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
+// acc[r][t] += Σ_k W[row r, k] · x_t[k] over all K with 128-bit loads of W (V elements each) and of x (f32,
+// 16-byte aligned rows, read through the read-only cache: every warp reads the same few rows). Lane l covers
+// k = l·V + j·32·V; U loads per row are issued before their FMAs. rows[r] nullptr: a row past the matrix
+// (zeros, never stored). All TM x rows must be readable (callers point unused ones at a real row).
+template <typename W, int R, int TM, int U>
+__device__ __forceinline__ void dot_rows_vec(const char* const (&rows)[R], int64_t K, const float* const (&xs)[TM],
+                                             bool round_bf16, float (&acc)[R][TM]) {
+  constexpr int V = GemvVec<W>::kN;
+  constexpr int64_t kStep = 32 * V;
+  const int lane = threadIdx.x & 31;
+  for (int64_t k0 = static_cast<int64_t>(lane) * V; k0 < K; k0 += kStep * U) {
+    uint4 wv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = k0 + u * kStep;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        wv[u][r] = rows[r] != nullptr && k < K ? ld_stream_v4(rows[r] + k * static_cast<int64_t>(sizeof(W)))
+                                               : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = k0 + u * kStep;
+      if (k >= K) break;
+      float wf[R][V];
+#pragma unroll
+      for (int r = 0; r < R; ++r) GemvVec<W>::cvt(wv[u][r], wf[r]);
+#pragma unroll
+      for (int t = 0; t < TM; ++t) {
+        float xv[V];
+#pragma unroll
+        for (int i = 0; i < V; i += 4) {
+          const float4 f4 = __ldg(reinterpret_cast<const float4*>(xs[t] + k + i));
+          xv[i] = x_value(f4.x, round_bf16);
+          xv[i + 1] = x_value(f4.y, round_bf16);
+          xv[i + 2] = x_value(f4.z, round_bf16);
+          xv[i + 3] = x_value(f4.w, round_bf16);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int i = 0; i < V; ++i) acc[r][t] = fmaf(wf[r][i], xv[i], acc[r][t]);
+      }
+    }
+  }
+}
+
+// The same sums with element loads (any dtype, any alignment; INT8: the codes).
+template <int R, int TM>
+__device__ __forceinline__ void dot_rows_scalar(const char* const (&rows)[R], DType dt, int64_t K,
+                                                const float* const (&xs)[TM], bool round_bf16,
+                                                float (&acc)[R][TM]) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t k = lane; k < K; k += 32) {
+    float wf[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wf[r] = rows[r] != nullptr ? cuda_util::load_as_f32(rows[r], dt, k) : 0.0f;
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      const float xv = x_value(__ldg(xs[t] + k), round_bf16);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][t] = fmaf(wf[r], xv, acc[r][t]);
     }
   }
 }

@@ -54,6 +54,50 @@ TEST(GpuLinear, MatchesReference) {
   }
 }
 
+// Few rows (m <= 8) of BF16 weights with 16-byte rows and activation rows take the weight-streaming kernel
+// (linear_cuda.cu's linear_stream_kernel, f32 activations): every m bucket (1, 2, 3-4, 5-8), widths that are
+// and are not multiples of its 16-row CTA, K that is not a multiple of its 4 x 256-element step, wide y
+// strides, bias on and off. Poisoned output: every element must be written, the padding columns untouched.
+TEST(GpuLinear, FewRowsStreamBf16Weights) {
+  SKIP_WITHOUT_GPU();
+  Arena ar(backend(kBf16Mode));
+  struct Shape {
+    int64_t m, kk, n;
+  };
+  for (Shape s : {Shape{1, 8, 1}, Shape{1, 2880, 4096}, Shape{2, 1032, 17}, Shape{3, 2888, 513},
+                  Shape{4, 64, 32}, Shape{5, 4104, 33}, Shape{8, 2880, 3001}, Shape{7, 24, 100}}) {
+    for (bool bias : {false, true}) {
+      const int64_t ldx = s.kk + 4, ldy = s.n + 5;
+      k::test::TestWeight w =
+          k::test::make_weight(s.n, s.kk, DType::kBF16, 81, 1.0f / std::sqrt(static_cast<float>(s.kk)));
+      std::vector<float> x = k::test::random_vec(static_cast<size_t>(s.m * ldx), 82 + s.m);
+      std::vector<float> b = k::test::random_vec(static_cast<size_t>(s.n), 83);
+      std::vector<float> ref(static_cast<size_t>(s.m * ldy), -7.0f);
+      k::ref::linear({.x = x.data(),
+                      .m = s.m,
+                      .ldx = ldx,
+                      .w = w.view,
+                      .bias = bias ? b.data() : nullptr,
+                      .y = ref.data(),
+                      .ldy = ldy});
+      float* y = ar.up(std::vector<float>(ref.size(), -7.0f));
+      ar.be().linear({.x = ar.up(x),
+                      .m = s.m,
+                      .ldx = ldx,
+                      .w = ar.weight(w.view),
+                      .bias = bias ? ar.up(b) : nullptr,
+                      .y = y,
+                      .ldy = ldy});
+      const std::string what = "streamed m=" + std::to_string(s.m) + " k=" + std::to_string(s.kk) +
+                               " n=" + std::to_string(s.n) + (bias ? " bias" : "");
+      std::vector<float> got = ar.down(y, ref.size());
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = s.n; j < ldy; ++j) ASSERT_EQ(got[i * ldy + j], -7.0f) << what << " wrote padding";
+      expect_close_for(kBf16Mode, got, ref, what);
+    }
+  }
+}
+
 // The default backend splits activations for products of up to CudaContext::kBf16SplitMaxRowsDefault rows
 // (hi + lo tolerance there) and rounds them to one bf16 above (the rounded tolerance).
 TEST(GpuLinear, DefaultSplitsUpToTheRowLimit) {

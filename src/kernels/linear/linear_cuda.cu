@@ -7,10 +7,17 @@
 // (prefill; compute-bound) run two GEMMs, the second accumulating into y (beta = 1). F32 weights: exact
 // fp32 cublasSgemm (the handle's math mode is CUBLAS_DEFAULT_MATH, no TF32). The bias is added by a small
 // kernel afterwards (or by the fold). INT8 weights: linear_int8_cuda.cu.
+// BF16 weights and at most kStreamMaxRows rows (decode) with the split: a weight-streaming kernel instead
+// (linear_stream_kernel: f32 x times the bf16 weights in f32 FMAs, the weights read once at the memory rate,
+// bias fused; one launch where the split GEMM took four: cast, GEMM, cuBLAS's split-K reduction, fold). At
+// batch 1 on the H200 (GPT-OSS-20B) those four took 15-20 us per projection, ~85 us per layer.
 #include <cublas_v2.h>
+
+#include <cstdlib>
 
 #include "kernels/cuda_util.cuh"
 #include "kernels/linear/linear.h"
+#include "kernels/weight_stream.cuh"
 
 #define CUBLAS_CHECK(expr)                                                                          \
   do {                                                                                              \
@@ -48,6 +55,72 @@ __global__ void fold_halves_kernel(const float* halves, int64_t m, int64_t n, co
   }
 }
 
+// POLYLORA_LINEAR_STREAM=0: the split cuBLAS GEMM for every BF16 product (A/B timing and tests); on by default.
+bool stream_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("POLYLORA_LINEAR_STREAM");
+    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
+  }();
+  return v;
+}
+
+// The streaming kernel: 8 warps of kStreamR rows each per CTA, kStreamU 128-bit loads per row in flight (half
+// as many for 8 rows, which would spill otherwise).
+constexpr int kStreamThreads = 256;
+constexpr int kStreamR = 2;
+constexpr int kStreamRows = kStreamR * kStreamThreads / 32;
+constexpr int kStreamU = 4;
+constexpr int64_t kStreamMaxRows = 8;
+
+// y[t, n] = Σ_k x[t, k] · W[n, k] (+ bias[n]) for t < m <= TM; W BF16 [n, k] with 16-byte rows, x 16-byte
+// aligned rows, in f32 (what the hi + lo split approximates to ~2^-17; only split products take it).
+template <int TM>
+__global__ void __launch_bounds__(kStreamThreads, TM >= 8 ? 2 : 3)
+    linear_stream_kernel(const float* x, int64_t ldx, int64_t m, const __nv_bfloat16* w, int64_t n, int64_t k,
+                         const float* bias, float* y, int64_t ldy) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t n_first = static_cast<int64_t>(blockIdx.x) * kStreamRows + warp * kStreamR;
+  if (n_first >= n) return;
+  const char* rows[kStreamR];
+#pragma unroll
+  for (int r = 0; r < kStreamR; ++r)
+    rows[r] = n_first + r < n ? reinterpret_cast<const char*>(w + (n_first + r) * k) : nullptr;
+  const float* xs[TM];
+#pragma unroll
+  for (int t = 0; t < TM; ++t) xs[t] = x + (t < m ? t : 0) * ldx;
+  float acc[kStreamR][TM];
+#pragma unroll
+  for (int r = 0; r < kStreamR; ++r)
+#pragma unroll
+    for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
+  stream::dot_rows_vec<__nv_bfloat16, kStreamR, TM, (TM >= 8 ? kStreamU / 2 : kStreamU)>(rows, k, xs, false,
+                                                                                             acc);
+#pragma unroll
+  for (int r = 0; r < kStreamR; ++r)
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      const float v = cuda_util::warp_sum(acc[r][t]);
+      if (lane == 0 && t < m && rows[r] != nullptr)
+        y[t * ldy + n_first + r] = v + (bias != nullptr ? bias[n_first + r] : 0.0f);
+    }
+}
+
+// Does the streaming kernel take this product?
+bool streamed(const LinearArgs& a, bool split) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return split && a.w.dtype == DType::kBF16 && a.m <= kStreamMaxRows && a.w.cols % 8 == 0 && a.ldx % 4 == 0 &&
+         aligned(a.w.data) && aligned(a.x) && stream_enabled();
+}
+
+template <int TM>
+void launch_stream(const LinearArgs& a, cudaStream_t st) {
+  const auto blocks = static_cast<unsigned>((a.w.rows + kStreamRows - 1) / kStreamRows);
+  linear_stream_kernel<TM><<<blocks, kStreamThreads, 0, st>>>(a.x, a.ldx, a.m,
+                                                              static_cast<const __nv_bfloat16*>(a.w.data),
+                                                              a.w.rows, a.w.cols, a.bias, a.y, a.ldy);
+  CUDA_CHECK_LAUNCH();
+}
+
 // Split products of at most this many rows, with at most kStackedMaxBytes of f32 halves, stack hi and lo
 // into one GEMM; others run two.
 constexpr int64_t kStackedMaxRows = 64;
@@ -76,6 +149,7 @@ size_t linear_workspace_bytes(const LinearArgs& a, const CudaContext& ctx) {
   if (a.w.int8()) return linear_int8_workspace_bytes(a, ctx);
   if (a.w.dtype != DType::kBF16) return 0;
   size_t x_bytes = align256(static_cast<size_t>(a.m * a.w.cols) * sizeof(__nv_bfloat16));
+  if (streamed(a, ctx.bf16_split(a.m))) return 0;
   if (!ctx.bf16_split(a.m)) return x_bytes;
   size_t halves = stacked(a.m, a.w.rows) ? static_cast<size_t>(2 * a.m * a.w.rows) * sizeof(float) : 0;
   return 2 * x_bytes + halves;
@@ -92,6 +166,12 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
   switch (a.w.dtype) {
     case DType::kBF16: {
       const bool split = ctx.bf16_split(m);
+      if (streamed(a, split)) {
+        if (m == 1) return launch_stream<1>(a, st);
+        if (m == 2) return launch_stream<2>(a, st);
+        if (m <= 4) return launch_stream<4>(a, st);
+        return launch_stream<8>(a, st);
+      }
       KERNEL_CHECK(linear_workspace_bytes(a, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
       // Workspace: hi [m, k] then (split) lo [m, k] right after it, so hi;lo is one [2m, k] matrix when the
       // x part is not padded, then (stacked) the f32 halves [2m, n].

@@ -4,8 +4,9 @@
 //   POLYLORA_MOE_SMALL_PAIRS overrides the limit): one block sorts the pairs by expert in shared memory
 //   (compact offsets and the list of active experts), then weight-streaming kernels read each active
 //   expert's weights once for its routed rows: gate_up, [LoRA], activation, down, [LoRA]; BF16/F16 weights
-//   with >= 4 pairs per expert on tensor cores (moe_gemv_mma.cuh: x cast to bf16 once, the activation
-//   written in bf16), fewer, or F32 weights, with fp32 FMAs (moe_gemv.cuh, 8 routed rows per weight read);
+//   with >= kTcMinPerExpert pairs per expert on average on tensor cores (moe_gemv_pipe.cuh / moe_gemv_mma.cuh:
+//   x cast to bf16 once, the activation written in bf16), fewer, or F32 weights, with fp32 FMAs on f32
+//   activations (moe_gemv.cuh, up to 8 routed rows per weight read);
 // - large (prefill), in the manner of vLLM's fused MoE:
 //   1. align: count pairs per expert, offsets padded to the GEMM row tile, a tile -> expert map, the
 //      pairs scattered into expert order (padding slots hold −1);
@@ -41,10 +42,11 @@ using moe_detail::StackStep;
 constexpr int64_t kSmallPairs = 512;  // at most this many token-expert pairs: the GEMV path (F32 weights)
 // Tensor-core weights: the tensor-core weight-streaming kernels (moe_gemv_pipe.cuh, falling back to
 // moe_gemv_mma.cuh for odd shapes) for up to kTcMaxPerExpert pairs per expert on average; above, the grouped
-// GEMM. kTcMinPerExpert was 4 (below it the fp32 GEMV kernel) until the cp.async pipeline: measured on the
-// H200 (GPT-OSS-20B, `polylora_bench device`, same run) it is faster from batch 1 (195.7 vs 191.2 tok/s)
-// and at batch 16 (1,020.8 vs 630.3 tok/s), so every small batch of BF16 experts takes it now.
-constexpr int64_t kTcMinPerExpert = 0;
+// GEMM. kTcMinPerExpert was 4 (below it the fp32 GEMV kernel) until the cp.async pipeline, then 0 (the
+// pipeline was faster from batch 1: 195.7 vs 191.2 tok/s); with the register-streaming GEMV of moe_gemv.cuh
+// (8-warp CTAs of 16 rows, the pipeline's 4-warp 64-row CTAs ran at 12.5% occupancy and 1.36 / 0.68 waves at
+// batch 1) it is 1: fewer pairs than experts (GPT-OSS-20B: batch < 8) take the GEMV kernel.
+constexpr int64_t kTcMinPerExpert = 1;
 constexpr int64_t kTcMaxPerExpert = 16;
 constexpr int kAlignSmallThreads = 512;
 constexpr int kF32TileM = 64;  // rows of an fp32 GEMM tile
@@ -529,8 +531,16 @@ __global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const i
 
 // act = act_fn(gu) for sorted rows below num_tiles · tile_m that hold a pair: into act (f32, [rows, I],
 // when not nullptr) and act_bf16 (rows of copies·lda_bf16: hi in [0, lda_bf16), with copies = 2 lo in
-// [lda_bf16, 2·lda_bf16); columns past I zero; when not nullptr). Rows over blocks (grid-stride), columns
-// over threads.
+// [lda_bf16, 2·lda_bf16); columns past I zero; when not nullptr). Rows over blockIdx.x (grid-stride),
+// columns over blockIdx.y and threads (moe_act_grid: few rows spread over more CTAs).
+// moe_act_kernel's grid: rows over x (at most 16384), and when the rows are few (decode) the columns over
+// up to 8 CTAs in y, so a batch-1 step's 4 rows take 32 CTAs rather than 4.
+dim3 moe_act_grid(int64_t max_rows, int64_t I) {
+  const int64_t x = std::min<int64_t>(max_rows, 16384);
+  const int64_t y = x >= 64 ? 1 : std::min<int64_t>({8, (I + 255) / 256, std::max<int64_t>(1, 64 / x)});
+  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
+}
+
 __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, int tile_m, const float* gu,
                                float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies,
                                int64_t max_rows, int64_t I, ExpertAct kind, float alpha, float limit) {
@@ -540,7 +550,8 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (sorted[r] < 0) continue;
     const float* g = gu + r * 2 * I;
-    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
+    for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < width;
+         j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
       __nv_bfloat16* brow = act_bf16 != nullptr ? act_bf16 + r * copies * lda_bf16 : nullptr;
       if (j >= I) {
         brow[j] = __float2bfloat16_rn(0.0f);
@@ -560,10 +571,13 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
   }
 }
 
+// out[t] = Σ_k weights[t, k] · y[t·top_k + k]: token t = blockIdx.x, columns over blockIdx.y and threads (a
+// single token spreads over ⌈H / 256⌉ CTAs: at batch 1 one CTA took 18 us of a 5 ms step).
 __global__ void moe_combine_kernel(const float* y, const int32_t* ids, const float* weights, int64_t top_k,
                                    int64_t H, int64_t E, float* out, int64_t ldo) {
   const int64_t t = blockIdx.x;
-  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < H;
+       i += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     float sum = 0.0f;
     for (int64_t k = 0; k < top_k; ++k) {
       int64_t p = t * top_k + k;
@@ -944,7 +958,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                                                                           ws.gu, ws.act, ws.y, false);
       CUDA_CHECK_LAUNCH();
     }
-    moe_act_kernel<<<static_cast<unsigned>(std::min<int64_t>(ws.max_rows, 16384)), 256, 0, st>>>(
+    moe_act_kernel<<<moe_act_grid(ws.max_rows, I), 256, 0, st>>>(
         ws.sorted, ws.num_tiles, tile_m, ws.gu, (!bf16_act || lora) ? ws.act : nullptr,
         bf16_act ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act, a.swiglu_alpha,
         a.swiglu_limit);
@@ -1102,8 +1116,9 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   }
   // 7. combine
   if (stack) return moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
-  moe_combine_kernel<<<static_cast<unsigned>(a.m), 256, 0, st>>>(ws.y, a.ids, a.weights, a.top_k, H, E, a.out,
-                                                                 a.ldo);
+  const dim3 grid_combine(static_cast<unsigned>(a.m),
+                          static_cast<unsigned>(std::min<int64_t>((H + 255) / 256, a.m >= 64 ? 1 : 64 / a.m)));
+  moe_combine_kernel<<<grid_combine, 256, 0, st>>>(ws.y, a.ids, a.weights, a.top_k, H, E, a.out, a.ldo);
   CUDA_CHECK_LAUNCH();
 }
 

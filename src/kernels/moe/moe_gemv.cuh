@@ -1,11 +1,18 @@
-// kernels/moe/moe_gemv.cuh: the small-batch MoE product (few token-expert pairs, e.g. decode): a GEMV-style
-// kernel. Grid: x = blocks of kGemvRows output rows, y = the worst-case number of active experts; a CTA
-// takes the y-th active expert of the device-side sort (or exits), streams its kGemvRows weight rows once
-// with 128-bit loads (one warp per kGemvR rows, lanes across K) and multiplies them with that expert's
-// routed rows (up to kGemvMaxTok at a time, f32 or bf16-rounded, staged through shared memory in K chunks),
-// fp32 accumulation, warp reduction (the inner loop is kernels/weight_stream.cuh). Weights BF16, F32 or INT8
-// (vector loads; INT8 sums times the row scale) or anything else (scalar loads). Only included from
-// moe_cuda.cu. Must not: depend on anything above common/.
+// kernels/moe/moe_gemv.cuh: the small-batch MoE product (few token-expert pairs, e.g. decode at batch 1-8): a
+// GEMV-style kernel built to run at the memory bandwidth. Grid: x = blocks of kGemvRows (16) output rows, y =
+// the worst-case number of active experts; a CTA takes the y-th active expert of the device-side sort (or
+// exits). Each warp owns kGemvR (2) weight rows and streams them once with 128-bit loads, kGemvU loads per row
+// in flight per lane (no shared memory, no barrier), multiplying them with that expert's routed rows (up to
+// kGemvMaxTok per pass), whose f32 values every lane reads itself through the read-only cache (all warps of
+// all CTAs of the expert read the same few rows; the loops are weight_stream.cuh's dot_rows_*). fp32 FMAs, a
+// fixed-order warp reduction (deterministic).
+// Weights BF16, F32 or INT8 (vector loads; INT8 sums times the row scale) with 16-byte rows, or anything else
+// (element loads). round_bf16: the activations rounded to bf16 first (CudaContext::bf16_split(m) false).
+// Why this shape (ncu on the H200, GPT-OSS-20B experts at M = 1, 2026-12-02): the tensor-core pipeline
+// (moe_gemv_pipe.cuh) ran gate_up in 65 us at 2.0 TB/s and down in 39 us at 1.75 TB/s: 360 and 180 CTAs of 4
+// warps at 12.5% occupancy (214 registers, 98 KB of shared memory), 1.36 and 0.68 waves. Here a CTA is 8 warps
+// and 16 rows, 1,440 / 720 CTAs at M = 1, small enough for several per SM. Only included from moe_cuda.cu.
+// Must not: depend on anything above common/.
 #pragma once
 
 #include <cstring>
@@ -16,10 +23,10 @@
 namespace polylora::kernels::cuda::moe_detail {
 
 constexpr int kGemvThreads = 256;
-constexpr int kGemvR = stream::kR;                       // rows per warp
+constexpr int kGemvR = 2;                                // rows per warp
 constexpr int kGemvRows = kGemvR * (kGemvThreads / 32);  // rows per CTA
 constexpr int kGemvMaxTok = 8;                           // routed rows per pass
-constexpr int kGemvKc = stream::kKc;                     // K chunk staged in shared memory
+constexpr int kGemvU = 4;  // 128-bit loads per row in flight per lane (half as many at 8 routed rows)
 
 struct GemvParams {
   const float* x = nullptr;  // kGateUp: token rows [m, H] (stride ldx); kDown: act rows [rows, I]
@@ -35,25 +42,29 @@ struct GemvParams {
   bool round_bf16 = false;  // BF16 weights: round the activations to bf16 (CudaContext::bf16_split(m) false)
 };
 
-template <typename W, int TM>
-__device__ __forceinline__ void gemv_accumulate(const char* const (&rows)[kGemvR], bool vec, DType dt,
-                                                int64_t K, int nt, const float* const* s_src, float* xs,
-                                                bool round_bf16, float (&acc)[kGemvR][TM]) {
-  stream::accumulate<W, TM>(rows, vec, dt, K, nt, s_src, xs, round_bf16, acc);
-}
-
-// One pass of nt (<= TM) routed rows starting at sorted row `row0`: accumulate, reduce, store (+bias).
+// One pass over nt (<= TM) routed rows starting at sorted row `row0`: accumulate, reduce, store (+bias).
 template <Phase P, typename W, int TM>
 __device__ __forceinline__ void gemv_pass(const GemvParams& p, const char* const (&rows)[kGemvR],
                                           const float (&scales)[kGemvR], bool vec, DType dt, int64_t K,
-                                          int64_t N, int64_t n_first, const float* bias, int row0, int nt,
-                                          const float* const* s_src, float* xs) {
+                                          int64_t N, int64_t n_first, const float* bias, int row0, int nt) {
+  const float* xs[TM];
+#pragma unroll
+  for (int t = 0; t < TM; ++t) {
+    const int64_t row = row0 + (t < nt ? t : 0);
+    xs[t] = P == Phase::kGateUp ? p.x + (p.sorted[row] / p.top_k) * p.ldx : p.x + row * p.inter;
+  }
+  // As the other paths: only bf16-valued products (BF16 weights, INT8 codes) round the activations.
+  const bool round_x = p.round_bf16 && (dt == DType::kBF16 || dt == DType::kI8);
   float acc[kGemvR][TM];
 #pragma unroll
   for (int r = 0; r < kGemvR; ++r)
 #pragma unroll
     for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
-  gemv_accumulate<W, TM>(rows, vec, dt, K, nt, s_src, xs, p.round_bf16, acc);
+  if (vec) {
+    stream::dot_rows_vec<W, kGemvR, TM, (TM >= 8 ? kGemvU / 2 : kGemvU)>(rows, K, xs, round_x, acc);
+  } else {
+    stream::dot_rows_scalar<kGemvR, TM>(rows, dt, K, xs, round_x, acc);
+  }
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int r = 0; r < kGemvR; ++r) {
@@ -77,23 +88,20 @@ __device__ __forceinline__ void gemv_pass(const GemvParams& p, const char* const
 template <Phase P, typename W>
 __device__ __forceinline__ void gemv_pass_any(const GemvParams& p, const char* const (&rows)[kGemvR],
                                               const float (&scales)[kGemvR], bool vec, DType dt, int64_t K,
-                                              int64_t N, int64_t n_first, const float* bias, int row0, int nt,
-                                              const float* const* s_src, float* xs) {
+                                              int64_t N, int64_t n_first, const float* bias, int row0, int nt) {
   if (nt == 1) {
-    gemv_pass<P, W, 1>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt, s_src, xs);
+    gemv_pass<P, W, 1>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
   } else if (nt == 2) {
-    gemv_pass<P, W, 2>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt, s_src, xs);
+    gemv_pass<P, W, 2>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
   } else if (nt <= 4) {
-    gemv_pass<P, W, 4>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt, s_src, xs);
+    gemv_pass<P, W, 4>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
   } else {
-    gemv_pass<P, W, 8>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt, s_src, xs);
+    gemv_pass<P, W, 8>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
   }
 }
 
 template <Phase P>
-__global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(GemvParams p) {
-  __shared__ __align__(16) float xs[kGemvMaxTok * kGemvKc];
-  __shared__ const float* s_src[kGemvMaxTok];
+__global__ void __launch_bounds__(kGemvThreads, 2) moe_gemv_kernel(GemvParams p) {
   const int j = blockIdx.y;
   if (j >= *p.num_active) return;
   const int e = p.active[j];
@@ -113,34 +121,28 @@ __global__ void __launch_bounds__(kGemvThreads) moe_gemv_kernel(GemvParams p) {
     rows[r] = n_first + r < N ? weight_row<P>(ex, n_first + r, K, p.inter) : nullptr;
     scales[r] = n_first + r < N ? weight_row_scale<P>(ex, n_first + r, p.inter) : 1.0f;
   }
-  const bool aligned = weight_rows_aligned16<P>(ex, K);
+  // Vector loads need 16-byte weight rows and 16-byte activation rows (the down phase reads the workspace's
+  // activation, [rows, I] from a 256-byte aligned base).
+  const int64_t ldx = P == Phase::kGateUp ? p.ldx : p.inter;
+  const bool x_aligned = (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && ldx % 4 == 0;
+  const bool vec = x_aligned && weight_rows_aligned16<P>(ex, K);
   for (int tok0 = 0; tok0 < count; tok0 += kGemvMaxTok) {
     const int nt = count - tok0 < kGemvMaxTok ? count - tok0 : kGemvMaxTok;
-    __syncthreads();  // s_src of the previous pass is no longer read
-    if (threadIdx.x < nt) {
-      const int64_t row = base + tok0 + threadIdx.x;
-      s_src[threadIdx.x] =
-          P == Phase::kGateUp ? p.x + (p.sorted[row] / p.top_k) * p.ldx : p.x + row * p.inter;
-    }
-    // (published by the barrier at the start of gemv_accumulate's first chunk)
     switch (dt) {
       case DType::kBF16:
-        gemv_pass_any<P, __nv_bfloat16>(p, rows, scales, aligned, dt, K, N, n_first, bias, base + tok0, nt,
-                                        s_src, xs);
+        gemv_pass_any<P, __nv_bfloat16>(p, rows, scales, vec, dt, K, N, n_first, bias, base + tok0, nt);
         break;
       case DType::kF32:
-        gemv_pass_any<P, float>(p, rows, scales, aligned, dt, K, N, n_first, bias, base + tok0, nt, s_src,
-                                xs);
+        gemv_pass_any<P, float>(p, rows, scales, vec, dt, K, N, n_first, bias, base + tok0, nt);
         break;
       case DType::kI8:
-        gemv_pass_any<P, int8_t>(p, rows, scales, aligned, dt, K, N, n_first, bias, base + tok0, nt, s_src,
-                                 xs);
+        gemv_pass_any<P, int8_t>(p, rows, scales, vec, dt, K, N, n_first, bias, base + tok0, nt);
         break;
       case DType::kF16:
       case DType::kI32:
       case DType::kI64:
       case DType::kU8:
-        gemv_pass_any<P, float>(p, rows, scales, false, dt, K, N, n_first, bias, base + tok0, nt, s_src, xs);
+        gemv_pass_any<P, float>(p, rows, scales, false, dt, K, N, n_first, bias, base + tok0, nt);
         break;
     }
   }
