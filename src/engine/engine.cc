@@ -54,7 +54,8 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
     spdlog::warn("--max-model-len {} exceeds the model's max_position_embeddings {}", max_model_len_,
                  mc.max_position_embeddings);
   int64_t bs = config_.cache.block_size;
-  int64_t per_block = KvStorage::bytes_per_block(mc, bs);
+  // Every tensor-parallel rank holds the blocks for its KV heads (host memory on the CPU: counted together).
+  int64_t per_block = KvStorage::bytes_per_block(model_->kv_config(), bs) * model_->tensor_parallel_size();
   Backend& be = model_->backend();
   const bool gpu = be.kind() == DeviceKind::kCuda;
   const int64_t warmup_tokens = std::min(config_.scheduler.max_num_batched_tokens, max_model_len_);
@@ -71,7 +72,7 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
     model_->reserve_adapters(config_.lora.max_loras, config_.lora.max_lora_rank);
   const size_t adapter_bytes = model_->adapter_bytes();
   if (gpu) {
-    KvStorage probe(mc, be, 1, bs);
+    KvStorage probe(model_->kv_config(), be, 1, bs);
     model_->warm_up(probe.views(), warmup_tokens, config_.scheduler.max_num_seqs);
   }
   const size_t workspace_bytes = be.allocated_bytes() - weight_bytes - adapter_bytes;

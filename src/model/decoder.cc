@@ -21,6 +21,7 @@
 #include "model/arch/arch.h"
 #include "model/model.h"
 #include "model/quantize.h"
+#include "runtime/rank_threads.h"
 
 namespace polylora {
 
@@ -38,6 +39,8 @@ struct Model::Workspace {
   Buffer graph_inputs;  // fixed once graphs are prepared: every graph reads its inputs here
   Buffer ids;           // argmax ids of the output rows (forward_argmax)
   std::vector<std::byte> staging;  // where a step's inputs are packed
+  std::vector<int32_t> shard_ids;  // tensor parallelism: the step's token ids as rows of this rank's table
+  Buffer logits_shard, logits_all;  // tensor parallelism: this rank's logits columns, every rank's
   // Two page-locked buffers the packed inputs are copied from, alternately: a step is staged while the
   // copy of the previous one may still be queued. `consumed` marks when the copy out of it has run.
   struct Pinned {
@@ -134,8 +137,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelLoadOption
   }
   auto checkpoint = std::make_unique<Checkpoint>(Checkpoint::open_dir(dir, kModelCheckpointDTypes));
   auto m = from_config(cfg, checkpoint.get(), options, std::move(backend));
-  if (m->backend_->kind() == DeviceKind::kCpu)
-    m->weights_.checkpoint = std::move(checkpoint);  // views point into it
+  if (m->backend_->kind() == DeviceKind::kCpu)  // views point into it
+    (m->full_weights_ ? *m->full_weights_ : m->weights_).checkpoint = std::move(checkpoint);
   m->source_ = dir;
   return m;
 }
@@ -145,7 +148,16 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
   check_quantization(options.quantization, config, checkpoint ? checkpoint->location() : "the dummy model");
   std::unique_ptr<Model> m(new Model());
   m->config_ = config;
+  m->shard_cfg_ = config;
   m->backend_ = backend ? std::move(backend) : std::shared_ptr<Backend>(make_cpu_backend());
+  const int tp = options.tensor_parallel_size;
+  if (tp != 1 && m->backend_->kind() != DeviceKind::kCpu)
+    fail(
+        "--tensor-parallel-size {}: multi-GPU tensor parallelism is not implemented yet (the NCCL "
+        "communicator is separate work); use --tensor-parallel-size 1 on --device cuda (--device cpu runs "
+        "any size the model's heads allow)",
+        tp);
+  check_tensor_parallel(config, tp);
   WeightLoader loader(checkpoint, *m->backend_, m->weights_, options.seed, options.upload);
   arch::bind(config, loader, m->weights_);
   loader.finish();  // the staged path reads and uploads everything here
@@ -153,12 +165,19 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
     quantize_weights_int8(m->weights_, loader, *m->backend_);
   m->rope_ = RopeTable::from_config(config);
   m->inv_freq_ = m->backend_->vector_from_host(m->rope_.inv_freq.data(), m->rope_.inv_freq.size());
-  m->ws_ = std::make_unique<Workspace>();
+  m->init_workspace();
+  if (tp > 1) m->split_tensor_parallel(tp);
   m->backend_->synchronize();
   return m;
 }
 
+Model::Model() = default;
+
+void Model::init_workspace() { ws_ = std::make_unique<Workspace>(); }
+
 Model::~Model() {
+  tp_threads_.reset();  // the other ranks' threads, then the ranks (their views point into full_weights_)
+  tp_ranks_.clear();
   if (!backend_) return;
   backend_->synchronize();
   for (auto& [size, g] : graphs_) backend_->destroy_graph(g.exec);
@@ -175,32 +194,61 @@ Model::~Model() {
 }
 
 void Model::reserve_adapters(int64_t slots, int64_t max_rank) {
-  if (!lora_) lora_ = std::make_unique<LoraStacks>(*backend_, config_);
+  for_each_rank([&](Model& m) { m.reserve_local(slots, max_rank); });
+}
+
+void Model::set_adapter_slots(int64_t slots) {
+  for_each_rank([&](Model& m) { m.adapter_slots_hint_ = slots; });
+}
+
+void Model::set_async_uploads(bool on) {
+  for_each_rank([&](Model& m) { m.async_uploads_ = on; });
+}
+
+void Model::set_upload_delay_for_tests(int ms) {
+  for_each_rank([&](Model& m) { m.upload_delay_ms_ = ms; });
+}
+
+void Model::reserve_local(int64_t slots, int64_t max_rank) {
+  if (!lora_) lora_ = std::make_unique<LoraStacks>(*backend_, shard_cfg_);
   backend_->synchronize();  // no queued step reads the old stacks
   lora_->reserve(slots, max_rank);
   ++ws_->epoch;  // graphs hold the stacks' pointers
 }
 
 void Model::free_adapter_slot(int32_t slot) {
-  if (lora_) lora_->clear(slot);
+  for_each_rank([&](Model& m) {
+    if (m.lora_) m.lora_->clear(slot);
+  });
 }
 
 void Model::upload_adapter(int32_t slot, const LoraAdapter& adapter) {
-  ensure_uploaded(slot, adapter);
+  for_each_rank([&](Model& m) { m.ensure_uploaded(slot, adapter); });
 }
 
 void Model::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
   CHECK(adapter != nullptr);
-  if (!async_uploads_) return upload_adapter(slot, *adapter);
+  for_each_rank([&](Model& m) { m.begin_upload_local(slot, adapter); });
+}
+
+void Model::begin_upload_local(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+  if (!async_uploads_) return ensure_uploaded(slot, *adapter);
+  if (&rank_adapter(slot, *adapter) != adapter.get()) adapter = adapter_shards_[static_cast<size_t>(slot)].shard;
   if (lora_ && lora_->holds(slot, *adapter)) return;
   fit_stacks(slot, *adapter);
   lora_->begin_upload(slot, std::move(adapter), upload_delay_ms_);
 }
 
-bool Model::upload_done(int32_t slot) { return !lora_ || lora_->upload_done(slot); }
+bool Model::upload_done(int32_t slot) {
+  bool done = true;
+  for_each_rank([&](Model& m) { done = done && (!m.lora_ || m.lora_->upload_done(slot)); });
+  return done;
+}
 
 void Model::finish_upload(int32_t slot) {
-  if (lora_) lora_->finish_upload(slot);
+  for_each_rank([&](Model& m) {
+    if (m.lora_) m.lora_->finish_upload(slot);
+  });
 }
 
 AdapterDevice::UploadTiming Model::upload_timing() const {
@@ -211,12 +259,13 @@ AdapterDevice::UploadTiming Model::upload_timing() const {
 
 void Model::fit_stacks(int32_t slot, const LoraAdapter& adapter) {
   if (!lora_ || slot >= lora_->slots() || adapter.max_rank > lora_->rank())
-    reserve_adapters(std::max<int64_t>({slot + 1, lora_ ? lora_->slots() : 0, adapter_slots_hint_}),
-                     std::max<int64_t>({adapter.max_rank, lora_ ? lora_->rank() : 0, 1}));
+    reserve_local(std::max<int64_t>({slot + 1, lora_ ? lora_->slots() : 0, adapter_slots_hint_}),
+                  std::max<int64_t>({adapter.max_rank, lora_ ? lora_->rank() : 0, 1}));
 }
 
-void Model::ensure_uploaded(int32_t slot, const LoraAdapter& adapter) {
+void Model::ensure_uploaded(int32_t slot, const LoraAdapter& full) {
   if (lora_ && lora_->upload_pending(slot)) lora_->finish_upload(slot);  // begun, not yet finished
+  const LoraAdapter& adapter = rank_adapter(slot, full);
   if (lora_ && lora_->holds(slot, adapter)) return;
   fit_stacks(slot, adapter);
   lora_->upload(slot, adapter);
@@ -289,8 +338,15 @@ void Model::launch(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
   }
   ws.output_rows = static_cast<int64_t>(b.logits_rows.size());
   if (graphs_enabled_ && graph_eligible(b, adapters)) return launch_graph(b, kv, adapters, feed);
+  if (tp_threads_) return launch_tensor_parallel(b, kv, adapters, feed);
+  run_eager(b, kv, adapters, feed);
+}
+
+void Model::run_eager(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
+                      std::span<const LoraAdapter* const> adapters, const TokenFeed& feed) {
+  Workspace& ws = *ws_;
   StepInputs si = stage(b, adapters, feed.pairs);
-  auto* inputs = ensure<std::byte>(be, ws.inputs, ws.staging.size(), ws.epoch);
+  auto* inputs = ensure<std::byte>(*backend_, ws.inputs, ws.staging.size(), ws.epoch);
   upload_inputs(inputs, si, feed);
   run_layers(b, kv, si, inputs);
 }
@@ -360,14 +416,15 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
       need_rank = std::max(need_rank, adapters[static_cast<size_t>(slot)]->max_rank);
     }
     if (!lora_ || need_slots > lora_->slots() || need_rank > lora_->rank())
-      reserve_adapters(std::max({need_slots, lora_ ? lora_->slots() : 0, adapter_slots_hint_}),
-                       std::max(need_rank, lora_ ? lora_->rank() : 0));
+      reserve_local(std::max({need_slots, lora_ ? lora_->slots() : 0, adapter_slots_hint_}),
+                    std::max(need_rank, lora_ ? lora_->rank() : 0));
     for (int32_t slot : si.adapters.slots) ensure_uploaded(slot, *adapters[static_cast<size_t>(slot)]);
   }
 
   // Pack every step input into one host buffer and copy it once.
   Staging st(ws.staging);
-  si.o_ids = st.add(b.token_ids);
+  if (comm_) shard_token_ids(b.token_ids, tp_, ws.shard_ids);
+  si.o_ids = st.add(comm_ ? ws.shard_ids : b.token_ids);
   si.o_pos = st.add(b.positions);
   si.o_qs = st.add(b.query_start);
   si.o_ctx = st.add(b.context_lens);
@@ -381,7 +438,7 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
 
 void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv, const StepInputs& si,
                        std::byte* inputs) {
-  const ModelConfig& c = config_;
+  const ModelConfig& c = shard_cfg_;
   Backend& be = *backend_;
   Workspace& ws = *ws_;
   const int64_t T = b.num_tokens(), H = c.hidden_size, S = b.num_seqs();
@@ -431,6 +488,7 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
   };
 
   be.embedding({.ids = d_ids, .m = T, .table = weights_.embed, .out = x, .ld_out = H});
+  all_reduce_sum(x, T * H);  // tensor parallelism: each rank has its vocabulary rows, zeros elsewhere
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
     const AttentionWeights& aw = lw.attn;
@@ -485,6 +543,7 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
                   .cache = kv[l]});
     linear(aw.o, attn, qs, tmp, H);
     lora_group(l, attn, qs, {{LoraModule::kO, tmp, H}});
+    all_reduce_sum(tmp, T * H);  // row-parallel o_proj: the ranks' heads
     be.add_inplace(x, tmp, T * H);
 
     be.rms_norm(
@@ -548,6 +607,7 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
            .out = tmp,
            .ldo = H});
     }
+    all_reduce_sum(tmp, T * H);  // row-parallel down / experts' down: the ranks' intermediate columns
     be.add_inplace(x, tmp, T * H);
   }
 
@@ -564,6 +624,7 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
                .n = H,
                .w = weights_.final_norm,
                .eps = eps});
+  if (comm_) return lm_head_parallel(logits_in, R, d_logits);
   be.linear({.x = logits_in,
              .m = R,
              .ldx = H,
@@ -572,6 +633,25 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
              .y = d_logits,
              .ldy = c.vocab_size});
   (void)S;
+}
+
+// The LM head over the vocabulary shards (tensor parallelism, CPU): this rank's logits columns
+// [rows, vocab_stride] from its rows of the head, gathered from every rank; rank 0 lays them out as
+// logits [rows, vocab].
+void Model::lm_head_parallel(const float* in, int64_t rows, float* logits) {
+  Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const int64_t V = config_.vocab_size, W = tp_.vocab_stride, N = tp_.size;
+  float* mine = ensure<float>(be, ws.logits_shard, rows * W, ws.epoch);
+  float* all = ensure<float>(be, ws.logits_all, N * rows * W, ws.epoch);
+  be.linear({.x = in, .m = rows, .ldx = config_.hidden_size, .w = weights_.lm_head, .bias = nullptr, .y = mine, .ldy = W});
+  comm_->all_gather(mine, all, static_cast<size_t>(rows * W), DType::kF32);
+  if (tp_.rank != 0) return;
+  for (int64_t r = 0; r < N; ++r) {
+    const int64_t begin = std::min(V, r * W), n = std::min(W, V - begin);
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(logits + i * V + begin, all + (r * rows + i) * W, static_cast<size_t>(n) * sizeof(float));
+  }
 }
 
 bool Model::graph_eligible(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters) const {

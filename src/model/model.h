@@ -2,6 +2,11 @@
 // Owns: the weights (weights.h) in backend memory, RoPE tables, the slot-stacked copies of the adapters
 // in its slots (lora_stacks.h), and a workspace reused across calls (grown when a larger batch arrives).
 // The forward pass is written once for all architectures (decoder.cc) with calls into Backend.
+// Tensor parallelism (--tensor-parallel-size N > 1, CPU backend; model_tp.cc, docs/tensor-parallel.md):
+// this Model is rank 0 of N and owns the other ranks (Models of their own shards on their own CPU backends,
+// each with a worker thread) and their communicators; every forward pass runs on all ranks at once with the
+// same batch, and rank 0 gathers the logits. The ranks' KV caches mirror the views the caller passes (its
+// blocks, this rank's heads: kv_config()).
 // Must not: own request state or KV-cache block allocation (the caller passes the cache views).
 #pragma once
 
@@ -18,6 +23,7 @@
 #include "lora/adapter_slots.h"
 #include "model/forward_batch.h"
 #include "model/lora_stacks.h"
+#include "model/tp_shard.h"
 #include "model/weight_loader.h"
 #include "model/weights.h"
 
@@ -28,6 +34,9 @@ struct ModelLoadOptions {
   uint64_t seed = 0;                           // dummy weights
   WeightUploadOptions upload;                  // how checkpoint bytes reach the backend (weight_upload.h)
   WeightQuantization quantization = WeightQuantization::kNone;  // --quantization (model/quantize.h)
+  // --tensor-parallel-size: ranks the model is split over (threads of this process, CPU backend only;
+  // model/tp_shard.h says how). A split the model's heads or sizes do not allow is an Error.
+  int tensor_parallel_size = 1;
 };
 
 // RoPE frequencies for a config: inv_freq [rotary_dim / 2] and the cos/sin scale (YaRN's mscale).
@@ -56,6 +65,9 @@ struct GraphOptions {
 // vLLM's default capture sizes: 1, 2, 4, then multiples of 8 up to max_num_seqs.
 std::vector<int64_t> default_graph_sizes(int64_t max_num_seqs);
 
+class RankThreads;
+class Communicator;
+
 class Model : public AdapterDevice {
  public:
   // Reads <dir>/config.json and the checkpoint (or makes dummy weights) into `backend` (nullptr: a CPU
@@ -68,7 +80,11 @@ class Model : public AdapterDevice {
   ~Model();
 
   const ModelConfig& config() const { return config_; }
-  const ModelWeights& weights() const { return weights_; }
+  // The whole model's weights (under tensor parallelism the ranks' shards are views into them).
+  const ModelWeights& weights() const { return full_weights_ ? *full_weights_ : weights_; }
+  // The layout the KV-cache views passed to forward() must have: this rank's KV heads (config() at -tp 1).
+  const ModelConfig& kv_config() const { return shard_cfg_; }
+  int tensor_parallel_size() const { return tp_.size; }
   const std::string& source() const { return source_; }
   Backend& backend() const { return *backend_; }
 
@@ -104,16 +120,16 @@ class Model : public AdapterDevice {
   bool upload_done(int32_t slot) override;
   void finish_upload(int32_t slot) override;
   UploadTiming upload_timing() const override;
-  void set_async_uploads(bool on) { async_uploads_ = on; }
+  void set_async_uploads(bool on);
   // Tests: every asynchronous copy waits this long before it starts (a slow upload).
-  void set_upload_delay_for_tests(int ms) { upload_delay_ms_ = ms; }
+  void set_upload_delay_for_tests(int ms);
   // Reserves the stacks for `slots` adapters of rank up to `max_rank` (--max-loras, --max-lora-rank) now,
   // so that their memory is counted before the KV cache is sized and graphs are captured with LoRA.
   void reserve_adapters(int64_t slots, int64_t max_rank);
   // Stacks reserved on first use take at least this many slots (--max-loras), so that they do not grow
   // slot by slot.
-  void set_adapter_slots(int64_t slots) { adapter_slots_hint_ = slots; }
-  // Bytes of the stacks (0 before the first adapter or reservation).
+  void set_adapter_slots(int64_t slots);
+  // Bytes of the stacks (0 before the first adapter or reservation; rank 0's under tensor parallelism).
   size_t adapter_bytes() const { return lora_ ? lora_->bytes() : 0; }
   // Captures a graph per decode batch size (largest first, after a warm-up prefill). From then on a step
   // whose sequences each compute one token, without adapters, whose logits are wanted for every token and
@@ -134,14 +150,33 @@ class Model : public AdapterDevice {
   double last_step_gap_seconds() const { return last_gap_seconds_; }
 
  private:
-  Model() = default;
+  Model();
   struct Workspace;
   struct StepInputs;
   struct Graph;
-  // Makes sure slot `slot` of the stacks holds `adapter` (growing them when needed).
+  // Makes sure slot `slot` of this rank's stacks holds (its share of) `adapter` (growing them when needed).
   void ensure_uploaded(int32_t slot, const LoraAdapter& adapter);
   // Grows the stacks when `slot` or the adapter's rank does not fit them.
   void fit_stacks(int32_t slot, const LoraAdapter& adapter);
+  void reserve_local(int64_t slots, int64_t max_rank);
+  void begin_upload_local(int32_t slot, std::shared_ptr<const LoraAdapter> adapter);
+  // This rank's share of an adapter (the adapter itself at -tp 1), kept per slot while it is the same.
+  const LoraAdapter& rank_adapter(int32_t slot, const LoraAdapter& adapter);
+  // Runs f on this Model and every other rank (model_tp.cc), one after the other on the calling thread.
+  template <typename F>
+  void for_each_rank(const F& f);
+  // Tensor parallelism (model_tp.cc): splits the loaded weights over `size` ranks; one step on every rank;
+  // a rank's KV cache for the caller's views; a sum over the ranks; the LM head over the vocabulary shards.
+  void split_tensor_parallel(int size);
+  void launch_tensor_parallel(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
+                              std::span<const LoraAdapter* const> adapters, const TokenFeed& feed);
+  std::span<const kernels::KvCacheView> mirror_kv(std::span<const kernels::KvCacheView> like);
+  void all_reduce_sum(float* x, int64_t n);
+  void init_workspace();
+  void lm_head_parallel(const float* in, int64_t rows, float* logits);
+  // stage + copy + run_layers: one rank's part of an eager step.
+  void run_eager(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
+                 std::span<const LoraAdapter* const> adapters, const TokenFeed& feed);
   // Packs a step's inputs into the host staging buffer (feed pairs last).
   StepInputs stage(const ForwardBatch& b, std::span<const LoraAdapter* const> adapters,
                    std::span<const int32_t> feed_pairs = {});
@@ -164,7 +199,7 @@ class Model : public AdapterDevice {
 
   ModelConfig config_;
   std::shared_ptr<Backend> backend_;
-  ModelWeights weights_;
+  ModelWeights weights_;  // what this rank's forward reads (its shard under tensor parallelism)
   RopeTable rope_;
   const float* inv_freq_ = nullptr;  // rope_.inv_freq in backend memory
   std::string source_;
@@ -181,6 +216,30 @@ class Model : public AdapterDevice {
   std::vector<int64_t> graph_sizes_;  // ascending
   int64_t graph_max_blocks_ = 0;
   std::map<std::pair<int64_t, bool>, Graph> graphs_;  // by (batch size, with the LoRA kernels)
+  // Tensor parallelism. shard_cfg_: this rank's counts (config_ at -tp 1); tp_: its shard; comm_: its
+  // communicator (nullptr at -tp 1).
+  ModelConfig shard_cfg_;
+  TpShard tp_;
+  Communicator* comm_ = nullptr;
+  struct AdapterShard {
+    const LoraAdapter* source = nullptr;
+    uint64_t generation = 0;
+    std::shared_ptr<const LoraAdapter> shard;
+  };
+  std::vector<AdapterShard> adapter_shards_;  // [slot]
+  // Ranks 1..N-1 (a KV cache of their own, mirroring rank 0's views: kv_mirror_, keyed by kv_mirror_of_).
+  std::vector<kernels::KvCacheView> kv_mirror_;
+  kernels::KvCacheView kv_mirror_of_;
+  // Rank 0: the whole model's weights (the shards' views point into them), the other ranks, their threads.
+  std::unique_ptr<ModelWeights> full_weights_;
+  std::vector<std::unique_ptr<Model>> tp_ranks_;
+  std::unique_ptr<RankThreads> tp_threads_;
 };
+
+template <typename F>
+void Model::for_each_rank(const F& f) {
+  f(*this);
+  for (const std::unique_ptr<Model>& r : tp_ranks_) f(*r);
+}
 
 }  // namespace polylora

@@ -70,9 +70,9 @@ void RankThreads::run(const std::function<void(int rank)>& job) {
   cv_.wait(lock, [&] { return pending_ == 0; });
   job_ = nullptr;
   if (failure_.rank < 0) return;
-  failed_ = failure_.original
-                ? fmt::format("tensor-parallel rank {} of {} failed: {}", failure_.rank, size(), failure_.message)
-                : failure_.message;
+  failed_ = failure_.original ? fmt::format("tensor-parallel rank {} of {} failed: {}", failure_.rank, size(),
+                                            failure_.message)
+                              : failure_.message;
   fail("{}", failed_);
 }
 

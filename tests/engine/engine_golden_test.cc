@@ -1,7 +1,8 @@
 // tests/engine/engine_golden_test.cc: every fixture variant and prompt submitted to one engine, adapters
 // interleaved, arrivals staggered, with a small block size, a small token budget (chunked prefill) and a
 // small KV cache (preemption): greedy outputs equal the reference (the fixtures' margin rule) and prompt
-// log-probs are within 1e-3.
+// log-probs are within 1e-3. The same with the model split over 2 tensor-parallel ranks (CPU threads,
+// docs/tensor-parallel.md).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,10 +13,20 @@
 namespace polylora::golden {
 namespace {
 
-class EngineGoldenTest : public ::testing::TestWithParam<std::string> {};
+struct EngineGoldenCase {
+  std::string model;
+  int tensor_parallel_size = 1;
+};
+
+void PrintTo(const EngineGoldenCase& c, std::ostream* os) { *os << c.model << " -tp " << c.tensor_parallel_size; }
+
+class EngineGoldenTest : public ::testing::TestWithParam<EngineGoldenCase> {};
 
 TEST_P(EngineGoldenTest, AllVariantsStaggeredWithChunkingAndPreemption) {
-  Fixture f(GetParam());
+  ModelLoadOptions options;
+  options.tensor_parallel_size = GetParam().tensor_parallel_size;
+  Fixture f(GetParam().model, nullptr, options);
+  ASSERT_EQ(f.model->tensor_parallel_size(), options.tensor_parallel_size);
   EngineConfig ec;
   ec.cache.block_size = 4;
   ec.scheduler.max_num_batched_tokens = 24;  // < the 40-token prompt: chunked prefill
@@ -63,8 +74,8 @@ TEST_P(EngineGoldenTest, AllVariantsStaggeredWithChunkingAndPreemption) {
   }
   EngineStats st = engine.stats();
   EXPECT_GT(st.num_preemptions, 0) << "the small cache should force preemption";
-  std::printf("[engine-golden] %s: %zu requests in %ld steps, %ld preemptions\n", GetParam().c_str(),
-              order.size(), static_cast<long>(steps), static_cast<long>(st.num_preemptions));
+  std::printf("[engine-golden] %s -tp %d: %zu requests in %ld steps, %ld preemptions\n", GetParam().model.c_str(),
+              options.tensor_parallel_size, order.size(), static_cast<long>(steps), static_cast<long>(st.num_preemptions));
 
   int64_t vocab = model->config().vocab_size;
   for (size_t k = 0; k < order.size(); ++k) {
@@ -95,13 +106,21 @@ TEST_P(EngineGoldenTest, AllVariantsStaggeredWithChunkingAndPreemption) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::ValuesIn(fixture_models()),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& c : n)
-                             if (c == '-') c = '_';
-                           return n;
-                         });
+std::vector<EngineGoldenCase> cases(int tensor_parallel_size) {
+  std::vector<EngineGoldenCase> c;
+  for (const std::string& m : fixture_models()) c.push_back({m, tensor_parallel_size});
+  return c;
+}
+
+std::string case_name(const ::testing::TestParamInfo<EngineGoldenCase>& info) {
+  std::string n = info.param.model;
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::ValuesIn(cases(1)), case_name);
+INSTANTIATE_TEST_SUITE_P(TensorParallel2, EngineGoldenTest, ::testing::ValuesIn(cases(2)), case_name);
 
 }  // namespace
 }  // namespace polylora::golden

@@ -1,0 +1,56 @@
+// model/tp_shard.h: what one rank of a tensor-parallel group owns of a model (docs/tensor-parallel.md):
+// its attention heads, KV heads (replicated when the ranks outnumber them), columns of the dense and
+// expert intermediate layers and rows of the vocabulary; its ModelConfig, its weight views and its share of
+// an adapter. Pure functions of the whole model's config, weights and adapters.
+// Column-parallel (q/k/v, gate/up, experts' gate/up, LM head): this rank's output rows of the matrix (a
+// view into the checkpoint, no copy). Row-parallel (o_proj, down, experts' down): this rank's input
+// columns (a copy), the bias on rank 0 only, the partial outputs summed by an all_reduce. The embedding:
+// this rank's vocabulary rows plus a zero row that every token outside them reads (an all_reduce sums the
+// ranks' rows). LoRA: A replicated and B split by output rows on column-parallel modules; A split by input
+// columns and B whole on row-parallel ones (each rank adds B·(A_r·x_r), the all_reduce sums them to B·A·x).
+// Must not: run kernels or collectives.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "config/model_config.h"
+#include "lora/adapter.h"
+#include "model/weights.h"
+
+namespace polylora {
+
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+  int64_t head_begin = 0;       // first attention head of this rank (num_heads / size heads)
+  int64_t kv_head_begin = 0;    // first KV head (max(1, num_kv_heads / size) heads)
+  int64_t inter_begin = 0;      // first column of the dense MLP's intermediate (intermediate_size / size)
+  int64_t moe_inter_begin = 0;  // first column of each expert's intermediate (moe_intermediate_size / size)
+  int64_t vocab_begin = 0;      // first vocabulary row of this rank
+  int64_t vocab_rows = 0;       // rows of this rank (the last rank may have fewer)
+  int64_t vocab_stride = 0;     // rows of every rank but the last: ceil(vocab_size / size)
+};
+
+// Throws polylora::Error unless `cfg` splits over `size` ranks: the attention heads divide by it, the
+// KV heads divide by it or it by them, and so do the dense and expert intermediate sizes (MXFP4 experts:
+// into multiples of 32 columns). The message names the counts and what would divide.
+void check_tensor_parallel(const ModelConfig& cfg, int size);
+TpShard make_tp_shard(const ModelConfig& cfg, int rank, int size);
+// cfg with this rank's counts: num_heads, num_kv_heads, intermediate_size and moe_intermediate_size (the
+// vocabulary stays whole: the shard says which rows are here).
+ModelConfig shard_config(const ModelConfig& cfg, const TpShard& shard);
+// This rank's weights (views into `full`, which must outlive them, and copies in `be`'s memory).
+ModelWeights shard_weights(const ModelWeights& full, const ModelConfig& cfg, const TpShard& shard,
+                           Backend& be);
+// This rank's part of an adapter of the whole model (name, generation and ranks kept).
+std::shared_ptr<const LoraAdapter> shard_adapter(const LoraAdapter& adapter, const ModelConfig& cfg,
+                                                 const TpShard& shard);
+// Token ids as rows of this rank's embedding table: id - vocab_begin inside its rows, vocab_rows (the
+// zero row) outside.
+void shard_token_ids(std::span<const int32_t> ids, const TpShard& shard, std::vector<int32_t>& out);
+
+}  // namespace polylora

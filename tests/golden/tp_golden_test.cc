@@ -1,0 +1,247 @@
+// tests/golden/tp_golden_test.cc: tensor parallelism on the CPU (ModelLoadOptions::tensor_parallel_size,
+// docs/tensor-parallel.md). Every fixture model split over 2 and 4 ranks (4 heads, 2 KV heads: at -tp 4
+// the KV heads are replicated) gives the numbers of the unsplit model:
+// - Model::forward on one batch of every variant × prompt (adapters interleaved, all logits rows), then a
+//   decode step over the KV cache it wrote: every logit within 1e-4 of -tp 1;
+// - the Engine (greedy, top-20 logprobs and prompt logprobs): each variant alone and all in one mixed
+//   batch equal -tp 1 within 1e-4 with the same tokens, and match the Hugging Face reference.
+// And splits the model does not allow are clear errors.
+#include <filesystem>
+#include <fstream>
+
+#include "golden/golden_fixture.h"
+#include "worker/kv_storage.h"
+
+namespace polylora::golden {
+namespace {
+
+constexpr double kTpTolerance = 1e-4;
+
+ModelLoadOptions tp_options(int tp) {
+  ModelLoadOptions o;
+  o.tensor_parallel_size = tp;
+  return o;
+}
+
+struct TpCase {
+  std::string model;
+  int tp = 2;
+};
+
+void PrintTo(const TpCase& c, std::ostream* os) {
+  *os << c.model << " -tp " << c.tp;
+}
+
+class TpGoldenTest : public ::testing::TestWithParam<TpCase> {};
+
+// A batch of one prefill sequence per (variant, prompt), variants interleaved, each in its own blocks, with
+// the logits of every row; then `decode` adds one token per sequence (next_ids) at the end of each.
+struct MixedBatch {
+  ForwardBatch b;
+  std::vector<const LoraAdapter*> adapters;  // [slot]
+  std::vector<int32_t> prompt_lens;
+
+  static constexpr int64_t kBlock = 16, kBlocksPerSeq = 4;
+
+  explicit MixedBatch(const Fixture& f) {
+    for (const auto& a : f.adapters) adapters.push_back(a.get());
+    b.max_blocks_per_seq = kBlocksPerSeq;
+    b.query_start = {0};
+    int32_t seq = 0;
+    for (size_t i = 0; i < f.num_prompts(); ++i)
+      for (size_t v = 0; v < f.variants.size(); ++v, ++seq) {
+        const std::vector<int32_t> p = f.prompt(i);
+        EXPECT_LT(static_cast<int64_t>(p.size()), kBlock * kBlocksPerSeq);
+        for (size_t t = 0; t < p.size(); ++t) {
+          b.token_ids.push_back(p[t]);
+          b.positions.push_back(static_cast<int32_t>(t));
+          b.slot_mapping.push_back(seq * kBlocksPerSeq * kBlock + static_cast<int64_t>(t));
+          b.logits_rows.push_back(static_cast<int32_t>(b.token_ids.size() - 1));
+        }
+        b.query_start.push_back(static_cast<int32_t>(b.token_ids.size()));
+        b.context_lens.push_back(static_cast<int32_t>(p.size()));
+        for (int64_t k = 0; k < kBlocksPerSeq; ++k)
+          b.block_tables.push_back(static_cast<int32_t>(seq * kBlocksPerSeq + k));
+        b.adapter_slots.push_back(static_cast<int32_t>(v) - 1);  // variant 0 is "base"
+        prompt_lens.push_back(static_cast<int32_t>(p.size()));
+      }
+    EXPECT_EQ(f.variants.front(), "base");
+  }
+  int64_t num_blocks() const { return b.num_seqs() * kBlocksPerSeq; }
+
+  ForwardBatch decode(const std::vector<int32_t>& next_ids) const {
+    ForwardBatch d;
+    d.max_blocks_per_seq = kBlocksPerSeq;
+    d.block_tables = b.block_tables;
+    d.adapter_slots = b.adapter_slots;
+    d.query_start = {0};
+    for (int64_t s = 0; s < b.num_seqs(); ++s) {
+      const int32_t pos = prompt_lens[s];
+      d.token_ids.push_back(next_ids[s]);
+      d.positions.push_back(pos);
+      d.slot_mapping.push_back(s * kBlocksPerSeq * kBlock + pos);
+      d.context_lens.push_back(pos + 1);
+      d.query_start.push_back(static_cast<int32_t>(s + 1));
+      d.logits_rows.push_back(static_cast<int32_t>(s));
+    }
+    return d;
+  }
+};
+
+// Logits of the mixed batch's prefill and of the decode step after it (greedy on the -tp 1 prefill).
+struct TwoSteps {
+  std::vector<float> prefill, decode;
+};
+TwoSteps run_two_steps(Model& m, const MixedBatch& mb, const std::vector<int32_t>* next_ids,
+                       std::vector<int32_t>* argmax_out) {
+  const int64_t V = m.config().vocab_size;
+  KvStorage kv(m.kv_config(), m.backend(), mb.num_blocks(), MixedBatch::kBlock);
+  TwoSteps out;
+  out.prefill.resize(mb.b.logits_rows.size() * static_cast<size_t>(V));
+  m.forward(mb.b, kv.views(), mb.adapters, out.prefill.data());
+  std::vector<int32_t> ids;
+  for (int64_t s = 0; s < mb.b.num_seqs(); ++s) {
+    const float* row = out.prefill.data() + static_cast<size_t>(mb.b.query_start[s + 1] - 1) * V;
+    ids.push_back(static_cast<int32_t>(std::max_element(row, row + V) - row));
+  }
+  if (argmax_out) *argmax_out = ids;
+  ForwardBatch d = mb.decode(next_ids ? *next_ids : ids);
+  out.decode.resize(d.logits_rows.size() * static_cast<size_t>(V));
+  m.forward(d, kv.views(), mb.adapters, out.decode.data());
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
+  const TpCase& c = GetParam();
+  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp));
+  ASSERT_EQ(split.model->tensor_parallel_size(), c.tp);
+  MixedBatch mb(one);
+  std::vector<int32_t> next;
+  TwoSteps ref = run_two_steps(*one.model, mb, nullptr, &next);
+  TwoSteps got = run_two_steps(*split.model, MixedBatch(split), &next, nullptr);
+  const double dp = max_abs_diff(ref.prefill, got.prefill), dd = max_abs_diff(ref.decode, got.decode);
+  EXPECT_LE(dp, kTpTolerance) << "prefill logits";
+  EXPECT_LE(dd, kTpTolerance) << "decode logits";
+  // The adapters change the logits (so they are compared, not only the base model).
+  const int64_t V = one.vocab_size(), len = mb.prompt_lens[0];
+  double adapter_effect = 0;
+  for (int64_t j = 0; j < len * V; ++j)
+    adapter_effect = std::max(adapter_effect, std::fabs(double(ref.prefill[j]) - ref.prefill[len * V + j]));
+  EXPECT_GT(adapter_effect, 1e-2);
+  std::printf("[tp-golden] %s -tp %d: %ld sequences, max |Δ logit| prefill %.2e, decode %.2e\n",
+              c.model.c_str(), c.tp, static_cast<long>(mb.b.num_seqs()), dp, dd);
+}
+
+TEST_P(TpGoldenTest, EngineAloneAndMixedEqualTp1AndReference) {
+  const TpCase& c = GetParam();
+  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp));
+  std::vector<EngineRequest> reqs;
+  std::vector<std::pair<std::string, size_t>> owner;
+  for (size_t i = 0; i < one.num_prompts(); ++i)
+    for (const std::string& variant : one.variants) {
+      reqs.push_back(one.request(variant, i));
+      owner.emplace_back(variant, i);
+    }
+  auto mixed = split.run(reqs);
+  double worst = 0;
+  for (size_t j = 0; j < reqs.size(); ++j) {
+    const auto& [variant, i] = owner[j];
+    EngineRun ref = one.run(reqs[j]);
+    EngineRun alone = split.run(reqs[j]);
+    const double da = max_run_diff(ref, alone), dm = max_run_diff(ref, mixed[j]);
+    EXPECT_LE(da, kTpTolerance) << variant << " prompt " << i << ": -tp " << c.tp
+                                << " alone differs from -tp 1";
+    EXPECT_LE(dm, kTpTolerance) << variant << " prompt " << i << ": -tp " << c.tp
+                                << " mixed differs from -tp 1";
+    EXPECT_EQ(ref.output, alone.output) << variant << " prompt " << i;
+    EXPECT_EQ(ref.output, mixed[j].output) << variant << " prompt " << i;
+    check_against_reference(split, variant, i, alone, 1e-3, 1e-3);
+    worst = std::max({worst, da, dm});
+  }
+  std::printf("[tp-golden] %s -tp %d: %zu requests, max |Δ logprob| vs -tp 1 = %.2e\n", c.model.c_str(), c.tp,
+              reqs.size(), worst);
+}
+
+// --quantization int8: the split copies the codes and keeps each row's scale, so the numbers stay those of
+// the INT8 model at -tp 1.
+TEST(TensorParallel, Int8ModelsSplitToo) {
+  for (const std::string model : {"llama-tiny", "qwen3-moe-tiny"}) {
+    ModelLoadOptions q;
+    q.quantization = WeightQuantization::kInt8;
+    ModelLoadOptions q2 = q;
+    q2.tensor_parallel_size = 2;
+    Fixture one(model, nullptr, q), split(model, nullptr, q2);
+    ASSERT_TRUE(split.model->weights().layers[0].attn.o.w.int8());
+    MixedBatch mb(one);
+    std::vector<int32_t> next;
+    TwoSteps ref = run_two_steps(*one.model, mb, nullptr, &next);
+    TwoSteps got = run_two_steps(*split.model, MixedBatch(split), &next, nullptr);
+    EXPECT_LE(max_abs_diff(ref.prefill, got.prefill), kTpTolerance) << model;
+    EXPECT_LE(max_abs_diff(ref.decode, got.decode), kTpTolerance) << model;
+  }
+}
+
+std::vector<TpCase> tp_cases() {
+  std::vector<TpCase> cases;
+  for (const std::string& m : fixture_models())
+    for (int tp : {2, 4}) cases.push_back({m, tp});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpGoldenTest, ::testing::ValuesIn(tp_cases()), [](const auto& info) {
+  std::string n = info.param.model + "_tp" + std::to_string(info.param.tp);
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+});
+
+std::string error_of(const std::string& dir, const ModelLoadOptions& o) {
+  try {
+    Model::load(dir, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TensorParallel, SplitsTheHeadsDoNotAllowAreClearErrors) {
+  const std::string llama = std::string(POLYLORA_TEST_DATA) + "/models/llama-tiny";
+  std::string e = error_of(llama, tp_options(3));
+  EXPECT_NE(e.find("--tensor-parallel-size 3: the model's 4 attention heads do not split over 3 ranks"),
+            std::string::npos)
+      << e;
+  e = error_of(llama, tp_options(8));
+  EXPECT_NE(e.find("--tensor-parallel-size 8: the model's 4 attention heads"), std::string::npos) << e;
+  // 6 heads split over 2 ranks, but 3 KV heads neither divide by 2 nor divide 2.
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("polylora-tp-kv-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ifstream in(llama + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["num_attention_heads"] = 6;
+  cfg["num_key_value_heads"] = 3;
+  cfg["head_dim"] = 32;
+  cfg["intermediate_size"] = 384;  // splits over 2 and 3
+  std::ofstream(dir / "config.json") << cfg.dump();
+  ModelLoadOptions o = tp_options(2);
+  o.load_format = LoadFormat::kDummy;
+  e = error_of(dir.string(), o);
+  EXPECT_NE(e.find("--tensor-parallel-size 2: the model's 3 KV heads do not split over 2 ranks"),
+            std::string::npos)
+      << e;
+  o.tensor_parallel_size = 3;  // 6 heads and 3 KV heads over 3 ranks: allowed
+  EXPECT_EQ(error_of(dir.string(), o), "");
+  o.tensor_parallel_size = 0;
+  EXPECT_NE(error_of(dir.string(), o).find("at least 1"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace polylora::golden
