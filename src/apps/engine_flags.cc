@@ -42,6 +42,11 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool model_required) {
                  "expert matrices, bf16/f32 activations) | mxfp4 (the checkpoint's own, GPT-OSS; read from "
                  "config.json either way); -q is the same")
       ->capture_default_str();
+  app.add_option("--tensor-parallel-size", f.tensor_parallel_size,
+                 "Ranks the model is split over (-tp; threads of this process with --device cpu; multi-GPU "
+                 "tensor parallelism is not implemented yet, so --device cuda takes 1)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--lora,--lora-modules", f.loras,
                  "LoRA adapters to load: NAME=PATH or JSON {\"name\", \"path\", \"base_model_name\"} "
                  "(PATH a directory or a hub id; repeatable, several per flag)");
@@ -196,6 +201,7 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   std::string model_dir = resolve_model_path(f.model_dir, f.revision, "model");
   if (model_dir != f.model_dir) spdlog::info("model '{}' (revision {}): {}", f.model_dir, f.revision, model_dir);
   opts.quantization = quantization_from_flag(f.quantization, model_dir);
+  opts.tensor_parallel_size = f.tensor_parallel_size;
   std::string tok_dir =
       f.tokenizer_dir.empty() ? model_dir : resolve_model_path(f.tokenizer_dir, "main", "tokenizer");
   bool has_tok =

@@ -23,6 +23,7 @@ struct ModelFlags {
   std::string dtype = "auto";
   std::string load_format = "auto";
   std::string quantization = "none";  // --quantization / -q: none | int8 | mxfp4 (docs/quantization.md)
+  int tensor_parallel_size = 1;       // --tensor-parallel-size / -tp (docs/tensor-parallel.md)
   std::vector<std::string> loras;  // NAME=DIR or vLLM's JSON {"name": ..., "path": ..., "base_model_name": ...}
   std::string max_model_len;         // --max-model-len (human-readable: 32k, 32K, auto)
   std::string max_num_batched_tokens;  // --max-num-batched-tokens (human-readable)

@@ -88,7 +88,6 @@ const std::vector<Ignored>& ignored_table() {
       {"--enable-sleep-mode", false, {}, "there are no sleep / wake-up endpoints", true},
       {"--use-v2-block-manager", false, {}, "there is one block manager"},
       // Parallelism and distribution.
-      {"--tensor-parallel-size", true, {"1"}, "polylora runs on one GPU (no tensor parallelism yet)"},
       {"--pipeline-parallel-size", true, {"1"}, "polylora runs on one GPU (no pipeline parallelism)"},
       {"--data-parallel-size", true, {"1"}, "run several polylora servers behind a load balancer instead"},
       {"--decode-context-parallel-size", true, {"1"}, "polylora runs on one GPU (no context parallelism)"},
@@ -140,7 +139,9 @@ const std::vector<Ignored>& ignored_table() {
       {"--additional-config", true, {}, "no platform plugins"},
       // LoRA.
       {"--lora-dtype", true, {"auto"}, "adapters are stored in the compute dtype"},
-      {"--fully-sharded-loras", false, {}, "one GPU: adapters are not sharded"},
+      {"--fully-sharded-loras", false, {},
+       "under --tensor-parallel-size, LoRA A is replicated and B sharded (vLLM's default); the results are "
+       "the same"},
       {"--lora-extra-vocab-size", true, {}, "adapters that add tokens are refused when loaded"},
       {"--long-lora-scaling-factors", true, {}, "no long-context LoRA", true},
       {"--default-mm-loras", true, {}, "text-only models"},
