@@ -188,6 +188,28 @@ TEST(TensorParallel, Int8ModelsSplitToo) {
   }
 }
 
+// Adapters copied into the slots on the upload thread while steps run (--max-loras 1: every variant change
+// swaps the slot), on every rank: the numbers of -tp 1.
+TEST(TensorParallel, AsynchronousAdapterUploadsReachEveryRank) {
+  Fixture one("qwen3-moe-tiny"), split("qwen3-moe-tiny", nullptr, tp_options(2));
+  EngineConfig ec = testing_util::test_engine_config();
+  ec.lora.max_loras = 1;
+  ec.lora.async_uploads = true;
+  split.model->set_upload_delay_for_tests(5);
+  Engine engine(split.model, ec, nullptr);
+  for (const auto& a : split.adapters) engine.add_adapter(a);
+  std::vector<EngineRequest> reqs;
+  for (size_t i = 0; i < one.num_prompts(); ++i)
+    for (const std::string& variant : one.variants) reqs.push_back(one.request(variant, i));
+  auto runs = testing_util::run_to_completion(engine, reqs);
+  for (size_t j = 0; j < reqs.size(); ++j) {
+    EngineRun ref = one.run(reqs[j]);
+    EXPECT_LE(max_run_diff(ref, runs[j]), kTpTolerance) << "request " << j << " (" << reqs[j].adapter << ")";
+    EXPECT_EQ(ref.output, runs[j].output) << "request " << j;
+  }
+  EXPECT_GT(split.model->upload_timing().count, 0) << "the copies ran on the upload thread";
+}
+
 std::vector<TpCase> tp_cases() {
   std::vector<TpCase> cases;
   for (const std::string& m : fixture_models())
