@@ -235,6 +235,10 @@ void check_tensor_parallel(const ModelConfig& cfg, int size) {
         "them, "
         "or, with more ranks than KV heads, a copy of one: the size must divide {} or be a multiple of it)",
         what, cfg.num_kv_heads, size, cfg.num_kv_heads);
+  const int64_t vocab_stride = (cfg.vocab_size + size - 1) / size;
+  if ((size - 1) * vocab_stride >= cfg.vocab_size)
+    fail("{}: the vocabulary of {} tokens is too small to give each of {} ranks some of it", what, cfg.vocab_size,
+         size);
   bool dense = false, mxfp4 = false;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     dense = dense || !cfg.moe_layers[static_cast<size_t>(l)];

@@ -210,6 +210,48 @@ TEST(TensorParallel, AsynchronousAdapterUploadsReachEveryRank) {
   EXPECT_GT(split.model->upload_timing().count, 0) << "the copies ran on the upload thread";
 }
 
+// A dummy Llama with tied embeddings and a vocabulary no size divides (1027 = 2·514 - 1 = 4·257 - 1): the
+// last rank's embedding and LM-head rows are fewer; the logits of every row, for tokens of every rank's
+// rows (the last id included), equal -tp 1's.
+TEST(TensorParallel, TiedEmbeddingsAndAnUnevenVocabulary) {
+  namespace fs = std::filesystem;
+  const std::string llama = std::string(POLYLORA_TEST_DATA) + "/models/llama-tiny";
+  const fs::path dir = fs::temp_directory_path() / ("polylora-tp-tied-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ifstream in(llama + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["vocab_size"] = 1027;
+  cfg["tie_word_embeddings"] = true;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  auto logits_of = [&](int tp) {
+    ModelLoadOptions o = tp_options(tp);
+    o.load_format = LoadFormat::kDummy;
+    o.seed = 7;
+    auto m = Model::load(dir.string(), o);
+    KvStorage kv(m->kv_config(), m->backend(), 1, 16);
+    ForwardBatch b;
+    b.token_ids = {1026, 0, 513, 514, 770, 771, 1025, 5};
+    for (int32_t t = 0; t < 8; ++t) {
+      b.positions.push_back(t);
+      b.slot_mapping.push_back(t);
+      b.logits_rows.push_back(t);
+    }
+    b.query_start = {0, 8};
+    b.context_lens = {8};
+    b.max_blocks_per_seq = 1;
+    b.block_tables = {0};
+    b.adapter_slots = {-1};
+    std::vector<float> logits(8 * 1027);
+    m->forward(b, kv.views(), {}, logits.data());
+    return logits;
+  };
+  const std::vector<float> one = logits_of(1);
+  for (int tp : {2, 4}) EXPECT_LE(max_abs_diff(one, logits_of(tp)), kTpTolerance) << "-tp " << tp;
+  // The other ranks' tokens read the zero row: the last id's logits are not the first id's.
+  EXPECT_GT(std::fabs(one[0] - one[1027]), 1e-6);
+  fs::remove_all(dir);
+}
+
 std::vector<TpCase> tp_cases() {
   std::vector<TpCase> cases;
   for (const std::string& m : fixture_models())
@@ -262,6 +304,12 @@ TEST(TensorParallel, SplitsTheHeadsDoNotAllowAreClearErrors) {
   EXPECT_EQ(error_of(dir.string(), o), "");
   o.tensor_parallel_size = 0;
   EXPECT_NE(error_of(dir.string(), o).find("at least 1"), std::string::npos);
+  cfg["vocab_size"] = 2;  // 3 ranks of ceil(2 / 3) = 1 row each: the last would have none
+  std::ofstream(dir / "config.json") << cfg.dump();
+  o.tensor_parallel_size = 3;
+  e = error_of(dir.string(), o);
+  EXPECT_NE(e.find("the vocabulary of 2 tokens is too small to give each of 3 ranks some of it"), std::string::npos)
+      << e;
   fs::remove_all(dir);
 }
 
