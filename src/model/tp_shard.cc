@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "common/error.h"
 #include "common/mxfp4.h"
@@ -158,11 +159,13 @@ k::ExpertView shard_expert(const k::ExpertView& e, const ModelConfig& cfg, const
   return o;
 }
 
-// B rows `parts` of a column-parallel module's LoRA (A replicated).
-LoraMatrix lora_rows(const LoraMatrix& m, std::span<const Range> parts) {
+// B rows `parts` of a column-parallel module's LoRA (A replicated). `what` names it in errors.
+LoraMatrix lora_rows(const LoraMatrix& m, std::span<const Range> parts, const std::string& what) {
   LoraMatrix o{.rank = m.rank, .in = m.in, .out = 0, .scale = m.scale, .a = m.a, .b = {}};
   for (const Range& r : parts) {
-    CHECK(r.begin + r.count <= m.out);
+    if (r.begin + r.count > m.out)
+      fail("{}: its LoRA B has {} output rows; this tensor-parallel rank's share is rows {} to {}", what,
+           m.out, r.begin, r.begin + r.count);
     o.b.insert(o.b.end(), m.b.begin() + r.begin * m.rank, m.b.begin() + (r.begin + r.count) * m.rank);
     o.out += r.count;
   }
@@ -170,8 +173,10 @@ LoraMatrix lora_rows(const LoraMatrix& m, std::span<const Range> parts) {
 }
 
 // A columns [begin, begin + count) of a row-parallel module's LoRA (B whole).
-LoraMatrix lora_cols(const LoraMatrix& m, int64_t begin, int64_t count) {
-  CHECK(begin + count <= m.in);
+LoraMatrix lora_cols(const LoraMatrix& m, int64_t begin, int64_t count, const std::string& what) {
+  if (begin + count > m.in)
+    fail("{}: its LoRA A has {} input columns; this tensor-parallel rank's share is columns {} to {}", what,
+         m.in, begin, begin + count);
   LoraMatrix o{.rank = m.rank, .in = count, .out = m.out, .scale = m.scale, .a = {}, .b = m.b};
   o.a.reserve(static_cast<size_t>(m.rank * count));
   for (int64_t r = 0; r < m.rank; ++r)
@@ -179,42 +184,43 @@ LoraMatrix lora_cols(const LoraMatrix& m, int64_t begin, int64_t count) {
   return o;
 }
 
-LoraMatrix shard_dense_lora(LoraModule module, const LoraMatrix& m, const ModelConfig& cfg,
-                            const TpShard& s) {
+LoraMatrix shard_dense_lora(LoraModule module, const LoraMatrix& m, const std::string& what,
+                            const ModelConfig& cfg, const TpShard& s) {
   const int64_t D = cfg.head_dim, heads = cfg.num_heads / s.size;
   const int64_t kv_heads = std::max<int64_t>(1, cfg.num_kv_heads / s.size),
                 inter = cfg.intermediate_size / s.size;
   switch (module) {
     case LoraModule::kQ: {
       const Range r{s.head_begin * D, heads * D};
-      return lora_rows(m, {&r, 1});
+      return lora_rows(m, {&r, 1}, what);
     }
     case LoraModule::kK:
     case LoraModule::kV: {
       const Range r{s.kv_head_begin * D, kv_heads * D};
-      return lora_rows(m, {&r, 1});
+      return lora_rows(m, {&r, 1}, what);
     }
     case LoraModule::kO:
-      return lora_cols(m, s.head_begin * D, heads * D);
+      return lora_cols(m, s.head_begin * D, heads * D, what);
     case LoraModule::kGate:
     case LoraModule::kUp: {
       const Range r{s.inter_begin, inter};
-      return lora_rows(m, {&r, 1});
+      return lora_rows(m, {&r, 1}, what);
     }
     case LoraModule::kDown:
-      return lora_cols(m, s.inter_begin, inter);
+      return lora_cols(m, s.inter_begin, inter, what);
   }
   return m;
 }
 
-LoraExpert shard_expert_lora(const LoraExpert& e, const ModelConfig& cfg, const TpShard& s) {
+LoraExpert shard_expert_lora(const LoraExpert& e, const std::string& what, const ModelConfig& cfg,
+                             const TpShard& s) {
   const int64_t inter = cfg.moe_intermediate_size, n = inter / s.size, begin = s.moe_inter_begin;
   const Range part{begin, n};
   LoraExpert o;
-  if (e.gate_up) o.gate_up = lora_rows(*e.gate_up, gate_up_rows(cfg, inter, begin, n));
-  if (e.gate) o.gate = lora_rows(*e.gate, {&part, 1});
-  if (e.up) o.up = lora_rows(*e.up, {&part, 1});
-  if (e.down) o.down = lora_cols(*e.down, begin, n);
+  if (e.gate_up) o.gate_up = lora_rows(*e.gate_up, gate_up_rows(cfg, inter, begin, n), what + " gate_up");
+  if (e.gate) o.gate = lora_rows(*e.gate, {&part, 1}, what + " gate");
+  if (e.up) o.up = lora_rows(*e.up, {&part, 1}, what + " up");
+  if (e.down) o.down = lora_cols(*e.down, begin, n, what + " down");
   return o;
 }
 
@@ -237,8 +243,8 @@ void check_tensor_parallel(const ModelConfig& cfg, int size) {
         what, cfg.num_kv_heads, size, cfg.num_kv_heads);
   const int64_t vocab_stride = (cfg.vocab_size + size - 1) / size;
   if ((size - 1) * vocab_stride >= cfg.vocab_size)
-    fail("{}: the vocabulary of {} tokens is too small to give each of {} ranks some of it", what, cfg.vocab_size,
-         size);
+    fail("{}: the vocabulary of {} tokens is too small to give each of {} ranks some of it", what,
+         cfg.vocab_size, size);
   bool dense = false, mxfp4 = false;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     dense = dense || !cfg.moe_layers[static_cast<size_t>(l)];
@@ -348,8 +354,13 @@ std::shared_ptr<const LoraAdapter> shard_adapter(const LoraAdapter& adapter, con
     LoraLayer& dst = out->layers[l];
     for (size_t m = 0; m < kNumLoraModules; ++m)
       if (src.modules[m])
-        dst.modules[m] = shard_dense_lora(static_cast<LoraModule>(m), *src.modules[m], cfg, s);
-    for (const LoraExpert& e : src.experts) dst.experts.push_back(shard_expert_lora(e, cfg, s));
+        dst.modules[m] = shard_dense_lora(static_cast<LoraModule>(m), *src.modules[m],
+                                          fmt::format("adapter '{}', layer {}, {}", adapter.name, l,
+                                                      lora_module_name(static_cast<LoraModule>(m))),
+                                          cfg, s);
+    for (size_t e = 0; e < src.experts.size(); ++e)
+      dst.experts.push_back(shard_expert_lora(
+          src.experts[e], fmt::format("adapter '{}', layer {}, expert {}", adapter.name, l, e), cfg, s));
   }
   return out;
 }

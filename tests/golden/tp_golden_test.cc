@@ -252,6 +252,63 @@ TEST(TensorParallel, TiedEmbeddingsAndAnUnevenVocabulary) {
   fs::remove_all(dir);
 }
 
+// A step that fails on one rank only (an adapter whose q_proj B has the rows of rank 0's heads alone: rank 1
+// cannot take its share) is an Error naming that rank, while rank 0 waits in a collective: no hang. The
+// model stays failed. A KV cache laid out for the whole model's heads is refused before any rank runs.
+TEST(TensorParallel, AFailureOnOneRankIsAClearErrorNotAHang) {
+  const std::string llama = std::string(POLYLORA_TEST_DATA) + "/models/llama-tiny";
+  auto forward_error = [](Model& m, std::span<const kernels::KvCacheView> kv, const LoraAdapter* adapter) {
+    ForwardBatch b;
+    b.token_ids = {1, 5, 9, 2};
+    b.positions = {0, 1, 2, 3};
+    b.query_start = {0, 4};
+    b.context_lens = {4};
+    b.max_blocks_per_seq = 1;
+    b.block_tables = {0};
+    b.slot_mapping = {0, 1, 2, 3};
+    b.adapter_slots = {adapter ? 0 : -1};
+    b.logits_rows = {3};
+    std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+    const LoraAdapter* adapters[] = {adapter};
+    try {
+      m.forward(
+          b, kv,
+          adapter ? std::span<const LoraAdapter* const>(adapters) : std::span<const LoraAdapter* const>(),
+          logits.data());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto m = Model::load(llama, tp_options(2));
+  const ModelConfig& c = m->config();
+  LoraAdapter bad;
+  bad.name = "bad";
+  bad.max_rank = 8;
+  bad.layers.resize(static_cast<size_t>(c.num_layers));
+  bad.layers[0].modules[static_cast<size_t>(LoraModule::kQ)] =
+      LoraMatrix{.rank = 8,
+                 .in = c.hidden_size,
+                 .out = c.q_size() / 2,
+                 .scale = 1.0f,
+                 .a = std::vector<float>(static_cast<size_t>(8 * c.hidden_size), 0.01f),
+                 .b = std::vector<float>(static_cast<size_t>(c.q_size() / 2 * 8), 0.01f)};
+  KvStorage kv(m->kv_config(), m->backend(), 1, 16);
+  const std::string e = forward_error(*m, kv.views(), &bad);
+  EXPECT_EQ(e.rfind("tensor-parallel rank 1 of 2 failed: ", 0), 0u) << e;
+  std::printf("[tp-golden] %s\n", e.c_str());
+  EXPECT_EQ(forward_error(*m, kv.views(), nullptr), e) << "later steps fail the same way";
+
+  auto fresh = Model::load(llama, tp_options(2));
+  KvStorage whole(fresh->config(), fresh->backend(), 1, 16);
+  EXPECT_NE(
+      forward_error(*fresh, whole.views(), nullptr)
+          .find("the KV cache has 2 KV heads per layer, but each of the 2 tensor-parallel ranks holds 1"),
+      std::string::npos);
+  EXPECT_EQ(forward_error(*fresh, KvStorage(fresh->kv_config(), fresh->backend(), 1, 16).views(), nullptr),
+            "");
+}
+
 std::vector<TpCase> tp_cases() {
   std::vector<TpCase> cases;
   for (const std::string& m : fixture_models())
@@ -308,7 +365,8 @@ TEST(TensorParallel, SplitsTheHeadsDoNotAllowAreClearErrors) {
   std::ofstream(dir / "config.json") << cfg.dump();
   o.tensor_parallel_size = 3;
   e = error_of(dir.string(), o);
-  EXPECT_NE(e.find("the vocabulary of 2 tokens is too small to give each of 3 ranks some of it"), std::string::npos)
+  EXPECT_NE(e.find("the vocabulary of 2 tokens is too small to give each of 3 ranks some of it"),
+            std::string::npos)
       << e;
   fs::remove_all(dir);
 }
