@@ -158,6 +158,7 @@ class Model : public AdapterDevice {
   void ensure_uploaded(int32_t slot, const LoraAdapter& adapter);
   // Grows the stacks when `slot` or the adapter's rank does not fit them.
   void fit_stacks(int32_t slot, const LoraAdapter& adapter);
+  // This rank's part of reserve_adapters() / begin_upload() (the public calls run them on every rank).
   void reserve_local(int64_t slots, int64_t max_rank);
   void begin_upload_local(int32_t slot, std::shared_ptr<const LoraAdapter> adapter);
   // This rank's share of an adapter (the adapter itself at -tp 1), kept per slot while it is the same.
@@ -172,8 +173,8 @@ class Model : public AdapterDevice {
                               std::span<const LoraAdapter* const> adapters, const TokenFeed& feed);
   std::span<const kernels::KvCacheView> mirror_kv(std::span<const kernels::KvCacheView> like);
   void all_reduce_sum(float* x, int64_t n);
-  void init_workspace();
   void lm_head_parallel(const float* in, int64_t rows, float* logits);
+  void init_workspace();
   // stage + copy + run_layers: one rank's part of an eager step.
   void run_eager(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
                  std::span<const LoraAdapter* const> adapters, const TokenFeed& feed);
