@@ -55,8 +55,9 @@ TEST(GpuLinear, MatchesReference) {
 }
 
 // Few rows (m <= 8) of BF16 weights with 16-byte rows and activation rows take the weight-streaming kernel
-// (linear_cuda.cu's linear_stream_kernel, f32 activations): every m bucket (1, 2, 3-4, 5-8), widths that are
-// and are not multiples of its 16-row CTA, K that is not a multiple of its 4 x 256-element step, wide y
+// (linear_cuda.cu's linear_stream_kernel, f32 activations): every m bucket (1, 2, 3-4, 5-8), every K-slice
+// count (n = 5000: 1, 4096 / 3001: 2, 1100: 4, 513 and below: 8), widths that are and are not multiples of a
+// CTA's rows, K that is not a multiple of the load step or of 8 slices (24: slices past K are empty), wide y
 // strides, bias on and off. Poisoned output: every element must be written, the padding columns untouched.
 TEST(GpuLinear, FewRowsStreamBf16Weights) {
   SKIP_WITHOUT_GPU();
@@ -65,7 +66,8 @@ TEST(GpuLinear, FewRowsStreamBf16Weights) {
     int64_t m, kk, n;
   };
   for (Shape s : {Shape{1, 8, 1}, Shape{1, 2880, 4096}, Shape{2, 1032, 17}, Shape{3, 2888, 513},
-                  Shape{4, 64, 32}, Shape{5, 4104, 33}, Shape{8, 2880, 3001}, Shape{7, 24, 100}}) {
+                  Shape{4, 64, 32}, Shape{5, 4104, 33}, Shape{8, 2880, 3001}, Shape{7, 24, 100},
+                  Shape{2, 2880, 1100}, Shape{1, 2880, 5000}}) {
     for (bool bias : {false, true}) {
       const int64_t ldx = s.kk + 4, ldy = s.n + 5;
       k::test::TestWeight w =

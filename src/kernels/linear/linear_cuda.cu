@@ -10,9 +10,13 @@
 // BF16 weights and at most kStreamMaxRows rows (decode) with the split: a weight-streaming kernel instead
 // (linear_stream_kernel: f32 x times the bf16 weights in f32 FMAs, the weights read once at the memory rate,
 // bias fused; one launch where the split GEMM took four: cast, GEMM, cuBLAS's split-K reduction, fold). At
-// batch 1 on the H200 (GPT-OSS-20B) those four took 15-20 us per projection, ~85 us per layer.
+// batch 1 on the H200 (GPT-OSS-20B) those four took 15-20 us per projection, ~85 us per layer; with the
+// kernel `polylora_bench device` decodes at 299.8 tok/s at batch 1, 249.9 with POLYLORA_LINEAR_STREAM=0 (same
+// run). Narrow products split K over the warps of a CTA (stream_slices); the LM head (201,088 x 2,880) runs at
+// 4.35 TB/s, q/o_proj (4,096 x 2,880) at ~2 TB/s: too few loads per warp to hide the latency.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "kernels/cuda_util.cuh"
@@ -64,45 +68,71 @@ bool stream_enabled() {
   return v;
 }
 
-// The streaming kernel: 8 warps of kStreamR rows each per CTA, kStreamU 128-bit loads per row in flight (half
-// as many for 8 rows, which would spill otherwise).
+// The streaming kernel: a CTA of 8 warps is 8 / KS row groups of kStreamR rows, the KS warps of a group each
+// summing one slice of K (KS > 1 for narrow products: a 512-row k_proj is 32 CTAs at KS = 1). Loads per row
+// in flight per lane: stream_u(TM).
 constexpr int kStreamThreads = 256;
+constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kStreamR = 2;
-constexpr int kStreamRows = kStreamR * kStreamThreads / 32;
-constexpr int kStreamU = 4;
 constexpr int64_t kStreamMaxRows = 8;
+constexpr int stream_u(int tm) { return tm <= 2 ? 8 : tm == 4 ? 4 : 2; }
 
 // y[t, n] = Σ_k x[t, k] · W[n, k] (+ bias[n]) for t < m <= TM; W BF16 [n, k] with 16-byte rows, x 16-byte
-// aligned rows, in f32 (what the hi + lo split approximates to ~2^-17; only split products take it).
-template <int TM>
-__global__ void __launch_bounds__(kStreamThreads, TM >= 8 ? 2 : 3)
+// aligned rows, in f32 (what the hi + lo split approximates to ~2^-17; only split products take it). With
+// KS > 1 the slices' sums are added in slice order (deterministic; KS depends on n only, not on m).
+template <int TM, int KS>
+__global__ void __launch_bounds__(kStreamThreads, 2)
     linear_stream_kernel(const float* x, int64_t ldx, int64_t m, const __nv_bfloat16* w, int64_t n, int64_t k,
                          const float* bias, float* y, int64_t ldy) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t n_first = static_cast<int64_t>(blockIdx.x) * kStreamRows + warp * kStreamR;
-  if (n_first >= n) return;
-  const char* rows[kStreamR];
-#pragma unroll
-  for (int r = 0; r < kStreamR; ++r)
-    rows[r] = n_first + r < n ? reinterpret_cast<const char*>(w + (n_first + r) * k) : nullptr;
+  constexpr int kGroups = kStreamWarps / KS;
+  constexpr int64_t kRowsPerBlock = kGroups * kStreamR;
+  __shared__ float part[KS > 1 ? kStreamWarps * kStreamR * TM : 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp / KS, slice = warp % KS;
+  // K slice of this warp: multiples of 8 elements (16-byte weight pieces).
+  const int64_t chunk = (k + 8 * KS - 1) / (8 * KS) * 8;
+  const int64_t k0 = slice * chunk < k ? slice * chunk : k, kn = (k0 + chunk < k ? k0 + chunk : k) - k0;
   const float* xs[TM];
 #pragma unroll
-  for (int t = 0; t < TM; ++t) xs[t] = x + (t < m ? t : 0) * ldx;
-  float acc[kStreamR][TM];
+  for (int t = 0; t < TM; ++t) xs[t] = x + (t < m ? t : 0) * ldx + k0;
+  // Persistent CTAs (the grid is what fits at once): blocks of kRowsPerBlock rows in turn.
+  const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const int64_t n_first = blk * kRowsPerBlock + group * kStreamR;
+    const char* rows[kStreamR];
 #pragma unroll
-  for (int r = 0; r < kStreamR; ++r)
+    for (int r = 0; r < kStreamR; ++r)
+      rows[r] = n_first + r < n ? reinterpret_cast<const char*>(w + (n_first + r) * k + k0) : nullptr;
+    float acc[kStreamR][TM];
 #pragma unroll
-    for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
-  stream::dot_rows_vec<__nv_bfloat16, kStreamR, TM, (TM >= 8 ? kStreamU / 2 : kStreamU)>(rows, k, xs, false,
-                                                                                             acc);
+    for (int r = 0; r < kStreamR; ++r)
 #pragma unroll
-  for (int r = 0; r < kStreamR; ++r)
+      for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
+    stream::dot_rows_vec<__nv_bfloat16, kStreamR, TM, stream_u(TM)>(rows, kn, xs, false, acc);
 #pragma unroll
-    for (int t = 0; t < TM; ++t) {
-      const float v = cuda_util::warp_sum(acc[r][t]);
-      if (lane == 0 && t < m && rows[r] != nullptr)
-        y[t * ldy + n_first + r] = v + (bias != nullptr ? bias[n_first + r] : 0.0f);
+    for (int r = 0; r < kStreamR; ++r)
+#pragma unroll
+      for (int t = 0; t < TM; ++t) {
+        const float v = cuda_util::warp_sum(acc[r][t]);
+        if constexpr (KS > 1) {
+          if (lane == 0) part[(warp * kStreamR + r) * TM + t] = v;
+        } else if (lane == 0 && t < m && rows[r] != nullptr) {
+          y[t * ldy + n_first + r] = v + (bias != nullptr ? bias[n_first + r] : 0.0f);
+        }
+      }
+    if constexpr (KS > 1) {
+      __syncthreads();
+      for (int i = threadIdx.x; i < kGroups * kStreamR * TM; i += kStreamThreads) {
+        const int g = i / (kStreamR * TM), r = (i / TM) % kStreamR, t = i % TM;
+        const int64_t row = blk * kRowsPerBlock + g * kStreamR + r;
+        if (t >= m || row >= n) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int sl = 0; sl < KS; ++sl) v += part[((g * KS + sl) * kStreamR + r) * TM + t];
+        y[t * ldy + row] = v + (bias != nullptr ? bias[row] : 0.0f);
+      }
+      __syncthreads();  // part is rewritten by the next block
     }
+  }
 }
 
 // Does the streaming kernel take this product?
@@ -112,13 +142,50 @@ bool streamed(const LinearArgs& a, bool split) {
          aligned(a.w.data) && aligned(a.x) && stream_enabled();
 }
 
+// K slices per row group: the fewest (1, 2, 4, 8) that give at least two CTAs per SM (from n alone, so a
+// product's sums do not depend on the batch size).
+int num_sms() {
+  static const int sms = [] {
+    int device = 0, v = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || v <= 0)
+      return 132;
+    return v;
+  }();
+  return sms;
+}
+
+int stream_slices(int64_t n) {
+  const int sms = num_sms();
+  for (int ks : {1, 2, 4})
+    if ((n + kStreamR * (kStreamWarps / ks) - 1) / (kStreamR * (kStreamWarps / ks)) >= 2 * sms) return ks;
+  return 8;
+}
+
+template <int TM, int KS>
+void launch_stream_ks(const LinearArgs& a, cudaStream_t st) {
+  constexpr int64_t rows_per_cta = kStreamR * (kStreamWarps / KS);
+  // Persistent: at most the CTAs that fit at once (2 per SM by the launch bounds).
+  const auto blocks = static_cast<unsigned>(
+      std::min<int64_t>((a.w.rows + rows_per_cta - 1) / rows_per_cta, 2 * static_cast<int64_t>(num_sms())));
+  linear_stream_kernel<TM, KS><<<blocks, kStreamThreads, 0, st>>>(a.x, a.ldx, a.m,
+                                                                  static_cast<const __nv_bfloat16*>(a.w.data),
+                                                                  a.w.rows, a.w.cols, a.bias, a.y, a.ldy);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <int TM>
 void launch_stream(const LinearArgs& a, cudaStream_t st) {
-  const auto blocks = static_cast<unsigned>((a.w.rows + kStreamRows - 1) / kStreamRows);
-  linear_stream_kernel<TM><<<blocks, kStreamThreads, 0, st>>>(a.x, a.ldx, a.m,
-                                                              static_cast<const __nv_bfloat16*>(a.w.data),
-                                                              a.w.rows, a.w.cols, a.bias, a.y, a.ldy);
-  CUDA_CHECK_LAUNCH();
+  switch (stream_slices(a.w.rows)) {
+    case 1:
+      return launch_stream_ks<TM, 1>(a, st);
+    case 2:
+      return launch_stream_ks<TM, 2>(a, st);
+    case 4:
+      return launch_stream_ks<TM, 4>(a, st);
+    default:
+      return launch_stream_ks<TM, 8>(a, st);
+  }
 }
 
 // Split products of at most this many rows, with at most kStackedMaxBytes of f32 halves, stack hi and lo

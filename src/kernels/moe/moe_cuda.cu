@@ -104,6 +104,38 @@ void launch_gemv_pipe(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_
   CUDA_CHECK_LAUNCH();
 }
 
+// The fp32 small-batch product of one phase, built for passes of the fewest routed rows (1, 2, 4, 8) that hold
+// the m tokens (an expert has at most m of them).
+// Its grid: the CTAs that fit on the GPU at once (2 per SM by its launch bounds), or fewer when the items are
+// fewer (max_items: the worst case, every expert of the sort active).
+unsigned moe_gemv_blocks(int64_t max_items) {
+  static const int sms = [] {
+    int device = 0, v = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || v <= 0)
+      return 132;
+    return v;
+  }();
+  const int64_t warps = moe_detail::kGemvThreads / 32;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(2 * sms, (max_items + warps - 1) / warps)));
+}
+
+template <Phase P>
+void launch_gemv(int64_t m, dim3 grid, const moe_detail::GemvParams& gp, cudaStream_t st) {
+  using moe_detail::kGemvThreads;
+  using moe_detail::moe_gemv_kernel;
+  if (m <= 1) {
+    moe_gemv_kernel<P, 1><<<grid, kGemvThreads, 0, st>>>(gp);
+  } else if (m == 2) {
+    moe_gemv_kernel<P, 2><<<grid, kGemvThreads, 0, st>>>(gp);
+  } else if (m <= 4) {
+    moe_gemv_kernel<P, 4><<<grid, kGemvThreads, 0, st>>>(gp);
+  } else {
+    moe_gemv_kernel<P, 8><<<grid, kGemvThreads, 0, st>>>(gp);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
 // The tensor-core small-batch product of one phase: the pipelined kernel (C = copies of each activation
 // row), or the register-streaming one.
 template <Phase P>
@@ -1025,20 +1057,16 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.x = a.x;
     gp.ldx = a.ldx;
     gp.out = ws.gu;
-    dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kGemvRows - 1) / moe_detail::kGemvRows),
-                 max_active);
-    moe_detail::moe_gemv_kernel<Phase::kGateUp><<<grid_gu, moe_detail::kGemvThreads, 0, st>>>(gp);
-    CUDA_CHECK_LAUNCH();
+    const dim3 grid_gu(moe_gemv_blocks(max_active * ((2 * I + moe_detail::kGemvR - 1) / moe_detail::kGemvR)));
+    launch_gemv<Phase::kGateUp>(a.m, grid_gu, gp, st);
     // 3. gate_up LoRA, 4. activation
     gate_up_lora_and_activation();
     // 5. down
     gp.x = ws.act;
     gp.ldx = I;
     gp.out = ws.y;
-    dim3 grid_down(static_cast<unsigned>((H + moe_detail::kGemvRows - 1) / moe_detail::kGemvRows),
-                   max_active);
-    moe_detail::moe_gemv_kernel<Phase::kDown><<<grid_down, moe_detail::kGemvThreads, 0, st>>>(gp);
-    CUDA_CHECK_LAUNCH();
+    const dim3 grid_down(moe_gemv_blocks(max_active * ((H + moe_detail::kGemvR - 1) / moe_detail::kGemvR)));
+    launch_gemv<Phase::kDown>(a.m, grid_down, gp, st);
   } else {
     // 1. align
     CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, static_cast<size_t>(4 * E), st));

@@ -1,17 +1,20 @@
 // kernels/moe/moe_gemv.cuh: the small-batch MoE product (few token-expert pairs, e.g. decode at batch 1-8): a
-// GEMV-style kernel built to run at the memory bandwidth. Grid: x = blocks of kGemvRows (16) output rows, y =
-// the worst-case number of active experts; a CTA takes the y-th active expert of the device-side sort (or
-// exits). Each warp owns kGemvR (2) weight rows and streams them once with 128-bit loads, kGemvU loads per row
-// in flight per lane (no shared memory, no barrier), multiplying them with that expert's routed rows (up to
-// kGemvMaxTok per pass), whose f32 values every lane reads itself through the read-only cache (all warps of
-// all CTAs of the expert read the same few rows; the loops are weight_stream.cuh's dot_rows_*). fp32 FMAs, a
-// fixed-order warp reduction (deterministic).
+// GEMV-style kernel built to run at the memory bandwidth. Persistent warps (moe_gemv_kernel) take (active
+// expert, row pair) items of the device-side sort in turn; for each, the warp streams its kGemvR (2) weight
+// rows once with 128-bit loads, gemv_u loads per row in flight per lane (no shared memory, no barrier),
+// multiplying them with that expert's routed rows (up to 8 per pass), whose f32 values every lane reads itself
+// through the read-only cache (every warp of the expert reads the same few rows; the loops are
+// weight_stream.cuh's dot_rows_*). fp32 FMAs, a fixed-order warp reduction (deterministic).
 // Weights BF16, F32 or INT8 (vector loads; INT8 sums times the row scale) with 16-byte rows, or anything else
 // (element loads). round_bf16: the activations rounded to bf16 first (CudaContext::bf16_split(m) false).
 // Why this shape (ncu on the H200, GPT-OSS-20B experts at M = 1, 2026-12-02): the tensor-core pipeline
 // (moe_gemv_pipe.cuh) ran gate_up in 65 us at 2.0 TB/s and down in 39 us at 1.75 TB/s: 360 and 180 CTAs of 4
-// warps at 12.5% occupancy (214 registers, 98 KB of shared memory), 1.36 and 0.68 waves. Here a CTA is 8 warps
-// and 16 rows, 1,440 / 720 CTAs at M = 1, small enough for several per SM. Only included from moe_cuda.cu.
+// warps at 12.5% occupancy (214 registers, 98 KB of shared memory), 1.36 and 0.68 waves. This kernel with one
+// CTA of 8 warps per 16 rows: 48.5 / 28.9 us (2.7 / 2.3 TB/s; moe-lora bench M = 1: 73.6 us per layer for
+// both, 0.85 of the copy rate measured in that run); persistent warps measured the same (73.7 us), kept for
+// the simpler grid (no empty CTAs for inactive experts). What is left is load latency: a warp issues its
+// loads, waits, sums; deeper per-warp pipelining (or TMA bulk copies) is the next step. Only included from
+// moe_cuda.cu.
 // Must not: depend on anything above common/.
 #pragma once
 
@@ -24,9 +27,8 @@ namespace polylora::kernels::cuda::moe_detail {
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvR = 2;                                // rows per warp
-constexpr int kGemvRows = kGemvR * (kGemvThreads / 32);  // rows per CTA
-constexpr int kGemvMaxTok = 8;                           // routed rows per pass
-constexpr int kGemvU = 4;  // 128-bit loads per row in flight per lane (half as many at 8 routed rows)
+// 128-bit loads per row in flight per lane: 8 for passes of up to 2 routed rows, 4 for 4, 2 for 8.
+constexpr int gemv_u(int tm) { return tm <= 2 ? 8 : tm == 4 ? 4 : 2; }
 
 struct GemvParams {
   const float* x = nullptr;  // kGateUp: token rows [m, H] (stride ldx); kDown: act rows [rows, I]
@@ -61,7 +63,7 @@ __device__ __forceinline__ void gemv_pass(const GemvParams& p, const char* const
 #pragma unroll
     for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
   if (vec) {
-    stream::dot_rows_vec<W, kGemvR, TM, (TM >= 8 ? kGemvU / 2 : kGemvU)>(rows, K, xs, round_x, acc);
+    stream::dot_rows_vec<W, kGemvR, TM, gemv_u(TM)>(rows, K, xs, round_x, acc);
   } else {
     stream::dot_rows_scalar<kGemvR, TM>(rows, dt, K, xs, round_x, acc);
   }
@@ -85,33 +87,25 @@ __device__ __forceinline__ void gemv_pass(const GemvParams& p, const char* const
   }
 }
 
-template <Phase P, typename W>
+// The pass for nt routed rows on a kernel built for at most TM per pass (the smallest bucket that holds nt).
+template <Phase P, typename W, int TM>
 __device__ __forceinline__ void gemv_pass_any(const GemvParams& p, const char* const (&rows)[kGemvR],
                                               const float (&scales)[kGemvR], bool vec, DType dt, int64_t K,
                                               int64_t N, int64_t n_first, const float* bias, int row0, int nt) {
-  if (nt == 1) {
-    gemv_pass<P, W, 1>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
-  } else if (nt == 2) {
-    gemv_pass<P, W, 2>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
-  } else if (nt <= 4) {
-    gemv_pass<P, W, 4>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
-  } else {
-    gemv_pass<P, W, 8>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
+  if constexpr (TM > 1) {
+    if (nt <= TM / 2) return gemv_pass_any<P, W, TM / 2>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
   }
+  gemv_pass<P, W, TM>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
 }
 
-template <Phase P>
-__global__ void __launch_bounds__(kGemvThreads, 2) moe_gemv_kernel(GemvParams p) {
-  const int j = blockIdx.y;
-  if (j >= *p.num_active) return;
+// One warp's item: the kGemvR rows from n_first of active expert j, every routed row of it.
+template <Phase P, int TM>
+__device__ __forceinline__ void gemv_item(const GemvParams& p, int j, int64_t n_first) {
   const int e = p.active[j];
   const int count = p.counts[e], base = p.offsets[e];
   const ExpertView& ex = p.experts[e];
   const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
   const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
-  if (static_cast<int64_t>(blockIdx.x) * kGemvRows >= N) return;
-  const int warp = threadIdx.x >> 5;
-  const int64_t n_first = static_cast<int64_t>(blockIdx.x) * kGemvRows + warp * kGemvR;
   const DType dt = weight_dtype<P>(ex);
   const float* bias = weight_bias<P>(ex);
   const char* rows[kGemvR];
@@ -126,25 +120,43 @@ __global__ void __launch_bounds__(kGemvThreads, 2) moe_gemv_kernel(GemvParams p)
   const int64_t ldx = P == Phase::kGateUp ? p.ldx : p.inter;
   const bool x_aligned = (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && ldx % 4 == 0;
   const bool vec = x_aligned && weight_rows_aligned16<P>(ex, K);
-  for (int tok0 = 0; tok0 < count; tok0 += kGemvMaxTok) {
-    const int nt = count - tok0 < kGemvMaxTok ? count - tok0 : kGemvMaxTok;
+  for (int tok0 = 0; tok0 < count; tok0 += TM) {
+    const int nt = count - tok0 < TM ? count - tok0 : TM;
     switch (dt) {
       case DType::kBF16:
-        gemv_pass_any<P, __nv_bfloat16>(p, rows, scales, vec, dt, K, N, n_first, bias, base + tok0, nt);
+        gemv_pass_any<P, __nv_bfloat16, TM>(p, rows, scales, vec, dt, K, N, n_first, bias, base + tok0, nt);
         break;
       case DType::kF32:
-        gemv_pass_any<P, float>(p, rows, scales, vec, dt, K, N, n_first, bias, base + tok0, nt);
+        gemv_pass_any<P, float, TM>(p, rows, scales, vec, dt, K, N, n_first, bias, base + tok0, nt);
         break;
       case DType::kI8:
-        gemv_pass_any<P, int8_t>(p, rows, scales, vec, dt, K, N, n_first, bias, base + tok0, nt);
+        gemv_pass_any<P, int8_t, TM>(p, rows, scales, vec, dt, K, N, n_first, bias, base + tok0, nt);
         break;
       case DType::kF16:
       case DType::kI32:
       case DType::kI64:
       case DType::kU8:
-        gemv_pass_any<P, float>(p, rows, scales, false, dt, K, N, n_first, bias, base + tok0, nt);
+        gemv_pass_any<P, float, TM>(p, rows, scales, false, dt, K, N, n_first, bias, base + tok0, nt);
         break;
     }
+  }
+}
+
+// TM: the most routed rows per pass (1, 2, 4 or 8: the launch picks the smallest that holds the batch's
+// tokens, so a batch-1 step builds no 8-row pass and keeps its registers for loads in flight).
+// Persistent warps: the grid is what fits on the GPU at once (moe_gemv_blocks), and warp w of all takes items
+// w, w + warps, ... of the num_active x ⌈N / kGemvR⌉ (expert, row pair) items, consecutive warps on
+// consecutive rows (same speed as one CTA per 16 rows on the H200 at batch 1, see the top of the file).
+template <Phase P, int TM>
+__global__ void __launch_bounds__(kGemvThreads, 2) moe_gemv_kernel(GemvParams p) {
+  const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
+  const int64_t pairs_per_expert = (N + kGemvR - 1) / kGemvR;
+  const int64_t items = static_cast<int64_t>(*p.num_active) * pairs_per_expert;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGemvThreads / 32);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * (kGemvThreads / 32) + (threadIdx.x >> 5); i < items;
+       i += warps) {
+    const int j = static_cast<int>(i / pairs_per_expert);
+    gemv_item<P, TM>(p, j, (i % pairs_per_expert) * kGemvR);
   }
 }
 
