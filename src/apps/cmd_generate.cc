@@ -5,6 +5,7 @@
 // in input order, with output_ids, text, finish_reason and, when asked, logprobs / prompt_logprobs).
 // The CLI's default temperature is 0 (greedy); requests in a file use vLLM's defaults unless they say.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "apps/engine_flags.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "config/cli_values.h"
 #include "server/openai_api.h"
 #include "server/request_json.h"
 
@@ -92,7 +94,10 @@ int run_generate(int argc, char** argv) {
   app.add_option("--logprobs", logprobs, "Top alternatives per generated token");
   app.add_option("--prompt-logprobs", prompt_logprobs, "Top alternatives per prompt token");
   try {
-    app.parse(argc, argv);
+    // vLLM's multi-letter short flags (-tp, -q, ...) become their long names first, as for serve.
+    std::vector<std::string> args = normalize_vllm_args({argv + 1, argv + argc});
+    std::reverse(args.begin(), args.end());  // CLI11 takes a vector last argument first
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

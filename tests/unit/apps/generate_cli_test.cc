@@ -57,6 +57,33 @@ TEST(GenerateCli, PromptIdsPrintGreedyIds) {
   EXPECT_EQ(got, std::vector<int>(greedy.begin(), greedy.begin() + 5)) << out;
 }
 
+// vLLM's short flags reach generate too: -tp 2 (two CPU ranks) prints the same greedy ids as the reference,
+// and a size the model's heads do not allow is refused naming the long flag.
+TEST(GenerateCli, ShortTensorParallelFlag) {
+  int status = 0;
+  nlohmann::json ref;
+  std::ifstream(kModel + "/reference.json") >> ref;
+  std::string ids = std::to_string(ref["prompts"][1][0].get<int>());
+  for (size_t i = 1; i < ref["prompts"][1].size(); ++i)
+    ids += "," + std::to_string(ref["prompts"][1][i].get<int>());
+  std::string out =
+      run("generate --model " + kModel + " --device cpu -tp 2 --prompt-ids " + ids + " --max-tokens 5", &status);
+  ASSERT_EQ(status, 0) << out;
+  std::vector<int> got;
+  std::stringstream ss(out);
+  for (std::string item; std::getline(ss, item, ',');) got.push_back(std::stoi(item));
+  std::vector<int> greedy = read_i32(kModel + "/reference.safetensors", "base.greedy.1");
+  EXPECT_EQ(got, std::vector<int>(greedy.begin(), greedy.begin() + 5)) << out;
+  std::string cmd = std::string(POLYLORA_BINARY) + " generate --model " + kModel +
+                    " --device cpu -tp 3 --prompt-ids 1 --max-tokens 1 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string err;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) err.append(buf.data(), n);
+  EXPECT_NE(pclose(p), 0);
+  EXPECT_NE(err.find("--tensor-parallel-size 3"), std::string::npos) << err;
+}
+
 TEST(GenerateCli, RequestsFile) {
   std::string path = ::testing::TempDir() + "/requests.jsonl";
   {
