@@ -37,6 +37,18 @@ inline cudaStream_t stream(const CudaContext& ctx) {
   return static_cast<cudaStream_t>(ctx.stream);
 }
 
+// Multiprocessors of the current device (read once; 132, an H100/H200's, if the query fails).
+inline int num_sms() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
+      return 132;
+    return v;
+  }();
+  return n;
+}
+
 inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {
   int64_t b = (n + threads - 1) / threads;
   if (b < 1) b = 1;

@@ -516,16 +516,6 @@ AttnPath choose_path(const AttentionArgs& a) {
   return AttnPath::kGeneric;
 }
 
-int num_sms() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
 // Decode splits: enough CTAs for two per multiprocessor, each split at least 64 keys of the longest
 // possible context (max_blocks_per_seq · block_size).
 struct DecodeSplit {
@@ -535,7 +525,7 @@ DecodeSplit decode_split(const AttentionArgs& a) {
   const int64_t max_ctx = std::max<int64_t>(1, a.max_blocks_per_seq * a.cache.block_size);
   const int64_t visible = a.window > 0 ? std::min<int64_t>(max_ctx, a.window) : max_ctx;
   const int64_t rows = a.num_tokens * a.num_heads;
-  const int64_t want = (2 * num_sms() + rows - 1) / rows;
+  const int64_t want = (2 * cuda_util::num_sms() + rows - 1) / rows;
   const int64_t most = (visible + 63) / 64;
   DecodeSplit ds;
   ds.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, 64})));

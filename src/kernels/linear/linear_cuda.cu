@@ -144,19 +144,8 @@ bool streamed(const LinearArgs& a, bool split) {
 
 // K slices per row group: the fewest (1, 2, 4, 8) that give at least two CTAs per SM (from n alone, so a
 // product's sums do not depend on the batch size).
-int num_sms() {
-  static const int sms = [] {
-    int device = 0, v = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || v <= 0)
-      return 132;
-    return v;
-  }();
-  return sms;
-}
-
 int stream_slices(int64_t n) {
-  const int sms = num_sms();
+  const int sms = cuda_util::num_sms();
   for (int ks : {1, 2, 4})
     if ((n + kStreamR * (kStreamWarps / ks) - 1) / (kStreamR * (kStreamWarps / ks)) >= 2 * sms) return ks;
   return 8;
@@ -166,8 +155,8 @@ template <int TM, int KS>
 void launch_stream_ks(const LinearArgs& a, cudaStream_t st) {
   constexpr int64_t rows_per_cta = kStreamR * (kStreamWarps / KS);
   // Persistent: at most the CTAs that fit at once (2 per SM by the launch bounds).
-  const auto blocks = static_cast<unsigned>(
-      std::min<int64_t>((a.w.rows + rows_per_cta - 1) / rows_per_cta, 2 * static_cast<int64_t>(num_sms())));
+  const int64_t fit = 2 * static_cast<int64_t>(cuda_util::num_sms());
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((a.w.rows + rows_per_cta - 1) / rows_per_cta, fit));
   linear_stream_kernel<TM, KS><<<blocks, kStreamThreads, 0, st>>>(a.x, a.ldx, a.m,
                                                                   static_cast<const __nv_bfloat16*>(a.w.data),
                                                                   a.w.rows, a.w.cols, a.bias, a.y, a.ldy);

@@ -197,13 +197,7 @@ void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
 namespace polylora::kernels::lora_stack {
 
 int shrink_splits(int64_t tiles, int64_t rank_blocks, int64_t in) {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0)
-      return 132;
-    return n;
-  }();
+  const int sms = cuda_util::num_sms();
   const int64_t blocks = std::max<int64_t>(1, tiles * rank_blocks);
   const int64_t chunks = std::max<int64_t>(1, (in + kChunk - 1) / kChunk);
   const int64_t want = (8 * sms + blocks - 1) / blocks;

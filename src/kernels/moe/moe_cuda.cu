@@ -104,22 +104,16 @@ void launch_gemv_pipe(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_
   CUDA_CHECK_LAUNCH();
 }
 
-// The fp32 small-batch product of one phase, built for passes of the fewest routed rows (1, 2, 4, 8) that hold
-// the m tokens (an expert has at most m of them).
-// Its grid: the CTAs that fit on the GPU at once (2 per SM by its launch bounds), or fewer when the items are
-// fewer (max_items: the worst case, every expert of the sort active).
+// The fp32 small-batch product's grid: the CTAs that fit on the GPU at once (2 per SM by its launch bounds), or
+// fewer when the items are fewer (max_items: the worst case, every expert of the sort active).
 unsigned moe_gemv_blocks(int64_t max_items) {
-  static const int sms = [] {
-    int device = 0, v = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || v <= 0)
-      return 132;
-    return v;
-  }();
+  const int64_t sms = cuda_util::num_sms();
   const int64_t warps = moe_detail::kGemvThreads / 32;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(2 * sms, (max_items + warps - 1) / warps)));
 }
 
+// The fp32 small-batch product of one phase, built for passes of the fewest routed rows (1, 2, 4, 8) that hold
+// the m tokens (an expert has at most m of them).
 template <Phase P>
 void launch_gemv(int64_t m, dim3 grid, const moe_detail::GemvParams& gp, cudaStream_t st) {
   using moe_detail::kGemvThreads;
