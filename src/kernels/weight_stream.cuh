@@ -1,8 +1,8 @@
 // kernels/weight_stream.cuh: the inner loops of the weight-streaming (GEMV-style) kernels for few token
 // rows. accumulate: the INT8 dense product's (linear/linear_int8_cuda.cu): a warp holds kR weight rows and
 // sums their products with up to TM activation rows staged through shared memory in K chunks of kKc, lanes
-// across K, fp32 accumulation. dot_rows_vec / dot_rows_scalar (below): the same sums with the activations read
-// straight from global memory, no shared memory or barrier, several loads per row in flight (the MoE
+// across K, fp32 accumulation. dot_rows_vec / dot_rows_scalar (below): the same sums with the activations
+// read straight from global memory, no shared memory or barrier, several loads per row in flight (the MoE
 // small-batch kernel, moe/moe_gemv.cuh, and the dense BF16 small-batch product, linear/linear_cuda.cu).
 // Weights are read with 128-bit loads (BF16: 8, F32: 4, INT8: 16 values per load, widened to f32 in
 // registers) when rows are 16-byte aligned, else element by element in any dtype. INT8 sums are of the
@@ -157,8 +157,9 @@ __device__ __forceinline__ float x_value(float v, bool round_bf16) {
 // k = l·V + j·32·V; U loads per row are issued before their FMAs. rows[r] nullptr: a row past the matrix
 // (zeros, never stored). All TM x rows must be readable (callers point unused ones at a real row).
 template <typename W, int R, int TM, int U>
-__device__ __forceinline__ void dot_rows_vec(const char* const (&rows)[R], int64_t K, const float* const (&xs)[TM],
-                                             bool round_bf16, float (&acc)[R][TM]) {
+__device__ __forceinline__ void dot_rows_vec(const char* const (&rows)[R], int64_t K,
+                                             const float* const (&xs)[TM], bool round_bf16,
+                                             float (&acc)[R][TM]) {
   constexpr int V = GemvVec<W>::kN;
   constexpr int64_t kStep = 32 * V;
   const int lane = threadIdx.x & 31;

@@ -12,8 +12,8 @@
 // bias fused; one launch where the split GEMM took four: cast, GEMM, cuBLAS's split-K reduction, fold). At
 // batch 1 on the H200 (GPT-OSS-20B) those four took 15-20 us per projection, ~85 us per layer; with the
 // kernel `polylora_bench device` decodes at 299.8 tok/s at batch 1, 249.9 with POLYLORA_LINEAR_STREAM=0 (same
-// run). Narrow products split K over the warps of a CTA (stream_slices); the LM head (201,088 x 2,880) runs at
-// 4.35 TB/s, q/o_proj (4,096 x 2,880) at ~2 TB/s: too few loads per warp to hide the latency.
+// run). Narrow products split K over the warps of a CTA (stream_slices); the LM head (201,088 x 2,880) runs
+// at 4.35 TB/s, q/o_proj (4,096 x 2,880) at ~2 TB/s: too few loads per warp to hide the latency.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -59,7 +59,8 @@ __global__ void fold_halves_kernel(const float* halves, int64_t m, int64_t n, co
   }
 }
 
-// POLYLORA_LINEAR_STREAM=0: the split cuBLAS GEMM for every BF16 product (A/B timing and tests); on by default.
+// POLYLORA_LINEAR_STREAM=0: the split cuBLAS GEMM for every BF16 product (A/B timing and tests); on by
+// default.
 bool stream_enabled() {
   static const bool v = [] {
     const char* e = std::getenv("POLYLORA_LINEAR_STREAM");
@@ -75,7 +76,9 @@ constexpr int kStreamThreads = 256;
 constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kStreamR = 2;
 constexpr int64_t kStreamMaxRows = 8;
-constexpr int stream_u(int tm) { return tm <= 2 ? 8 : tm == 4 ? 4 : 2; }
+constexpr int stream_u(int tm) {
+  return tm <= 2 ? 8 : tm == 4 ? 4 : 2;
+}
 
 // y[t, n] = Σ_k x[t, k] · W[n, k] (+ bias[n]) for t < m <= TM; W BF16 [n, k] with 16-byte rows, x 16-byte
 // aligned rows, in f32 (what the hi + lo split approximates to ~2^-17; only split products take it). With
@@ -156,10 +159,10 @@ void launch_stream_ks(const LinearArgs& a, cudaStream_t st) {
   constexpr int64_t rows_per_cta = kStreamR * (kStreamWarps / KS);
   // Persistent: at most the CTAs that fit at once (2 per SM by the launch bounds).
   const int64_t fit = 2 * static_cast<int64_t>(cuda_util::num_sms());
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((a.w.rows + rows_per_cta - 1) / rows_per_cta, fit));
-  linear_stream_kernel<TM, KS><<<blocks, kStreamThreads, 0, st>>>(a.x, a.ldx, a.m,
-                                                                  static_cast<const __nv_bfloat16*>(a.w.data),
-                                                                  a.w.rows, a.w.cols, a.bias, a.y, a.ldy);
+  const auto blocks =
+      static_cast<unsigned>(std::min<int64_t>((a.w.rows + rows_per_cta - 1) / rows_per_cta, fit));
+  linear_stream_kernel<TM, KS><<<blocks, kStreamThreads, 0, st>>>(
+      a.x, a.ldx, a.m, static_cast<const __nv_bfloat16*>(a.w.data), a.w.rows, a.w.cols, a.bias, a.y, a.ldy);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -4,9 +4,9 @@
 //   POLYLORA_MOE_SMALL_PAIRS overrides the limit): one block sorts the pairs by expert in shared memory
 //   (compact offsets and the list of active experts), then weight-streaming kernels read each active
 //   expert's weights once for its routed rows: gate_up, [LoRA], activation, down, [LoRA]; BF16/F16 weights
-//   with >= kTcMinPerExpert pairs per expert on average on tensor cores (moe_gemv_pipe.cuh / moe_gemv_mma.cuh:
-//   x cast to bf16 once, the activation written in bf16), fewer, or F32 weights, with fp32 FMAs on f32
-//   activations (moe_gemv.cuh, up to 8 routed rows per weight read);
+//   with >= kTcMinPerExpert pairs per expert on average on tensor cores (moe_gemv_pipe.cuh /
+//   moe_gemv_mma.cuh: x cast to bf16 once, the activation written in bf16), fewer, or F32 weights, with fp32
+//   FMAs on f32 activations (moe_gemv.cuh, up to 8 routed rows per weight read);
 // - large (prefill), in the manner of vLLM's fused MoE:
 //   1. align: count pairs per expert, offsets padded to the GEMM row tile, a tile -> expert map, the
 //      pairs scattered into expert order (padding slots hold −1);
@@ -104,16 +104,17 @@ void launch_gemv_pipe(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_
   CUDA_CHECK_LAUNCH();
 }
 
-// The fp32 small-batch product's grid: the CTAs that fit on the GPU at once (2 per SM by its launch bounds), or
-// fewer when the items are fewer (max_items: the worst case, every expert of the sort active).
+// The fp32 small-batch product's grid: the CTAs that fit on the GPU at once (2 per SM by its launch bounds),
+// or fewer when the items are fewer (max_items: the worst case, every expert of the sort active).
 unsigned moe_gemv_blocks(int64_t max_items) {
   const int64_t sms = cuda_util::num_sms();
   const int64_t warps = moe_detail::kGemvThreads / 32;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(2 * sms, (max_items + warps - 1) / warps)));
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(2 * sms, (max_items + warps - 1) / warps)));
 }
 
-// The fp32 small-batch product of one phase, built for passes of the fewest routed rows (1, 2, 4, 8) that hold
-// the m tokens (an expert has at most m of them).
+// The fp32 small-batch product of one phase, built for passes of the fewest routed rows (1, 2, 4, 8) that
+// hold the m tokens (an expert has at most m of them).
 template <Phase P>
 void launch_gemv(int64_t m, dim3 grid, const moe_detail::GemvParams& gp, cudaStream_t st) {
   using moe_detail::kGemvThreads;
@@ -1138,8 +1139,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   }
   // 7. combine
   if (stack) return moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
-  const dim3 grid_combine(static_cast<unsigned>(a.m),
-                          static_cast<unsigned>(std::min<int64_t>((H + 255) / 256, a.m >= 64 ? 1 : 64 / a.m)));
+  const dim3 grid_combine(static_cast<unsigned>(a.m), static_cast<unsigned>(std::min<int64_t>(
+                                                          (H + 255) / 256, a.m >= 64 ? 1 : 64 / a.m)));
   moe_combine_kernel<<<grid_combine, 256, 0, st>>>(ws.y, a.ids, a.weights, a.top_k, H, E, a.out, a.ldo);
   CUDA_CHECK_LAUNCH();
 }

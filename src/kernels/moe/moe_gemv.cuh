@@ -2,8 +2,8 @@
 // GEMV-style kernel built to run at the memory bandwidth. Persistent warps (moe_gemv_kernel) take (active
 // expert, row pair) items of the device-side sort in turn; for each, the warp streams its kGemvR (2) weight
 // rows once with 128-bit loads, gemv_u loads per row in flight per lane (no shared memory, no barrier),
-// multiplying them with that expert's routed rows (up to 8 per pass), whose f32 values every lane reads itself
-// through the read-only cache (every warp of the expert reads the same few rows; the loops are
+// multiplying them with that expert's routed rows (up to 8 per pass), whose f32 values every lane reads
+// itself through the read-only cache (every warp of the expert reads the same few rows; the loops are
 // weight_stream.cuh's dot_rows_*). fp32 FMAs, a fixed-order warp reduction (deterministic).
 // Weights BF16, F32 or INT8 (vector loads; INT8 sums times the row scale) with 16-byte rows, or anything else
 // (element loads). round_bf16: the activations rounded to bf16 first (CudaContext::bf16_split(m) false).
@@ -26,9 +26,11 @@
 namespace polylora::kernels::cuda::moe_detail {
 
 constexpr int kGemvThreads = 256;
-constexpr int kGemvR = 2;                                // rows per warp
+constexpr int kGemvR = 2;  // rows per warp
 // 128-bit loads per row in flight per lane: 8 for passes of up to 2 routed rows, 4 for 4, 2 for 8.
-constexpr int gemv_u(int tm) { return tm <= 2 ? 8 : tm == 4 ? 4 : 2; }
+constexpr int gemv_u(int tm) {
+  return tm <= 2 ? 8 : tm == 4 ? 4 : 2;
+}
 
 struct GemvParams {
   const float* x = nullptr;  // kGateUp: token rows [m, H] (stride ldx); kDown: act rows [rows, I]
@@ -91,9 +93,11 @@ __device__ __forceinline__ void gemv_pass(const GemvParams& p, const char* const
 template <Phase P, typename W, int TM>
 __device__ __forceinline__ void gemv_pass_any(const GemvParams& p, const char* const (&rows)[kGemvR],
                                               const float (&scales)[kGemvR], bool vec, DType dt, int64_t K,
-                                              int64_t N, int64_t n_first, const float* bias, int row0, int nt) {
+                                              int64_t N, int64_t n_first, const float* bias, int row0,
+                                              int nt) {
   if constexpr (TM > 1) {
-    if (nt <= TM / 2) return gemv_pass_any<P, W, TM / 2>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
+    if (nt <= TM / 2)
+      return gemv_pass_any<P, W, TM / 2>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
   }
   gemv_pass<P, W, TM>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
 }

@@ -37,8 +37,8 @@ void rope(const RopeArgs& a, const CudaContext& ctx) {
   const int64_t items = a.num_heads * (a.head_dim / 2);
   const int64_t per_token = a.m >= 64 ? 1 : std::min<int64_t>((items + 127) / 128, (64 + a.m - 1) / a.m);
   const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>(std::max<int64_t>(1, per_token)));
-  rope_kernel<<<grid, 128, 0, cuda_util::stream(ctx)>>>(
-      a.x, a.ldx, a.num_heads, a.head_dim, a.positions, a.inv_freq, a.attention_scaling);
+  rope_kernel<<<grid, 128, 0, cuda_util::stream(ctx)>>>(a.x, a.ldx, a.num_heads, a.head_dim, a.positions,
+                                                        a.inv_freq, a.attention_scaling);
   CUDA_CHECK_LAUNCH();
 }
 

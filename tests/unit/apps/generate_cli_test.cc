@@ -62,8 +62,8 @@ void expect_greedy_prefix(const std::string& out) {
 
 TEST(GenerateCli, PromptIdsPrintGreedyIds) {
   int status = 0;
-  std::string out =
-      run("generate --model " + kModel + " --prompt-ids " + reference_prompt_ids() + " --max-tokens 5", &status);
+  std::string out = run(
+      "generate --model " + kModel + " --prompt-ids " + reference_prompt_ids() + " --max-tokens 5", &status);
   ASSERT_EQ(status, 0);
   expect_greedy_prefix(out);
 }
@@ -72,8 +72,8 @@ TEST(GenerateCli, PromptIdsPrintGreedyIds) {
 // and a size the model's heads do not allow is refused naming the long flag.
 TEST(GenerateCli, ShortTensorParallelFlag) {
   int status = 0;
-  std::string out = run("generate --model " + kModel + " --device cpu -tp 2 --prompt-ids " + reference_prompt_ids() +
-                            " --max-tokens 5",
+  std::string out = run("generate --model " + kModel + " --device cpu -tp 2 --prompt-ids " +
+                            reference_prompt_ids() + " --max-tokens 5",
                         &status);
   ASSERT_EQ(status, 0) << out;
   expect_greedy_prefix(out);
