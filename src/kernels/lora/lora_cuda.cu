@@ -1,9 +1,11 @@
 // kernels/lora/lora_cuda.cu: CUDA dense LoRA over the given rows: one block per row, shrink and expand
 // fused (the rank-sized intermediate stays in shared memory).
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/lora/lora_stack_cuda.cuh"
+#include "kernels/weight_stream.cuh"
 
 namespace polylora::kernels::cuda {
 namespace {
@@ -85,6 +87,62 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32) dense_shrink_kernel(Den
   ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, static_cast<int>(blockIdx.z), xs);
 }
 
+// The shrink for few tokens (decode) as weight streaming: persistent warps over (token, rank row pair) items,
+// each streaming its two A rows once with 128-bit loads, several in flight per lane (weight_stream.cuh), the
+// token's f32 x through the read-only cache; fp32 sums, no split-K (tmp holds one sum). Tokens whose slot
+// has no LoRA in any module of the group are skipped (the expand tests each module's scale itself).
+constexpr int kGemvShrinkThreads = 256;
+
+template <typename TW>
+__global__ void __launch_bounds__(kGemvShrinkThreads) dense_shrink_gemv_kernel(DenseParams<TW> p) {
+  const int64_t total = p.first[p.num], per = (total + 1) / 2, items = p.m * per;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGemvShrinkThreads / 32);
+  const bool vec = (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && p.ldx % 4 == 0 &&
+                   (p.in * static_cast<int64_t>(sizeof(TW))) % 16 == 0;
+  const int lane = threadIdx.x & 31;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * (kGemvShrinkThreads / 32) + (threadIdx.x >> 5); q < items;
+       q += warps) {
+    const int64_t t = q / per, j0 = (q % per) * 2;
+    const int32_t key = dense_key(p, t, -1);
+    if (key < 0) continue;  // warp-uniform
+    const char* rows[2];
+    bool row_vec = vec;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int64_t j = j0 + u;
+      rows[u] = nullptr;
+      if (j >= total) continue;
+      int i = 0;
+      while (i + 1 < p.num && j >= p.first[i + 1]) ++i;
+      const TW* a = p.a[i] + (static_cast<int64_t>(key) * p.rank[i] + j - p.first[i]) * p.in;
+      row_vec = row_vec && (reinterpret_cast<uintptr_t>(a) & 15) == 0;
+      rows[u] = reinterpret_cast<const char*>(a);
+    }
+    const float* xs[1] = {p.x + t * p.ldx};
+    float acc[2][1] = {};
+    if (row_vec) {
+      stream::dot_rows_vec<TW, 2, 1, 8>(rows, p.in, xs, false, acc);
+    } else {
+      stream::dot_rows_scalar<2, 1>(rows, sizeof(TW) == 2 ? DType::kBF16 : DType::kF32, p.in, xs, false, acc);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const float v = cuda_util::warp_sum(acc[u][0]);
+      if (lane == 0 && rows[u] != nullptr) p.tmp[t * total + j0 + u] = v;
+    }
+  }
+}
+
+// Token counts up to this take dense_shrink_gemv_kernel (each token reads its slot's A itself; the tiled
+// shrink reads it once per 8 tokens, better for prefill). POLYLORA_LORA_GEMV_SHRINK_ROWS overrides (0: tiled).
+int64_t dense_gemv_shrink_max_rows() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("POLYLORA_LORA_GEMV_SHRINK_ROWS");
+    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{64};
+  }();
+  return v;
+}
+
 // y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (tiles, output chunks, module).
 template <typename TW>
 __global__ void __launch_bounds__(ls::kExpandThreads) dense_expand_kernel(DenseParams<TW> p, int64_t lds) {
@@ -152,12 +210,20 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   p.tmp = static_cast<float*>(ctx.workspace);
   const int64_t tiles = (a.m + ls::kTileRows - 1) / ls::kTileRows;
   const int64_t rank_blocks = (p.first[p.num] + ls::kShrinkRanks - 1) / ls::kShrinkRanks;
-  p.splits = ls::shrink_splits(tiles, rank_blocks, p.in);
+  const bool gemv = a.m <= dense_gemv_shrink_max_rows();
+  p.splits = gemv ? 1 : ls::shrink_splits(tiles, rank_blocks, p.in);
   KERNEL_CHECK(tiles < (1LL << 31) && p.first[p.num] / ls::kShrinkRanks < 65535 && max_out / ls::kExpandThreads < 65535,
                "lora_batch: shape too large for the grid");
   cudaStream_t st = cuda_util::stream(ctx);
-  dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(rank_blocks), static_cast<unsigned>(p.splits));
-  dense_shrink_kernel<TW><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
+  if (gemv) {
+    const int64_t items = a.m * ((p.first[p.num] + 1) / 2), per_block = kGemvShrinkThreads / 32;
+    const auto blocks = static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>(2 * cuda_util::num_sms(), (items + per_block - 1) / per_block)));
+    dense_shrink_gemv_kernel<TW><<<blocks, kGemvShrinkThreads, 0, st>>>(p);
+  } else {
+    dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(rank_blocks), static_cast<unsigned>(p.splits));
+    dense_shrink_kernel<TW><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
+  }
   CUDA_CHECK_LAUNCH();
   const int64_t lds = ls::round8(max_rank);
   dim3 ge(static_cast<unsigned>(tiles), static_cast<unsigned>((max_out + ls::kExpandThreads - 1) / ls::kExpandThreads),

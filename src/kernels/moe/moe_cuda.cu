@@ -696,11 +696,15 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32)
   ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, static_cast<int>(blockIdx.z), xs);
 }
 
+// Threads per block of the two expand-fused kernels below: columns over blocks, so few tokens (decode) still
+// spread over ~2 x more SMs than with 256 (the B loads are latency-bound there).
+constexpr int kActLoraThreads = 128;
+
 // moe_act_kernel with the gate/up LoRA expand fused in: per tile of sorted rows and column j, the B rows
 // of the gate and up outputs of j read once per distinct (slot, expert) of the tile, added (scaled) to
 // gu before the activation. ts: [kTileRows][gu_slices][R8] shared.
 template <typename TW>
-__global__ void __launch_bounds__(ls::kExpandThreads)
+__global__ void __launch_bounds__(kActLoraThreads)
     moe_act_lora_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act, __nv_bfloat16* act_bf16,
                         int64_t lda_bf16, int64_t copies, ExpertAct kind, float alpha, float limit) {
   extern __shared__ float ts[];
@@ -774,7 +778,7 @@ __global__ void __launch_bounds__(ls::kExpandThreads)
 
 // moe_combine_kernel with the down LoRA expand fused in: out[t] = Σ_k w_k · (y_pair + scale · B · tmp_pair).
 template <typename TW>
-__global__ void __launch_bounds__(256) moe_combine_lora_kernel(StackParams<TW> p, const float* y, const float* tmp,
+__global__ void __launch_bounds__(kActLoraThreads) moe_combine_lora_kernel(StackParams<TW> p, const float* y, const float* tmp,
                                                                const float* weights, float* out, int64_t ldo) {
   extern __shared__ float ts[];  // [top_k][R8]
   __shared__ int32_t keys[kMaxTopKLora];
@@ -832,6 +836,60 @@ void launch_mma_tile(int tile_m, dim3 grid, const moe_detail::MmaParams& mp, cud
 
 
 
+// Paths whose sorted rows are single pairs (tile_m 1: the GEMV, tensor-core GEMV and MXFP4 paths) with at
+// most this many rows take the shrinks as weight-streaming items (moe_gemv.cuh LoraShrinkItems: fused into
+// the GEMV path's products, a launch of their own on the others), without split-K. Above it (prefill
+// sizes), the tiled shrink, which reads a key's A once per tile of 8 rows. POLYLORA_LORA_GEMV_SHRINK_ROWS
+// overrides (0: always tiled).
+int64_t gemv_shrink_max_rows() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("POLYLORA_LORA_GEMV_SHRINK_ROWS");
+    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{256};
+  }();
+  return v;
+}
+
+bool gemv_shrink(const StackBuffers& b) {
+  return b.tile_m == 1 && b.max_rows <= gemv_shrink_max_rows();
+}
+
+// The shrink items of one phase (gate/up: x -> lora_gu by sorted row; down: act -> lora_down by pair).
+template <Phase P>
+moe_detail::LoraShrinkItems shrink_items(const MoeExpertsArgs& a, const StackBuffers& b) {
+  const MoeLoraStack& s = a.lora_stack;
+  moe_detail::LoraShrinkItems l;
+  l.a = P == Phase::kGateUp ? s.a_gu : s.a_down;
+  l.dtype = s.dtype;
+  l.scale = s.scale;
+  l.token_slots = a.token_slots;
+  l.ids = a.ids;
+  l.num_rows = b.num_tiles;
+  l.slots = s.slots;
+  l.E = a.num_experts;
+  l.lora_rows = P == Phase::kGateUp ? s.gu_slices * s.rank : s.rank;
+  l.max_rows = b.max_rows;
+  l.c0 = P == Phase::kGateUp ? 0 : 2;
+  l.c1 = P == Phase::kGateUp ? s.gu_slices : 3;
+  l.out = P == Phase::kGateUp ? b.lora_gu : b.lora_down;
+  return l;
+}
+
+// The shrink of one phase alone, as moe_gemv_kernel's LoRA items.
+template <Phase P>
+void launch_gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st) {
+  moe_detail::GemvParams gp;
+  gp.x = P == Phase::kGateUp ? a.x : b.act;
+  gp.ldx = P == Phase::kGateUp ? a.ldx : a.inter;
+  gp.sorted = b.sorted;
+  gp.top_k = a.top_k;
+  gp.hidden = a.hidden;
+  gp.inter = a.inter;
+  gp.base = false;
+  gp.lora = shrink_items<P>(a, b);
+  moe_detail::moe_gemv_kernel<P, 1><<<moe_gemv_blocks(gp.lora.items()), moe_detail::kGemvThreads, 0, st>>>(gp);
+  CUDA_CHECK_LAUNCH();
+}
+
 // One step of the slot-stacked expert LoRA on the workspace of a path (sorted rows as that path sorted
 // them).
 template <typename TW>
@@ -860,12 +918,17 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
   const auto tiles = static_cast<unsigned>((ws.max_rows + ls::kTileRows - 1) / ls::kTileRows);
   const int64_t R8 = ls::round8(s.rank);
   const moe_detail::StackSplits sp = moe_detail::stack_splits(a, ws.max_rows);
-  p.gu_splits = sp.gu;
-  p.down_splits = sp.down;
+  const bool gemv = gemv_shrink(ws);
+  p.gu_splits = gemv ? 1 : sp.gu;
+  p.down_splits = gemv ? 1 : sp.down;
   p.gu_stride = ws.max_rows * s.gu_slices * s.rank;
   p.down_stride = a.m * a.top_k * s.rank;
   switch (step) {
     case StackStep::kShrinkGateUp: {
+      if (gemv) {
+        if (!ws.shrinks_fused) launch_gemv_shrink<Phase::kGateUp>(a, ws, st);
+        return;
+      }
       dim3 grid(tiles, static_cast<unsigned>((s.gu_slices * s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks),
                 static_cast<unsigned>(sp.gu));
       moe_stack_shrink_kernel<TW><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, a.x, a.ldx, ws.lora_gu, false);
@@ -873,14 +936,18 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
     }
     case StackStep::kActivation: {
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
-      dim3 grid(tiles, static_cast<unsigned>((width + ls::kExpandThreads - 1) / ls::kExpandThreads));
+      dim3 grid(tiles, static_cast<unsigned>((width + kActLoraThreads - 1) / kActLoraThreads));
       const size_t smem = static_cast<size_t>(ls::kTileRows * s.gu_slices * R8) * sizeof(float);
-      moe_act_lora_kernel<TW><<<grid, ls::kExpandThreads, smem, st>>>(
+      moe_act_lora_kernel<TW><<<grid, kActLoraThreads, smem, st>>>(
           p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act,
           a.swiglu_alpha, a.swiglu_limit);
       break;
     }
     case StackStep::kShrinkDown: {
+      if (gemv) {
+        if (!ws.shrinks_fused) launch_gemv_shrink<Phase::kDown>(a, ws, st);
+        return;
+      }
       dim3 grid(tiles, static_cast<unsigned>((s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks),
                 static_cast<unsigned>(sp.down));
       moe_stack_shrink_kernel<TW><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, ws.act, a.inter, ws.lora_down, true);
@@ -888,8 +955,8 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
     }
     case StackStep::kCombine: {
       const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
-      dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>((a.hidden + 255) / 256));
-      moe_combine_lora_kernel<TW><<<grid, 256, smem, st>>>(p, ws.y, ws.lora_down, a.weights, a.out, a.ldo);
+      dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>((a.hidden + kActLoraThreads - 1) / kActLoraThreads));
+      moe_combine_lora_kernel<TW><<<grid, kActLoraThreads, smem, st>>>(p, ws.y, ws.lora_down, a.weights, a.out, a.ldo);
       break;
     }
   }
@@ -1052,7 +1119,12 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.x = a.x;
     gp.ldx = a.ldx;
     gp.out = ws.gu;
-    const dim3 grid_gu(moe_gemv_blocks(max_active * ((2 * I + moe_detail::kGemvR - 1) / moe_detail::kGemvR)));
+    // The LoRA shrinks ride along as extra items of the two products (gate/up: x, down: the activation).
+    const bool fuse = stack && gemv_shrink(sb);
+    sb.shrinks_fused = fuse;
+    if (fuse) gp.lora = shrink_items<Phase::kGateUp>(a, sb);
+    const dim3 grid_gu(moe_gemv_blocks(max_active * ((2 * I + moe_detail::kGemvR - 1) / moe_detail::kGemvR) +
+                                       gp.lora.items()));
     launch_gemv<Phase::kGateUp>(a.m, grid_gu, gp, st);
     // 3. gate_up LoRA, 4. activation
     gate_up_lora_and_activation();
@@ -1060,7 +1132,9 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.x = ws.act;
     gp.ldx = I;
     gp.out = ws.y;
-    const dim3 grid_down(moe_gemv_blocks(max_active * ((H + moe_detail::kGemvR - 1) / moe_detail::kGemvR)));
+    if (fuse) gp.lora = shrink_items<Phase::kDown>(a, sb);
+    const dim3 grid_down(moe_gemv_blocks(max_active * ((H + moe_detail::kGemvR - 1) / moe_detail::kGemvR) +
+                                         gp.lora.items()));
     launch_gemv<Phase::kDown>(a.m, grid_down, gp, st);
   } else {
     // 1. align

@@ -88,6 +88,7 @@ struct StackBuffers {
   const float* y = nullptr;                 // [pairs, H] down products by pair
   float* lora_gu = nullptr;                 // [gu splits][max_rows, gu_slices·rank] partial sums
   float* lora_down = nullptr;               // [down splits][pairs, rank]
+  bool shrinks_fused = false;               // the path's products computed the shrinks (the steps skip them)
 };
 void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st);
 // Split-K of the two shrinks for a path with `max_rows` sorted rows, and the floats of lora_gu and

@@ -32,6 +32,25 @@ constexpr int gemv_u(int tm) {
   return tm <= 2 ? 8 : tm == 4 ? 4 : 2;
 }
 
+// The slot-stacked expert LoRA's shrink as weight-streaming items (fused into moe_gemv_kernel on the GEMV path,
+// or moe_gemv_kernel's only items for the other paths whose sorted rows are single rows): one item is a
+// sorted row r and two rank rows j, j + 1 of its (slot, expert)'s A: out[...] = A[key][j] · in(r), where
+// in(r) is the token's x (gate/up: out row r of [rows, lora_rows]) or the act row r (down: out row pair of
+// [pairs, lora_rows]). Rows without LoRA there (slot −1, scale 0 in columns [c0, c1)) are skipped; their
+// out rows are never read (the expand kernels test the same key). No split-K (the expands read one sum).
+struct LoraShrinkItems {
+  const void* a = nullptr;  // [slots, E, lora_rows, K] in dtype (nullptr: no LoRA items)
+  DType dtype = DType::kF32;
+  const float* scale = nullptr;  // [slots, E, 3]
+  const int32_t* token_slots = nullptr;
+  const int32_t* ids = nullptr;
+  const int32_t* num_rows = nullptr;  // sorted rows in use (device)
+  int64_t slots = 0, E = 0, lora_rows = 0, max_rows = 0;  // max_rows: host bound on the sorted rows
+  int c0 = 0, c1 = 0;
+  float* out = nullptr;
+  __host__ __device__ int64_t items() const { return a == nullptr ? 0 : max_rows * ((lora_rows + 1) / 2); }
+};
+
 struct GemvParams {
   const float* x = nullptr;  // kGateUp: token rows [m, H] (stride ldx); kDown: act rows [rows, I]
   int64_t ldx = 0;
@@ -44,6 +63,8 @@ struct GemvParams {
   int64_t top_k = 0, hidden = 0, inter = 0;
   float* out = nullptr;     // kGateUp: gu [rows, 2I] by sorted row; kDown: y [pairs, H] by pair
   bool round_bf16 = false;  // BF16 weights: round the activations to bf16 (CudaContext::bf16_split(m) false)
+  bool base = true;         // false: only the LoRA items (the shrink of a path with its own expert product)
+  LoraShrinkItems lora;
 };
 
 // One pass over nt (<= TM) routed rows starting at sorted row `row0`: accumulate, reduce, store (+bias).
@@ -146,6 +167,60 @@ __device__ __forceinline__ void gemv_item(const GemvParams& p, int j, int64_t n_
   }
 }
 
+// LoRA item q (< p.lora.items()): see LoraShrinkItems. f32 inputs as the tiled shrink reads them (no bf16
+// rounding), fp32 sums.
+template <Phase P, typename TW>
+__device__ __forceinline__ void lora_shrink_item_as(const GemvParams& p, int64_t r, int64_t j0, int64_t key,
+                                                    int32_t pair) {
+  const LoraShrinkItems& l = p.lora;
+  const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
+  const float* x = P == Phase::kGateUp ? p.x + (pair / p.top_k) * p.ldx : p.x + r * p.inter;
+  const char* rows[kGemvR];
+#pragma unroll
+  for (int q = 0; q < kGemvR; ++q)
+    rows[q] = j0 + q < l.lora_rows
+                  ? static_cast<const char*>(l.a) + ((key * l.lora_rows + j0 + q) * K) * static_cast<int64_t>(sizeof(TW))
+                  : nullptr;
+  const float* xs[1] = {x};
+  float acc[kGemvR][1] = {};
+  const int64_t ldx = P == Phase::kGateUp ? p.ldx : p.inter;
+  const bool vec = (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && ldx % 4 == 0 &&
+                   (reinterpret_cast<uintptr_t>(l.a) & 15) == 0 && (K * static_cast<int64_t>(sizeof(TW))) % 16 == 0;
+  if (vec) {
+    stream::dot_rows_vec<TW, kGemvR, 1, 8>(rows, K, xs, false, acc);
+  } else {
+    stream::dot_rows_scalar<kGemvR, 1>(rows, l.dtype, K, xs, false, acc);
+  }
+  const int lane = threadIdx.x & 31;
+  float* out = l.out + (P == Phase::kGateUp ? r : static_cast<int64_t>(pair)) * l.lora_rows;
+#pragma unroll
+  for (int q = 0; q < kGemvR; ++q) {
+    const float v = cuda_util::warp_sum(acc[q][0]);
+    if (lane == 0 && rows[q] != nullptr) out[j0 + q] = v;
+  }
+}
+
+template <Phase P>
+__device__ __forceinline__ void lora_shrink_item(const GemvParams& p, int64_t q) {
+  const LoraShrinkItems& l = p.lora;
+  const int64_t per_row = (l.lora_rows + 1) / 2;
+  const int64_t r = q / per_row, j0 = (q % per_row) * 2;
+  if (r >= *l.num_rows) return;
+  const int32_t pair = p.sorted[r];
+  const int32_t e = l.ids[pair];
+  const int32_t s = l.token_slots[pair / p.top_k];
+  if (e < 0 || e >= l.E || s < 0 || s >= l.slots) return;
+  const int64_t key = static_cast<int64_t>(s) * l.E + e;
+  bool on = false;
+  for (int c = l.c0; c < l.c1; ++c) on |= l.scale[key * 3 + c] != 0.0f;
+  if (!on) return;
+  if (l.dtype == DType::kBF16) {
+    lora_shrink_item_as<P, __nv_bfloat16>(p, r, j0, key, pair);
+  } else {
+    lora_shrink_item_as<P, float>(p, r, j0, key, pair);
+  }
+}
+
 // TM: the most routed rows per pass (1, 2, 4 or 8: the launch picks the smallest that holds the batch's
 // tokens, so a batch-1 step builds no 8-row pass and keeps its registers for loads in flight).
 // Persistent warps: the grid is what fits on the GPU at once (moe_gemv_blocks), and warp w of all takes items
@@ -155,12 +230,17 @@ template <Phase P, int TM>
 __global__ void __launch_bounds__(kGemvThreads, 2) moe_gemv_kernel(GemvParams p) {
   const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
   const int64_t pairs_per_expert = (N + kGemvR - 1) / kGemvR;
-  const int64_t items = static_cast<int64_t>(*p.num_active) * pairs_per_expert;
+  const int64_t base_items = p.base ? static_cast<int64_t>(*p.num_active) * pairs_per_expert : 0;
+  const int64_t items = base_items + p.lora.items();
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGemvThreads / 32);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * (kGemvThreads / 32) + (threadIdx.x >> 5); i < items;
        i += warps) {
-    const int j = static_cast<int>(i / pairs_per_expert);
-    gemv_item<P, TM>(p, j, (i % pairs_per_expert) * kGemvR);
+    if (i < base_items) {
+      const int j = static_cast<int>(i / pairs_per_expert);
+      gemv_item<P, TM>(p, j, (i % pairs_per_expert) * kGemvR);
+    } else {
+      lora_shrink_item<P>(p, i - base_items);
+    }
   }
 }
 
