@@ -22,6 +22,7 @@
 // grouped GEMM (both read the codes and row scales directly, moe_gemv.cuh / moe_gemm_mma.cuh).
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/lora/lora_stack_cuda.cuh"
@@ -165,7 +166,9 @@ struct MoeWorkspace {
   int64_t pairs = 0, tile_m = 1, max_tiles = 0, max_rows = 0, lda_h = 0, lda_i = 0;
   int64_t copies = 1;                 // bf16 copies per activation row: 2 (hi, lo) with the split
   int32_t* counts = nullptr;          // [E] pairs per expert
-  int32_t* fill = nullptr;            // [E] scatter cursors
+  int32_t* fill = nullptr;            // [E·B] scatter cursors per (expert, slot bucket)
+  int32_t* sub_counts = nullptr;      // [E·B] pairs per (expert, slot bucket) (GEMM paths)
+  int64_t buckets = 1;                // B: slot buckets (slot-stacked LoRA: slots + 1, bucket 0 = none)
   int32_t* offsets = nullptr;         // [E] first sorted row of each expert (padded to tile_m)
   int32_t* active = nullptr;          // [E] GEMV path: experts with pairs
   int32_t* num_active = nullptr;      // [1]
@@ -211,6 +214,14 @@ struct MoeWorkspace {
         max_rows = max_tiles * tile_m;
         break;
     }
+    // With slot-stacked LoRA the GEMM paths order each expert's rows by adapter slot, so a tile's rows
+    // mostly share one (slot, expert) and the LoRA kernels read its A and B once per tile, not per row.
+    // POLYLORA_MOE_SLOT_ORDER=0: expert order only (A/B).
+    static const bool slot_order = [] {
+      const char* e = std::getenv("POLYLORA_MOE_SLOT_ORDER");
+      return e == nullptr || std::string(e) != "0";
+    }();
+    buckets = slot_order && a.token_slots != nullptr && !a.lora_stack.empty() ? a.lora_stack.slots + 1 : 1;
     auto* p = static_cast<char*>(base);
     auto take = [&](size_t n) {
       char* r = p ? p + bytes : nullptr;
@@ -218,7 +229,8 @@ struct MoeWorkspace {
       return r;
     };
     counts = reinterpret_cast<int32_t*>(take(4 * a.num_experts));
-    fill = reinterpret_cast<int32_t*>(take(4 * a.num_experts));
+    fill = reinterpret_cast<int32_t*>(take(static_cast<size_t>(4 * a.num_experts * buckets)));
+    sub_counts = reinterpret_cast<int32_t*>(take(static_cast<size_t>(4 * a.num_experts * buckets)));
     offsets = reinterpret_cast<int32_t*>(take(4 * a.num_experts));
     active = reinterpret_cast<int32_t*>(take(4 * a.num_experts));
     num_active = reinterpret_cast<int32_t*>(take(4));
@@ -368,11 +380,23 @@ __global__ void align_small_kernel(const int32_t* ids, int64_t pairs, int64_t E,
   }
 }
 
-__global__ void count_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32_t* counts) {
+// The slot bucket of a pair's token: 1 + its adapter slot, 0 without one (or without slots).
+__device__ __forceinline__ int32_t slot_bucket(const int32_t* token_slots, int64_t top_k, int64_t buckets,
+                                               int64_t pair) {
+  if (buckets <= 1 || token_slots == nullptr) return 0;
+  const int32_t s = token_slots[pair / top_k];
+  return s >= 0 && s + 1 < buckets ? s + 1 : 0;
+}
+
+// Pairs per expert, and per (expert, slot bucket) when there are buckets.
+__global__ void count_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32_t* counts,
+                             const int32_t* token_slots, int64_t top_k, int64_t buckets, int32_t* sub_counts) {
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int32_t e = ids[p];
-    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+    if (e < 0 || e >= E) continue;
+    atomicAdd(&counts[e], 1);
+    if (buckets > 1) atomicAdd(&sub_counts[e * buckets + slot_bucket(token_slots, top_k, buckets, p)], 1);
   }
 }
 
@@ -399,12 +423,30 @@ __global__ void offsets_kernel(const int32_t* counts, int64_t E, int tile_m, int
   }
 }
 
+// With slot buckets: the scatter cursors start at each (expert, bucket)'s first row within the expert
+// (an exclusive scan of sub_counts over the buckets; one thread per expert).
+__global__ void bucket_cursors_kernel(const int32_t* sub_counts, int64_t E, int64_t buckets, int32_t* fill) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < E;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int32_t run = 0;
+    for (int64_t b = 0; b < buckets; ++b) {
+      fill[e * buckets + b] = run;
+      run += sub_counts[e * buckets + b];
+    }
+  }
+}
+
+// Each pair to its expert's rows (within them, its slot bucket's range when there are buckets; in any order
+// within a bucket: each pair's result is computed on its own).
 __global__ void scatter_kernel(const int32_t* ids, int64_t pairs, int64_t E, const int32_t* offsets,
-                               int32_t* fill, int32_t* sorted) {
+                               int32_t* fill, int32_t* sorted, const int32_t* token_slots, int64_t top_k,
+                               int64_t buckets) {
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int32_t e = ids[p];
-    if (e >= 0 && e < E) sorted[offsets[e] + atomicAdd(&fill[e], 1)] = static_cast<int32_t>(p);
+    if (e < 0 || e >= E) continue;
+    const int64_t b = slot_bucket(token_slots, top_k, buckets, p);
+    sorted[offsets[e] + atomicAdd(&fill[e * buckets + b], 1)] = static_cast<int32_t>(p);
   }
 }
 
@@ -1138,17 +1180,25 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     launch_gemv<Phase::kDown>(a.m, grid_down, gp, st);
   } else {
     // 1. align
+    const int64_t nb = ws.buckets;
     CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, static_cast<size_t>(4 * E), st));
-    CUDA_CHECK(cudaMemsetAsync(ws.fill, 0, static_cast<size_t>(4 * E), st));
+    CUDA_CHECK(cudaMemsetAsync(ws.fill, 0, static_cast<size_t>(4 * E * nb), st));
+    if (nb > 1) CUDA_CHECK(cudaMemsetAsync(ws.sub_counts, 0, static_cast<size_t>(4 * E * nb), st));
     CUDA_CHECK(cudaMemsetAsync(ws.sorted, 0xff, static_cast<size_t>(4 * ws.max_rows), st));
     unsigned pair_blocks = cuda_util::blocks_for(ws.pairs, 256, 4096);
-    count_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.counts);
+    count_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.counts, a.token_slots, a.top_k, nb,
+                                              ws.sub_counts);
     CUDA_CHECK_LAUNCH();
     const size_t smem = static_cast<size_t>(8 * E);
     KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the offsets kernel");
     offsets_kernel<<<1, 1024, smem, st>>>(ws.counts, E, tile_m, ws.offsets, ws.tile_expert, ws.num_tiles);
     CUDA_CHECK_LAUNCH();
-    scatter_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.offsets, ws.fill, ws.sorted);
+    if (nb > 1) {
+      bucket_cursors_kernel<<<cuda_util::blocks_for(E, 128, 1024), 128, 0, st>>>(ws.sub_counts, E, nb, ws.fill);
+      CUDA_CHECK_LAUNCH();
+    }
+    scatter_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.offsets, ws.fill, ws.sorted, a.token_slots,
+                                                a.top_k, nb);
     CUDA_CHECK_LAUNCH();
     const int64_t tile_n = mma ? moe_detail::kMmaBN : kF32TileN;
     KERNEL_CHECK((2 * I + tile_n - 1) / tile_n <= 65535 && (H + tile_n - 1) / tile_n <= 65535,
