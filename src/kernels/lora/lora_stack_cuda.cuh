@@ -81,11 +81,24 @@ struct ShrinkGroup {
   int64_t split_stride = 0;  // floats between the partial sums of consecutive splits
 };
 
+// Which weights each row of a tile loads: its key, or for a row without LoRA (key −1, its sums are never
+// stored) the previous row's (key 0 for the first); same[u]: row u's are row u − 1's, so it reuses them
+// instead of loading them again (rows are sorted by key on the expert paths and by sequence on the dense
+// ones, so a tile's rows mostly share one key: one load per distinct key and tile).
+__device__ __forceinline__ void tile_load_keys(const int32_t* keys, int32_t (&load_key)[kTileRows],
+                                               bool (&same)[kTileRows]) {
+#pragma unroll
+  for (int u = 0; u < kTileRows; ++u) {
+    load_key[u] = keys[u] >= 0 ? keys[u] : (u > 0 ? load_key[u - 1] : 0);
+    same[u] = u > 0 && load_key[u] == load_key[u - 1];
+  }
+}
+
 // tmp rows (partial sums of split `split`) for a tile of rows: `refs` (kTileRows, in shared memory,
 // filled by the caller's block before a barrier), the block's kShrinkRanks rank rows starting at j_base.
 // Call from every thread of a block of kShrinkWarps warps; `xs` is shared memory [kTileRows][kChunk].
-// Every row's weights are loaded unconditionally (rows without LoRA read key 0's and add nothing), so a
-// warp has all of its tile's loads in flight at once; rows of the tile with the same key hit L1.
+// Each distinct key's weights are loaded once per chunk (tile_load_keys), all of them before the FMAs, so a
+// warp has its tile's loads in flight at once.
 template <typename TW>
 __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_t j_base, int split,
                             float (*xs)[kChunk]) {
@@ -99,6 +112,9 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
     any |= keys[u] >= 0;
   }
   if (!any) return;  // uniform over the block
+  int32_t load_key[kTileRows];
+  bool same[kTileRows];
+  tile_load_keys(keys, load_key, same);
   const TW* wrow[kShrinkRowsPerWarp];
   int64_t key_stride[kShrinkRowsPerWarp];
   bool valid[kShrinkRowsPerWarp];
@@ -133,10 +149,18 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
     const bool vk = vec && k + 8 <= g.in;
     float w[kTileRows][kShrinkRowsPerWarp][8];
 #pragma unroll
-    for (int u = 0; u < kTileRows; ++u)
+    for (int u = 0; u < kTileRows; ++u) {
+      if (u > 0 && same[u]) {  // the previous row's weights (block-uniform branch)
+#pragma unroll
+        for (int q = 0; q < kShrinkRowsPerWarp; ++q)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) w[u][q][e] = w[u - 1][q][e];
+        continue;
+      }
 #pragma unroll
       for (int q = 0; q < kShrinkRowsPerWarp; ++q)
-        load8(wrow[q] + static_cast<int64_t>(keys[u] >= 0 ? keys[u] : 0) * key_stride[q], k, g.in, vk, w[u][q]);
+        load8(wrow[q] + static_cast<int64_t>(load_key[u]) * key_stride[q], k, g.in, vk, w[u][q]);
+    }
 #pragma unroll
     for (int u = 0; u < kTileRows; ++u) {
       const float* xv = &xs[u][lane * 8];
@@ -187,15 +211,26 @@ __device__ __forceinline__ float dot_rank(const TW* b, const float* t, int64_t r
 
 // acc[u] += B[key_u] row · ts[u] for every row u of a tile with keys[u] >= 0: row(key) gives the B row
 // (R values in global memory, vec: 16-byte aligned with R a multiple of 8). All rows' loads of a chunk of
-// 8 rank columns are issued together (rows without LoRA read key 0's row and add nothing). ts rows
+// 8 rank columns are issued together, one per distinct key in row order (tile_load_keys: rows without LoRA
+// reuse a neighbour's and add nothing). ts rows
 // (stride lds, a multiple of 8 >= R) are zero past R.
 template <typename TW, typename RowOf>
 __device__ __forceinline__ void expand_tile(const RowOf& row, int64_t R, bool vec, const float* ts, int64_t lds,
                                             const int32_t* keys, float* acc) {
+  int32_t load_key[kTileRows];
+  bool same[kTileRows];
+  tile_load_keys(keys, load_key, same);
   for (int64_t r = 0; r < R; r += 8) {
     float w[kTileRows][8];
 #pragma unroll
-    for (int u = 0; u < kTileRows; ++u) load8(static_cast<const TW*>(row(keys[u] >= 0 ? keys[u] : 0)), r, R, vec, w[u]);
+    for (int u = 0; u < kTileRows; ++u) {
+      if (u > 0 && same[u]) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) w[u][e] = w[u - 1][e];
+      } else {
+        load8(static_cast<const TW*>(row(load_key[u])), r, R, vec, w[u]);
+      }
+    }
 #pragma unroll
     for (int u = 0; u < kTileRows; ++u) {
       if (keys[u] < 0) continue;
