@@ -155,8 +155,15 @@ TEST(GpuMoeMxfp4, TopKOneAndAllAndManyPasses) {
     // sums have the spread of the 64-wide cases (rms ~1.4; a model's inputs are RMS-normalised): at +-2 over
     // 2880 columns they are ~9 (the clamp at 7 saturates) and the f32 summation order alone moves outputs
     // by ~2e-4 after the activation's x8 slope (measured on the H200: 678 of 864,300 past 1e-4).
-    run_mxfp4({.m = 300, .hidden = 2880, .inter = 64, .num_experts = 8, .top_k = 3, .mode = md, .lora = true,
-               .every_token_to_expert_2 = true, .x_range = 2.0f * 0.149f});
+    run_mxfp4({.m = 300,
+               .hidden = 2880,
+               .inter = 64,
+               .num_experts = 8,
+               .top_k = 3,
+               .mode = md,
+               .lora = true,
+               .every_token_to_expert_2 = true,
+               .x_range = 2.0f * 0.149f});
   }
 }
 

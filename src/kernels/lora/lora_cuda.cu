@@ -100,8 +100,8 @@ __global__ void __launch_bounds__(kGemvShrinkThreads) dense_shrink_gemv_kernel(D
   const bool vec = (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && p.ldx % 4 == 0 &&
                    (p.in * static_cast<int64_t>(sizeof(TW))) % 16 == 0;
   const int lane = threadIdx.x & 31;
-  for (int64_t q = static_cast<int64_t>(blockIdx.x) * (kGemvShrinkThreads / 32) + (threadIdx.x >> 5); q < items;
-       q += warps) {
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * (kGemvShrinkThreads / 32) + (threadIdx.x >> 5);
+       q < items; q += warps) {
     const int64_t t = q / per, j0 = (q % per) * 2;
     const int32_t key = dense_key(p, t, -1);
     if (key < 0) continue;  // warp-uniform
@@ -134,7 +134,8 @@ __global__ void __launch_bounds__(kGemvShrinkThreads) dense_shrink_gemv_kernel(D
 }
 
 // Token counts up to this take dense_shrink_gemv_kernel (each token reads its slot's A itself; the tiled
-// shrink reads it once per 8 tokens, better for prefill). POLYLORA_LORA_GEMV_SHRINK_ROWS overrides (0: tiled).
+// shrink reads it once per 8 tokens, better for prefill). POLYLORA_LORA_GEMV_SHRINK_ROWS overrides (0:
+// tiled).
 int64_t dense_gemv_shrink_max_rows() {
   static const int64_t v = [] {
     const char* e = std::getenv("POLYLORA_LORA_GEMV_SHRINK_ROWS");
@@ -217,11 +218,12 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   cudaStream_t st = cuda_util::stream(ctx);
   if (gemv) {
     const int64_t items = a.m * ((p.first[p.num] + 1) / 2), per_block = kGemvShrinkThreads / 32;
-    const auto blocks = static_cast<unsigned>(
-        std::max<int64_t>(1, std::min<int64_t>(2 * cuda_util::num_sms(), (items + per_block - 1) / per_block)));
+    const auto blocks = static_cast<unsigned>(std::max<int64_t>(
+        1, std::min<int64_t>(2 * cuda_util::num_sms(), (items + per_block - 1) / per_block)));
     dense_shrink_gemv_kernel<TW><<<blocks, kGemvShrinkThreads, 0, st>>>(p);
   } else {
-    dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(rank_blocks), static_cast<unsigned>(p.splits));
+    dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(rank_blocks),
+            static_cast<unsigned>(p.splits));
     dense_shrink_kernel<TW><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
   }
   CUDA_CHECK_LAUNCH();

@@ -390,7 +390,8 @@ __device__ __forceinline__ int32_t slot_bucket(const int32_t* token_slots, int64
 
 // Pairs per expert, and per (expert, slot bucket) when there are buckets.
 __global__ void count_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32_t* counts,
-                             const int32_t* token_slots, int64_t top_k, int64_t buckets, int32_t* sub_counts) {
+                             const int32_t* token_slots, int64_t top_k, int64_t buckets,
+                             int32_t* sub_counts) {
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int32_t e = ids[p];
@@ -747,8 +748,9 @@ constexpr int kActLoraThreads = 128;
 // gu before the activation. ts: [kTileRows][gu_slices][R8] shared.
 template <typename TW>
 __global__ void __launch_bounds__(kActLoraThreads)
-    moe_act_lora_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act, __nv_bfloat16* act_bf16,
-                        int64_t lda_bf16, int64_t copies, ExpertAct kind, float alpha, float limit) {
+    moe_act_lora_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act,
+                        __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies, ExpertAct kind,
+                        float alpha, float limit) {
   extern __shared__ float ts[];
   __shared__ int32_t keys_s[ls::kTileRows];  // −2: no row, −1: a row without LoRA
   const int64_t R = p.R, R8 = ls::round8(R), lds = p.gu_slices * R8, I = p.I;
@@ -820,8 +822,9 @@ __global__ void __launch_bounds__(kActLoraThreads)
 
 // moe_combine_kernel with the down LoRA expand fused in: out[t] = Σ_k w_k · (y_pair + scale · B · tmp_pair).
 template <typename TW>
-__global__ void __launch_bounds__(kActLoraThreads) moe_combine_lora_kernel(StackParams<TW> p, const float* y, const float* tmp,
-                                                               const float* weights, float* out, int64_t ldo) {
+__global__ void __launch_bounds__(kActLoraThreads)
+    moe_combine_lora_kernel(StackParams<TW> p, const float* y, const float* tmp, const float* weights,
+                            float* out, int64_t ldo) {
   extern __shared__ float ts[];  // [top_k][R8]
   __shared__ int32_t keys[kMaxTopKLora];
   const int64_t t = blockIdx.x, K = p.top_k, R = p.R, R8 = ls::round8(R), H = p.H;
@@ -876,8 +879,6 @@ void launch_mma_tile(int tile_m, dim3 grid, const moe_detail::MmaParams& mp, cud
   }
 }
 
-
-
 // Paths whose sorted rows are single pairs (tile_m 1: the GEMV, tensor-core GEMV and MXFP4 paths) with at
 // most this many rows take the shrinks as weight-streaming items (moe_gemv.cuh LoraShrinkItems: fused into
 // the GEMV path's products, a launch of their own on the others), without split-K. Above it (prefill
@@ -928,7 +929,8 @@ void launch_gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b, cudaStre
   gp.inter = a.inter;
   gp.base = false;
   gp.lora = shrink_items<P>(a, b);
-  moe_detail::moe_gemv_kernel<P, 1><<<moe_gemv_blocks(gp.lora.items()), moe_detail::kGemvThreads, 0, st>>>(gp);
+  moe_detail::moe_gemv_kernel<P, 1>
+      <<<moe_gemv_blocks(gp.lora.items()), moe_detail::kGemvThreads, 0, st>>>(gp);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -980,9 +982,9 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
       dim3 grid(tiles, static_cast<unsigned>((width + kActLoraThreads - 1) / kActLoraThreads));
       const size_t smem = static_cast<size_t>(ls::kTileRows * s.gu_slices * R8) * sizeof(float);
-      moe_act_lora_kernel<TW><<<grid, kActLoraThreads, smem, st>>>(
-          p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act,
-          a.swiglu_alpha, a.swiglu_limit);
+      moe_act_lora_kernel<TW><<<grid, kActLoraThreads, smem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16,
+                                                                   ws.lda_bf16, ws.copies, a.act,
+                                                                   a.swiglu_alpha, a.swiglu_limit);
       break;
     }
     case StackStep::kShrinkDown: {
@@ -997,8 +999,10 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
     }
     case StackStep::kCombine: {
       const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
-      dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>((a.hidden + kActLoraThreads - 1) / kActLoraThreads));
-      moe_combine_lora_kernel<TW><<<grid, kActLoraThreads, smem, st>>>(p, ws.y, ws.lora_down, a.weights, a.out, a.ldo);
+      dim3 grid(static_cast<unsigned>(a.m),
+                static_cast<unsigned>((a.hidden + kActLoraThreads - 1) / kActLoraThreads));
+      moe_combine_lora_kernel<TW>
+          <<<grid, kActLoraThreads, smem, st>>>(p, ws.y, ws.lora_down, a.weights, a.out, a.ldo);
       break;
     }
   }
@@ -1175,8 +1179,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.ldx = I;
     gp.out = ws.y;
     if (fuse) gp.lora = shrink_items<Phase::kDown>(a, sb);
-    const dim3 grid_down(moe_gemv_blocks(max_active * ((H + moe_detail::kGemvR - 1) / moe_detail::kGemvR) +
-                                         gp.lora.items()));
+    const dim3 grid_down(
+        moe_gemv_blocks(max_active * ((H + moe_detail::kGemvR - 1) / moe_detail::kGemvR) + gp.lora.items()));
     launch_gemv<Phase::kDown>(a.m, grid_down, gp, st);
   } else {
     // 1. align
@@ -1194,11 +1198,12 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     offsets_kernel<<<1, 1024, smem, st>>>(ws.counts, E, tile_m, ws.offsets, ws.tile_expert, ws.num_tiles);
     CUDA_CHECK_LAUNCH();
     if (nb > 1) {
-      bucket_cursors_kernel<<<cuda_util::blocks_for(E, 128, 1024), 128, 0, st>>>(ws.sub_counts, E, nb, ws.fill);
+      bucket_cursors_kernel<<<cuda_util::blocks_for(E, 128, 1024), 128, 0, st>>>(ws.sub_counts, E, nb,
+                                                                                 ws.fill);
       CUDA_CHECK_LAUNCH();
     }
-    scatter_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.offsets, ws.fill, ws.sorted, a.token_slots,
-                                                a.top_k, nb);
+    scatter_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.offsets, ws.fill, ws.sorted,
+                                                a.token_slots, a.top_k, nb);
     CUDA_CHECK_LAUNCH();
     const int64_t tile_n = mma ? moe_detail::kMmaBN : kF32TileN;
     KERNEL_CHECK((2 * I + tile_n - 1) / tile_n <= 65535 && (H + tile_n - 1) / tile_n <= 65535,

@@ -32,8 +32,8 @@ constexpr int gemv_u(int tm) {
   return tm <= 2 ? 8 : tm == 4 ? 4 : 2;
 }
 
-// The slot-stacked expert LoRA's shrink as weight-streaming items (fused into moe_gemv_kernel on the GEMV path,
-// or moe_gemv_kernel's only items for the other paths whose sorted rows are single rows): one item is a
+// The slot-stacked expert LoRA's shrink as weight-streaming items (fused into moe_gemv_kernel on the GEMV
+// path, or moe_gemv_kernel's only items for the other paths whose sorted rows are single rows): one item is a
 // sorted row r and two rank rows j, j + 1 of its (slot, expert)'s A: out[...] = A[key][j] · in(r), where
 // in(r) is the token's x (gate/up: out row r of [rows, lora_rows]) or the act row r (down: out row pair of
 // [pairs, lora_rows]). Rows without LoRA there (slot −1, scale 0 in columns [c0, c1)) are skipped; their
@@ -44,7 +44,7 @@ struct LoraShrinkItems {
   const float* scale = nullptr;  // [slots, E, 3]
   const int32_t* token_slots = nullptr;
   const int32_t* ids = nullptr;
-  const int32_t* num_rows = nullptr;  // sorted rows in use (device)
+  const int32_t* num_rows = nullptr;                      // sorted rows in use (device)
   int64_t slots = 0, E = 0, lora_rows = 0, max_rows = 0;  // max_rows: host bound on the sorted rows
   int c0 = 0, c1 = 0;
   float* out = nullptr;
@@ -178,14 +178,15 @@ __device__ __forceinline__ void lora_shrink_item_as(const GemvParams& p, int64_t
   const char* rows[kGemvR];
 #pragma unroll
   for (int q = 0; q < kGemvR; ++q)
-    rows[q] = j0 + q < l.lora_rows
-                  ? static_cast<const char*>(l.a) + ((key * l.lora_rows + j0 + q) * K) * static_cast<int64_t>(sizeof(TW))
-                  : nullptr;
+    rows[q] = j0 + q < l.lora_rows ? static_cast<const char*>(l.a) +
+                                         ((key * l.lora_rows + j0 + q) * K) * static_cast<int64_t>(sizeof(TW))
+                                   : nullptr;
   const float* xs[1] = {x};
   float acc[kGemvR][1] = {};
   const int64_t ldx = P == Phase::kGateUp ? p.ldx : p.inter;
   const bool vec = (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && ldx % 4 == 0 &&
-                   (reinterpret_cast<uintptr_t>(l.a) & 15) == 0 && (K * static_cast<int64_t>(sizeof(TW))) % 16 == 0;
+                   (reinterpret_cast<uintptr_t>(l.a) & 15) == 0 &&
+                   (K * static_cast<int64_t>(sizeof(TW))) % 16 == 0;
   if (vec) {
     stream::dot_rows_vec<TW, kGemvR, 1, 8>(rows, K, xs, false, acc);
   } else {
