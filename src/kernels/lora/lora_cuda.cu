@@ -62,9 +62,8 @@ __device__ __forceinline__ int32_t dense_key(const DenseParams<TW>& p, int64_t t
   return -1;
 }
 
-template <typename TW>
+template <typename TW, int Q>
 __global__ void __launch_bounds__(ls::kShrinkWarps * 32) dense_shrink_kernel(DenseParams<TW> p) {
-  __shared__ float xs[ls::kTileRows][ls::kChunk];
   __shared__ ls::RowRef refs[ls::kTileRows];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
   if (threadIdx.x < ls::kTileRows) {
@@ -84,7 +83,8 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32) dense_shrink_kernel(Den
   g.first[p.num] = p.first[p.num];
   g.splits = p.splits;
   g.split_stride = p.m * p.first[p.num];
-  ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, static_cast<int>(blockIdx.z), xs);
+  ls::shrink_tile<TW, Q>(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkWarps * Q,
+                         static_cast<int>(blockIdx.z));
 }
 
 // The shrink for few tokens (decode) as weight streaming: persistent warps over (token, rank row pair) items,
@@ -210,10 +210,10 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   }
   p.tmp = static_cast<float*>(ctx.workspace);
   const int64_t tiles = (a.m + ls::kTileRows - 1) / ls::kTileRows;
-  const int64_t rank_blocks = (p.first[p.num] + ls::kShrinkRanks - 1) / ls::kShrinkRanks;
+  const int64_t rank_blocks = ls::shrink_rank_blocks(p.first[p.num]);
   const bool gemv = a.m <= dense_gemv_shrink_max_rows();
   p.splits = gemv ? 1 : ls::shrink_splits(tiles, rank_blocks, p.in);
-  KERNEL_CHECK(tiles < (1LL << 31) && p.first[p.num] / ls::kShrinkRanks < 65535 && max_out / ls::kExpandThreads < 65535,
+  KERNEL_CHECK(tiles < (1LL << 31) && rank_blocks < 65535 && max_out / ls::kExpandThreads < 65535,
                "lora_batch: shape too large for the grid");
   cudaStream_t st = cuda_util::stream(ctx);
   if (gemv) {
@@ -224,7 +224,11 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   } else {
     dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(rank_blocks),
             static_cast<unsigned>(p.splits));
-    dense_shrink_kernel<TW><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
+    if (ls::shrink_q() == 4) {
+      dense_shrink_kernel<TW, 4><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
+    } else {
+      dense_shrink_kernel<TW, 8><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
+    }
   }
   CUDA_CHECK_LAUNCH();
   const int64_t lds = ls::round8(max_rank);
@@ -242,7 +246,7 @@ size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
   for (int i = 0; i < a.num; ++i) ranks += a.w[i].empty() ? 0 : a.w[i].rank;
   if (a.m == 0 || ranks == 0) return 0;
   const int splits = lora_stack::shrink_splits((a.m + lora_stack::kTileRows - 1) / lora_stack::kTileRows,
-                                               (ranks + lora_stack::kShrinkRanks - 1) / lora_stack::kShrinkRanks,
+                                               lora_stack::shrink_rank_blocks(ranks),
                                                a.w[0].in);
   return static_cast<size_t>(splits * a.m * ranks) * sizeof(float);
 }
@@ -264,11 +268,24 @@ void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
 
 namespace polylora::kernels::lora_stack {
 
+int shrink_q() {
+  static const int q = [] {
+    const char* e = std::getenv("POLYLORA_LORA_SHRINK_RANKS_PER_WARP");
+    return e != nullptr && std::atoi(e) == 4 ? 4 : 8;
+  }();
+  return q;
+}
+
+int64_t shrink_rank_blocks(int64_t ranks) {
+  const int64_t per = static_cast<int64_t>(kShrinkWarps) * shrink_q();
+  return (ranks + per - 1) / per;
+}
+
 int shrink_splits(int64_t tiles, int64_t rank_blocks, int64_t in) {
   const int sms = cuda_util::num_sms();
   const int64_t blocks = std::max<int64_t>(1, tiles * rank_blocks);
   const int64_t chunks = std::max<int64_t>(1, (in + kChunk - 1) / kChunk);
-  const int64_t want = (8 * sms + blocks - 1) / blocks;
+  const int64_t want = (3 * sms + blocks - 1) / blocks;  // ~2 blocks of 4 heavy warps fit an SM
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(chunks, 16)));
 }
 

@@ -1,7 +1,7 @@
 // kernels/lora/lora_stack_cuda.cuh: the CUDA building blocks of slot-stacked LoRA (lora.h LoraStack, moe.h
 // MoeLoraStack), shared by lora_cuda.cu (dense, SGMV-style) and moe_cuda.cu (expert LoRA):
 // - shrink_kernel: tmp[row, j] = A[key(row)][j] · in[row] over tiles of kTileRows consecutive rows; each
-//   block loads the tile's inputs chunk by chunk into shared memory once and computes kShrinkRanks rank
+//   warp streams the tile's inputs and its rank rows' weights (no shared staging) and computes Q rank
 //   rows of the concatenated rank space of up to kMaxLoraGroup modules (q/k/v share one read of x). Rows
 //   of the tile with the same key (adapter slot, or slot × expert) share one read of the weights: the
 //   weights are read once per distinct key in the tile, so prefill tiles (one sequence, one slot) and
@@ -24,8 +24,6 @@ namespace polylora::kernels::lora_stack {
 
 constexpr int kTileRows = 8;  // rows (tokens, or sorted expert rows) per block
 constexpr int kShrinkWarps = 4;
-constexpr int kShrinkRowsPerWarp = 2;
-constexpr int kShrinkRanks = kShrinkWarps * kShrinkRowsPerWarp;  // rank rows per shrink block
 constexpr int kChunk = 256;                                      // input elements per shared-memory chunk
 constexpr int kExpandThreads = 256;
 
@@ -95,94 +93,115 @@ __device__ __forceinline__ void tile_load_keys(const int32_t* keys, int32_t (&lo
 }
 
 // tmp rows (partial sums of split `split`) for a tile of rows: `refs` (kTileRows, in shared memory,
-// filled by the caller's block before a barrier), the block's kShrinkRanks rank rows starting at j_base.
-// Call from every thread of a block of kShrinkWarps warps; `xs` is shared memory [kTileRows][kChunk].
-// Each distinct key's weights are loaded once per chunk (tile_load_keys), all of them before the FMAs, so a
-// warp has its tile's loads in flight at once.
-template <typename TW>
-__device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_t j_base, int split,
-                            float (*xs)[kChunk]) {
+// filled by the caller's block before a barrier), the block's kShrinkWarps · Q rank rows starting at j_base.
+// Call from every thread of a block of kShrinkWarps warps. Each warp computes Q rank rows
+// on its own (no shared staging, no barrier): per step of 256 input values every lane loads its 8 values of
+// each row's input (f32, 128-bit loads through the read-only cache, all rows at once) and, per distinct key
+// of the tile, its 8 values of the key's rank rows, then does the FMAs of the rows with that key. A key's
+// weights are read once per tile (rows are sorted by key on the expert paths and by sequence on the dense
+// ones, so a tile's rows mostly share one key). Loads of the next step are independent of this step's
+// FMAs, so a warp keeps ~24 128-bit loads in flight per lane.
+template <typename TW, int Q>
+__device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_t j_base, int split) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t total = g.first[g.num];
+  const int64_t jw = j_base + warp * Q;
+  if (jw >= total) return;  // warp-uniform, and no barrier follows
   int32_t keys[kTileRows];
-  bool any = false;
+  const float* ins[kTileRows];
+  uint32_t rows = 0;
 #pragma unroll
   for (int u = 0; u < kTileRows; ++u) {
     keys[u] = refs[u].key;
-    any |= keys[u] >= 0;
+    ins[u] = refs[u].in;
+    if (keys[u] >= 0) rows |= 1u << u;
   }
-  if (!any) return;  // uniform over the block
-  int32_t load_key[kTileRows];
-  bool same[kTileRows];
-  tile_load_keys(keys, load_key, same);
-  const TW* wrow[kShrinkRowsPerWarp];
-  int64_t key_stride[kShrinkRowsPerWarp];
-  bool valid[kShrinkRowsPerWarp];
+  if (rows == 0) return;
+  // Rows without LoRA read a row that has it (their sums are never stored).
+  const float* fallback = ins[__ffs(static_cast<int>(rows)) - 1];
+  bool xvec[kTileRows];
 #pragma unroll
-  for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
-    const int64_t j = j_base + warp * kShrinkRowsPerWarp + q;
+  for (int u = 0; u < kTileRows; ++u) {
+    if (keys[u] < 0) ins[u] = fallback;
+    xvec[u] = (reinterpret_cast<uintptr_t>(ins[u]) & 15) == 0;
+  }
+  const TW* wrow[Q];
+  int64_t key_stride[Q];
+  bool valid[Q];
+#pragma unroll
+  for (int q = 0; q < Q; ++q) {
+    const int64_t j = jw + q;
     valid[q] = j < total;
     int i = 0;
     while (i + 1 < g.num && j >= g.first[i + 1]) ++i;
     wrow[q] = valid[q] ? g.a[i] + (j - g.first[i]) * g.in : g.a[0];
     key_stride[q] = g.rank_total[i] * g.in;
   }
-  const bool vec = (g.in & 7) == 0;
-  float acc[kTileRows][kShrinkRowsPerWarp];
+  // Distinct keys of the tile in row order, and the rows of each.
+  int32_t dkey[kTileRows];
+  uint32_t dmask[kTileRows];
+  int nd = 0;
+  for (uint32_t todo = rows; todo != 0;) {
+    const int32_t key = keys[__ffs(static_cast<int>(todo)) - 1];
+    uint32_t m = 0;
+#pragma unroll
+    for (int u = 0; u < kTileRows; ++u)
+      if (keys[u] == key) m |= 1u << u;
+    dkey[nd] = key;
+    dmask[nd] = m;
+    ++nd;
+    todo &= ~m;
+  }
+  const bool wvec = (g.in & 7) == 0;
+  float acc[kTileRows][Q];
 #pragma unroll
   for (int u = 0; u < kTileRows; ++u)
 #pragma unroll
-    for (int q = 0; q < kShrinkRowsPerWarp; ++q) acc[u][q] = 0.0f;
+    for (int q = 0; q < Q; ++q) acc[u][q] = 0.0f;
   const int64_t chunks = (g.in + kChunk - 1) / kChunk;
   const int64_t per = (chunks + g.splits - 1) / g.splits;
   const int64_t c0 = split * per, c1 = c0 + per < chunks ? c0 + per : chunks;
-  for (int64_t c = c0; c < c1; ++c) {
-    const int64_t k0 = c * kChunk;
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < kTileRows * kChunk; idx += blockDim.x) {
-      const int u = idx / kChunk, kk = idx % kChunk;
-      xs[u][kk] = refs[u].key >= 0 && k0 + kk < g.in ? refs[u].in[k0 + kk] : 0.0f;
-    }
-    __syncthreads();
-    const int64_t k = k0 + lane * 8;
-    if (k >= g.in) continue;
-    const bool vk = vec && k + 8 <= g.in;
-    float w[kTileRows][kShrinkRowsPerWarp][8];
+  const int64_t kend = c1 * kChunk < g.in ? c1 * kChunk : g.in;
+  for (int64_t k = c0 * kChunk + lane * 8; k < kend; k += kChunk) {
+    const bool vk = k + 8 <= kend;
+    float xv[kTileRows][8];
 #pragma unroll
-    for (int u = 0; u < kTileRows; ++u) {
-      if (u > 0 && same[u]) {  // the previous row's weights (block-uniform branch)
+    for (int u = 0; u < kTileRows; ++u) load8(ins[u], k, kend, vk && xvec[u], xv[u]);
+    for (int d = 0; d < nd; ++d) {
+      const int64_t koff = static_cast<int64_t>(dkey[d]);
+      float w[Q][8];
 #pragma unroll
-        for (int q = 0; q < kShrinkRowsPerWarp; ++q)
+      for (int q = 0; q < Q; ++q) load8(wrow[q] + koff * key_stride[q], k, kend, vk && wvec, w[q]);
+      const uint32_t m = dmask[d];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) w[u][q][e] = w[u - 1][q][e];
-        continue;
-      }
+      for (int u = 0; u < kTileRows; ++u) {
+        if (((m >> u) & 1u) == 0) continue;  // warp-uniform
 #pragma unroll
-      for (int q = 0; q < kShrinkRowsPerWarp; ++q)
-        load8(wrow[q] + static_cast<int64_t>(load_key[u]) * key_stride[q], k, g.in, vk, w[u][q]);
-    }
+        for (int q = 0; q < Q; ++q) {
+          float s = acc[u][q];
 #pragma unroll
-    for (int u = 0; u < kTileRows; ++u) {
-      const float* xv = &xs[u][lane * 8];
-#pragma unroll
-      for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
-        float s = acc[u][q];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s = fmaf(w[u][q][e], xv[e], s);
-        acc[u][q] = s;
+          for (int e = 0; e < 8; ++e) s = fmaf(w[q][e], xv[u][e], s);
+          acc[u][q] = s;
+        }
       }
     }
   }
 #pragma unroll
   for (int u = 0; u < kTileRows; ++u) {
+    if (keys[u] < 0) continue;  // warp-uniform
 #pragma unroll
-    for (int q = 0; q < kShrinkRowsPerWarp; ++q) {
+    for (int q = 0; q < Q; ++q) {
       const float v = cuda_util::warp_sum(acc[u][q]);
-      if (lane == 0 && keys[u] >= 0 && valid[q])
-        refs[u].out[split * g.split_stride + j_base + warp * kShrinkRowsPerWarp + q] = v;
+      if (lane == 0 && valid[q]) refs[u].out[split * g.split_stride + jw + q] = v;
     }
   }
 }
+
+// Rank rows per warp of the tiled shrink (4 or 8: 8 reads each input half as often, at 255 registers a
+// thread; POLYLORA_LORA_SHRINK_RANKS_PER_WARP=4 for A/B), and the blocks of kShrinkWarps warps that
+// `ranks` rank rows take.
+int shrink_q();
+int64_t shrink_rank_blocks(int64_t ranks);
 
 // How many splits of the input a shrink of `tiles` × `rank_blocks` blocks over `in` values takes: enough
 // blocks for about eight per SM, at most one per chunk (and 16).

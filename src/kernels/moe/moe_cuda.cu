@@ -707,10 +707,9 @@ __device__ __forceinline__ int32_t stack_key(const StackParams<TW>& p, int32_t p
 
 // Shrinks over tiles of sorted rows: gate/up (down == false: x of the row's token -> lora_gu[row]) or down
 // (the row's activation -> lora_down[pair]).
-template <typename TW>
+template <typename TW, int Q>
 __global__ void __launch_bounds__(ls::kShrinkWarps * 32)
     moe_stack_shrink_kernel(StackParams<TW> p, const float* in, int64_t ld_in, float* out, bool down) {
-  __shared__ float xs[ls::kTileRows][ls::kChunk];
   __shared__ ls::RowRef refs[ls::kTileRows];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
   if (r0 >= stack_rows(p)) return;
@@ -736,7 +735,18 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32)
   g.in = down ? p.I : p.H;
   g.splits = down ? p.down_splits : p.gu_splits;
   g.split_stride = down ? p.down_stride : p.gu_stride;
-  ls::shrink_tile(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkRanks, static_cast<int>(blockIdx.z), xs);
+  ls::shrink_tile<TW, Q>(g, refs, static_cast<int64_t>(blockIdx.y) * ls::kShrinkWarps * Q,
+                         static_cast<int>(blockIdx.z));
+}
+
+template <typename TW>
+void launch_stack_shrink(dim3 grid, cudaStream_t st, const StackParams<TW>& p, const float* in, int64_t ld_in,
+                         float* out, bool down) {
+  if (ls::shrink_q() == 4) {
+    moe_stack_shrink_kernel<TW, 4><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, in, ld_in, out, down);
+  } else {
+    moe_stack_shrink_kernel<TW, 8><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, in, ld_in, out, down);
+  }
 }
 
 // Threads per block of the two expand-fused kernels below: columns over blocks, so few tokens (decode) still
@@ -973,9 +983,9 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         if (!ws.shrinks_fused) launch_gemv_shrink<Phase::kGateUp>(a, ws, st);
         return;
       }
-      dim3 grid(tiles, static_cast<unsigned>((s.gu_slices * s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks),
+      dim3 grid(tiles, static_cast<unsigned>(ls::shrink_rank_blocks(s.gu_slices * s.rank)),
                 static_cast<unsigned>(sp.gu));
-      moe_stack_shrink_kernel<TW><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, a.x, a.ldx, ws.lora_gu, false);
+      launch_stack_shrink<TW>(grid, st, p, a.x, a.ldx, ws.lora_gu, false);
       break;
     }
     case StackStep::kActivation: {
@@ -992,9 +1002,8 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         if (!ws.shrinks_fused) launch_gemv_shrink<Phase::kDown>(a, ws, st);
         return;
       }
-      dim3 grid(tiles, static_cast<unsigned>((s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks),
-                static_cast<unsigned>(sp.down));
-      moe_stack_shrink_kernel<TW><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, ws.act, a.inter, ws.lora_down, true);
+      dim3 grid(tiles, static_cast<unsigned>(ls::shrink_rank_blocks(s.rank)), static_cast<unsigned>(sp.down));
+      launch_stack_shrink<TW>(grid, st, p, ws.act, a.inter, ws.lora_down, true);
       break;
     }
     case StackStep::kCombine: {
@@ -1018,8 +1027,8 @@ StackSplits stack_splits(const MoeExpertsArgs& a, int64_t max_rows) {
   if (s.empty()) return sp;
   // Split by the rows that can hold pairs (the GEMM paths' padding rows exit at once).
   const int64_t tiles = (std::min(max_rows, a.m * a.top_k) + ls::kTileRows - 1) / ls::kTileRows;
-  sp.gu = ls::shrink_splits(tiles, (s.gu_slices * s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks, a.hidden);
-  sp.down = ls::shrink_splits(tiles, (s.rank + ls::kShrinkRanks - 1) / ls::kShrinkRanks, a.inter);
+  sp.gu = ls::shrink_splits(tiles, ls::shrink_rank_blocks(s.gu_slices * s.rank), a.hidden);
+  sp.down = ls::shrink_splits(tiles, ls::shrink_rank_blocks(s.rank), a.inter);
   sp.gu_floats = static_cast<size_t>(sp.gu * max_rows * s.gu_slices * s.rank);
   sp.down_floats = static_cast<size_t>(sp.down * a.m * a.top_k * s.rank);
   return sp;
