@@ -131,6 +131,10 @@ TEST(GpuLoraStack, DenseRanksAndShapes) {
     run_dense({.m = 17, .num = 2, .rank = 16, .in = 37, .dtype = dtype});
     run_dense({.m = 33, .num = 3, .rank = 16, .in = 2880, .dtype = dtype});
     run_dense({.m = 3, .num = 1, .rank = 64, .in = 1001, .dtype = dtype});
+    // Tiled shrink (more than 64 tokens) with an input that ends mid-step of 8 and mid-chunk of 256, rank
+    // rows that end mid-warp (3 x 5), and 2 rows of the last tile.
+    run_dense({.m = 98, .num = 3, .rank = 5, .in = 1001, .dtype = dtype});
+    run_dense({.m = 130, .num = 2, .rank = 64, .in = 37, .dtype = dtype});
   }
 }
 
