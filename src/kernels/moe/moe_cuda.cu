@@ -214,7 +214,7 @@ struct MoeWorkspace {
         max_rows = max_tiles * tile_m;
         break;
     }
-    // With slot-stacked LoRA the GEMM paths order each expert's rows by adapter slot, so a tile's rows
+    // With slot-stacked LoRA every path orders each expert's rows by adapter slot, so a tile's rows
     // mostly share one (slot, expert) and the LoRA kernels read its A and B once per tile, not per row.
     // POLYLORA_MOE_SLOT_ORDER=0: expert order only (A/B).
     static const bool slot_order = [] {
@@ -328,19 +328,42 @@ __global__ void route_kernel(RouteArgs a) {
 
 // ---- align ----
 
-// GEMV path, one block: counts per expert, compact offsets, the active experts in expert order and the
-// pairs in expert order (within an expert in any order: each pair's result is computed on its own).
+// The slot bucket of a pair's token: 1 + its adapter slot, 0 without one (or without slots).
+__device__ __forceinline__ int32_t slot_bucket(const int32_t* token_slots, int64_t top_k, int64_t buckets,
+                                               int64_t pair) {
+  if (buckets <= 1 || token_slots == nullptr) return 0;
+  const int32_t s = token_slots[pair / top_k];
+  return s >= 0 && s + 1 < buckets ? s + 1 : 0;
+}
+
+// Shared memory of align_small_kernel: counts and cursors per expert, and per (expert, slot bucket) with
+// buckets.
+size_t align_small_smem(int64_t E, int64_t buckets) {
+  return static_cast<size_t>(8 * E) + (buckets > 1 ? static_cast<size_t>(4 * E * buckets) : 0);
+}
+
+// GEMV paths (tile_m 1), one block: counts per expert, compact offsets, the active experts in expert order
+// and the pairs in expert order. Within an expert the results do not depend on the order (each pair is
+// computed on its own); with slot buckets (slot-stacked LoRA) the pairs are grouped by adapter slot, so
+// consecutive rows mostly share one (slot, expert) and the tiled LoRA shrink reads its A once per tile.
 __global__ void align_small_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32_t* counts,
                                    int32_t* offsets, int32_t* active, int32_t* num_active, int32_t* num_rows,
-                                   int32_t* sorted) {
+                                   int32_t* sorted, const int32_t* token_slots, int64_t top_k, int64_t buckets) {
   extern __shared__ int32_t align_smem[];
-  int32_t* cnt = align_smem;  // [E]
-  int32_t* cursor = cnt + E;  // [E]
+  int32_t* cnt = align_smem;    // [E]
+  int32_t* cursor = cnt + E;    // [E]
+  int32_t* sub = cursor + E;    // [E][buckets] with buckets > 1
+  const bool by_slot = buckets > 1 && token_slots != nullptr;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  if (by_slot)
+    for (int64_t i = threadIdx.x; i < E * buckets; i += blockDim.x) sub[i] = 0;
   __syncthreads();
   for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
     int32_t e = ids[p];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    if (e >= 0 && e < E) {
+      atomicAdd(&cnt[e], 1);
+      if (by_slot) atomicAdd(&sub[e * buckets + slot_bucket(token_slots, top_k, buckets, p)], 1);
+    }
   }
   __syncthreads();
   if (threadIdx.x < 32) {
@@ -374,18 +397,23 @@ __global__ void align_small_kernel(const int32_t* ids, int64_t pairs, int64_t E,
     }
   }
   __syncthreads();
+  if (by_slot) {
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+      int32_t run = cursor[e];
+      for (int64_t b = 0; b < buckets; ++b) {
+        const int32_t c = sub[e * buckets + b];
+        sub[e * buckets + b] = run;
+        run += c;
+      }
+    }
+    __syncthreads();
+  }
   for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
     int32_t e = ids[p];
-    if (e >= 0 && e < E) sorted[atomicAdd(&cursor[e], 1)] = static_cast<int32_t>(p);
+    if (e < 0 || e >= E) continue;
+    int32_t* cur = by_slot ? &sub[e * buckets + slot_bucket(token_slots, top_k, buckets, p)] : &cursor[e];
+    sorted[atomicAdd(cur, 1)] = static_cast<int32_t>(p);
   }
-}
-
-// The slot bucket of a pair's token: 1 + its adapter slot, 0 without one (or without slots).
-__device__ __forceinline__ int32_t slot_bucket(const int32_t* token_slots, int64_t top_k, int64_t buckets,
-                                               int64_t pair) {
-  if (buckets <= 1 || token_slots == nullptr) return 0;
-  const int32_t s = token_slots[pair / top_k];
-  return s >= 0 && s + 1 < buckets ? s + 1 : 0;
 }
 
 // Pairs per expert, and per (expert, slot bucket) when there are buckets.
@@ -1115,10 +1143,13 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   };
 
   if (tc_gemv) {
-    const size_t smem = static_cast<size_t>(8 * E);
+    // Slot order where its counters fit in shared memory (expert order otherwise: still correct).
+    const int64_t nb = align_small_smem(E, ws.buckets) <= 48 * 1024 ? ws.buckets : 1;
+    const size_t smem = align_small_smem(E, nb);
     KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
-    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(
-        a.ids, ws.pairs, E, ws.counts, ws.offsets, ws.active, ws.num_active, ws.num_tiles, ws.sorted);
+    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(a.ids, ws.pairs, E, ws.counts, ws.offsets,
+                                                            ws.active, ws.num_active, ws.num_tiles, ws.sorted,
+                                                            a.token_slots, a.top_k, nb);
     CUDA_CHECK_LAUNCH();
     cast_x_bf16_kernel<<<cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0, st>>>(
         a.x, a.ldx, a.m, H, ws.lda_h, ws.copies, ws.x_bf16);
@@ -1153,10 +1184,13 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     launch_gemv_tc<Phase::kDown>(grid_down, tp, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
-    const size_t smem = static_cast<size_t>(8 * E);
+    // Slot order where its counters fit in shared memory (expert order otherwise: still correct).
+    const int64_t nb = align_small_smem(E, ws.buckets) <= 48 * 1024 ? ws.buckets : 1;
+    const size_t smem = align_small_smem(E, nb);
     KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
-    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(
-        a.ids, ws.pairs, E, ws.counts, ws.offsets, ws.active, ws.num_active, ws.num_tiles, ws.sorted);
+    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(a.ids, ws.pairs, E, ws.counts, ws.offsets,
+                                                            ws.active, ws.num_active, ws.num_tiles, ws.sorted,
+                                                            a.token_slots, a.top_k, nb);
     CUDA_CHECK_LAUNCH();
     moe_detail::GemvParams gp;
     gp.experts = a.experts;
