@@ -271,7 +271,7 @@ namespace polylora::kernels::lora_stack {
 int shrink_q() {
   static const int q = [] {
     const char* e = std::getenv("POLYLORA_LORA_SHRINK_RANKS_PER_WARP");
-    return e != nullptr && std::atoi(e) == 4 ? 4 : 8;
+    return e != nullptr && std::atoi(e) == 8 ? 8 : 4;
   }();
   return q;
 }
