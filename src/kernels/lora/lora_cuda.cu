@@ -246,8 +246,7 @@ size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
   for (int i = 0; i < a.num; ++i) ranks += a.w[i].empty() ? 0 : a.w[i].rank;
   if (a.m == 0 || ranks == 0) return 0;
   const int splits = lora_stack::shrink_splits((a.m + lora_stack::kTileRows - 1) / lora_stack::kTileRows,
-                                               lora_stack::shrink_rank_blocks(ranks),
-                                               a.w[0].in);
+                                               lora_stack::shrink_rank_blocks(ranks), a.w[0].in);
   return static_cast<size_t>(splits * a.m * ranks) * sizeof(float);
 }
 

@@ -24,7 +24,7 @@ namespace polylora::kernels::lora_stack {
 
 constexpr int kTileRows = 8;  // rows (tokens, or sorted expert rows) per block
 constexpr int kShrinkWarps = 4;
-constexpr int kChunk = 256;                                      // input elements per shared-memory chunk
+constexpr int kChunk = 256;  // input elements per step of a warp (and the split-K granularity)
 constexpr int kExpandThreads = 256;
 
 // 8 consecutive elements w[i..i+8) as f32 (vec: i is a multiple of 8 and the row is 16-byte aligned),
@@ -198,8 +198,8 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
 }
 
 // Rank rows per warp of the tiled shrink: 4 (230 registers), or 8 with POLYLORA_LORA_SHRINK_RANKS_PER_WARP=8
-// (reads each input half as often at 255 registers; H200 moe-lora M=256: 327 us vs 276 us with 4), and the blocks of kShrinkWarps warps that
-// `ranks` rank rows take.
+// (reads each input half as often at 255 registers; H200 moe-lora M=256: 327 us vs 276 us with 4), and the
+// blocks of kShrinkWarps warps that `ranks` rank rows take.
 int shrink_q();
 int64_t shrink_rank_blocks(int64_t ranks);
 

@@ -348,11 +348,12 @@ size_t align_small_smem(int64_t E, int64_t buckets) {
 // consecutive rows mostly share one (slot, expert) and the tiled LoRA shrink reads its A once per tile.
 __global__ void align_small_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32_t* counts,
                                    int32_t* offsets, int32_t* active, int32_t* num_active, int32_t* num_rows,
-                                   int32_t* sorted, const int32_t* token_slots, int64_t top_k, int64_t buckets) {
+                                   int32_t* sorted, const int32_t* token_slots, int64_t top_k,
+                                   int64_t buckets) {
   extern __shared__ int32_t align_smem[];
-  int32_t* cnt = align_smem;    // [E]
-  int32_t* cursor = cnt + E;    // [E]
-  int32_t* sub = cursor + E;    // [E][buckets] with buckets > 1
+  int32_t* cnt = align_smem;  // [E]
+  int32_t* cursor = cnt + E;  // [E]
+  int32_t* sub = cursor + E;  // [E][buckets] with buckets > 1
   const bool by_slot = buckets > 1 && token_slots != nullptr;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   if (by_slot)
