@@ -164,8 +164,14 @@ class Backend {
   virtual void embedding(const kernels::EmbeddingArgs& args) = 0;
   virtual void linear(const kernels::LinearArgs& args) = 0;
   virtual void rms_norm(const kernels::RmsNormArgs& args) = 0;
+  // The residual add fused with the next norm: x += delta, then y = rms_norm(x) · w (one launch for
+  // add_inplace then rms_norm, with the same results).
+  virtual void add_rms_norm(const kernels::AddRmsNormArgs& args) = 0;
   virtual void rope(const kernels::RopeArgs& args) = 0;
   virtual void write_kv(const kernels::KvWriteArgs& args) = 0;
+  // Optional q/k per-head norms, RoPE on q (in place) and k, and the KV-cache write of k and v, in one op
+  // (what rms_norm twice, rope twice and write_kv did).
+  virtual void rope_kv_write(const kernels::RopeKvWriteArgs& args) = 0;
   virtual void attention(const kernels::AttentionArgs& args) = 0;
   virtual void silu_and_mul(const kernels::SiluAndMulArgs& args) = 0;
   virtual void gpt_oss_swiglu(const kernels::GptOssSwigluArgs& args) = 0;

@@ -94,8 +94,10 @@ class CpuBackend final : public Backend {
   void embedding(const kernels::EmbeddingArgs& a) override { kernels::cpu::embedding(a); }
   void linear(const kernels::LinearArgs& a) override { kernels::cpu::linear(a); }
   void rms_norm(const kernels::RmsNormArgs& a) override { kernels::cpu::rms_norm(a); }
+  void add_rms_norm(const kernels::AddRmsNormArgs& a) override { kernels::cpu::add_rms_norm(a); }
   void rope(const kernels::RopeArgs& a) override { kernels::cpu::rope(a); }
   void write_kv(const kernels::KvWriteArgs& a) override { kernels::cpu::write_kv(a); }
+  void rope_kv_write(const kernels::RopeKvWriteArgs& a) override { kernels::cpu::rope_kv_write(a); }
   void attention(const kernels::AttentionArgs& a) override { kernels::cpu::attention(a); }
   void silu_and_mul(const kernels::SiluAndMulArgs& a) override { kernels::cpu::silu_and_mul(a); }
   void gpt_oss_swiglu(const kernels::GptOssSwigluArgs& a) override { kernels::cpu::gpt_oss_swiglu(a); }

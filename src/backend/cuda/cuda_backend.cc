@@ -414,11 +414,17 @@ class CudaBackend final : public Backend {
   void rms_norm(const k::RmsNormArgs& a) override {
     timed("rms_norm", [&] { k::cuda::rms_norm(a, ctx()); });
   }
+  void add_rms_norm(const k::AddRmsNormArgs& a) override {
+    timed("add_rms_norm", [&] { k::cuda::add_rms_norm(a, ctx()); });
+  }
   void rope(const k::RopeArgs& a) override {
     timed("rope", [&] { k::cuda::rope(a, ctx()); });
   }
   void write_kv(const k::KvWriteArgs& a) override {
     timed("write_kv", [&] { k::cuda::write_kv(a, ctx()); });
+  }
+  void rope_kv_write(const k::RopeKvWriteArgs& a) override {
+    timed("rope_kv_write", [&] { k::cuda::rope_kv_write(a, ctx()); });
   }
   void attention(const k::AttentionArgs& a) override {
     ensure_workspace(k::cuda::attention_workspace_bytes(a));

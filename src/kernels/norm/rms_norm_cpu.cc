@@ -1,5 +1,6 @@
 // kernels/norm/rms_norm_cpu.cc: CPU fast path of RMSNorm (AVX2 sum of squares and scaling, scalar
-// fallback), parallel over rows for large inputs. In-place use (x == y) is allowed.
+// fallback), parallel over rows for large inputs. In-place use (x == y) is allowed. add_rms_norm: per row,
+// the residual add, then the same row kernel (bit-identical to the add followed by rms_norm).
 // Must not: allocate; nest OpenMP regions.
 #include <omp.h>
 
@@ -40,10 +41,26 @@ void norm_row(const float* x, float* y, const float* w, int64_t n, float eps) {
 
 }  // namespace
 
+void rms_norm_row(const float* x, float* y, const float* w, int64_t n, float eps) {
+  norm_row(x, y, w, n, eps);
+}
+
 void rms_norm(const RmsNormArgs& a) {
   bool parallel = a.m > 1 && a.m * a.n * 4 >= simd::kMinParallelWork && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t i = 0; i < a.m; ++i) norm_row(a.x + i * a.ldx, a.y + i * a.ldy, a.w, a.n, a.eps);
+}
+
+void add_rms_norm(const AddRmsNormArgs& a) {
+  bool parallel = a.m > 1 && a.m * a.n * 4 >= simd::kMinParallelWork && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t i = 0; i < a.m; ++i) {
+    float* x = a.x + i * a.ldx;
+    const float* d = a.delta + i * a.ld_delta;
+#pragma omp simd
+    for (int64_t j = 0; j < a.n; ++j) x[j] += d[j];
+    norm_row(x, a.y + i * a.ldy, a.w, a.n, a.eps);
+  }
 }
 
 }  // namespace polylora::kernels::cpu

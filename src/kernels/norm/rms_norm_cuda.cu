@@ -2,6 +2,9 @@
 // its elements before it writes them). Rows of up to kWarpRowMax elements (Qwen3's per-head q/k norms,
 // [tokens·heads, head_dim]) take one warp each, eight rows per block; longer rows (the residual stream)
 // one block each. Both read and write 16 bytes at a time when n, the strides and the pointers allow.
+// add_rms_norm runs the same kernels with ADD: the first pass adds delta into x (stored back) and sums the
+// squares of the sums in registers, so its results are bit-identical to add_inplace then rms_norm whenever
+// both take the same path (the 16-byte one needs delta aligned too). Must not: allocate; synchronize.
 #include <algorithm>
 
 #include "kernels/cuda_util.cuh"
@@ -14,20 +17,36 @@ constexpr int64_t kWarpRowMax = 1024;
 constexpr int kRowsPerBlock = 8;
 
 // Sum of squares of row xr over the indices this thread owns (first, first + step, ...); VEC: float4.
-template <bool VEC>
-__device__ __forceinline__ float row_sumsq(const float* xr, int64_t n, int64_t first, int64_t step) {
+// ADD: xr[j] += dr[j] first (stored back), the squares are those of the sums.
+template <bool VEC, bool ADD>
+__device__ __forceinline__ float row_sumsq(float* xr, const float* dr, int64_t n, int64_t first,
+                                           int64_t step) {
   float sum = 0.0f;
   if (VEC) {
     for (int64_t j = first * 4; j < n; j += step * 4) {
-      const float4 v = *reinterpret_cast<const float4*>(xr + j);
+      float4 v = *reinterpret_cast<const float4*>(xr + j);
+      if (ADD) {
+        const float4 d = *reinterpret_cast<const float4*>(dr + j);
+        v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
+        *reinterpret_cast<float4*>(xr + j) = v;
+      }
       sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
   } else {
-    for (int64_t j = first; j < n; j += step) sum += xr[j] * xr[j];
+    for (int64_t j = first; j < n; j += step) {
+      float v = xr[j];
+      if (ADD) {
+        v += dr[j];
+        xr[j] = v;
+      }
+      sum += v * v;
+    }
   }
   return sum;
 }
 
+// y = w · (x · inv) over this thread's indices (the same ones row_sumsq visited: with ADD it reads back the
+// sums this thread stored).
 template <bool VEC>
 __device__ __forceinline__ void row_scale(const float* xr, float* yr, const float* w, int64_t n, float inv,
                                           int64_t first, int64_t step) {
@@ -43,25 +62,28 @@ __device__ __forceinline__ void row_scale(const float* xr, float* yr, const floa
   }
 }
 
-template <bool VEC>
-__global__ void rms_norm_block_kernel(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n,
-                                      const float* w, float eps) {
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
+// x is written only with ADD (rms_norm passes its const input through a cast).
+template <bool VEC, bool ADD>
+__global__ void rms_norm_block_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y,
+                                      int64_t ldy, int64_t n, const float* w, float eps) {
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
+  const float* dr = ADD ? delta + static_cast<int64_t>(blockIdx.x) * ld_delta : nullptr;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * ldy;
-  float sum = cuda_util::block_sum(row_sumsq<VEC>(xr, n, threadIdx.x, blockDim.x));
+  float sum = cuda_util::block_sum(row_sumsq<VEC, ADD>(xr, dr, n, threadIdx.x, blockDim.x));
   float inv = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
   row_scale<VEC>(xr, yr, w, n, inv, threadIdx.x, blockDim.x);
 }
 
-template <bool VEC>
-__global__ void rms_norm_warp_kernel(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t m, int64_t n,
-                                     const float* w, float eps) {
+template <bool VEC, bool ADD>
+__global__ void rms_norm_warp_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y,
+                                     int64_t ldy, int64_t m, int64_t n, const float* w, float eps) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= m) return;  // whole warps exit together
   const int lane = threadIdx.x & 31;
-  const float* xr = x + row * ldx;
+  float* xr = x + row * ldx;
+  const float* dr = ADD ? delta + row * ld_delta : nullptr;
   float* yr = y + row * ldy;
-  float sum = cuda_util::warp_sum(row_sumsq<VEC>(xr, n, lane, 32));
+  float sum = cuda_util::warp_sum(row_sumsq<VEC, ADD>(xr, dr, n, lane, 32));
   float inv = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
   row_scale<VEC>(xr, yr, w, n, inv, lane, 32);
 }
@@ -70,40 +92,55 @@ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
-}  // namespace
-
-void rms_norm(const RmsNormArgs& a, const CudaContext& ctx) {
-  if (a.m == 0) return;
-  cudaStream_t st = cuda_util::stream(ctx);
-  const bool vec =
-      a.n % 4 == 0 && a.ldx % 4 == 0 && a.ldy % 4 == 0 && aligned16(a.x) && aligned16(a.y) && aligned16(a.w);
-  if (a.n <= kWarpRowMax) {
-    for (int64_t r0 = 0; r0 < a.m; r0 += 65535LL * 32 * kRowsPerBlock) {  // far below grid.x's limit
-      int64_t rows = std::min<int64_t>(a.m - r0, 65535LL * 32 * kRowsPerBlock);
+// Both ops: rows of x (with ADD: plus delta, stored back) normalized into y. delta is null without ADD.
+template <bool ADD>
+void launch(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y, int64_t ldy, int64_t m,
+            int64_t n, const float* w, float eps, cudaStream_t st) {
+  if (m == 0) return;
+  const bool vec = n % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && aligned16(x) && aligned16(y) &&
+                   aligned16(w) && (!ADD || (ld_delta % 4 == 0 && aligned16(delta)));
+  const float* d0 = delta;
+  if (n <= kWarpRowMax) {
+    for (int64_t r0 = 0; r0 < m; r0 += 65535LL * 32 * kRowsPerBlock) {  // far below grid.x's limit
+      int64_t rows = std::min<int64_t>(m - r0, 65535LL * 32 * kRowsPerBlock);
       unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+      const float* d = ADD ? d0 + r0 * ld_delta : nullptr;
       if (vec)
-        rms_norm_warp_kernel<true><<<blocks, 32 * kRowsPerBlock, 0, st>>>(
-            a.x + r0 * a.ldx, a.ldx, a.y + r0 * a.ldy, a.ldy, rows, a.n, a.w, a.eps);
+        rms_norm_warp_kernel<true, ADD><<<blocks, 32 * kRowsPerBlock, 0, st>>>(
+            x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps);
       else
-        rms_norm_warp_kernel<false><<<blocks, 32 * kRowsPerBlock, 0, st>>>(
-            a.x + r0 * a.ldx, a.ldx, a.y + r0 * a.ldy, a.ldy, rows, a.n, a.w, a.eps);
+        rms_norm_warp_kernel<false, ADD><<<blocks, 32 * kRowsPerBlock, 0, st>>>(
+            x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps);
       CUDA_CHECK_LAUNCH();
     }
     return;
   }
-  const int64_t per_thread_units = vec ? a.n / 4 : a.n;
+  const int64_t per_thread_units = vec ? n / 4 : n;
   int threads = per_thread_units >= 512 ? 512 : static_cast<int>((per_thread_units + 31) / 32 * 32);
   if (threads < 32) threads = 32;
-  for (int64_t r0 = 0; r0 < a.m; r0 += 65535LL * 32) {  // grid.x limit is 2^31−1; chunk to stay far below
-    int64_t rows = a.m - r0 < 65535LL * 32 ? a.m - r0 : 65535LL * 32;
+  for (int64_t r0 = 0; r0 < m; r0 += 65535LL * 32) {  // grid.x limit is 2^31−1; chunk to stay far below
+    int64_t rows = m - r0 < 65535LL * 32 ? m - r0 : 65535LL * 32;
+    const float* d = ADD ? d0 + r0 * ld_delta : nullptr;
     if (vec)
-      rms_norm_block_kernel<true><<<static_cast<unsigned>(rows), threads, 0, st>>>(
-          a.x + r0 * a.ldx, a.ldx, a.y + r0 * a.ldy, a.ldy, a.n, a.w, a.eps);
+      rms_norm_block_kernel<true, ADD><<<static_cast<unsigned>(rows), threads, 0, st>>>(
+          x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps);
     else
-      rms_norm_block_kernel<false><<<static_cast<unsigned>(rows), threads, 0, st>>>(
-          a.x + r0 * a.ldx, a.ldx, a.y + r0 * a.ldy, a.ldy, a.n, a.w, a.eps);
+      rms_norm_block_kernel<false, ADD><<<static_cast<unsigned>(rows), threads, 0, st>>>(
+          x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+}  // namespace
+
+void rms_norm(const RmsNormArgs& a, const CudaContext& ctx) {
+  // Without ADD the kernels only read x; the cast lets both ops share them.
+  launch<false>(const_cast<float*>(a.x), a.ldx, nullptr, 0, a.y, a.ldy, a.m, a.n, a.w, a.eps,
+                cuda_util::stream(ctx));
+}
+
+void add_rms_norm(const AddRmsNormArgs& a, const CudaContext& ctx) {
+  launch<true>(a.x, a.ldx, a.delta, a.ld_delta, a.y, a.ldy, a.m, a.n, a.w, a.eps, cuda_util::stream(ctx));
 }
 
 }  // namespace polylora::kernels::cuda

@@ -1,4 +1,5 @@
-// kernels/norm/rms_norm_ref.cc: reference RMSNorm (fp32 throughout, as HF computes it).
+// kernels/norm/rms_norm_ref.cc: reference RMSNorm (fp32 throughout, as HF computes it) and the residual add
+// fused with it (spelled as the add, then the norm).
 #include <cmath>
 
 #include "kernels/norm/rms_norm.h"
@@ -14,6 +15,13 @@ void rms_norm(const RmsNormArgs& a) {
     float inv = 1.0f / std::sqrt(sum / static_cast<float>(a.n) + a.eps);
     for (int64_t j = 0; j < a.n; ++j) y[j] = a.w[j] * (x[j] * inv);
   }
+}
+
+// The spec of the fused op is the two-op sequence: the residual add, then rms_norm of the sum.
+void add_rms_norm(const AddRmsNormArgs& a) {
+  for (int64_t i = 0; i < a.m; ++i)
+    for (int64_t j = 0; j < a.n; ++j) a.x[i * a.ldx + j] += a.delta[i * a.ld_delta + j];
+  rms_norm({.x = a.x, .ldx = a.ldx, .y = a.y, .ldy = a.ldy, .m = a.m, .n = a.n, .w = a.w, .eps = a.eps});
 }
 
 }  // namespace polylora::kernels::ref

@@ -2,6 +2,11 @@
 // over blockIdx.y and threads, one item per thread (a batch-1 step's 64 heads spread over 16 CTAs; one CTA
 // per token took 8.5 us per call on the H200). The angle is the fp32 product pos·inv_freq and cos/sin are
 // taken in double, as the reference does, so results match it to rounding.
+// rope_kv_write (one launch for what took rope twice, write_kv and, with qk_norm, rms_norm twice): token =
+// blockIdx.x, one warp per head of q or of k (kRkvWarps heads per CTA over blockIdx.y); the CTA first puts
+// its token's cos/sin table in shared memory; a warp sums its head's squares (q/k norm), then rotates the
+// pairs (j, j + half) its lanes own and stores them (q in place, k to its cache slot); the k warps also copy
+// their head of v to the slot. Must not: allocate; synchronize the stream.
 #include <algorithm>
 
 #include "kernels/cuda_util.cuh"
@@ -29,7 +34,80 @@ __global__ void rope_kernel(float* x, int64_t ldx, int64_t num_heads, int64_t he
   }
 }
 
+constexpr int kRkvWarps = 4;  // heads per CTA
+
+// Grid (m, ⌈(num_heads + num_kv_heads) / kRkvWarps⌉), kRkvWarps·32 threads, 2·(head_dim / 2) floats of
+// dynamic shared memory. Heads [0, num_heads) are q's, the rest k's (and v's).
+__global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
+  extern __shared__ float cs[];  // cos [half], then sin [half]
+  const int64_t t = blockIdx.x, d = a.head_dim, half = d / 2;
+  const float pos = static_cast<float>(a.positions[t]);
+  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    double s, c;
+    sincos(static_cast<double>(pos * a.inv_freq[j]), &s, &c);
+    cs[j] = static_cast<float>(c) * a.attention_scaling;
+    cs[half + j] = static_cast<float>(s) * a.attention_scaling;
+  }
+  __syncthreads();
+  const int64_t head = static_cast<int64_t>(blockIdx.y) * kRkvWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (head >= a.num_heads + a.num_kv_heads) return;  // whole warps leave, after the barrier
+  const float* src;
+  float* dst;
+  const float* norm_w;
+  if (head < a.num_heads) {
+    dst = a.q + t * a.ldq + head * d;
+    src = dst;
+    norm_w = a.q_norm;
+  } else {
+    const int64_t slot = a.slot_mapping[t];
+    if (slot < 0) return;  // padding: nothing of k or v is stored
+    const int64_t kh = head - a.num_heads, kv_row = a.num_kv_heads * d;
+    src = a.k + t * a.ldk + kh * d;
+    dst = a.cache.k + slot * kv_row + kh * d;
+    norm_w = a.k_norm;
+    const float* vs = a.v + t * a.ldv + kh * d;
+    float* vd = a.cache.v + slot * kv_row + kh * d;
+    for (int64_t j = lane; j < d; j += 32) vd[j] = vs[j];
+  }
+  const bool odd = (d & 1) != 0;  // the last element of an odd head is normed, never rotated
+  float inv = 1.0f;
+  if (norm_w) {
+    float sum = 0.0f;
+    for (int64_t j = lane; j < half; j += 32) sum += src[j] * src[j] + src[j + half] * src[j + half];
+    if (odd && lane == 0) sum += src[d - 1] * src[d - 1];
+    sum = cuda_util::warp_sum(sum);
+    inv = 1.0f / sqrtf(sum / static_cast<float>(d) + a.eps);
+  }
+  // Every lane reads its own elements before it writes them, so q in place (src == dst) is safe.
+  for (int64_t j = lane; j < half; j += 32) {
+    float x1 = src[j], x2 = src[j + half];
+    if (norm_w) {
+      x1 = norm_w[j] * (x1 * inv);
+      x2 = norm_w[j + half] * (x2 * inv);
+    }
+    const float c = cs[j], s = cs[half + j];
+    dst[j] = x1 * c - x2 * s;
+    dst[j + half] = x2 * c + x1 * s;
+  }
+  if (odd && lane == 0) dst[d - 1] = norm_w ? norm_w[d - 1] * (src[d - 1] * inv) : src[d - 1];
+}
+
 }  // namespace
+
+void rope_kv_write(const RopeKvWriteArgs& a, const CudaContext& ctx) {
+  if (a.m == 0) return;
+  KERNEL_CHECK(a.cache.num_kv_heads == a.num_kv_heads && a.cache.head_dim == a.head_dim,
+               "rope_kv_write: the cache's heads or head_dim differ from k/v's");
+  KERNEL_CHECK((a.q_norm == nullptr) == (a.k_norm == nullptr),
+               "rope_kv_write: q_norm and k_norm go together");
+  KERNEL_CHECK(a.m < (1LL << 31), "rope_kv_write: too many tokens for one grid");
+  const int64_t heads = a.num_heads + a.num_kv_heads;
+  const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>((heads + kRkvWarps - 1) / kRkvWarps));
+  const size_t smem = static_cast<size_t>(2 * (a.head_dim / 2)) * sizeof(float);
+  rope_kv_write_kernel<<<grid, kRkvWarps * 32, smem, cuda_util::stream(ctx)>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
 
 void rope(const RopeArgs& a, const CudaContext& ctx) {
   if (a.m == 0) return;

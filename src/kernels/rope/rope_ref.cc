@@ -1,6 +1,10 @@
 // kernels/rope/rope_ref.cc: reference RoPE. The angle is the fp32 product pos·inv_freq, as torch computes it.
+// rope_kv_write is spelled as the op sequence it replaces (the reference norm, rope and KV write on a copy of
+// k), so the fused kernels are checked against the unfused spec.
 #include <cmath>
+#include <vector>
 
+#include "kernels/norm/rms_norm.h"
 #include "kernels/rope/rope.h"
 
 namespace polylora::kernels::ref {
@@ -22,6 +26,55 @@ void rope(const RopeArgs& a) {
       }
     }
   }
+}
+
+void rope_kv_write(const RopeKvWriteArgs& a) {
+  const int64_t d = a.head_dim, kv_row = a.num_kv_heads * d;
+  std::vector<float> k(static_cast<size_t>(a.m * kv_row));  // k is only read: rotate a dense copy
+  for (int64_t t = 0; t < a.m; ++t)
+    for (int64_t i = 0; i < kv_row; ++i) k[t * kv_row + i] = a.k[t * a.ldk + i];
+  if (a.q_norm) {
+    for (int64_t t = 0; t < a.m; ++t)
+      rms_norm({.x = a.q + t * a.ldq,
+                .ldx = d,
+                .y = a.q + t * a.ldq,
+                .ldy = d,
+                .m = a.num_heads,
+                .n = d,
+                .w = a.q_norm,
+                .eps = a.eps});
+    rms_norm({.x = k.data(),
+              .ldx = d,
+              .y = k.data(),
+              .ldy = d,
+              .m = a.m * a.num_kv_heads,
+              .n = d,
+              .w = a.k_norm,
+              .eps = a.eps});
+  }
+  rope({.x = a.q,
+        .ldx = a.ldq,
+        .m = a.m,
+        .num_heads = a.num_heads,
+        .head_dim = d,
+        .positions = a.positions,
+        .inv_freq = a.inv_freq,
+        .attention_scaling = a.attention_scaling});
+  rope({.x = k.data(),
+        .ldx = kv_row,
+        .m = a.m,
+        .num_heads = a.num_kv_heads,
+        .head_dim = d,
+        .positions = a.positions,
+        .inv_freq = a.inv_freq,
+        .attention_scaling = a.attention_scaling});
+  write_kv({.k = k.data(),
+            .ldk = kv_row,
+            .v = a.v,
+            .ldv = a.ldv,
+            .m = a.m,
+            .slot_mapping = a.slot_mapping,
+            .cache = a.cache});
 }
 
 }  // namespace polylora::kernels::ref
