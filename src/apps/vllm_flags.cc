@@ -103,7 +103,6 @@ const std::vector<Ignored>& ignored_table() {
       {"--node-rank", true, {"0"}, "polylora runs on one node"},
       {"--master-addr", true, {}, "polylora runs on one node"},
       {"--master-port", true, {}, "polylora runs on one node"},
-      {"--enable-expert-parallel", false, {}, "one GPU holds every expert (expert parallelism needs several)"},
       {"--enable-eplb", false, {}, "one GPU holds every expert (no expert load balancing)"},
       {"--eplb-config", true, {}, "one GPU holds every expert (no expert load balancing)"},
       {"--num-redundant-experts", true, {"0"}, "one GPU holds every expert"},

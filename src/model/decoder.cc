@@ -157,7 +157,8 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
         "communicator is separate work); use --tensor-parallel-size 1 on --device cuda (--device cpu runs "
         "any size the model's heads allow)",
         tp);
-  check_tensor_parallel(config, tp);
+  const TpLayout layout{.size = tp, .expert_parallel = options.enable_expert_parallel};
+  check_tensor_parallel(config, layout);
   WeightLoader loader(checkpoint, *m->backend_, m->weights_, options.seed, options.upload);
   arch::bind(config, loader, m->weights_);
   loader.finish();  // the staged path reads and uploads everything here
@@ -166,7 +167,7 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
   m->rope_ = RopeTable::from_config(config);
   m->inv_freq_ = m->backend_->vector_from_host(m->rope_.inv_freq.data(), m->rope_.inv_freq.size());
   m->init_workspace();
-  if (tp > 1) m->split_tensor_parallel(tp);
+  if (tp > 1) m->split_tensor_parallel(layout);
   m->backend_->synchronize();
   return m;
 }
@@ -443,7 +444,8 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
   Workspace& ws = *ws_;
   const int64_t T = b.num_tokens(), H = c.hidden_size, S = b.num_seqs();
   const int64_t qs = c.q_size(), kvs = c.kv_size(), D = c.head_dim;
-  const int64_t E = c.num_experts, K = c.num_experts_per_tok;
+  // E: the router's experts (all of them); shard_cfg_ counts this rank's (expert parallelism: E / N).
+  const int64_t E = config_.num_experts, K = c.num_experts_per_tok;
   const int64_t R = static_cast<int64_t>(b.logits_rows.size());
   auto at = [&](size_t off) { return inputs + off; };
   const auto* d_ids = reinterpret_cast<const int32_t*>(at(si.o_ids));
@@ -585,13 +587,13 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
       const k::MoeLoraStack expert_lora = lora_ ? lora_->experts(l) : k::MoeLoraStack{};
       const bool layer_lora =
           !expert_lora.empty() && (si.all_lora || (!si.adapters.empty() && si.adapters.experts[static_cast<size_t>(l)]));
-      be.moe_experts(
-          {.x = h,
+      const k::MoeExpertsArgs moe{
+           .x = h,
            .ldx = H,
            .m = T,
            .hidden = H,
            .inter = c.moe_intermediate_size,
-           .num_experts = E,
+           .num_experts = c.num_experts,
            .top_k = K,
            .ids = route_ids,
            .weights = route_w,
@@ -605,7 +607,11 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
            .token_slots = layer_lora ? d_tslots : nullptr,
            .lora_stack = expert_lora,
            .out = tmp,
-           .ldo = H});
+           .ldo = H};
+      if (tp_.expert_parallel)
+        moe_expert_parallel(moe, si.adapters.token_slots);  // dispatch, local experts, combine
+      else
+        be.moe_experts(moe);
     }
     all_reduce_sum(tmp, T * H);  // row-parallel down / experts' down: the ranks' intermediate columns
     be.add_inplace(x, tmp, T * H);

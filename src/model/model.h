@@ -23,6 +23,7 @@
 #include "lora/adapter_slots.h"
 #include "model/forward_batch.h"
 #include "model/lora_stacks.h"
+#include "model/expert_parallel.h"
 #include "model/tp_shard.h"
 #include "model/weight_loader.h"
 #include "model/weights.h"
@@ -37,6 +38,10 @@ struct ModelLoadOptions {
   // --tensor-parallel-size: ranks the model is split over (threads of this process, CPU backend only;
   // model/tp_shard.h says how). A split the model's heads or sizes do not allow is an Error.
   int tensor_parallel_size = 1;
+  // --enable-expert-parallel: with tensor_parallel_size N > 1, each rank owns E / N whole experts of every
+  // MoE layer (and their LoRA) instead of a slice of every expert; the token-expert pairs travel to the
+  // owners and back (model/expert_parallel.cc). N must divide the number of experts. No effect at N = 1.
+  bool enable_expert_parallel = false;
 };
 
 // RoPE frequencies for a config: inv_freq [rotary_dim / 2] and the cos/sin scale (YaRN's mscale).
@@ -85,6 +90,7 @@ class Model : public AdapterDevice {
   // The layout the KV-cache views passed to forward() must have: this rank's KV heads (config() at -tp 1).
   const ModelConfig& kv_config() const { return shard_cfg_; }
   int tensor_parallel_size() const { return tp_.size; }
+  bool expert_parallel() const { return tp_.expert_parallel; }
   const std::string& source() const { return source_; }
   Backend& backend() const { return *backend_; }
 
@@ -168,12 +174,18 @@ class Model : public AdapterDevice {
   void for_each_rank(const F& f);
   // Tensor parallelism (model_tp.cc): splits the loaded weights over `size` ranks; one step on every rank;
   // a rank's KV cache for the caller's views; a sum over the ranks; the LM head over the vocabulary shards.
-  void split_tensor_parallel(int size);
+  void split_tensor_parallel(const TpLayout& layout);
   void launch_tensor_parallel(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
                               std::span<const LoraAdapter* const> adapters, const TokenFeed& feed);
   std::span<const kernels::KvCacheView> mirror_kv(std::span<const kernels::KvCacheView> like);
   void all_reduce_sum(float* x, int64_t n);
   void lm_head_parallel(const float* in, int64_t rows, float* logits);
+  // Expert parallelism (expert_parallel.cc): the MoE experts of `moe` (its m tokens, top_k routes over all
+  // experts) on the ranks that own them: this rank's block of tokens goes out to the owners of their
+  // experts (all_to_all_v), the owners run their local experts (moe.experts, moe.num_experts of them) and
+  // send the rows back; moe.out gets this rank's tokens' weighted sums and zeros in the other rows (the
+  // caller's all_reduce completes it). token_slots: the host copy of moe.token_slots (empty: none).
+  void moe_expert_parallel(const kernels::MoeExpertsArgs& moe, std::span<const int32_t> token_slots);
   void init_workspace();
   // stage + copy + run_layers: one rank's part of an eager step.
   void run_eager(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
@@ -228,6 +240,7 @@ class Model : public AdapterDevice {
     std::shared_ptr<const LoraAdapter> shard;
   };
   std::vector<AdapterShard> adapter_shards_;  // [slot]
+  ExpertParallelScratch ep_;  // expert parallelism's host buffers (reused across layers and steps)
   // Ranks 1..N-1 (a KV cache of their own, mirroring rank 0's views: kv_mirror_, keyed by kv_mirror_of_).
   std::vector<kernels::KvCacheView> kv_mirror_;
   kernels::KvCacheView kv_mirror_of_;

@@ -11,7 +11,8 @@ namespace polylora {
 
 namespace k = kernels;
 
-void Model::split_tensor_parallel(int size) {
+void Model::split_tensor_parallel(const TpLayout& layout) {
+  const int size = layout.size;
   CHECK(backend_->kind() == DeviceKind::kCpu);
   tp_threads_ = std::make_unique<RankThreads>(size);
   full_weights_ = std::make_unique<ModelWeights>(std::move(weights_));
@@ -26,13 +27,15 @@ void Model::split_tensor_parallel(int size) {
       m->inv_freq_ = m->backend_->vector_from_host(rope_.inv_freq.data(), rope_.inv_freq.size());
       m->init_workspace();
     }
-    m->tp_ = make_tp_shard(config_, r, size);
+    m->tp_ = make_tp_shard(config_, r, layout);
     m->shard_cfg_ = shard_config(config_, m->tp_);
     m->weights_ = shard_weights(*full_weights_, config_, m->tp_, *m->backend_);
     m->comm_ = &tp_threads_->communicator(r);
   }
-  spdlog::info("tensor parallelism: {} ranks (CPU threads), {} attention heads and {} KV heads each", size,
-               shard_cfg_.num_heads, shard_cfg_.num_kv_heads);
+  spdlog::info("tensor parallelism: {} ranks (CPU threads), {} attention heads and {} KV heads each{}", size,
+               shard_cfg_.num_heads, shard_cfg_.num_kv_heads,
+               tp_.expert_parallel ? fmt::format(", {} whole experts each (expert parallelism)", tp_.num_local_experts)
+                                   : "");
 }
 
 void Model::launch_tensor_parallel(const ForwardBatch& b, std::span<const k::KvCacheView> kv,

@@ -226,7 +226,8 @@ LoraExpert shard_expert_lora(const LoraExpert& e, const std::string& what, const
 
 }  // namespace
 
-void check_tensor_parallel(const ModelConfig& cfg, int size) {
+void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout) {
+  const int size = layout.size;
   const std::string what = fmt::format("--tensor-parallel-size {}", size);
   if (size < 1) fail("{}: the size must be at least 1", what);
   if (size == 1) return;
@@ -254,6 +255,15 @@ void check_tensor_parallel(const ModelConfig& cfg, int size) {
   if (dense && cfg.intermediate_size % size != 0)
     fail("{}: the MLP's intermediate size {} does not split over {} ranks; use a size that divides it", what,
          cfg.intermediate_size, size);
+  if (layout.expert_parallel && cfg.is_moe()) {
+    if (cfg.num_experts % size != 0)
+      fail(
+          "{} with --enable-expert-parallel: the model's {} experts do not spread over {} ranks (expert "
+          "parallelism gives each rank the same number of whole experts); use a size that divides {}, or "
+          "leave out --enable-expert-parallel to split every expert instead",
+          what, cfg.num_experts, size, cfg.num_experts);
+    return;  // the experts stay whole: their intermediate size need not divide
+  }
   if (cfg.is_moe() && cfg.moe_intermediate_size % size != 0)
     fail("{}: the experts' intermediate size {} does not split over {} ranks; use a size that divides it",
          what, cfg.moe_intermediate_size, size);
@@ -264,7 +274,8 @@ void check_tensor_parallel(const ModelConfig& cfg, int size) {
         what, cfg.moe_intermediate_size, cfg.moe_intermediate_size / size, kMxfp4BlockSize);
 }
 
-TpShard make_tp_shard(const ModelConfig& cfg, int rank, int size) {
+TpShard make_tp_shard(const ModelConfig& cfg, int rank, const TpLayout& layout) {
+  const int size = layout.size;
   CHECK(rank >= 0 && rank < size);
   TpShard s;
   s.rank = rank;
@@ -273,7 +284,10 @@ TpShard make_tp_shard(const ModelConfig& cfg, int rank, int size) {
   s.kv_head_begin =
       size <= cfg.num_kv_heads ? rank * (cfg.num_kv_heads / size) : rank / (size / cfg.num_kv_heads);
   s.inter_begin = rank * (cfg.intermediate_size / size);
-  s.moe_inter_begin = rank * (cfg.moe_intermediate_size / size);
+  s.expert_parallel = layout.expert_parallel && cfg.is_moe() && size > 1;
+  s.moe_inter_begin = s.expert_parallel ? 0 : rank * (cfg.moe_intermediate_size / size);
+  s.num_local_experts = s.expert_parallel ? cfg.num_experts / size : cfg.num_experts;
+  s.expert_begin = s.expert_parallel ? rank * s.num_local_experts : 0;
   s.vocab_stride = (cfg.vocab_size + size - 1) / size;
   s.vocab_begin = std::min<int64_t>(cfg.vocab_size, rank * s.vocab_stride);
   s.vocab_rows = std::min<int64_t>(s.vocab_stride, cfg.vocab_size - s.vocab_begin);
@@ -285,7 +299,8 @@ ModelConfig shard_config(const ModelConfig& cfg, const TpShard& s) {
   c.num_heads = cfg.num_heads / s.size;
   c.num_kv_heads = std::max<int64_t>(1, cfg.num_kv_heads / s.size);
   c.intermediate_size = cfg.intermediate_size / s.size;
-  c.moe_intermediate_size = cfg.moe_intermediate_size / s.size;
+  c.moe_intermediate_size = s.expert_parallel ? cfg.moe_intermediate_size : cfg.moe_intermediate_size / s.size;
+  c.num_experts = s.num_local_experts;
   return c;
 }
 
@@ -326,8 +341,9 @@ ModelWeights shard_weights(const ModelWeights& full, const ModelConfig& cfg, con
     }
     dst.moe.router = src.moe.router;  // replicated: every rank routes every token the same way
     bytes += dst.moe.router.w.num_bytes();
-    for (const k::ExpertView& e : src.moe.experts) {
-      dst.moe.experts.push_back(shard_expert(e, cfg, s, be));
+    for (int64_t i = 0; i < s.num_local_experts; ++i) {
+      const k::ExpertView& e = src.moe.experts[static_cast<size_t>(s.expert_begin + i)];
+      dst.moe.experts.push_back(s.expert_parallel ? e : shard_expert(e, cfg, s, be));  // EP: whole, a view
       const k::ExpertView& o = dst.moe.experts.back();
       bytes += o.gate_up.num_bytes() + o.gate.num_bytes() + o.up.num_bytes() + o.down.num_bytes();
     }
@@ -358,9 +374,19 @@ std::shared_ptr<const LoraAdapter> shard_adapter(const LoraAdapter& adapter, con
                                           fmt::format("adapter '{}', layer {}, {}", adapter.name, l,
                                                       lora_module_name(static_cast<LoraModule>(m))),
                                           cfg, s);
-    for (size_t e = 0; e < src.experts.size(); ++e)
-      dst.experts.push_back(shard_expert_lora(
-          src.experts[e], fmt::format("adapter '{}', layer {}, expert {}", adapter.name, l, e), cfg, s));
+    if (src.experts.empty()) continue;
+    if (static_cast<int64_t>(src.experts.size()) != cfg.num_experts)
+      fail("adapter '{}', layer {}: LoRA for {} experts, but the model has {}", adapter.name, l,
+           src.experts.size(), cfg.num_experts);
+    for (int64_t i = 0; i < s.num_local_experts; ++i) {
+      const size_t e = static_cast<size_t>(s.expert_begin + i);
+      // Expert parallelism: the expert's LoRA whole, on the rank that owns the expert.
+      dst.experts.push_back(s.expert_parallel
+                                ? src.experts[e]
+                                : shard_expert_lora(src.experts[e],
+                                                    fmt::format("adapter '{}', layer {}, expert {}", adapter.name, l, e),
+                                                    cfg, s));
+    }
   }
   return out;
 }

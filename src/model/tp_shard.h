@@ -8,6 +8,9 @@
 // this rank's vocabulary rows plus a zero row that every token outside them reads (an all_reduce sums the
 // ranks' rows). LoRA: A replicated and B split by output rows on column-parallel modules; A split by input
 // columns and B whole on row-parallel ones (each rank adds B·(A_r·x_r), the all_reduce sums them to B·A·x).
+// Expert parallelism (--enable-expert-parallel): the MoE layers' experts are not split; rank r owns the
+// whole experts [r·E/N, (r+1)·E/N) (views, no copy) and their LoRA, and the router stays replicated
+// (model/expert_parallel.cc dispatches the token-expert pairs to the owners).
 // Must not: run kernels or collectives.
 #pragma once
 
@@ -33,15 +36,28 @@ struct TpShard {
   int64_t vocab_begin = 0;      // first vocabulary row of this rank
   int64_t vocab_rows = 0;       // rows of this rank (the last rank may have fewer)
   int64_t vocab_stride = 0;     // rows of every rank but the last: ceil(vocab_size / size)
+  // Expert parallelism: this rank owns experts [expert_begin, expert_begin + num_local_experts), whole
+  // (without it every rank has a slice of every expert: expert_begin 0, num_local_experts num_experts).
+  bool expert_parallel = false;
+  int64_t expert_begin = 0;
+  int64_t num_local_experts = 0;
+};
+
+// How the model is split (--tensor-parallel-size, --enable-expert-parallel).
+struct TpLayout {
+  int size = 1;
+  bool expert_parallel = false;
 };
 
 // Throws polylora::Error unless `cfg` splits over `size` ranks: the attention heads divide by it, the
 // KV heads divide by it or it by them, and so do the dense and expert intermediate sizes (MXFP4 experts:
-// into multiples of 32 columns). The message names the counts and what would divide.
-void check_tensor_parallel(const ModelConfig& cfg, int size);
-TpShard make_tp_shard(const ModelConfig& cfg, int rank, int size);
-// cfg with this rank's counts: num_heads, num_kv_heads, intermediate_size and moe_intermediate_size (the
-// vocabulary stays whole: the shard says which rows are here).
+// into multiples of 32 columns). With expert parallelism the expert intermediate size stays whole and the
+// experts must divide by the size instead. The message names the counts and what would divide.
+void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout);
+TpShard make_tp_shard(const ModelConfig& cfg, int rank, const TpLayout& layout);
+// cfg with this rank's counts: num_heads, num_kv_heads, intermediate_size and moe_intermediate_size, or
+// with expert parallelism num_experts = E / N and moe_intermediate_size whole (the vocabulary and the
+// router stay whole: the shard says which rows are here, and the router scores all experts).
 ModelConfig shard_config(const ModelConfig& cfg, const TpShard& shard);
 // This rank's weights (views into `full`, which must outlive them, and copies in `be`'s memory).
 ModelWeights shard_weights(const ModelWeights& full, const ModelConfig& cfg, const TpShard& shard,

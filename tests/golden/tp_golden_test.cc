@@ -5,6 +5,8 @@
 //   decode step over the KV cache it wrote: every logit within 1e-4 of -tp 1;
 // - the Engine (greedy, top-20 logprobs and prompt logprobs): each variant alone and all in one mixed
 //   batch equal -tp 1 within 1e-4 with the same tokens, and match the Hugging Face reference.
+// With --enable-expert-parallel (ModelLoadOptions::enable_expert_parallel) every MoE fixture at -tp 2 and 4
+// (8 experts: 4 or 2 whole experts per rank, their LoRA with them) gives the same numbers through both.
 // And splits the model does not allow are clear errors.
 #include <filesystem>
 #include <fstream>
@@ -17,19 +19,21 @@ namespace {
 
 constexpr double kTpTolerance = 1e-4;
 
-ModelLoadOptions tp_options(int tp) {
+ModelLoadOptions tp_options(int tp, bool ep = false) {
   ModelLoadOptions o;
   o.tensor_parallel_size = tp;
+  o.enable_expert_parallel = ep;
   return o;
 }
 
 struct TpCase {
   std::string model;
   int tp = 2;
+  bool ep = false;  // --enable-expert-parallel
 };
 
 void PrintTo(const TpCase& c, std::ostream* os) {
-  *os << c.model << " -tp " << c.tp;
+  *os << c.model << " -tp " << c.tp << (c.ep ? " -ep" : "");
 }
 
 class TpGoldenTest : public ::testing::TestWithParam<TpCase> {};
@@ -120,8 +124,9 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
   const TpCase& c = GetParam();
-  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp));
+  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep));
   ASSERT_EQ(split.model->tensor_parallel_size(), c.tp);
+  ASSERT_EQ(split.model->expert_parallel(), c.ep);
   MixedBatch mb(one);
   std::vector<int32_t> next;
   TwoSteps ref = run_two_steps(*one.model, mb, nullptr, &next);
@@ -135,13 +140,13 @@ TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
   for (int64_t j = 0; j < len * V; ++j)
     adapter_effect = std::max(adapter_effect, std::fabs(double(ref.prefill[j]) - ref.prefill[len * V + j]));
   EXPECT_GT(adapter_effect, 1e-2);
-  std::printf("[tp-golden] %s -tp %d: %ld sequences, max |Δ logit| prefill %.2e, decode %.2e\n",
-              c.model.c_str(), c.tp, static_cast<long>(mb.b.num_seqs()), dp, dd);
+  std::printf("[tp-golden] %s -tp %d%s: %ld sequences, max |Δ logit| prefill %.2e, decode %.2e\n",
+              c.model.c_str(), c.tp, c.ep ? " -ep" : "", static_cast<long>(mb.b.num_seqs()), dp, dd);
 }
 
 TEST_P(TpGoldenTest, EngineAloneAndMixedEqualTp1AndReference) {
   const TpCase& c = GetParam();
-  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp));
+  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep));
   std::vector<EngineRequest> reqs;
   std::vector<std::pair<std::string, size_t>> owner;
   for (size_t i = 0; i < one.num_prompts(); ++i)
@@ -165,8 +170,8 @@ TEST_P(TpGoldenTest, EngineAloneAndMixedEqualTp1AndReference) {
     check_against_reference(split, variant, i, alone, 1e-3, 1e-3);
     worst = std::max({worst, da, dm});
   }
-  std::printf("[tp-golden] %s -tp %d: %zu requests, max |Δ logprob| vs -tp 1 = %.2e\n", c.model.c_str(), c.tp,
-              reqs.size(), worst);
+  std::printf("[tp-golden] %s -tp %d%s: %zu requests, max |Δ logprob| vs -tp 1 = %.2e\n", c.model.c_str(),
+              c.tp, c.ep ? " -ep" : "", reqs.size(), worst);
 }
 
 // --quantization int8: the split copies the codes and keeps each row's scale, so the numbers stay those of
@@ -313,11 +318,14 @@ std::vector<TpCase> tp_cases() {
   std::vector<TpCase> cases;
   for (const std::string& m : fixture_models())
     for (int tp : {2, 4}) cases.push_back({m, tp});
+  for (const std::string& m : fixture_models())  // expert parallelism: the MoE models
+    if (m != "llama-tiny")
+      for (int tp : {2, 4}) cases.push_back({m, tp, true});
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TpGoldenTest, ::testing::ValuesIn(tp_cases()), [](const auto& info) {
-  std::string n = info.param.model + "_tp" + std::to_string(info.param.tp);
+  std::string n = info.param.model + "_tp" + std::to_string(info.param.tp) + (info.param.ep ? "_ep" : "");
   for (char& c : n)
     if (c == '-') c = '_';
   return n;
@@ -368,6 +376,59 @@ TEST(TensorParallel, SplitsTheHeadsDoNotAllowAreClearErrors) {
   EXPECT_NE(e.find("the vocabulary of 2 tokens is too small to give each of 3 ranks some of it"),
             std::string::npos)
       << e;
+  fs::remove_all(dir);
+}
+
+// Expert parallelism: the experts must spread evenly (a clear error naming the counts otherwise), and since
+// each rank holds whole experts their intermediate size need not divide by the ranks (it must without it).
+// A dummy Qwen3-MoE of 6 experts with an expert intermediate size of 66: -tp 2 -ep equals -tp 1; -tp 4 -ep
+// is refused (6 experts over 4 ranks), and so is -tp 4 without -ep (66 columns over 4 ranks).
+TEST(TensorParallel, ExpertParallelNeedsEvenlySpreadExpertsNotEvenlySplitOnes) {
+  namespace fs = std::filesystem;
+  const std::string qwen = std::string(POLYLORA_TEST_DATA) + "/models/qwen3-moe-tiny";
+  const fs::path dir = fs::temp_directory_path() / ("polylora-tp-ep-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ifstream in(qwen + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["num_experts"] = 6;
+  cfg["moe_intermediate_size"] = 66;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  auto options = [](int tp, bool ep) {
+    ModelLoadOptions o = tp_options(tp, ep);
+    o.load_format = LoadFormat::kDummy;
+    o.seed = 11;
+    return o;
+  };
+  std::string e = error_of(dir.string(), options(4, true));
+  EXPECT_NE(e.find("--tensor-parallel-size 4 with --enable-expert-parallel: the model's 6 experts do not spread "
+                   "over 4 ranks"),
+            std::string::npos)
+      << e;
+  e = error_of(dir.string(), options(4, false));
+  EXPECT_NE(e.find("the experts' intermediate size 66 does not split over 4 ranks"), std::string::npos) << e;
+  auto logits_of = [&](int tp, bool ep) {
+    auto m = Model::load(dir.string(), options(tp, ep));
+    EXPECT_EQ(m->expert_parallel(), ep && tp > 1);
+    KvStorage kv(m->kv_config(), m->backend(), 1, 16);
+    ForwardBatch b;
+    b.token_ids = {3, 14, 15, 92, 65, 35, 89, 79, 323};  // 9 tokens: the ranks' blocks of tokens are uneven
+    for (int32_t t = 0; t < 9; ++t) {
+      b.positions.push_back(t);
+      b.slot_mapping.push_back(t);
+      b.logits_rows.push_back(t);
+    }
+    b.query_start = {0, 9};
+    b.context_lens = {9};
+    b.max_blocks_per_seq = 1;
+    b.block_tables = {0};
+    b.adapter_slots = {-1};
+    std::vector<float> logits(static_cast<size_t>(9 * m->config().vocab_size));
+    m->forward(b, kv.views(), {}, logits.data());
+    return logits;
+  };
+  const std::vector<float> one = logits_of(1, false);
+  EXPECT_LE(max_abs_diff(one, logits_of(2, true)), kTpTolerance);
+  EXPECT_LE(max_abs_diff(one, logits_of(1, true)), 0.0) << "-ep alone changes nothing";
   fs::remove_all(dir);
 }
 
