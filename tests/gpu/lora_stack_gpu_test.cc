@@ -425,5 +425,52 @@ TEST(GpuLoraStack, MoeAwkwardShapes) {
            .biases = true});
 }
 
+// The grouped-GEMM path with BF16 stacks takes the tensor-core shrinks and the expands fused into the GEMMs'
+// epilogues (moe_lora_mma.cuh): rank spaces of one and several k16 steps and of several 64-wide CTA chunks
+// (gu_slices 2 at rank 72: 144 rank rows), ranks not a multiple of 8 or 16 (odd ones: B pairs straddling a
+// slice), more slots than the shrink's grid.y (12: a CTA takes several runs), K not a multiple of 8 (the
+// element-wise weight loads), and the 128-row tile; every case far above 512 pairs.
+TEST(GpuLoraStack, MoeGroupedGemmTensorCoreLora) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t rank : {5, 16, 24, 72}) {
+    for (int gu : {1, 2}) {
+      run_all({.m = 400,
+               .hidden = 96,
+               .inter = 64,
+               .num_experts = 8,
+               .top_k = 2,
+               .rank = rank,
+               .gu_slices = gu,
+               .act = gu == 1 ? k::ExpertAct::kGptOssSwiglu : k::ExpertAct::kSiluGate,
+               .fused = gu == 1,
+               .biases = gu == 1,
+               .slots = 12,
+               .lora_b = 0.3f * std::sqrt(8.0f / static_cast<float>(rank))});
+    }
+  }
+  run_all({.m = 700,
+           .hidden = 45,
+           .inter = 33,
+           .num_experts = 4,
+           .top_k = 2,
+           .rank = 7,
+           .gu_slices = 2,
+           .act = k::ExpertAct::kGptOssSwiglu,
+           .fused = true,
+           .biases = true,
+           .slots = 6});
+  run_all({.m = 1200,  // 2,400 pairs over 4 experts: >= 256 per expert, the 128-row tile
+           .hidden = 64,
+           .inter = 48,
+           .num_experts = 4,
+           .top_k = 2,
+           .rank = 16,
+           .gu_slices = 1,
+           .act = k::ExpertAct::kGptOssSwiglu,
+           .fused = true,
+           .biases = true,
+           .slots = 8});
+}
+
 }  // namespace
 }  // namespace polylora::gpu_test

@@ -161,6 +161,36 @@ int mma_tile_m(const MoeExpertsArgs& a) {
   return a.m * a.top_k >= 256 * a.num_experts ? 128 : 64;
 }
 
+// POLYLORA_MOE_LORA_MMA=0: BF16 expert LoRA on the grouped-GEMM path through the CUDA-core tiled shrinks and
+// the expand-fused activation and combine (as the other paths) instead of the tensor-core shrinks and the
+// expand fused into the GEMMs' epilogues (moe_lora_mma.cuh), for A/B timing; on by default.
+bool lora_mma_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("POLYLORA_MOE_LORA_MMA");
+    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
+  }();
+  return v;
+}
+
+// Does the grouped-GEMM path run the expert LoRA on tensor cores (BF16 stacks)?
+bool lora_on_mma(const MoeExpertsArgs& a, Path path) {
+  return path == Path::kMma && !a.lora_stack.empty() && a.lora_stack.dtype == DType::kBF16 && lora_mma_enabled();
+}
+
+// Split-K of the tensor-core shrinks: enough CTAs for ~3 per SM over the 64-row windows that can hold pairs
+// (each taking about two runs of one key), at most 8 and at most one per 4 BK slices of the K loop.
+struct LoraMmaSplits {
+  int gu = 1, down = 1;
+};
+LoraMmaSplits lora_mma_splits(const MoeExpertsArgs& a, int64_t num_kt_gu, int64_t num_kt_down) {
+  const int64_t windows = (a.m * a.top_k + moe_detail::kLsRows - 1) / moe_detail::kLsRows + a.num_experts;
+  const int64_t want = (3 * cuda_util::num_sms() + 2 * windows - 1) / (2 * windows);
+  auto pick = [&](int64_t num_kt) {
+    return static_cast<int>(std::clamp<int64_t>(want, 1, std::max<int64_t>(1, std::min<int64_t>(8, num_kt / 4))));
+  };
+  return {pick(num_kt_gu), pick(num_kt_down)};
+}
+
 // Workspace layout of a path (each part 256-byte aligned).
 struct MoeWorkspace {
   int64_t pairs = 0, tile_m = 1, max_tiles = 0, max_rows = 0, lda_h = 0, lda_i = 0;
@@ -244,8 +274,16 @@ struct MoeWorkspace {
     act_bf16 = reinterpret_cast<__nv_bfloat16*>(take(2 * max_rows * copies * lda_i));
     if (!a.lora_stack.empty()) {
       const moe_detail::StackSplits sp = moe_detail::stack_splits(a, max_rows);
-      lora_gu = reinterpret_cast<float*>(take(4 * sp.gu_floats));
-      lora_down = reinterpret_cast<float*>(take(4 * sp.down_floats));
+      size_t gu_floats = sp.gu_floats, down_floats = sp.down_floats;
+      if (lora_on_mma(a, path)) {  // partial sums by sorted row
+        const LoraMmaSplits ms = lora_mma_splits(a, copies * lda_h / moe_detail::kMmaBK,
+                                                 copies * lda_i / moe_detail::kMmaBK);
+        const MoeLoraStack& s = a.lora_stack;
+        gu_floats = std::max(gu_floats, static_cast<size_t>(ms.gu * max_rows * s.gu_slices * s.rank));
+        down_floats = std::max(down_floats, static_cast<size_t>(ms.down * max_rows * s.rank));
+      }
+      lora_gu = reinterpret_cast<float*>(take(4 * gu_floats));
+      lora_down = reinterpret_cast<float*>(take(4 * down_floats));
     }
   }
 };
@@ -1077,6 +1115,72 @@ namespace {
 
 }  // namespace
 
+namespace {
+
+// The tensor-core shrink of one phase (moe_lora_mma.cuh) over the grouped GEMM's sorted rows: gate/up from x
+// (bf16, by token) into lora_gu, down from the activation (bf16, by sorted row) into lora_down, both
+// [splits][max_rows][slices · rank].
+template <Phase P>
+void launch_lora_shrink_mma(const MoeExpertsArgs& a, const MoeWorkspace& ws, int splits, cudaStream_t st) {
+  using namespace moe_detail;
+  const MoeLoraStack& s = a.lora_stack;
+  const bool gu = P == Phase::kGateUp;
+  LoraShrinkMmaParams lp;
+  lp.a = gu ? ws.x_bf16 : ws.act_bf16;
+  lp.lda = ws.copies * (gu ? ws.lda_h : ws.lda_i);
+  lp.kb_tiles = static_cast<int>((gu ? ws.lda_h : ws.lda_i) / kMmaBK);
+  lp.by_token = gu;
+  lp.sorted = ws.sorted;
+  lp.tile_expert = ws.tile_expert;
+  lp.num_tiles = ws.num_tiles;
+  lp.tile_m = static_cast<int>(ws.tile_m);
+  lp.max_rows = ws.max_rows;
+  lp.token_slots = a.token_slots;
+  lp.top_k = a.top_k;
+  lp.E = a.num_experts;
+  lp.slots = s.slots;
+  lp.scale = s.scale;
+  lp.c0 = gu ? 0 : 2;
+  lp.slices = gu ? s.gu_slices : 1;
+  lp.w = static_cast<const __nv_bfloat16*>(gu ? s.a_gu : s.a_down);
+  lp.GR = lp.slices * s.rank;
+  lp.K = gu ? a.hidden : a.inter;
+  lp.out = gu ? ws.lora_gu : ws.lora_down;
+  lp.splits = splits;
+  lp.nchunks = static_cast<int>((lp.GR + kLsCols - 1) / kLsCols);
+  KERNEL_CHECK(ws.max_rows % kLsRows == 0 && ws.max_rows / kLsRows < (1LL << 31) && splits * lp.nchunks <= 65535,
+               "moe_experts: LoRA shape too large for the tensor-core shrink's grid");
+  const dim3 grid(static_cast<unsigned>(ws.max_rows / kLsRows),
+                  static_cast<unsigned>(std::clamp<int64_t>(s.slots, 1, 8)),
+                  static_cast<unsigned>(splits * lp.nchunks));
+  moe_lora_shrink_mma<<<grid, kLsThreads, 0, st>>>(lp);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The LoRA expand fused into the epilogue of one phase's grouped GEMM, reading that phase's shrink sums.
+template <Phase P>
+moe_detail::LoraExpandMma lora_expand_params(const MoeExpertsArgs& a, const MoeWorkspace& ws, int splits) {
+  const MoeLoraStack& s = a.lora_stack;
+  const bool gu = P == Phase::kGateUp;
+  moe_detail::LoraExpandMma l;
+  l.slices = gu ? s.gu_slices : 1;
+  l.GR = l.slices * s.rank;
+  l.tmp = gu ? ws.lora_gu : ws.lora_down;
+  l.split_stride = ws.max_rows * l.GR;
+  l.splits = splits;
+  l.b = static_cast<const __nv_bfloat16*>(gu ? s.b_gu : s.b_down);
+  l.scale = s.scale;
+  l.token_slots = a.token_slots;
+  l.slots = s.slots;
+  l.E = a.num_experts;
+  l.R = s.rank;
+  l.c0 = gu ? 0 : 2;
+  l.interleaved = a.act == ExpertAct::kGptOssSwiglu;
+  return l;
+}
+
+}  // namespace
+
 void route(const RouteArgs& a, const CudaContext& ctx) {
   if (a.m == 0) return;
   KERNEL_CHECK(a.top_k >= 1 && a.top_k <= a.num_experts, "route: top_k must be in 1..num_experts");
@@ -1111,6 +1215,11 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   const bool mma = path == Path::kMma;
   const bool tc_gemv = path == Path::kGemvTc;
   const bool bf16_act = mma || tc_gemv;  // the down product reads the activation as bf16
+  // BF16 stacks on the grouped-GEMM path: tensor-core shrinks, expands in the GEMMs' epilogues.
+  const bool mma_lora = stack && lora_on_mma(a, path);
+  const LoraMmaSplits lms = mma_lora ? lora_mma_splits(a, ws.copies * ws.lda_h / moe_detail::kMmaBK,
+                                                       ws.copies * ws.lda_i / moe_detail::kMmaBK)
+                                     : LoraMmaSplits{};
   moe_detail::StackBuffers sb;
   if (stack) {
     sb = {.sorted = ws.sorted, .num_tiles = ws.num_tiles, .tile_m = static_cast<int>(ws.tile_m),
@@ -1272,6 +1381,10 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       mp.hidden = H;
       mp.inter = I;
       mp.out = ws.gu;
+      if (mma_lora) {
+        launch_lora_shrink_mma<Phase::kGateUp>(a, ws, lms.gu, st);
+        mp.lora = lora_expand_params<Phase::kGateUp>(a, ws, lms.gu);
+      }
       launch_mma_tile<Phase::kGateUp>(tile_m, grid_gu, mp, st);
     } else {
       gp.x = a.x;
@@ -1288,13 +1401,22 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       CUDA_CHECK_LAUNCH();
     }
     // 3. gate_up LoRA, 4. activation
-    gate_up_lora_and_activation();
+    if (mma_lora) {  // the gate/up LoRA is in the GEMM; the down shrink reads the bf16 activation
+      moe_act_kernel<<<moe_act_grid(ws.max_rows, I), 256, 0, st>>>(ws.sorted, ws.num_tiles, tile_m, ws.gu, nullptr,
+                                                                     ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I,
+                                                                     a.act, a.swiglu_alpha, a.swiglu_limit);
+      CUDA_CHECK_LAUNCH();
+      launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);
+    } else {
+      gate_up_lora_and_activation();
+    }
     // 5. down
     if (mma) {
       mp.a = ws.act_bf16;
       mp.lda = ws.copies * ws.lda_i;
       mp.kb_tiles = static_cast<int>(ws.lda_i / moe_detail::kMmaBK);
       mp.out = ws.y;
+      if (mma_lora) mp.lora = lora_expand_params<Phase::kDown>(a, ws, lms.down);
       launch_mma_tile<Phase::kDown>(tile_m, grid_down, mp, st);
     } else {
       gp.x = ws.act;
@@ -1311,7 +1433,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     CUDA_CHECK_LAUNCH();
   }
   // 7. combine
-  if (stack) return moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
+  if (stack && !mma_lora) return moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
   const dim3 grid_combine(static_cast<unsigned>(a.m), static_cast<unsigned>(std::min<int64_t>(
                                                           (H + 255) / 256, a.m >= 64 ? 1 : 64 / a.m)));
   moe_combine_kernel<<<grid_combine, 256, 0, st>>>(ws.y, a.ids, a.weights, a.top_k, H, E, a.out, a.ldo);

@@ -16,6 +16,7 @@
 
 #include "kernels/mma_util.cuh"
 #include "kernels/moe/moe_cuda_common.cuh"
+#include "kernels/moe/moe_lora_mma.cuh"
 
 namespace polylora::kernels::cuda::moe_detail {
 
@@ -45,6 +46,8 @@ struct MmaParams {
   const int32_t* num_tiles = nullptr;    // [1]
   int64_t top_k = 0, hidden = 0, inter = 0;
   float* out = nullptr;  // kGateUp: gu [max_rows, 2I] by sorted row; kDown: y [pairs, H] by pair
+  // Slot-stacked LoRA expand fused into the epilogue (moe_lora_mma.cuh; lora.b == nullptr: none).
+  LoraExpandMma lora;
 };
 
 using mma::cp_async16;
@@ -62,6 +65,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   extern __shared__ __align__(128) unsigned char mma_smem[];
   __shared__ int32_t s_pair[BM];
   __shared__ int64_t s_arow[BM];  // A row (−1: padding, zero-filled)
+  __shared__ int32_t s_lkey[BM];  // LoRA key of the row (lora_row_key), −1: none
   const int tile = blockIdx.x;
   if (tile >= *p.num_tiles) return;
   const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
@@ -75,6 +79,9 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     const int32_t pr = p.sorted[r];
     s_pair[i] = pr;
     s_arow[i] = pr < 0 ? -1 : (P == Phase::kGateUp ? pr / p.top_k : r);
+    if (p.lora.b != nullptr)
+      s_lkey[i] = lora_row_key(pr, p.tile_expert[tile], p.lora.token_slots, p.top_k, p.lora.slots, p.lora.E,
+                               p.lora.scale, p.lora.c0, p.lora.slices);
   }
   const DType bdt = weight_dtype<P>(ex);
   const float* bias = weight_bias<P>(ex);
@@ -204,6 +211,26 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   }
   cp_async_wait<0>();
 
+  // INT8: the codes' products times the rows' scales (before the LoRA sum, which is in real units).
+  if (bdt == DType::kI8) {
+#pragma unroll
+    for (int ni = 0; ni < C::kNI; ++ni) {
+      const int64_t n = n0 + wn * 32 + ni * 8 + (lane & 3) * 2;
+      const float s0 = n < N ? weight_row_scale<P>(ex, n, p.inter) : 0.0f;
+      const float s1 = n + 1 < N ? weight_row_scale<P>(ex, n + 1, p.inter) : 0.0f;
+#pragma unroll
+      for (int mi = 0; mi < C::kMI; ++mi) {
+        acc[mi][ni][0] *= s0;
+        acc[mi][ni][1] *= s1;
+        acc[mi][ni][2] *= s0;
+        acc[mi][ni][3] *= s1;
+      }
+    }
+  }
+  if (p.lora.b != nullptr)
+    lora_expand_mma<C::kMI, C::kNI>(p.lora, s_lkey, wm * C::kWM, static_cast<int64_t>(tile) * BM,
+                                    n0 + wn * 32, N, p.inter, acc);
+
   // Epilogue: c0,c1 at (row g, columns 2t, 2t+1), c2,c3 at row g + 8 (g = lane / 4, t = lane % 4).
 #pragma unroll
   for (int mi = 0; mi < C::kMI; ++mi) {
@@ -218,10 +245,6 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
       for (int ni = 0; ni < C::kNI; ++ni) {
         const int64_t n = n0 + wn * 32 + ni * 8 + (lane & 3) * 2;
         float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
-        if (bdt == DType::kI8) {  // the codes' products times the rows' scales
-          if (n < N) v0 *= weight_row_scale<P>(ex, n, p.inter);
-          if (n + 1 < N) v1 *= weight_row_scale<P>(ex, n + 1, p.inter);
-        }
         if (n + 1 < N) {
           if (bias != nullptr) {
             v0 += bias[n];
