@@ -124,11 +124,13 @@ describe('--quantization int8 (docs/quantization.md)', () => {
 describe('--device cpu -tp 2 (docs/tensor-parallel.md)', () => {
   test('serves the base model and an adapter with the numbers of -tp 1', async () => {
     const runs = [];
-    for (const tp of ['1', '2']) {
-      const server = await startServer(['--model', MODEL, '--device', 'cpu', '-tp', tp, '--lora-modules',
+    // -ep: expert parallelism (docs/tensor-parallel.md), 4 of the 8 experts whole on each rank.
+    for (const tp of [['1'], ['2'], ['2', '-ep']]) {
+      const server = await startServer(['--model', MODEL, '--device', 'cpu', '-tp', ...tp, '--lora-modules',
         `attn=${ADAPTERS.attn}`]);
       try {
-        if (tp === '2') assert.match(server.log(), /tensor parallelism: 2 ranks/);
+        if (tp[0] === '2') assert.match(server.log(), /tensor parallelism: 2 ranks/);
+        if (tp[1] === '-ep') assert.match(server.log(), /4 whole experts each \(expert parallelism\)/);
         const out = [];
         for (const model of [MODEL, 'attn']) {
           const r = await completion(server.url, model, { logprobs: 3 });
@@ -140,11 +142,12 @@ describe('--device cpu -tp 2 (docs/tensor-parallel.md)', () => {
         await server.stop();
       }
     }
-    for (let i = 0; i < 2; i++) {
-      assert.equal(runs[1][i].text, runs[0][i].text);
-      const [a, b] = [runs[0][i].logprobs.token_logprobs, runs[1][i].logprobs.token_logprobs];
-      a.forEach((lp, k) => assert.ok(Math.abs(lp - b[k]) < 1e-4, `token ${k}: ${lp} vs ${b[k]}`));
-    }
+    for (const run of [runs[1], runs[2]])
+      for (let i = 0; i < 2; i++) {
+        assert.equal(run[i].text, runs[0][i].text);
+        const [a, b] = [runs[0][i].logprobs.token_logprobs, run[i].logprobs.token_logprobs];
+        a.forEach((lp, k) => assert.ok(Math.abs(lp - b[k]) < 1e-4, `token ${k}: ${lp} vs ${b[k]}`));
+      }
   });
 });
 

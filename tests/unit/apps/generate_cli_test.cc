@@ -42,9 +42,9 @@ std::vector<int> read_i32(const std::string& path, const std::string& name) {
 }
 
 // Reference prompt 1 as --prompt-ids text.
-std::string reference_prompt_ids() {
+std::string reference_prompt_ids(const std::string& model = kModel) {
   nlohmann::json ref;
-  std::ifstream(kModel + "/reference.json") >> ref;
+  std::ifstream(model + "/reference.json") >> ref;
   std::string ids = std::to_string(ref["prompts"][1][0].get<int>());
   for (size_t i = 1; i < ref["prompts"][1].size(); ++i)
     ids += "," + std::to_string(ref["prompts"][1][i].get<int>());
@@ -52,11 +52,11 @@ std::string reference_prompt_ids() {
 }
 
 // generate's comma-separated ids output against the reference's first 5 greedy ids for prompt 1.
-void expect_greedy_prefix(const std::string& out) {
+void expect_greedy_prefix(const std::string& out, const std::string& model = kModel) {
   std::vector<int> got;
   std::stringstream ss(out);
   for (std::string item; std::getline(ss, item, ',');) got.push_back(std::stoi(item));
-  std::vector<int> greedy = read_i32(kModel + "/reference.safetensors", "base.greedy.1");
+  std::vector<int> greedy = read_i32(model + "/reference.safetensors", "base.greedy.1");
   EXPECT_EQ(got, std::vector<int>(greedy.begin(), greedy.begin() + 5)) << out;
 }
 
@@ -85,6 +85,27 @@ TEST(GenerateCli, ShortTensorParallelFlag) {
   while (size_t n = fread(buf.data(), 1, buf.size(), p)) err.append(buf.data(), n);
   EXPECT_NE(pclose(p), 0);
   EXPECT_NE(err.find("--tensor-parallel-size 3"), std::string::npos) << err;
+}
+
+// --enable-expert-parallel (and vLLM's -ep) with -tp on the CPU: a MoE model's experts spread over the
+// ranks give the reference greedy ids; the log says how many whole experts each rank holds.
+TEST(GenerateCli, ExpertParallelFlag) {
+  const std::string moe = std::string(POLYLORA_TEST_DATA) + "/models/qwen3-moe-tiny";
+  for (const std::string flags : {"-tp 2 --enable-expert-parallel", "-tp 4 -ep"}) {
+    const std::string log_path = ::testing::TempDir() + "/generate_ep.log";
+    const std::string cmd = std::string(POLYLORA_BINARY) + " generate --model " + moe + " --device cpu " +
+                            flags + " --prompt-ids " + reference_prompt_ids(moe) + " --max-tokens 5 2>" + log_path;
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+    ASSERT_EQ(pclose(p), 0) << out;
+    std::stringstream log;
+    log << std::ifstream(log_path).rdbuf();
+    const std::string experts = flags.find("-tp 2") == 0 ? "4 whole experts each" : "2 whole experts each";
+    EXPECT_NE(log.str().find(experts + " (expert parallelism)"), std::string::npos) << log.str();
+    expect_greedy_prefix(out, moe);
+  }
 }
 
 TEST(GenerateCli, RequestsFile) {
