@@ -1,7 +1,9 @@
 // model/decoder.cc: loading and the one forward pass shared by all architectures and backends:
-// embedding -> per layer [RMSNorm -> q/k/v (+LoRA) -> (q/k norm) -> RoPE -> paged attention -> o (+LoRA)
-// -> residual -> RMSNorm -> dense SwiGLU MLP (+LoRA) or MoE (router, experts, expert LoRA) -> residual]
-// -> final RMSNorm on the rows whose logits are wanted -> LM head.
+// embedding -> per layer [RMSNorm -> q/k/v (+LoRA) -> (q/k norm) -> RoPE -> KV-cache write -> paged
+// attention -> o (+LoRA) -> residual -> RMSNorm -> dense SwiGLU MLP (+LoRA) or MoE (router, experts, expert
+// LoRA) -> residual] -> final RMSNorm -> LM head on the rows whose logits are wanted. Each residual add runs
+// fused with the norm after it (add_rms_norm) and q/k norm, RoPE and the cache write are one op
+// (rope_kv_write).
 // A step's inputs (ids, positions, block tables, slots, adapter rows and expert-LoRA tables) are packed
 // on the host and copied to the backend once per forward; nothing is read back until the logits.
 #include <algorithm>
@@ -491,43 +493,42 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
 
   be.embedding({.ids = d_ids, .m = T, .table = weights_.embed, .out = x, .ld_out = H});
   all_reduce_sum(x, T * H);  // tensor parallelism: each rank has its vocabulary rows, zeros elsewhere
+  // The first layer's input norm; every later norm (post-attention, the next layer's input, the final one)
+  // is fused with the residual add before it (add_rms_norm).
+  be.rms_norm({.x = x,
+               .ldx = H,
+               .y = h,
+               .ldy = H,
+               .m = T,
+               .n = H,
+               .w = c.num_layers > 0 ? weights_.layers[0].input_norm : weights_.final_norm,
+               .eps = eps});
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
     const AttentionWeights& aw = lw.attn;
-    be.rms_norm({.x = x, .ldx = H, .y = h, .ldy = H, .m = T, .n = H, .w = lw.input_norm, .eps = eps});
     linear(aw.q, h, H, q, qs);
     linear(aw.k, h, H, kk, kvs);
     linear(aw.v, h, H, v, kvs);
     lora_group(l, h, H, {{LoraModule::kQ, q, qs}, {LoraModule::kK, kk, kvs}, {LoraModule::kV, v, kvs}});
-    if (c.qk_norm) {
-      be.rms_norm(
-          {.x = q, .ldx = D, .y = q, .ldy = D, .m = T * c.num_heads, .n = D, .w = aw.q_norm, .eps = eps});
-      be.rms_norm({.x = kk,
-                   .ldx = D,
-                   .y = kk,
-                   .ldy = D,
-                   .m = T * c.num_kv_heads,
-                   .n = D,
-                   .w = aw.k_norm,
-                   .eps = eps});
-    }
-    be.rope({.x = q,
-             .ldx = qs,
-             .m = T,
-             .num_heads = c.num_heads,
-             .head_dim = D,
-             .positions = d_pos,
-             .inv_freq = inv_freq_,
-             .attention_scaling = rope_.attention_scaling});
-    be.rope({.x = kk,
-             .ldx = kvs,
-             .m = T,
-             .num_heads = c.num_kv_heads,
-             .head_dim = D,
-             .positions = d_pos,
-             .inv_freq = inv_freq_,
-             .attention_scaling = rope_.attention_scaling});
-    be.write_kv({.k = kk, .ldk = kvs, .v = v, .ldv = kvs, .m = T, .slot_mapping = d_slot, .cache = kv[l]});
+    // Qwen3's per-head q/k norms, RoPE on q and k, k and v into the paged cache: one op.
+    be.rope_kv_write({.q = q,
+                      .ldq = qs,
+                      .k = kk,
+                      .ldk = kvs,
+                      .v = v,
+                      .ldv = kvs,
+                      .m = T,
+                      .num_heads = c.num_heads,
+                      .num_kv_heads = c.num_kv_heads,
+                      .head_dim = D,
+                      .positions = d_pos,
+                      .inv_freq = inv_freq_,
+                      .attention_scaling = rope_.attention_scaling,
+                      .q_norm = c.qk_norm ? aw.q_norm : nullptr,
+                      .k_norm = c.qk_norm ? aw.k_norm : nullptr,
+                      .eps = eps,
+                      .slot_mapping = d_slot,
+                      .cache = kv[l]});
     be.attention({.q = q,
                   .ldq = qs,
                   .out = attn,
@@ -546,10 +547,16 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
     linear(aw.o, attn, qs, tmp, H);
     lora_group(l, attn, qs, {{LoraModule::kO, tmp, H}});
     all_reduce_sum(tmp, T * H);  // row-parallel o_proj: the ranks' heads
-    be.add_inplace(x, tmp, T * H);
-
-    be.rms_norm(
-        {.x = x, .ldx = H, .y = h, .ldy = H, .m = T, .n = H, .w = lw.post_attention_norm, .eps = eps});
+    be.add_rms_norm({.x = x,
+                     .ldx = H,
+                     .delta = tmp,
+                     .ld_delta = H,
+                     .y = h,
+                     .ldy = H,
+                     .m = T,
+                     .n = H,
+                     .w = lw.post_attention_norm,
+                     .eps = eps});
     if (!lw.is_moe) {
       int64_t I = c.intermediate_size;
       float* gate = ensure<float>(be, ws.gate, T * I, ws.epoch);
@@ -614,22 +621,30 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
         be.moe_experts(moe);
     }
     all_reduce_sum(tmp, T * H);  // row-parallel down / experts' down: the ranks' intermediate columns
-    be.add_inplace(x, tmp, T * H);
+    // The residual add with the next norm: the next layer's input norm or, after the last layer, the final
+    // norm (of every row: the LM head's rows are gathered from h); the add alone when no logits are wanted.
+    const float* next_norm =
+        l + 1 < c.num_layers ? weights_.layers[l + 1].input_norm : (R > 0 ? weights_.final_norm : nullptr);
+    if (next_norm)
+      be.add_rms_norm({.x = x,
+                       .ldx = H,
+                       .delta = tmp,
+                       .ld_delta = H,
+                       .y = h,
+                       .ldy = H,
+                       .m = T,
+                       .n = H,
+                       .w = next_norm,
+                       .eps = eps});
+    else
+      be.add_inplace(x, tmp, T * H);
   }
 
-  // Final norm and LM head on the wanted rows only.
+  // LM head on the wanted rows only (h holds every row after the final norm).
   if (R == 0) return;
   float* logits_in = ensure<float>(be, ws.logits_in, R * H, ws.epoch);
   float* d_logits = ensure<float>(be, ws.logits, R * c.vocab_size, ws.epoch);
-  be.gather_rows(x, d_rows, R, H, logits_in);
-  be.rms_norm({.x = logits_in,
-               .ldx = H,
-               .y = logits_in,
-               .ldy = H,
-               .m = R,
-               .n = H,
-               .w = weights_.final_norm,
-               .eps = eps});
+  be.gather_rows(h, d_rows, R, H, logits_in);
   if (comm_) return lm_head_parallel(logits_in, R, d_logits);
   be.linear({.x = logits_in,
              .m = R,
