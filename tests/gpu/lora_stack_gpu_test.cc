@@ -23,6 +23,8 @@
 
 #include "gpu_test_util.h"
 #include "kernels/lora_stack_util.h"
+#include "kernels/norm/rms_norm.h"
+#include "kernels/rope/rope.h"
 
 namespace polylora::gpu_test {
 namespace {
@@ -159,6 +161,226 @@ TEST(GpuLoraStack, DenseNoAdapterTokensAreNoOps) {
   d.ldy[0] = 40;
   ar.be().lora_batch(d);
   EXPECT_EQ(ar.down(dy, y0.size()), y0);
+}
+
+// The dense shrink alone (lora.h lora_shrink) as extra items of a streamed BF16 projection over the same x
+// (m <= 8 with the split) or as its own launch after the product (larger m): tmp equals
+// ref::lora_shrink on the rows whose slot has LoRA in some module of the group, other rows are untouched
+// (poisoned), and the product itself equals ref::linear.
+TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
+  SKIP_WITHOUT_GPU();
+  {
+    const DType wd = DType::kBF16;
+    for (int64_t m : {1, 2, 5, 8, 13, 40}) {
+      for (int64_t in : {136, 1000}) {
+        Arena ar(backend(kBf16Mode));
+        const int64_t S = 8, R = 16, ldx = in + 4, n = 300, ld_tmp = 48 + 3;
+        const std::vector<float> scales = {0.5f, 1.0f, -0.75f, 2.0f, 0.25f, 1.5f, -1.0f, 0.8f};
+        // Slot 2 has LoRA in no module of the group (its rows stay poisoned); module 1 has none for slot 5.
+        const std::vector<std::vector<int64_t>> ranks = {{16, 3, 0, 16, 9, 16, 1, 16},
+                                                         {5, 16, 0, 2, 16, 0, 4, 16},
+                                                         {16, 7, 0, 16, 6, 16, 2, 1}};
+        std::vector<std::unique_ptr<kt::DenseStack>> stacks;
+        const int64_t outs[3] = {64, 32, 32};
+        for (int i = 0; i < 3; ++i)
+          stacks.push_back(std::make_unique<kt::DenseStack>(S, R, in, outs[i], ranks[i], scales, DType::kBF16,
+                                                            static_cast<uint32_t>(60 + i), 0.2f, 0.3f));
+        std::vector<float> x = kt::random_vec(static_cast<size_t>(m * ldx), 13);
+        std::vector<int32_t> slots = kt::slot_pattern(m, {0, -1, 1, 2, 4, 5, 6, 7, 3}, 1);
+        kt::TestWeight w = kt::make_weight(n, in, wd, 71, 0.1f);
+        k::LoraBatchArgs la;
+        la.x = x.data();
+        la.ldx = ldx;
+        la.m = m;
+        la.token_slots = slots.data();
+        la.num = 3;
+        for (int i = 0; i < 3; ++i) la.w[i] = stacks[i]->stack();
+        std::vector<float> tmp_expect(static_cast<size_t>(m * ld_tmp), -7.0f), y_expect(static_cast<size_t>(m * n));
+        k::ref::lora_shrink(la, tmp_expect.data(), ld_tmp);
+        k::ref::linear({.x = x.data(), .m = m, .ldx = ldx, .w = w.view, .y = y_expect.data(), .ldy = n});
+        k::LoraBatchArgs d = la;
+        d.x = ar.up(x);
+        d.token_slots = ar.up(slots);
+        for (int i = 0; i < 3; ++i) {
+          d.w[i].a = up_stack(ar, stacks[i]->a);
+          d.w[i].b = up_stack(ar, stacks[i]->b);
+          d.w[i].scale = ar.up(stacks[i]->scale);
+        }
+        float* dtmp = ar.up(std::vector<float>(tmp_expect.size(), -7.0f));
+        float* dy = ar.up(std::vector<float>(y_expect.size(), 0.0f));
+        ar.be().linear({.x = d.x,
+                        .m = m,
+                        .ldx = ldx,
+                        .w = ar.weight(w.view),
+                        .y = dy,
+                        .ldy = n,
+                        .lora_shrink = &d,
+                        .lora_tmp = dtmp,
+                        .lora_ld_tmp = ld_tmp});
+        const std::string what = "shrink with linear m=" + std::to_string(m) + " in=" + std::to_string(in) + " " +
+                                 kt::dtype_str(wd) + " weights";
+        const std::vector<float> got = ar.down(dtmp, tmp_expect.size());
+        kt::expect_close(got, tmp_expect, 1e-5f, 1e-4f, what + ": tmp");
+        for (int64_t t = 0; t < m; ++t)
+          if (slots[t] < 0 || slots[t] == 2)
+            for (int64_t j = 0; j < ld_tmp; ++j) ASSERT_EQ(got[t * ld_tmp + j], -7.0f) << what << " token " << t;
+        kt::expect_close(ar.down(dy, y_expect.size()), y_expect, 1e-4f, 1e-3f, what + ": y");
+      }
+    }
+  }
+}
+
+// The dense LoRA expand applied by the ops consuming the projections (lora.h LoraExpandIn): rope_kv_write
+// adds the q/k/v terms before its norms, rotation and cache write, add_rms_norm the o_proj term with the
+// residual add; against the references given the same tmp (ref::lora_shrink). Tokens of every slot kind (no
+// adapter, a slot whose module has no LoRA, padding slots in the cache mapping), with and without q/k norms,
+// and each term moving the result by far more than the tolerance.
+TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
+  SKIP_WITHOUT_GPU();
+  const int64_t S = 8, R = 16, H = 96, heads = 4, kv_heads = 2, D = 16, qs = heads * D, kvs = kv_heads * D;
+  const std::vector<float> scales = {0.5f, 1.0f, -0.75f, 2.0f, 0.25f, 1.5f, -1.0f, 0.8f};
+  const std::vector<std::vector<int64_t>> ranks = {
+      {16, 3, 0, 16, 9, 16, 1, 16}, {5, 16, 4, 2, 16, 0, 4, 16}, {16, 7, 0, 16, 6, 16, 2, 1}, {8, 16, 0, 1, 16, 3, 16, 9}};
+  const int64_t outs[4] = {qs, kvs, kvs, H};
+  std::vector<std::unique_ptr<kt::DenseStack>> st;
+  for (int i = 0; i < 4; ++i)
+    st.push_back(std::make_unique<kt::DenseStack>(S, R, i < 3 ? H : qs, outs[i], ranks[i], scales, DType::kBF16,
+                                                  static_cast<uint32_t>(30 + i), 0.3f, 0.4f));
+  for (int64_t m : {1, 3, 8, 37}) {
+    for (bool qk_norm : {false, true}) {
+      Arena ar(backend(kBf16Mode));
+      std::vector<int32_t> slots = kt::slot_pattern(m, {0, -1, 1, 2, 4, 5, 6, 7, 3}, 1);
+      const int64_t ld_tmp = 3 * R + 2, ld_tmp_o = R + 1;
+      // tmp from the reference shrinks of x (q/k/v, input H) and attn (o, input qs).
+      std::vector<float> x = kt::random_vec(static_cast<size_t>(m * H), 41), attn = kt::random_vec(static_cast<size_t>(m * qs), 42);
+      k::LoraBatchArgs g;
+      g.x = x.data();
+      g.ldx = H;
+      g.m = m;
+      g.token_slots = slots.data();
+      g.num = 3;
+      for (int i = 0; i < 3; ++i) g.w[i] = st[i]->stack();
+      std::vector<float> tmp(static_cast<size_t>(m * ld_tmp), 0.0f), tmp_o(static_cast<size_t>(m * ld_tmp_o), 0.0f);
+      k::ref::lora_shrink(g, tmp.data(), ld_tmp);
+      k::LoraBatchArgs go = g;
+      go.x = attn.data();
+      go.ldx = qs;
+      go.num = 1;
+      go.w[0] = st[3]->stack();
+      k::ref::lora_shrink(go, tmp_o.data(), ld_tmp_o);
+      auto expand = [&](int i, const int32_t* ts, const float* t, int64_t ld, int64_t first) {
+        k::LoraExpandIn l;
+        l.token_slots = ts;
+        l.tmp = t;
+        l.ld_tmp = ld;
+        l.first = first;
+        l.w = st[i]->stack();
+        return l;
+      };
+      // Device copies of the stacks (b and scale are what the expand reads).
+      std::vector<k::LoraStack> dw(4);
+      for (int i = 0; i < 4; ++i) {
+        dw[i] = st[i]->stack();
+        dw[i].a = up_stack(ar, st[i]->a);
+        dw[i].b = up_stack(ar, st[i]->b);
+        dw[i].scale = ar.up(st[i]->scale);
+      }
+      const int32_t* dslots = ar.up(slots);
+      const float* dtmp = ar.up(tmp);
+      const float* dtmp_o = ar.up(tmp_o);
+      auto dexpand = [&](int i, const float* t, int64_t ld, int64_t first) {
+        k::LoraExpandIn l = expand(i, dslots, t, ld, first);
+        l.w = dw[i];
+        return l;
+      };
+      const std::string what = "m=" + std::to_string(m) + (qk_norm ? " qk_norm" : "");
+      // rope_kv_write: q [m, qs], k/v [m, kvs], cache of 4 blocks of 16; token 2 is padding (slot −1).
+      {
+        const int64_t blocks = 4, bs = 16;
+        std::vector<float> q = kt::random_vec(static_cast<size_t>(m * qs), 43), kk = kt::random_vec(static_cast<size_t>(m * kvs), 44),
+                           v = kt::random_vec(static_cast<size_t>(m * kvs), 45);
+        std::vector<int32_t> pos(static_cast<size_t>(m));
+        std::vector<int64_t> slot_map(static_cast<size_t>(m));
+        for (int64_t t = 0; t < m; ++t) {
+          pos[t] = static_cast<int32_t>(3 + 5 * t);
+          slot_map[t] = t == 2 ? -1 : (t * 7) % (blocks * bs);
+        }
+        std::vector<float> inv_freq(static_cast<size_t>(D / 2)), qn = kt::random_vec(D, 46, 0.5f, 1.5f),
+                                                                 kn = kt::random_vec(D, 47, 0.5f, 1.5f);
+        for (int64_t i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / D);
+        const size_t cache_n = static_cast<size_t>(blocks * bs * kvs);
+        std::vector<float> ck(cache_n, 0.0f), cv(cache_n, 0.0f), q_ref = q, ck_plain = ck, cv_plain = cv, q_plain = q;
+        k::RopeKvWriteArgs ra{.q = q_ref.data(), .ldq = qs, .k = kk.data(), .ldk = kvs, .v = v.data(), .ldv = kvs,
+                              .m = m, .num_heads = heads, .num_kv_heads = kv_heads, .head_dim = D,
+                              .positions = pos.data(), .inv_freq = inv_freq.data(),
+                              .q_norm = qk_norm ? qn.data() : nullptr, .k_norm = qk_norm ? kn.data() : nullptr,
+                              .slot_mapping = slot_map.data(),
+                              .cache = {ck.data(), cv.data(), blocks, bs, kv_heads, D}};
+        k::RopeKvWriteArgs plain = ra;  // without LoRA: each term must matter
+        plain.q = q_plain.data();
+        plain.cache = {ck_plain.data(), cv_plain.data(), blocks, bs, kv_heads, D};
+        k::ref::rope_kv_write(plain);
+        ra.lora_q = expand(0, slots.data(), tmp.data(), ld_tmp, 0);
+        ra.lora_k = expand(1, slots.data(), tmp.data(), ld_tmp, R);
+        ra.lora_v = expand(2, slots.data(), tmp.data(), ld_tmp, 2 * R);
+        k::ref::rope_kv_write(ra);
+        k::RopeKvWriteArgs da = ra;
+        float* dq = ar.up(q);
+        float* dck = ar.up(std::vector<float>(cache_n, 0.0f));
+        float* dcv = ar.up(std::vector<float>(cache_n, 0.0f));
+        da.q = dq;
+        da.k = ar.up(kk);
+        da.v = ar.up(v);
+        da.positions = ar.up(pos);
+        da.inv_freq = ar.up(inv_freq);
+        da.q_norm = qk_norm ? ar.up(qn) : nullptr;
+        da.k_norm = qk_norm ? ar.up(kn) : nullptr;
+        da.slot_mapping = ar.up(slot_map);
+        da.cache = {dck, dcv, blocks, bs, kv_heads, D};
+        da.lora_q = dexpand(0, dtmp, ld_tmp, 0);
+        da.lora_k = dexpand(1, dtmp, ld_tmp, R);
+        da.lora_v = dexpand(2, dtmp, ld_tmp, 2 * R);
+        ar.be().rope_kv_write(da);
+        kt::expect_close(ar.down(dq, q.size()), q_ref, 1e-5f, 1e-4f, "rope_kv_write q " + what);
+        kt::expect_close(ar.down(dck, cache_n), ck, 1e-5f, 1e-4f, "rope_kv_write cache k " + what);
+        kt::expect_close(ar.down(dcv, cache_n), cv, 1e-5f, 1e-4f, "rope_kv_write cache v " + what);
+        float dq_max = 0, dk_max = 0, dv_max = 0;
+        for (size_t i = 0; i < q.size(); ++i) dq_max = std::max(dq_max, std::fabs(q_ref[i] - q_plain[i]));
+        for (size_t i = 0; i < cache_n; ++i) {
+          dk_max = std::max(dk_max, std::fabs(ck[i] - ck_plain[i]));
+          dv_max = std::max(dv_max, std::fabs(cv[i] - cv_plain[i]));
+        }
+        EXPECT_GT(std::min({dq_max, dk_max, dv_max}), 0.05f) << "rope_kv_write " << what << ": a LoRA term too small to test";
+      }
+      // add_rms_norm: x [m, H] += delta + the o term; y = rms_norm(x).
+      {
+        std::vector<float> xr = kt::random_vec(static_cast<size_t>(m * H), 48), delta = kt::random_vec(static_cast<size_t>(m * H), 49),
+                           w = kt::random_vec(static_cast<size_t>(H), 50, 0.5f, 1.5f);
+        std::vector<float> x_ref = xr, y_ref(static_cast<size_t>(m * H)), x_plain = xr, y_plain(y_ref.size());
+        k::AddRmsNormArgs na{.x = x_plain.data(), .ldx = H, .delta = delta.data(), .ld_delta = H, .y = y_plain.data(),
+                             .ldy = H, .m = m, .n = H, .w = w.data(), .eps = 1e-6f};
+        k::ref::add_rms_norm(na);
+        na.x = x_ref.data();
+        na.y = y_ref.data();
+        na.lora_delta = expand(3, slots.data(), tmp_o.data(), ld_tmp_o, 0);
+        k::ref::add_rms_norm(na);
+        float* dx = ar.up(xr);
+        float* dy = ar.up(std::vector<float>(y_ref.size(), 0.0f));
+        k::AddRmsNormArgs dn = na;
+        dn.x = dx;
+        dn.delta = ar.up(delta);
+        dn.y = dy;
+        dn.w = ar.up(w);
+        dn.lora_delta = dexpand(3, dtmp_o, ld_tmp_o, 0);
+        ar.be().add_rms_norm(dn);
+        kt::expect_close(ar.down(dx, xr.size()), x_ref, 1e-5f, 1e-4f, "add_rms_norm x " + what);
+        kt::expect_close(ar.down(dy, y_ref.size()), y_ref, 1e-5f, 1e-4f, "add_rms_norm y " + what);
+        float dmax = 0;
+        for (size_t i = 0; i < x_ref.size(); ++i) dmax = std::max(dmax, std::fabs(x_ref[i] - x_plain[i]));
+        EXPECT_GT(dmax, 0.05f) << "add_rms_norm " << what << ": the LoRA term too small to test";
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------- MoE ----

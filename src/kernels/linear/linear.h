@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_context.h"
+#include "kernels/lora/lora.h"
 #include "kernels/tensor_view.h"
 
 namespace polylora::kernels {
@@ -22,6 +23,12 @@ struct LinearArgs {
   const float* bias = nullptr;
   float* y = nullptr;
   int64_t ldy = 0;
+  // Optional, CUDA only: a dense LoRA shrink over the same x (lora.h lora_shrink(*lora_shrink, lora_tmp,
+  // lora_ld_tmp); lora_shrink->x, ldx and m must be this product's), computed by the same launch when the
+  // product is streamed (few rows), else by its own launch after the product. nullptr: none.
+  const LoraBatchArgs* lora_shrink = nullptr;
+  float* lora_tmp = nullptr;
+  int64_t lora_ld_tmp = 0;
 };
 
 namespace ref {

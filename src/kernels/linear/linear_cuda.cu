@@ -21,6 +21,7 @@
 
 #include "kernels/cuda_util.cuh"
 #include "kernels/linear/linear.h"
+#include "kernels/lora/lora_fused_cuda.cuh"
 #include "kernels/weight_stream.cuh"
 
 #define CUBLAS_CHECK(expr)                                                                          \
@@ -86,7 +87,7 @@ constexpr int stream_u(int tm) {
 template <int TM, int KS>
 __global__ void __launch_bounds__(kStreamThreads, 2)
     linear_stream_kernel(const float* x, int64_t ldx, int64_t m, const __nv_bfloat16* w, int64_t n, int64_t k,
-                         const float* bias, float* y, int64_t ldy) {
+                         const float* bias, float* y, int64_t ldy, lora_fused::ShrinkItems lora) {
   constexpr int kGroups = kStreamWarps / KS;
   constexpr int64_t kRowsPerBlock = kGroups * kStreamR;
   __shared__ float part[KS > 1 ? kStreamWarps * kStreamR * TM : 1];
@@ -136,6 +137,11 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
       __syncthreads();  // part is rewritten by the next block
     }
   }
+  // A LoRA shrink over the same x (LinearArgs::lora_shrink): its items after the rows, over every warp.
+  const int64_t items = lora.items();
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * kStreamWarps + warp; q < items;
+       q += static_cast<int64_t>(gridDim.x) * kStreamWarps)
+    lora_fused::shrink_item(lora, q);
 }
 
 // Does the streaming kernel take this product?
@@ -157,12 +163,17 @@ int stream_slices(int64_t n) {
 template <int TM, int KS>
 void launch_stream_ks(const LinearArgs& a, cudaStream_t st) {
   constexpr int64_t rows_per_cta = kStreamR * (kStreamWarps / KS);
+  const lora_fused::ShrinkItems lora = a.lora_shrink != nullptr
+                                           ? lora_fused::make_shrink_items(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp)
+                                           : lora_fused::ShrinkItems{};
   // Persistent: at most the CTAs that fit at once (2 per SM by the launch bounds).
   const int64_t fit = 2 * static_cast<int64_t>(cuda_util::num_sms());
-  const auto blocks =
-      static_cast<unsigned>(std::min<int64_t>((a.w.rows + rows_per_cta - 1) / rows_per_cta, fit));
+  const int64_t want = std::max((a.w.rows + rows_per_cta - 1) / rows_per_cta,
+                                (lora.items() + kStreamWarps - 1) / kStreamWarps);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(want, fit));
   linear_stream_kernel<TM, KS><<<blocks, kStreamThreads, 0, st>>>(
-      a.x, a.ldx, a.m, static_cast<const __nv_bfloat16*>(a.w.data), a.w.rows, a.w.cols, a.bias, a.y, a.ldy);
+      a.x, a.ldx, a.m, static_cast<const __nv_bfloat16*>(a.w.data), a.w.rows, a.w.cols, a.bias, a.y, a.ldy,
+      lora);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -214,7 +225,9 @@ size_t linear_workspace_bytes(const LinearArgs& a, const CudaContext& ctx) {
   return 2 * x_bytes + halves;
 }
 
-void linear(const LinearArgs& a, const CudaContext& ctx) {
+namespace {
+
+void linear_product(const LinearArgs& a, const CudaContext& ctx) {
   const int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m == 0 || n == 0) return;
   KERNEL_CHECK(m < (1LL << 31) && n < (1LL << 31) && k < (1LL << 31),
@@ -281,6 +294,19 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
     add_bias_kernel<<<cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st>>>(a.y, a.ldy, m, n, a.bias);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+}  // namespace
+
+void linear(const LinearArgs& a, const CudaContext& ctx) {
+  if (a.lora_shrink != nullptr) {
+    KERNEL_CHECK(a.lora_shrink->x == a.x && a.lora_shrink->ldx == a.ldx && a.lora_shrink->m == a.m,
+                 "linear: the LoRA shrink must read the product's x");
+    if (a.m > 0 && a.w.rows > 0 && streamed(a, ctx.bf16_split(a.m))) return linear_product(a, ctx);
+    linear_product(a, ctx);
+    return lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, ctx);
+  }
+  linear_product(a, ctx);
 }
 
 }  // namespace polylora::kernels::cuda

@@ -17,6 +17,7 @@ void linear(const LinearArgs& a) {
       a.y[i * a.ldy + n] = acc + (a.bias ? a.bias[n] : 0.0f);
     }
   }
+  if (a.lora_shrink != nullptr) lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp);
 }
 
 }  // namespace polylora::kernels::ref

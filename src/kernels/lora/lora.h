@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "common/dtype.h"
 #include "kernels/cuda_context.h"
@@ -63,9 +64,30 @@ struct LoraBatchArgs {
   int64_t ldy[kMaxLoraGroup] = {};
 };
 
+// ---- Dense LoRA split over other ops (few tokens: the CUDA decode path) ----
+// lora_shrink: the shrink of a LoraBatchArgs group alone (args.y unused): tmp[t, first_i + r] =
+// A_i[s] row r · x[t] with s = token_slots[t], first_i the sum of the earlier modules' ranks, for every token
+// whose slot has LoRA in some module of the group (other rows of tmp are not written). The expand is then
+// applied by the op that consumes the module's output, before its own work, through a LoraExpandIn:
+// out[t, o] += scale[s] · Σ_r B[s, o, r] · tmp[t, first + r] (nothing for s < 0 or scale[s] == 0).
+struct LoraExpandIn {
+  const int32_t* token_slots = nullptr;  // [m]; nullptr: no LoRA
+  const float* tmp = nullptr;            // [m, ld_tmp] lora_shrink's sums
+  int64_t ld_tmp = 0;
+  int64_t first = 0;  // the module's first column in tmp
+  LoraStack w;        // the module's stack (b, scale, rank, out, slots, dtype)
+  constexpr bool active() const { return token_slots != nullptr && w.b != nullptr; }
+};
+
 namespace ref {
 void lora_apply(const LoraApplyArgs& args);
 void lora_batch(const LoraBatchArgs& args);
+void lora_shrink(const LoraBatchArgs& args, float* tmp, int64_t ld_tmp);
+// out[t, o] += l's term for t < m, o < l.w.out (out row stride ld_out): what the consuming ops add.
+void lora_expand_in(const LoraExpandIn& l, int64_t m, float* out, int64_t ld_out);
+// A dense copy [m, l.w.out] of rows of `in` (row stride ld) with l's term added: the CPU paths of the ops
+// that take a LoraExpandIn run on it.
+std::vector<float> with_lora_term(const LoraExpandIn& l, const float* in, int64_t m, int64_t ld);
 }  // namespace ref
 namespace cpu {
 void lora_apply(const LoraApplyArgs& args);
@@ -77,6 +99,8 @@ void lora_apply(const LoraApplyArgs& args, const CudaContext& ctx);
 // Everything in device memory; the rank-sized intermediates in ctx.workspace.
 void lora_batch(const LoraBatchArgs& args, const CudaContext& ctx);
 size_t lora_batch_workspace_bytes(const LoraBatchArgs& args);
+// The shrink alone (weight-streaming items, one launch); tmp in device memory.
+void lora_shrink(const LoraBatchArgs& args, float* tmp, int64_t ld_tmp, const CudaContext& ctx);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "kernels/lora/lora_cuda.cuh"
+#include "kernels/lora/lora_fused_cuda.cuh"
 #include "kernels/lora/lora_stack_cuda.cuh"
 #include "kernels/weight_stream.cuh"
 
@@ -239,7 +240,34 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
 }
 
+__global__ void __launch_bounds__(kGemvShrinkThreads) lora_shrink_kernel(lora_fused::ShrinkItems p) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGemvShrinkThreads / 32);
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * (kGemvShrinkThreads / 32) + (threadIdx.x >> 5);
+       q < p.items(); q += warps)
+    lora_fused::shrink_item(p, q);
+}
+
 }  // namespace
+
+void lora_shrink(const LoraBatchArgs& a, float* tmp, int64_t ld_tmp, const CudaContext& ctx) {
+  if (a.m == 0 || a.num == 0) return;
+  KERNEL_CHECK(a.num <= kMaxLoraGroup, "lora_shrink: 1 to 3 modules per call");
+  int64_t ranks = 0;
+  for (int i = 0; i < a.num; ++i) {
+    KERNEL_CHECK(!a.w[i].empty() && a.w[i].in == a.w[0].in && a.w[i].slots == a.w[0].slots &&
+                     a.w[i].dtype == a.w[0].dtype &&
+                     (a.w[i].dtype == DType::kBF16 || a.w[i].dtype == DType::kF32),
+                 "lora_shrink: the modules of a group share their input size, slots and dtype (F32 or BF16)");
+    ranks += a.w[i].rank;
+  }
+  KERNEL_CHECK(ld_tmp >= ranks, "lora_shrink: tmp rows narrower than the group's ranks");
+  const lora_fused::ShrinkItems p = lora_fused::make_shrink_items(a, tmp, ld_tmp);
+  const int64_t per_block = kGemvShrinkThreads / 32;
+  const auto blocks = static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(2 * cuda_util::num_sms(), (p.items() + per_block - 1) / per_block)));
+  lora_shrink_kernel<<<blocks, kGemvShrinkThreads, 0, cuda_util::stream(ctx)>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
 
 size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
   int64_t ranks = 0;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_context.h"
+#include "kernels/lora/lora.h"
 
 namespace polylora::kernels {
 
@@ -41,6 +42,9 @@ struct AddRmsNormArgs {
   int64_t n = 0;
   const float* w = nullptr;
   float eps = 1e-6f;
+  // Optional dense LoRA of the op that produced delta (lora.h LoraExpandIn, output column j): x += delta +
+  // its term.
+  LoraExpandIn lora_delta;
 };
 
 namespace ref {

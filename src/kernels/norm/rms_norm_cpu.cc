@@ -1,10 +1,11 @@
 // kernels/norm/rms_norm_cpu.cc: CPU fast path of RMSNorm (AVX2 sum of squares and scaling, scalar
 // fallback), parallel over rows for large inputs. In-place use (x == y) is allowed. add_rms_norm: per row,
 // the residual add, then the same row kernel (bit-identical to the add followed by rms_norm).
-// Must not: allocate; nest OpenMP regions.
+// Must not: allocate (but for the copy of delta an optional LoRA term needs); nest OpenMP regions.
 #include <omp.h>
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu_simd.h"
 #include "kernels/norm/rms_norm.h"
@@ -52,6 +53,14 @@ void rms_norm(const RmsNormArgs& a) {
 }
 
 void add_rms_norm(const AddRmsNormArgs& a) {
+  if (a.lora_delta.active()) {  // on a copy of delta with the LoRA term added
+    const std::vector<float> d = ref::with_lora_term(a.lora_delta, a.delta, a.m, a.ld_delta);
+    AddRmsNormArgs b = a;
+    b.delta = d.data();
+    b.ld_delta = a.lora_delta.w.out;
+    b.lora_delta = {};
+    return add_rms_norm(b);
+  }
   bool parallel = a.m > 1 && a.m * a.n * 4 >= simd::kMinParallelWork && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t i = 0; i < a.m; ++i) {

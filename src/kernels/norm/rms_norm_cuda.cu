@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "kernels/cuda_util.cuh"
+#include "kernels/lora/lora_fused_cuda.cuh"
 #include "kernels/norm/rms_norm.h"
 
 namespace polylora::kernels::cuda {
@@ -18,15 +19,22 @@ constexpr int kRowsPerBlock = 8;
 
 // Sum of squares of row xr over the indices this thread owns (first, first + step, ...); VEC: float4.
 // ADD: xr[j] += dr[j] first (stored back), the squares are those of the sums.
+// With a LoRA term (lora != nullptr, row t), delta + the term is added.
 template <bool VEC, bool ADD>
-__device__ __forceinline__ float row_sumsq(float* xr, const float* dr, int64_t n, int64_t first,
-                                           int64_t step) {
+__device__ __forceinline__ float row_sumsq(float* xr, const float* dr, int64_t n, int64_t first, int64_t step,
+                                           const LoraExpandIn* lora = nullptr, int64_t t = 0) {
   float sum = 0.0f;
   if (VEC) {
     for (int64_t j = first * 4; j < n; j += step * 4) {
       float4 v = *reinterpret_cast<const float4*>(xr + j);
       if (ADD) {
-        const float4 d = *reinterpret_cast<const float4*>(dr + j);
+        float4 d = *reinterpret_cast<const float4*>(dr + j);
+        if (lora != nullptr) {
+          d.x += lora_fused::expand_value(*lora, t, j);
+          d.y += lora_fused::expand_value(*lora, t, j + 1);
+          d.z += lora_fused::expand_value(*lora, t, j + 2);
+          d.w += lora_fused::expand_value(*lora, t, j + 3);
+        }
         v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
         *reinterpret_cast<float4*>(xr + j) = v;
       }
@@ -36,7 +44,9 @@ __device__ __forceinline__ float row_sumsq(float* xr, const float* dr, int64_t n
     for (int64_t j = first; j < n; j += step) {
       float v = xr[j];
       if (ADD) {
-        v += dr[j];
+        float d = dr[j];
+        if (lora != nullptr) d += lora_fused::expand_value(*lora, t, j);
+        v += d;
         xr[j] = v;
       }
       sum += v * v;
@@ -92,6 +102,21 @@ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+// add_rms_norm with a LoRA term on delta (AddRmsNormArgs::lora_delta): one block per row (t0: the first row's
+// token index for the term).
+template <bool VEC>
+__global__ void add_rms_norm_lora_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y,
+                                         int64_t ldy, int64_t n, const float* w, float eps, LoraExpandIn lora,
+                                         int64_t t0) {
+  const int64_t t = t0 + blockIdx.x;
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
+  const float* dr = delta + static_cast<int64_t>(blockIdx.x) * ld_delta;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * ldy;
+  float sum = cuda_util::block_sum(row_sumsq<VEC, true>(xr, dr, n, threadIdx.x, blockDim.x, &lora, t));
+  float inv = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
+  row_scale<VEC>(xr, yr, w, n, inv, threadIdx.x, blockDim.x);
+}
+
 // Both ops: rows of x (with ADD: plus delta, stored back) normalized into y. delta is null without ADD.
 template <bool ADD>
 void launch(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y, int64_t ldy, int64_t m,
@@ -140,7 +165,27 @@ void rms_norm(const RmsNormArgs& a, const CudaContext& ctx) {
 }
 
 void add_rms_norm(const AddRmsNormArgs& a, const CudaContext& ctx) {
-  launch<true>(a.x, a.ldx, a.delta, a.ld_delta, a.y, a.ldy, a.m, a.n, a.w, a.eps, cuda_util::stream(ctx));
+  if (!a.lora_delta.active())
+    return launch<true>(a.x, a.ldx, a.delta, a.ld_delta, a.y, a.ldy, a.m, a.n, a.w, a.eps, cuda_util::stream(ctx));
+  if (a.m == 0) return;
+  KERNEL_CHECK(a.lora_delta.w.out == a.n, "add_rms_norm: the LoRA's outputs differ from the row size");
+  const bool vec = a.n % 4 == 0 && a.ldx % 4 == 0 && a.ldy % 4 == 0 && a.ld_delta % 4 == 0 && aligned16(a.x) &&
+                   aligned16(a.y) && aligned16(a.w) && aligned16(a.delta);
+  const int64_t units = vec ? a.n / 4 : a.n;
+  const int threads = units >= 512 ? 512 : static_cast<int>(std::max<int64_t>(32, (units + 31) / 32 * 32));
+  cudaStream_t st = cuda_util::stream(ctx);
+  for (int64_t r0 = 0; r0 < a.m; r0 += 65535LL * 32) {
+    const int64_t rows = std::min<int64_t>(a.m - r0, 65535LL * 32);
+    if (vec)
+      add_rms_norm_lora_kernel<true><<<static_cast<unsigned>(rows), threads, 0, st>>>(
+          a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy, a.ldy, a.n, a.w, a.eps,
+          a.lora_delta, r0);
+    else
+      add_rms_norm_lora_kernel<false><<<static_cast<unsigned>(rows), threads, 0, st>>>(
+          a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy, a.ldy, a.n, a.w, a.eps,
+          a.lora_delta, r0);
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace polylora::kernels::cuda

@@ -2,6 +2,8 @@
 // fused with it (spelled as the add, then the norm).
 #include <cmath>
 
+#include <vector>
+
 #include "kernels/norm/rms_norm.h"
 
 namespace polylora::kernels::ref {
@@ -19,6 +21,14 @@ void rms_norm(const RmsNormArgs& a) {
 
 // The spec of the fused op is the two-op sequence: the residual add, then rms_norm of the sum.
 void add_rms_norm(const AddRmsNormArgs& a) {
+  if (a.lora_delta.active()) {  // on a copy of delta with the LoRA term added
+    const std::vector<float> d = ref::with_lora_term(a.lora_delta, a.delta, a.m, a.ld_delta);
+    AddRmsNormArgs b = a;
+    b.delta = d.data();
+    b.ld_delta = a.lora_delta.w.out;
+    b.lora_delta = {};
+    return add_rms_norm(b);
+  }
   for (int64_t i = 0; i < a.m; ++i)
     for (int64_t j = 0; j < a.n; ++j) a.x[i * a.ldx + j] += a.delta[i * a.ld_delta + j];
   rms_norm({.x = a.x, .ldx = a.ldx, .y = a.y, .ldy = a.ldy, .m = a.m, .n = a.n, .w = a.w, .eps = a.eps});

@@ -12,6 +12,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/cuda_context.h"
+#include "kernels/lora/lora.h"
 
 namespace polylora::kernels {
 
@@ -56,6 +57,9 @@ struct RopeKvWriteArgs {
   float eps = 1e-6f;
   const int64_t* slot_mapping = nullptr;  // [m]: block_id·block_size + offset, or negative
   KvCacheView cache;
+  // Optional dense LoRA of the q/k/v projections (lora.h LoraExpandIn, output column = head·head_dim + i),
+  // added to q, k and v before step 1 (q in place; k's and v's sums go only to the cache and attention).
+  LoraExpandIn lora_q, lora_k, lora_v;
 };
 
 namespace ref {

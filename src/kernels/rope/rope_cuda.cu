@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "kernels/cuda_util.cuh"
+#include "kernels/lora/lora_fused_cuda.cuh"
 #include "kernels/rope/rope.h"
 
 namespace polylora::kernels::cuda {
@@ -59,6 +60,10 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     dst = a.q + t * a.ldq + head * d;
     src = dst;
     norm_w = a.q_norm;
+    if (a.lora_q.active()) {  // q += its LoRA term, in place (each lane its own elements)
+      for (int64_t j = lane; j < d; j += 32) dst[j] += lora_fused::expand_value(a.lora_q, t, head * d + j);
+      __syncwarp();
+    }
   } else {
     const int64_t slot = a.slot_mapping[t];
     if (slot < 0) return;  // padding: nothing of k or v is stored
@@ -68,7 +73,16 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     norm_w = a.k_norm;
     const float* vs = a.v + t * a.ldv + kh * d;
     float* vd = a.cache.v + slot * kv_row + kh * d;
-    for (int64_t j = lane; j < d; j += 32) vd[j] = vs[j];
+    if (a.lora_v.active()) {
+      for (int64_t j = lane; j < d; j += 32) vd[j] = vs[j] + lora_fused::expand_value(a.lora_v, t, kh * d + j);
+    } else {
+      for (int64_t j = lane; j < d; j += 32) vd[j] = vs[j];
+    }
+    if (a.lora_k.active()) {  // k + its LoRA term staged in the cache row, then normed and rotated there
+      for (int64_t j = lane; j < d; j += 32) dst[j] = src[j] + lora_fused::expand_value(a.lora_k, t, kh * d + j);
+      __syncwarp();
+      src = dst;
+    }
   }
   const bool odd = (d & 1) != 0;  // the last element of an odd head is normed, never rotated
   float inv = 1.0f;
