@@ -2,9 +2,10 @@
 // model shapes, judged against the machine's limits measured in the same run (memory bandwidth, OpenBLAS
 // sgemm) and against their references (speedup). Every benchmarked kernel is also covered by tests/kernels/.
 // --device cuda: the CUDA kernels' entries (slot-stacked dense LoRA, lora_batch, at GPT-OSS-20B's q/k/v and
-// o shapes), each first checked against its reference on the host (a failure is an error: a benchmarked
-// kernel is a validated one; the GPU tests cover the awkward shapes), then timed as CUDA-graph replays and
-// judged against the device copy bandwidth measured in the same run.
+// o shapes; the decode path's fused small ops add_rms_norm and rope_kv_write, with the time of the op
+// sequence each replaces beside it), each first checked against its reference on the host (a failure is an
+// error: a benchmarked kernel is a validated one; the GPU tests cover the awkward shapes), then timed as
+// CUDA-graph replays and judged against the device copy bandwidth measured in the same run.
 // Must not: run longer than about a minute.
 #include <omp.h>
 
@@ -27,6 +28,8 @@
 #include "kernels/linear/linear.h"
 #include "kernels/lora/lora.h"
 #include "kernels/moe/moe.h"
+#include "kernels/norm/rms_norm.h"
+#include "kernels/rope/rope.h"
 #include "machine_limits.h"
 
 namespace polylora::bench {
@@ -302,12 +305,243 @@ Result bench_lora_batch_device(Backend& be, int64_t m, bool qkv, double copy_gbs
           -1.0};
 }
 
+// Device buffers of one bench entry, freed when it ends.
+class DeviceBuffers {
+ public:
+  explicit DeviceBuffers(Backend& be) : be_(be) {}
+  ~DeviceBuffers() {
+    be_.synchronize();
+    for (void* p : ptrs_) be_.free(p);
+  }
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+  template <typename T>
+  T* up(const std::vector<T>& v) {
+    void* p = be_.alloc(std::max<size_t>(v.size(), 1) * sizeof(T));
+    ptrs_.push_back(p);
+    be_.copy_to_device(p, v.data(), v.size() * sizeof(T));
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  std::vector<T> down(const T* p, size_t n) {
+    std::vector<T> v(n);
+    be_.copy_to_host(v.data(), p, n * sizeof(T));
+    return v;
+  }
+
+ private:
+  Backend& be_;
+  std::vector<void*> ptrs_;
+};
+
+// Largest |got − ref| / (1e-5 + 1e-5·|ref|) over the elements (≤ 1: within the GPU tests' tolerance).
+double worst_tolerance_ratio(const std::vector<float>& got, const std::vector<float>& ref) {
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double r = std::fabs(double(got[i]) - ref[i]) / (1e-5 + 1e-5 * std::fabs(double(ref[i])));
+    worst = std::max(worst, std::isnan(r) ? 1e30 : r);
+  }
+  return worst;
+}
+
+// add_rms_norm (the residual add fused with the next RMSNorm) at GPT-OSS-20B's hidden size 2880, m rows.
+// Validated first against ref::add_rms_norm (x exact, y within 1e-5 + 1e-5·|ref|), then timed, and the pair
+// it replaces (add_inplace, rms_norm) timed the same way (speedup column: pair time / fused time). Bytes:
+// x read and written, delta read, y written (w is 11 KB, cached), against the copy bandwidth.
+Result bench_add_rms_norm_device(Backend& be, int64_t m, double copy_gbs) {
+  constexpr int64_t n = 2880;
+  DeviceBuffers buf(be);
+  const std::vector<float> x0 = random_floats(static_cast<size_t>(m * n), 61);
+  const std::vector<float> delta = random_floats(static_cast<size_t>(m * n), 62);
+  std::vector<float> w = random_floats(static_cast<size_t>(n), 63);
+  for (float& v : w) v = 1.0f + 0.5f * v;
+  AddRmsNormArgs h{.x = nullptr,
+                   .ldx = n,
+                   .delta = delta.data(),
+                   .ld_delta = n,
+                   .y = nullptr,
+                   .ldy = n,
+                   .m = m,
+                   .n = n,
+                   .w = w.data(),
+                   .eps = 1e-5f};
+  AddRmsNormArgs d = h;
+  d.x = buf.up(x0);
+  d.delta = buf.up(delta);
+  d.y = buf.up(std::vector<float>(static_cast<size_t>(m * n), 0.0f));
+  d.w = buf.up(w);
+  be.add_rms_norm(d);
+  std::vector<float> x_ref = x0, y_ref(static_cast<size_t>(m * n));
+  h.x = x_ref.data();
+  h.y = y_ref.data();
+  ref::add_rms_norm(h);
+  if (buf.down(d.x, x_ref.size()) != x_ref) fail("add_rms_norm m={}: x is not x + delta; not timing", m);
+  const double worst = worst_tolerance_ratio(buf.down(d.y, y_ref.size()), y_ref);
+  if (!(worst <= 1.0))
+    fail("add_rms_norm m={}: y off the reference by {:.3g} times the tolerance 1e-5 + 1e-5·|ref|; not timing",
+         m, worst);
+  // x keeps accumulating delta over the timed calls (as the residual stream does); the time does not
+  // depend on it.
+  const OpTiming t = time_backend_op(
+      be, [&] { be.add_rms_norm(d); }, 200, true);
+  const OpTiming pair = time_backend_op(
+      be,
+      [&] {
+        be.add_inplace(d.x, d.delta, m * n);
+        be.rms_norm({.x = d.x, .ldx = n, .y = d.y, .ldy = n, .m = m, .n = n, .w = d.w, .eps = d.eps});
+      },
+      200, true);
+  const double gbs = 4.0 * m * n * 4 / t.seconds / 1e9;
+  char shape[96];
+  std::snprintf(shape, sizeof shape, "m=%ld n=%ld (pair %.2f us)%s err %.1f tol", static_cast<long>(m),
+                static_cast<long>(n), pair.seconds * 1e6, t.graph ? "" : " (no graph)", worst);
+  return {"add_rms_norm",          shape, t.seconds * 1e3, gbs, "GB/s", 100.0 * gbs / copy_gbs,
+          pair.seconds / t.seconds};
+}
+
+// rope_kv_write at GPT-OSS-20B's attention shape (64 q / 8 kv heads of 64, YaRN attention_scaling 1.35) or
+// Qwen3-30B-A3B's (32 / 4 heads of 128, qk_norm), m tokens at positions up to ~4k, each to a slot of its
+// own in a paged cache of 16-token blocks (reverse block order). Validated first against
+// ref::rope_kv_write (q and the cache within 1e-5 + 1e-5·|ref|), then timed, and the op sequence it
+// replaces (rms_norm on q and k with qk_norm, rope on q and k, write_kv) timed the same way (speedup column).
+// Timed with attention_scaling 1 (a pure rotation, so q stays bounded over the repeated calls; the work is
+// the same). Bytes: q read and written, k and v read, k and v written to the cache, against the copy
+// bandwidth.
+Result bench_rope_kv_write_device(Backend& be, int64_t m, bool qwen3, double copy_gbs) {
+  const int64_t heads = qwen3 ? 32 : 64, kv_heads = qwen3 ? 4 : 8, dim = qwen3 ? 128 : 64;
+  constexpr int64_t kBlock = 16;
+  const int64_t qs = heads * dim, kvs = kv_heads * dim, blocks = (m + kBlock - 1) / kBlock + 1;
+  DeviceBuffers buf(be);
+  const std::vector<float> q0 = random_floats(static_cast<size_t>(m * qs), 71);
+  const std::vector<float> kk = random_floats(static_cast<size_t>(m * kvs), 72);
+  const std::vector<float> v = random_floats(static_cast<size_t>(m * kvs), 73);
+  std::vector<float> q_norm = random_floats(static_cast<size_t>(dim), 74), k_norm = q_norm;
+  for (size_t i = 0; i < q_norm.size(); ++i)
+    q_norm[i] = 1.0f + 0.5f * q_norm[i], k_norm[i] = 1.0f - 0.25f * k_norm[i];
+  std::vector<float> inv_freq(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i)
+    inv_freq[i] = std::pow(150000.0f, -2.0f * i / static_cast<float>(dim));
+  std::vector<int32_t> pos(static_cast<size_t>(m));
+  std::vector<int64_t> slots(static_cast<size_t>(m));
+  for (int64_t t = 0; t < m; ++t) {
+    pos[t] = static_cast<int32_t>(4000 + t);
+    slots[t] = (blocks - 1 - t / kBlock) * kBlock + t % kBlock;
+  }
+  const std::vector<float> cache0(static_cast<size_t>(blocks * kBlock * kvs), 0.0f);
+  RopeKvWriteArgs h{
+      .q = nullptr,
+      .ldq = qs,
+      .k = kk.data(),
+      .ldk = kvs,
+      .v = v.data(),
+      .ldv = kvs,
+      .m = m,
+      .num_heads = heads,
+      .num_kv_heads = kv_heads,
+      .head_dim = dim,
+      .positions = pos.data(),
+      .inv_freq = inv_freq.data(),
+      .attention_scaling = qwen3 ? 1.0f : 1.3466f,
+      .q_norm = qwen3 ? q_norm.data() : nullptr,
+      .k_norm = qwen3 ? k_norm.data() : nullptr,
+      .eps = 1e-6f,
+      .slot_mapping = slots.data(),
+      .cache = {.num_blocks = blocks, .block_size = kBlock, .num_kv_heads = kv_heads, .head_dim = dim}};
+  RopeKvWriteArgs d = h;
+  d.q = buf.up(q0);
+  float* d_k = buf.up(kk);
+  d.k = d_k;
+  d.v = buf.up(v);
+  d.positions = buf.up(pos);
+  d.inv_freq = buf.up(inv_freq);
+  if (qwen3) {
+    d.q_norm = buf.up(q_norm);
+    d.k_norm = buf.up(k_norm);
+  }
+  d.slot_mapping = buf.up(slots);
+  d.cache.k = buf.up(cache0);
+  d.cache.v = buf.up(cache0);
+  be.rope_kv_write(d);
+  std::vector<float> q_ref = q0, ck_ref = cache0, cv_ref = cache0;
+  h.q = q_ref.data();
+  h.cache.k = ck_ref.data();
+  h.cache.v = cv_ref.data();
+  ref::rope_kv_write(h);
+  const double worst = std::max({worst_tolerance_ratio(buf.down(d.q, q_ref.size()), q_ref),
+                                 worst_tolerance_ratio(buf.down(d.cache.k, ck_ref.size()), ck_ref),
+                                 worst_tolerance_ratio(buf.down(d.cache.v, cv_ref.size()), cv_ref)});
+  const char* name = qwen3 ? "rope_kv_write qwen3" : "rope_kv_write gpt-oss";
+  if (!(worst <= 1.0))
+    fail("{} m={}: off the reference by {:.3g} times the tolerance 1e-5 + 1e-5·|ref|; not timing", name, m,
+         worst);
+  d.attention_scaling = 1.0f;
+  const OpTiming t = time_backend_op(
+      be, [&] { be.rope_kv_write(d); }, 200, true);
+  // The replaced sequence (k rotated in place: its values do not matter to the time).
+  const OpTiming seq = time_backend_op(
+      be,
+      [&] {
+        if (qwen3) {
+          be.rms_norm({.x = d.q,
+                       .ldx = dim,
+                       .y = d.q,
+                       .ldy = dim,
+                       .m = m * heads,
+                       .n = dim,
+                       .w = d.q_norm,
+                       .eps = d.eps});
+          be.rms_norm({.x = d_k,
+                       .ldx = dim,
+                       .y = d_k,
+                       .ldy = dim,
+                       .m = m * kv_heads,
+                       .n = dim,
+                       .w = d.k_norm,
+                       .eps = d.eps});
+        }
+        be.rope({.x = d.q,
+                 .ldx = qs,
+                 .m = m,
+                 .num_heads = heads,
+                 .head_dim = dim,
+                 .positions = d.positions,
+                 .inv_freq = d.inv_freq,
+                 .attention_scaling = 1.0f});
+        be.rope({.x = d_k,
+                 .ldx = kvs,
+                 .m = m,
+                 .num_heads = kv_heads,
+                 .head_dim = dim,
+                 .positions = d.positions,
+                 .inv_freq = d.inv_freq,
+                 .attention_scaling = 1.0f});
+        be.write_kv({.k = d_k,
+                     .ldk = kvs,
+                     .v = d.v,
+                     .ldv = kvs,
+                     .m = m,
+                     .slot_mapping = d.slot_mapping,
+                     .cache = d.cache});
+      },
+      200, true);
+  const double gbs = (2.0 * m * qs + 4.0 * m * kvs) * 4 / t.seconds / 1e9;
+  char shape[112];
+  std::snprintf(shape, sizeof shape, "m=%ld %ld/%ld heads x %ld%s (seq %.2f us)%s err %.1f tol",
+                static_cast<long>(m), static_cast<long>(heads), static_cast<long>(kv_heads),
+                static_cast<long>(dim), qwen3 ? " qk_norm" : "", seq.seconds * 1e6,
+                t.graph ? "" : " (no graph)", worst);
+  return {name, shape, t.seconds * 1e3, gbs, "GB/s", 100.0 * gbs / copy_gbs, seq.seconds / t.seconds};
+}
+
 int run_device_kernels(bool json) {
   std::unique_ptr<Backend> be = make_backend({.device = DeviceKind::kCuda});
   const double copy_gbs = measure_backend_copy_gbs(*be);
   std::vector<Result> rs;
   for (int64_t m : {1, 16, 64, 256}) rs.push_back(bench_lora_batch_device(*be, m, true, copy_gbs));
   for (int64_t m : {1, 64}) rs.push_back(bench_lora_batch_device(*be, m, false, copy_gbs));
+  for (int64_t m : {1, 64, 2048}) rs.push_back(bench_add_rms_norm_device(*be, m, copy_gbs));
+  for (bool qwen3 : {false, true})
+    for (int64_t m : {1, 64, 2048}) rs.push_back(bench_rope_kv_write_device(*be, m, qwen3, copy_gbs));
   if (json) {
     std::printf("{\n  \"device\": \"%s\",\n  \"copy_bandwidth_gbs\": %.3f,\n  \"kernels\": [\n",
                 be->name().c_str(), copy_gbs);
@@ -315,19 +549,23 @@ int run_device_kernels(bool json) {
       const Result& r = rs[i];
       std::printf(
           "    {\"name\": \"%s\", \"shape\": \"%s\", \"ms\": %.6f, \"value\": %.3f, \"unit\": \"%s\", "
-          "\"percent_of_limit\": %.2f}%s\n",
-          r.name.c_str(), r.shape.c_str(), r.ms, r.value, r.unit.c_str(), r.pct,
-          i + 1 < rs.size() ? "," : "");
+          "\"percent_of_limit\": %.2f",
+          r.name.c_str(), r.shape.c_str(), r.ms, r.value, r.unit.c_str(), r.pct);
+      if (r.speedup > 0) std::printf(", \"speedup_vs_unfused\": %.3f", r.speedup);
+      std::printf("}%s\n", i + 1 < rs.size() ? "," : "");
     }
     std::printf("  ]\n}\n");
     return 0;
   }
   std::printf("device: %s, copy bandwidth %.1f GB/s (read + write)\n\n", be->name().c_str(), copy_gbs);
-  std::printf("%-22s %-52s %10s %12s %8s %10s\n", "kernel", "shape", "ms/call", "throughput", "unit",
-              "% of copy");
-  for (const Result& r : rs)
-    std::printf("%-22s %-52s %10.4f %12.1f %8s %9ld%%\n", r.name.c_str(), r.shape.c_str(), r.ms, r.value,
-                r.unit.c_str(), std::lround(r.pct));
+  std::printf("%-22s %-68s %10s %12s %8s %10s %11s\n", "kernel", "shape", "ms/call", "throughput", "unit",
+              "% of copy", "vs unfused");
+  for (const Result& r : rs) {
+    char sp[32] = "-";
+    if (r.speedup > 0) std::snprintf(sp, sizeof sp, "%.2fx", r.speedup);
+    std::printf("%-22s %-68s %10.4f %12.1f %8s %9ld%% %11s\n", r.name.c_str(), r.shape.c_str(), r.ms, r.value,
+                r.unit.c_str(), std::lround(r.pct), sp);
+  }
   return 0;
 }
 
