@@ -161,6 +161,15 @@ class Backend {
   virtual double gpu_timer_stop() { return 0; }
 
   // Ops (see kernels/<op>/*.h for the semantics; all pointers in backend memory).
+  // Steps of at most this many tokens run the dense q/k/v and o LoRA split over other ops (model/decoder.cc):
+  // the shrink with the projection (kernels::LinearArgs::lora_shrink), the expand inside rope_kv_write and
+  // add_rms_norm (kernels::LoraExpandIn), so it adds no launch of its own (decode). The backend's default
+  // (CUDA 64, the CPU 0: lora_batch), or what set_split_dense_lora_max_rows set (tests; -1: the default).
+  int64_t split_dense_lora_max_rows() const {
+    return split_dense_lora_max_rows_ >= 0 ? split_dense_lora_max_rows_ : default_split_dense_lora_max_rows();
+  }
+  void set_split_dense_lora_max_rows(int64_t rows) { split_dense_lora_max_rows_ = rows; }
+
   virtual void embedding(const kernels::EmbeddingArgs& args) = 0;
   virtual void linear(const kernels::LinearArgs& args) = 0;
   virtual void rms_norm(const kernels::RmsNormArgs& args) = 0;
@@ -195,6 +204,12 @@ class Backend {
   // worker/device_sampler.h builds the arguments). CUDA: queued kernels; CPU: the same algorithm's host
   // version (kernels::ref::sample), run at once.
   virtual void sample(const kernels::SampleArgs& args) = 0;
+
+ protected:
+  virtual int64_t default_split_dense_lora_max_rows() const { return 0; }
+
+ private:
+  int64_t split_dense_lora_max_rows_ = -1;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -38,6 +38,7 @@ struct Buffer {
 
 struct Model::Workspace {
   Buffer x, h, q, kk, v, attn, tmp, gate, up, act, router, route_w, route_ids, logits_in, logits, inputs;
+  Buffer lora_tmp;  // dense LoRA split over other ops: the q/k/v and o shrinks' sums [rows, ranks]
   Buffer graph_inputs;  // fixed once graphs are prepared: every graph reads its inputs here
   Buffer ids;           // argmax ids of the output rows (forward_argmax)
   std::vector<std::byte> staging;  // where a step's inputs are packed
@@ -487,8 +488,45 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
     }
     if (a.num > 0) be.lora_batch(a);
   };
-  auto linear = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy) {
-    be.linear({.x = in, .m = T, .ldx = ldx, .w = lw.w, .bias = lw.bias, .y = y, .ldy = ldy});
+  auto linear = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
+                    const k::LoraBatchArgs* shrink = nullptr, float* shrink_tmp = nullptr, int64_t ld_tmp = 0) {
+    be.linear({.x = in,
+               .m = T,
+               .ldx = ldx,
+               .w = lw.w,
+               .bias = lw.bias,
+               .y = y,
+               .ldy = ldy,
+               .lora_shrink = shrink,
+               .lora_tmp = shrink_tmp,
+               .lora_ld_tmp = ld_tmp});
+  };
+  // Decode-sized steps (Backend::split_dense_lora_max_rows) split the q/k/v and o LoRA over other ops: the
+  // shrinks run with the q and o projections, the expands inside rope_kv_write and add_rms_norm. Not with
+  // tensor parallelism (o's partial LoRA sums belong before the all_reduce). The shrinks' sums live in
+  // lora_tmp, sized for the largest such step whenever the stacks exist (no allocation inside a capture).
+  const bool split_lora = lora_ && lora_->reserved() && !comm_ && T <= be.split_dense_lora_max_rows();
+  float* lora_tmp = nullptr;
+  if (lora_ && lora_->reserved() && be.split_dense_lora_max_rows() > 0)
+    lora_tmp = ensure<float>(be, ws.lora_tmp, static_cast<size_t>(be.split_dense_lora_max_rows() * 4 * lora_->rank()),
+                             ws.epoch);
+  // The split shrink of the active modules among `modules` (their sums side by side in lora_tmp, then
+  // `expand` gets each module's LoraExpandIn, empty where the module has no LoRA this step).
+  auto split_group = [&](int64_t layer, const float* in, int64_t ldx, std::initializer_list<LoraModule> modules,
+                         k::LoraBatchArgs& a, k::LoraExpandIn* expand) {
+    a = {.x = in, .ldx = ldx, .m = T, .token_slots = d_tslots, .num = 0};
+    int64_t first = 0, i = 0;
+    for (LoraModule m : modules) {
+      expand[i] = {};
+      if (lora_active(layer, m)) {
+        a.w[a.num++] = lora_->dense(layer, m);
+        expand[i] = {.token_slots = d_tslots, .tmp = lora_tmp, .first = first, .w = lora_->dense(layer, m)};
+        first += lora_->dense(layer, m).rank;
+      }
+      ++i;
+    }
+    for (int64_t j = 0; j < i; ++j) expand[j].ld_tmp = first;
+    return first;
   };
 
   be.embedding({.ids = d_ids, .m = T, .table = weights_.embed, .out = x, .ld_out = H});
@@ -506,11 +544,17 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
     const AttentionWeights& aw = lw.attn;
-    linear(aw.q, h, H, q, qs);
+    k::LoraBatchArgs qkv_shrink;
+    k::LoraExpandIn qkv_lora[3];
+    const int64_t qkv_ranks =
+        split_lora ? split_group(l, h, H, {LoraModule::kQ, LoraModule::kK, LoraModule::kV}, qkv_shrink, qkv_lora) : 0;
+    linear(aw.q, h, H, q, qs, qkv_ranks > 0 ? &qkv_shrink : nullptr, lora_tmp, qkv_ranks);
     linear(aw.k, h, H, kk, kvs);
     linear(aw.v, h, H, v, kvs);
-    lora_group(l, h, H, {{LoraModule::kQ, q, qs}, {LoraModule::kK, kk, kvs}, {LoraModule::kV, v, kvs}});
-    // Qwen3's per-head q/k norms, RoPE on q and k, k and v into the paged cache: one op.
+    if (!split_lora)
+      lora_group(l, h, H, {{LoraModule::kQ, q, qs}, {LoraModule::kK, kk, kvs}, {LoraModule::kV, v, kvs}});
+    // Qwen3's per-head q/k norms, RoPE on q and k, k and v into the paged cache: one op (with the q/k/v
+    // LoRA expands when split).
     be.rope_kv_write({.q = q,
                       .ldq = qs,
                       .k = kk,
@@ -528,7 +572,10 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
                       .k_norm = c.qk_norm ? aw.k_norm : nullptr,
                       .eps = eps,
                       .slot_mapping = d_slot,
-                      .cache = kv[l]});
+                      .cache = kv[l],
+                      .lora_q = qkv_lora[0],
+                      .lora_k = qkv_lora[1],
+                      .lora_v = qkv_lora[2]});
     be.attention({.q = q,
                   .ldq = qs,
                   .out = attn,
@@ -544,8 +591,13 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
                   .window = c.layer_window(l),
                   .sinks = aw.sinks,
                   .cache = kv[l]});
-    linear(aw.o, attn, qs, tmp, H);
-    lora_group(l, attn, qs, {{LoraModule::kO, tmp, H}});
+    k::LoraBatchArgs o_shrink;
+    k::LoraExpandIn o_lora[1];
+    const int64_t o_ranks = split_lora ? split_group(l, attn, qs, {LoraModule::kO}, o_shrink, o_lora) : 0;
+    // Its sums after q/k/v's in lora_tmp (rope_kv_write has read those).
+    for (k::LoraExpandIn& e : o_lora) e.tmp = lora_tmp + T * qkv_ranks;
+    linear(aw.o, attn, qs, tmp, H, o_ranks > 0 ? &o_shrink : nullptr, lora_tmp + T * qkv_ranks, o_ranks);
+    if (!split_lora) lora_group(l, attn, qs, {{LoraModule::kO, tmp, H}});
     all_reduce_sum(tmp, T * H);  // row-parallel o_proj: the ranks' heads
     be.add_rms_norm({.x = x,
                      .ldx = H,
@@ -556,7 +608,8 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
                      .m = T,
                      .n = H,
                      .w = lw.post_attention_norm,
-                     .eps = eps});
+                     .eps = eps,
+                     .lora_delta = o_lora[0]});
     if (!lw.is_moe) {
       int64_t I = c.intermediate_size;
       float* gate = ensure<float>(be, ws.gate, T * I, ws.epoch);

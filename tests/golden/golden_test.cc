@@ -49,6 +49,30 @@ TEST_P(GoldenTest, MixedBatchMatchesReferenceAndSingleRuns) {
   }
 }
 
+// The dense q/k/v and o LoRA split over other ops (the CUDA decode path: shrinks with the projections, expands
+// inside rope_kv_write and add_rms_norm; Backend::split_dense_lora_max_rows) on the CPU backend: every variant
+// in one mixed batch still matches the reference and the default path's numbers (a dropped or misplaced
+// expand, or sums of the wrong module, would miss the reference by far more than its tolerance).
+TEST_P(GoldenTest, DenseLoraSplitOverOtherOpsMatchesReference) {
+  std::shared_ptr<Backend> split = make_cpu_backend();
+  split->set_split_dense_lora_max_rows(64);
+  Fixture f(GetParam(), split), plain(GetParam());
+  std::vector<EngineRequest> reqs;
+  std::vector<std::pair<std::string, size_t>> owner;
+  for (size_t i = 0; i < f.num_prompts(); ++i) {
+    for (const std::string& variant : f.variants) {
+      reqs.push_back(f.request(variant, i));
+      owner.emplace_back(variant, i);
+    }
+  }
+  auto got = f.run(reqs), want = plain.run(reqs);
+  for (size_t j = 0; j < reqs.size(); ++j) {
+    check_against_reference(f, owner[j].first, owner[j].second, got[j], kLogprobTolerance, kMarginThreshold);
+    EXPECT_LE(max_run_diff(got[j], want[j]), 1e-4) << owner[j].first << " prompt " << owner[j].second;
+    EXPECT_EQ(got[j].output, want[j].output) << owner[j].first << " prompt " << owner[j].second;
+  }
+}
+
 // The MXFP4 model in one batch with an adapter its reference does not cover (gpt-oss-tiny's attn-only-r16,
 // same attention shapes): the base and experts-attn-r8 still match the reference, and every sequence (the
 // extra adapter's too) gives the numbers it gives alone.

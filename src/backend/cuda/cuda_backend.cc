@@ -398,6 +398,7 @@ class CudaBackend final : public Backend {
     return p;
   }
   size_t allocated_bytes() const override { return allocated_ + workspace_bytes_; }
+  int64_t default_split_dense_lora_max_rows() const override { return 64; }
   std::pair<size_t, size_t> memory_info() const override {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
