@@ -51,6 +51,10 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool model_required) {
                "Under --tensor-parallel-size N > 1, each rank holds E/N whole experts of every MoE layer (and "
                "their LoRA) and the tokens travel to them (all-to-all), instead of a slice of every expert "
                "(-ep; N must divide the number of experts)");
+  app.add_flag("--fully-sharded-loras,!--no-fully-sharded-loras", f.fully_sharded_loras,
+               "Under --tensor-parallel-size N > 1, shard the dense modules' LoRA fully (vLLM's meaning): A's "
+               "rank rows of q/k/v/gate/up with an all-gather of the shrinks, B's output rows of o/down with an "
+               "all-reduce of the shrinks (default: A replicated, B sharded; the numbers are the same)");
   app.add_option("--lora,--lora-modules", f.loras,
                  "LoRA adapters to load: NAME=PATH or JSON {\"name\", \"path\", \"base_model_name\"} "
                  "(PATH a directory or a hub id; repeatable, several per flag)");
@@ -207,6 +211,7 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   opts.quantization = quantization_from_flag(f.quantization, model_dir);
   opts.tensor_parallel_size = f.tensor_parallel_size;
   opts.enable_expert_parallel = f.enable_expert_parallel;
+  opts.fully_sharded_loras = f.fully_sharded_loras;
   if (f.enable_expert_parallel && f.tensor_parallel_size == 1)
     spdlog::info("--enable-expert-parallel: no effect with --tensor-parallel-size 1 (one rank holds every expert)");
   std::string tok_dir =

@@ -138,9 +138,6 @@ const std::vector<Ignored>& ignored_table() {
       {"--additional-config", true, {}, "no platform plugins"},
       // LoRA.
       {"--lora-dtype", true, {"auto"}, "adapters are stored in the compute dtype"},
-      {"--fully-sharded-loras", false, {},
-       "under --tensor-parallel-size, LoRA A is replicated and B sharded (vLLM's default); the results are "
-       "the same"},
       {"--lora-extra-vocab-size", true, {}, "adapters that add tokens are refused when loaded"},
       {"--long-lora-scaling-factors", true, {}, "no long-context LoRA", true},
       {"--default-mm-loras", true, {}, "text-only models"},

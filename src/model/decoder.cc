@@ -160,7 +160,9 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
         "communicator is separate work); use --tensor-parallel-size 1 on --device cuda (--device cpu runs "
         "any size the model's heads allow)",
         tp);
-  const TpLayout layout{.size = tp, .expert_parallel = options.enable_expert_parallel};
+  const TpLayout layout{.size = tp,
+                        .expert_parallel = options.enable_expert_parallel,
+                        .fully_sharded_loras = options.fully_sharded_loras};
   check_tensor_parallel(config, layout);
   WeightLoader loader(checkpoint, *m->backend_, m->weights_, options.seed, options.upload);
   arch::bind(config, loader, m->weights_);
@@ -487,6 +489,10 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
       ++a.num;
     }
     if (a.num > 0) be.lora_batch(a);
+    if (tp_.fully_sharded_loras && !si.adapters.empty())  // --fully-sharded-loras: not in the stacks
+      for (const auto& [m, y, ldy] : modules)
+        if (si.adapters.dense[static_cast<size_t>(layer)][static_cast<size_t>(m)])
+          fully_sharded_lora(layer, m, in, ldx, T, y, ldy, si.adapters);
   };
   auto linear = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
                     const k::LoraBatchArgs* shrink = nullptr, float* shrink_tmp = nullptr, int64_t ld_tmp = 0) {

@@ -20,10 +20,12 @@
 #include "config/model_config.h"
 #include "kernels/attention/attention.h"
 #include "lora/adapter.h"
+#include "lora/adapter_batch.h"
 #include "lora/adapter_slots.h"
 #include "model/forward_batch.h"
 #include "model/lora_stacks.h"
 #include "model/expert_parallel.h"
+#include "model/fully_sharded_lora.h"
 #include "model/tp_shard.h"
 #include "model/weight_loader.h"
 #include "model/weights.h"
@@ -42,6 +44,10 @@ struct ModelLoadOptions {
   // MoE layer (and their LoRA) instead of a slice of every expert; the token-expert pairs travel to the
   // owners and back (model/expert_parallel.cc). N must divide the number of experts. No effect at N = 1.
   bool enable_expert_parallel = false;
+  // --fully-sharded-loras: with tensor_parallel_size N > 1, the dense modules' LoRA is sharded further
+  // (A's rank rows of column-parallel modules, B's output rows of row-parallel ones) with a collective
+  // on the shrinks (model/fully_sharded_lora.h). The hidden size must divide by N. No effect at N = 1.
+  bool fully_sharded_loras = false;
 };
 
 // RoPE frequencies for a config: inv_freq [rotary_dim / 2] and the cos/sin scale (YaRN's mscale).
@@ -91,6 +97,7 @@ class Model : public AdapterDevice {
   const ModelConfig& kv_config() const { return shard_cfg_; }
   int tensor_parallel_size() const { return tp_.size; }
   bool expert_parallel() const { return tp_.expert_parallel; }
+  bool fully_sharded_loras() const { return tp_.fully_sharded_loras; }
   const std::string& source() const { return source_; }
   Backend& backend() const { return *backend_; }
 
@@ -186,6 +193,11 @@ class Model : public AdapterDevice {
   // send the rows back; moe.out gets this rank's tokens' weighted sums and zeros in the other rows (the
   // caller's all_reduce completes it). token_slots: the host copy of moe.token_slots (empty: none).
   void moe_expert_parallel(const kernels::MoeExpertsArgs& moe, std::span<const int32_t> token_slots);
+  // Fully sharded LoRA (fully_sharded_lora.cc): the step's adapters' `module` of `layer` on x [T, in] (row
+  // stride ldx), added into y [T, out of this rank] (row stride ldy), with its collective; called by every
+  // rank where the step has the module (ab.dense), in the same order.
+  void fully_sharded_lora(int64_t layer, LoraModule module, const float* x, int64_t ldx, int64_t T, float* y,
+                          int64_t ldy, const AdapterBatch& ab);
   void init_workspace();
   // stage + copy + run_layers: one rank's part of an eager step.
   void run_eager(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
@@ -238,9 +250,11 @@ class Model : public AdapterDevice {
     const LoraAdapter* source = nullptr;
     uint64_t generation = 0;
     std::shared_ptr<const LoraAdapter> shard;
+    std::shared_ptr<const FullyShardedLora> fully_sharded;  // --fully-sharded-loras: the dense modules
   };
   std::vector<AdapterShard> adapter_shards_;  // [slot]
   ExpertParallelScratch ep_;  // expert parallelism's host buffers (reused across layers and steps)
+  FullyShardedScratch fs_;    // fully sharded LoRA's host buffers
   // Ranks 1..N-1 (a KV cache of their own, mirroring rank 0's views: kv_mirror_, keyed by kv_mirror_of_).
   std::vector<kernels::KvCacheView> kv_mirror_;
   kernels::KvCacheView kv_mirror_of_;

@@ -2,6 +2,8 @@
 // splitting the loaded model over the ranks, running one step on every rank at once, the ranks' KV caches
 // and adapter shards, and the sum over the ranks. The forward pass itself (decoder.cc) is the same on
 // every rank; it calls all_reduce_sum and lm_head_parallel, which do nothing special at -tp 1.
+#include <tuple>
+
 #include "common/error.h"
 #include "common/log.h"
 #include "model/model.h"
@@ -98,7 +100,9 @@ const LoraAdapter& Model::rank_adapter(int32_t slot, const LoraAdapter& adapter)
   // Made while the slot's previous shard still lives, so the stacks never meet a new shard at the address
   // of the one they hold.
   std::shared_ptr<const LoraAdapter> fresh = shard_adapter(adapter, config_, tp_);
-  s = {&adapter, adapter.generation, std::move(fresh)};
+  std::shared_ptr<const FullyShardedLora> fully_sharded;
+  if (tp_.fully_sharded_loras) std::tie(fresh, fully_sharded) = split_fully_sharded(*fresh, config_, tp_);
+  s = {&adapter, adapter.generation, std::move(fresh), std::move(fully_sharded)};
   return *s.shard;
 }
 

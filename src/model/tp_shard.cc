@@ -246,6 +246,11 @@ void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout) {
   if ((size - 1) * vocab_stride >= cfg.vocab_size)
     fail("{}: the vocabulary of {} tokens is too small to give each of {} ranks some of it", what,
          cfg.vocab_size, size);
+  if (layout.fully_sharded_loras && cfg.hidden_size % size != 0)
+    fail(
+        "{} with --fully-sharded-loras: the hidden size {} does not split over {} ranks (the LoRA B of o_proj "
+        "and down_proj is split by output rows); use a size that divides it, or leave out --fully-sharded-loras",
+        what, cfg.hidden_size, size);
   bool dense = false, mxfp4 = false;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     dense = dense || !cfg.moe_layers[static_cast<size_t>(l)];
@@ -285,6 +290,7 @@ TpShard make_tp_shard(const ModelConfig& cfg, int rank, const TpLayout& layout) 
       size <= cfg.num_kv_heads ? rank * (cfg.num_kv_heads / size) : rank / (size / cfg.num_kv_heads);
   s.inter_begin = rank * (cfg.intermediate_size / size);
   s.expert_parallel = layout.expert_parallel && cfg.is_moe() && size > 1;
+  s.fully_sharded_loras = layout.fully_sharded_loras && size > 1;
   s.moe_inter_begin = s.expert_parallel ? 0 : rank * (cfg.moe_intermediate_size / size);
   s.num_local_experts = s.expert_parallel ? cfg.num_experts / size : cfg.num_experts;
   s.expert_begin = s.expert_parallel ? rank * s.num_local_experts : 0;

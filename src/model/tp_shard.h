@@ -41,18 +41,22 @@ struct TpShard {
   bool expert_parallel = false;
   int64_t expert_begin = 0;
   int64_t num_local_experts = 0;
+  // --fully-sharded-loras: the dense modules' LoRA is sharded further (model/fully_sharded_lora.h).
+  bool fully_sharded_loras = false;
 };
 
-// How the model is split (--tensor-parallel-size, --enable-expert-parallel).
+// How the model is split (--tensor-parallel-size, --enable-expert-parallel, --fully-sharded-loras).
 struct TpLayout {
   int size = 1;
   bool expert_parallel = false;
+  bool fully_sharded_loras = false;
 };
 
 // Throws polylora::Error unless `cfg` splits over `size` ranks: the attention heads divide by it, the
 // KV heads divide by it or it by them, and so do the dense and expert intermediate sizes (MXFP4 experts:
 // into multiples of 32 columns). With expert parallelism the expert intermediate size stays whole and the
-// experts must divide by the size instead. The message names the counts and what would divide.
+// experts must divide by the size instead; with fully sharded LoRA the hidden size must divide too (o_proj's
+// and down's LoRA B are split by output rows). The message names the counts and what would divide.
 void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout);
 TpShard make_tp_shard(const ModelConfig& cfg, int rank, const TpLayout& layout);
 // cfg with this rank's counts: num_heads, num_kv_heads, intermediate_size and moe_intermediate_size, or

@@ -6,7 +6,10 @@
 // - the Engine (greedy, top-20 logprobs and prompt logprobs): each variant alone and all in one mixed
 //   batch equal -tp 1 within 1e-4 with the same tokens, and match the Hugging Face reference.
 // With --enable-expert-parallel (ModelLoadOptions::enable_expert_parallel) every MoE fixture at -tp 2 and 4
-// (8 experts: 4 or 2 whole experts per rank, their LoRA with them) gives the same numbers through both.
+// (8 experts: 4 or 2 whole experts per rank, their LoRA with them) gives the same numbers through both,
+// and so does every fixture with --fully-sharded-loras (ModelLoadOptions::fully_sharded_loras: LoRA A's rank
+// rows of q/k/v/gate/up and B's output rows of o/down split too), also with expert parallelism, and an
+// adapter whose rank no size divides.
 // And splits the model does not allow are clear errors.
 #include <filesystem>
 #include <fstream>
@@ -19,10 +22,11 @@ namespace {
 
 constexpr double kTpTolerance = 1e-4;
 
-ModelLoadOptions tp_options(int tp, bool ep = false) {
+ModelLoadOptions tp_options(int tp, bool ep = false, bool fs = false) {
   ModelLoadOptions o;
   o.tensor_parallel_size = tp;
   o.enable_expert_parallel = ep;
+  o.fully_sharded_loras = fs;
   return o;
 }
 
@@ -30,10 +34,11 @@ struct TpCase {
   std::string model;
   int tp = 2;
   bool ep = false;  // --enable-expert-parallel
+  bool fs = false;  // --fully-sharded-loras
 };
 
 void PrintTo(const TpCase& c, std::ostream* os) {
-  *os << c.model << " -tp " << c.tp << (c.ep ? " -ep" : "");
+  *os << c.model << " -tp " << c.tp << (c.ep ? " -ep" : "") << (c.fs ? " --fully-sharded-loras" : "");
 }
 
 class TpGoldenTest : public ::testing::TestWithParam<TpCase> {};
@@ -124,9 +129,10 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
   const TpCase& c = GetParam();
-  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep));
+  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep, c.fs));
   ASSERT_EQ(split.model->tensor_parallel_size(), c.tp);
   ASSERT_EQ(split.model->expert_parallel(), c.ep);
+  ASSERT_EQ(split.model->fully_sharded_loras(), c.fs);
   MixedBatch mb(one);
   std::vector<int32_t> next;
   TwoSteps ref = run_two_steps(*one.model, mb, nullptr, &next);
@@ -140,13 +146,14 @@ TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
   for (int64_t j = 0; j < len * V; ++j)
     adapter_effect = std::max(adapter_effect, std::fabs(double(ref.prefill[j]) - ref.prefill[len * V + j]));
   EXPECT_GT(adapter_effect, 1e-2);
-  std::printf("[tp-golden] %s -tp %d%s: %ld sequences, max |Δ logit| prefill %.2e, decode %.2e\n",
-              c.model.c_str(), c.tp, c.ep ? " -ep" : "", static_cast<long>(mb.b.num_seqs()), dp, dd);
+  std::printf("[tp-golden] %s -tp %d%s%s: %ld sequences, max |Δ logit| prefill %.2e, decode %.2e\n",
+              c.model.c_str(), c.tp, c.ep ? " -ep" : "", c.fs ? " -fs" : "", static_cast<long>(mb.b.num_seqs()), dp,
+              dd);
 }
 
 TEST_P(TpGoldenTest, EngineAloneAndMixedEqualTp1AndReference) {
   const TpCase& c = GetParam();
-  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep));
+  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep, c.fs));
   std::vector<EngineRequest> reqs;
   std::vector<std::pair<std::string, size_t>> owner;
   for (size_t i = 0; i < one.num_prompts(); ++i)
@@ -170,8 +177,8 @@ TEST_P(TpGoldenTest, EngineAloneAndMixedEqualTp1AndReference) {
     check_against_reference(split, variant, i, alone, 1e-3, 1e-3);
     worst = std::max({worst, da, dm});
   }
-  std::printf("[tp-golden] %s -tp %d%s: %zu requests, max |Δ logprob| vs -tp 1 = %.2e\n", c.model.c_str(),
-              c.tp, c.ep ? " -ep" : "", reqs.size(), worst);
+  std::printf("[tp-golden] %s -tp %d%s%s: %zu requests, max |Δ logprob| vs -tp 1 = %.2e\n", c.model.c_str(),
+              c.tp, c.ep ? " -ep" : "", c.fs ? " -fs" : "", reqs.size(), worst);
 }
 
 // --quantization int8: the split copies the codes and keeps each row's scale, so the numbers stay those of
@@ -321,11 +328,15 @@ std::vector<TpCase> tp_cases() {
   for (const std::string& m : fixture_models())  // expert parallelism: the MoE models
     if (m != "llama-tiny")
       for (int tp : {2, 4}) cases.push_back({m, tp, true});
+  for (const std::string& m : fixture_models())  // fully sharded LoRA: every model, and with -ep once
+    for (int tp : {2, 4}) cases.push_back({m, tp, false, true});
+  cases.push_back({"qwen3-moe-tiny", 2, true, true});
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TpGoldenTest, ::testing::ValuesIn(tp_cases()), [](const auto& info) {
-  std::string n = info.param.model + "_tp" + std::to_string(info.param.tp) + (info.param.ep ? "_ep" : "");
+  std::string n = info.param.model + "_tp" + std::to_string(info.param.tp) + (info.param.ep ? "_ep" : "") +
+                  (info.param.fs ? "_fs" : "");
   for (char& c : n)
     if (c == '-') c = '_';
   return n;
@@ -429,6 +440,79 @@ TEST(TensorParallel, ExpertParallelNeedsEvenlySpreadExpertsNotEvenlySplitOnes) {
   const std::vector<float> one = logits_of(1, false);
   EXPECT_LE(max_abs_diff(one, logits_of(2, true)), kTpTolerance);
   EXPECT_LE(max_abs_diff(one, logits_of(1, true)), 0.0) << "-ep alone changes nothing";
+  fs::remove_all(dir);
+}
+
+// --fully-sharded-loras with an adapter whose rank (5) no size divides (each rank shrinks ⌈5 / N⌉ rows of A,
+// the last ones zero) on every dense module of llama-tiny: the logits of -tp 2 and -tp 4 equal -tp 1's (and
+// the adapter changes them); a hidden size the ranks do not divide is refused naming the flag.
+TEST(TensorParallel, FullyShardedLorasWithARankNoSizeDivides) {
+  const std::string llama = std::string(POLYLORA_TEST_DATA) + "/models/llama-tiny";
+  auto logits_of = [&](int tp, bool with_adapter) {
+    auto m = Model::load(llama, tp_options(tp, false, true));
+    const ModelConfig& c = m->config();
+    LoraAdapter ad;
+    ad.name = "rank5";
+    ad.max_rank = 5;
+    ad.layers.resize(static_cast<size_t>(c.num_layers));
+    uint32_t seed = 12345;
+    auto next = [&] {
+      seed = seed * 1664525u + 1013904223u;
+      return static_cast<float>(static_cast<int32_t>(seed >> 8) % 2001 - 1000) * 2e-5f;
+    };
+    auto matrix = [&](int64_t in, int64_t out) {
+      LoraMatrix mat{.rank = 5, .in = in, .out = out, .scale = 2.0f, .a = {}, .b = {}};
+      for (int64_t i = 0; i < 5 * in; ++i) mat.a.push_back(next());
+      for (int64_t i = 0; i < out * 5; ++i) mat.b.push_back(next() * 10);
+      return mat;
+    };
+    const int64_t H = c.hidden_size, I = c.intermediate_size;
+    for (auto& layer : ad.layers) {
+      layer.modules[static_cast<size_t>(LoraModule::kQ)] = matrix(H, c.q_size());
+      layer.modules[static_cast<size_t>(LoraModule::kV)] = matrix(H, c.kv_size());
+      layer.modules[static_cast<size_t>(LoraModule::kO)] = matrix(c.q_size(), H);
+      layer.modules[static_cast<size_t>(LoraModule::kUp)] = matrix(H, I);
+      layer.modules[static_cast<size_t>(LoraModule::kDown)] = matrix(I, H);
+    }
+    KvStorage kv(m->kv_config(), m->backend(), 2, 16);
+    ForwardBatch b;  // two sequences: the adapter's, then the base model's
+    b.token_ids = {1, 5, 9, 2, 77, 1, 5, 9, 2, 77};
+    for (int32_t t = 0; t < 10; ++t) {
+      b.positions.push_back(t % 5);
+      b.slot_mapping.push_back(t < 5 ? t : 16 + t - 5);
+      b.logits_rows.push_back(t);
+    }
+    b.query_start = {0, 5, 10};
+    b.context_lens = {5, 5};
+    b.max_blocks_per_seq = 1;
+    b.block_tables = {0, 1};
+    b.adapter_slots = {with_adapter ? 0 : -1, -1};
+    std::vector<float> logits(static_cast<size_t>(10 * c.vocab_size));
+    const LoraAdapter* adapters[] = {&ad};
+    m->forward(b, kv.views(), adapters, logits.data());
+    return logits;
+  };
+  const std::vector<float> one = logits_of(1, true);
+  EXPECT_GT(max_abs_diff(one, logits_of(1, false)), 1e-2) << "the adapter changes the logits";
+  for (int tp : {2, 4}) EXPECT_LE(max_abs_diff(one, logits_of(tp, true)), kTpTolerance) << "-tp " << tp;
+
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("polylora-tp-fs-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ifstream in(llama + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["hidden_size"] = 130;  // 4 heads of 32: q_size 128, hidden 130 (not a multiple of 4)
+  cfg["head_dim"] = 32;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  ModelLoadOptions o = tp_options(4, false, true);
+  o.load_format = LoadFormat::kDummy;
+  const std::string e = error_of(dir.string(), o);
+  EXPECT_NE(e.find("--tensor-parallel-size 4 with --fully-sharded-loras: the hidden size 130 does not split over 4 "
+                   "ranks"),
+            std::string::npos)
+      << e;
+  o.fully_sharded_loras = false;
+  EXPECT_EQ(error_of(dir.string(), o), "") << "without the flag the hidden size need not divide";
   fs::remove_all(dir);
 }
 
