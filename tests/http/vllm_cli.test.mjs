@@ -124,13 +124,15 @@ describe('--quantization int8 (docs/quantization.md)', () => {
 describe('--device cpu -tp 2 (docs/tensor-parallel.md)', () => {
   test('serves the base model and an adapter with the numbers of -tp 1', async () => {
     const runs = [];
-    // -ep: expert parallelism (docs/tensor-parallel.md), 4 of the 8 experts whole on each rank.
-    for (const tp of [['1'], ['2'], ['2', '-ep']]) {
+    // -ep: expert parallelism (docs/tensor-parallel.md), 4 of the 8 experts whole on each rank; then the
+    // adapter's LoRA fully sharded.
+    for (const tp of [['1'], ['2'], ['2', '-ep'], ['2', '--fully-sharded-loras']]) {
       const server = await startServer(['--model', MODEL, '--device', 'cpu', '-tp', ...tp, '--lora-modules',
         `attn=${ADAPTERS.attn}`]);
       try {
         if (tp[0] === '2') assert.match(server.log(), /tensor parallelism: 2 ranks/);
         if (tp[1] === '-ep') assert.match(server.log(), /4 whole experts each \(expert parallelism\)/);
+        if (tp[1] === '--fully-sharded-loras') assert.match(server.log(), /, fully sharded LoRA/);
         const out = [];
         for (const model of [MODEL, 'attn']) {
           const r = await completion(server.url, model, { logprobs: 3 });
@@ -142,7 +144,7 @@ describe('--device cpu -tp 2 (docs/tensor-parallel.md)', () => {
         await server.stop();
       }
     }
-    for (const run of [runs[1], runs[2]])
+    for (const run of runs.slice(1))
       for (let i = 0; i < 2; i++) {
         assert.equal(run[i].text, runs[0][i].text);
         const [a, b] = [runs[0][i].logprobs.token_logprobs, run[i].logprobs.token_logprobs];
