@@ -2,7 +2,8 @@
 // interleaved, arrivals staggered, with a small block size, a small token budget (chunked prefill) and a
 // small KV cache (preemption): greedy outputs equal the reference (the fixtures' margin rule) and prompt
 // log-probs are within 1e-3. The same with the model split over 2 tensor-parallel ranks (CPU threads,
-// docs/tensor-parallel.md).
+// docs/tensor-parallel.md), and over 2 ranks with --fully-sharded-loras and, for the MoE models,
+// --enable-expert-parallel.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,17 +17,26 @@ namespace {
 struct EngineGoldenCase {
   std::string model;
   int tensor_parallel_size = 1;
+  bool expert_parallel = false;
+  bool fully_sharded_loras = false;
 };
 
-void PrintTo(const EngineGoldenCase& c, std::ostream* os) { *os << c.model << " -tp " << c.tensor_parallel_size; }
+void PrintTo(const EngineGoldenCase& c, std::ostream* os) {
+  *os << c.model << " -tp " << c.tensor_parallel_size << (c.expert_parallel ? " -ep" : "")
+      << (c.fully_sharded_loras ? " --fully-sharded-loras" : "");
+}
 
 class EngineGoldenTest : public ::testing::TestWithParam<EngineGoldenCase> {};
 
 TEST_P(EngineGoldenTest, AllVariantsStaggeredWithChunkingAndPreemption) {
   ModelLoadOptions options;
   options.tensor_parallel_size = GetParam().tensor_parallel_size;
+  options.enable_expert_parallel = GetParam().expert_parallel;
+  options.fully_sharded_loras = GetParam().fully_sharded_loras;
   Fixture f(GetParam().model, nullptr, options);
   ASSERT_EQ(f.model->tensor_parallel_size(), options.tensor_parallel_size);
+  ASSERT_EQ(f.model->expert_parallel(), options.enable_expert_parallel);
+  ASSERT_EQ(f.model->fully_sharded_loras(), options.fully_sharded_loras);
   EngineConfig ec;
   ec.cache.block_size = 4;
   ec.scheduler.max_num_batched_tokens = 24;  // < the 40-token prompt: chunked prefill
@@ -121,6 +131,14 @@ std::string case_name(const ::testing::TestParamInfo<EngineGoldenCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::ValuesIn(cases(1)), case_name);
 INSTANTIATE_TEST_SUITE_P(TensorParallel2, EngineGoldenTest, ::testing::ValuesIn(cases(2)), case_name);
+
+std::vector<EngineGoldenCase> sharded_cases() {
+  std::vector<EngineGoldenCase> c;
+  for (const std::string& m : fixture_models()) c.push_back({m, 2, m != "llama-tiny", true});
+  return c;
+}
+INSTANTIATE_TEST_SUITE_P(TensorParallel2ExpertParallelFullySharded, EngineGoldenTest,
+                         ::testing::ValuesIn(sharded_cases()), case_name);
 
 }  // namespace
 }  // namespace polylora::golden
