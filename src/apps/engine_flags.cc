@@ -47,14 +47,16 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool model_required) {
                  "tensor parallelism is not implemented yet, so --device cuda takes 1)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_flag("--enable-expert-parallel,!--no-enable-expert-parallel", f.enable_expert_parallel,
-               "Under --tensor-parallel-size N > 1, each rank holds E/N whole experts of every MoE layer (and "
-               "their LoRA) and the tokens travel to them (all-to-all), instead of a slice of every expert "
-               "(-ep; N must divide the number of experts)");
-  app.add_flag("--fully-sharded-loras,!--no-fully-sharded-loras", f.fully_sharded_loras,
-               "Under --tensor-parallel-size N > 1, shard the dense modules' LoRA fully (vLLM's meaning): A's "
-               "rank rows of q/k/v/gate/up with an all-gather of the shrinks, B's output rows of o/down with an "
-               "all-reduce of the shrinks (default: A replicated, B sharded; the numbers are the same)");
+  app.add_flag(
+      "--enable-expert-parallel,!--no-enable-expert-parallel", f.enable_expert_parallel,
+      "Under --tensor-parallel-size N > 1, each rank holds E/N whole experts of every MoE layer (and "
+      "their LoRA) and the tokens travel to them (all-to-all), instead of a slice of every expert "
+      "(-ep; N must divide the number of experts)");
+  app.add_flag(
+      "--fully-sharded-loras,!--no-fully-sharded-loras", f.fully_sharded_loras,
+      "Under --tensor-parallel-size N > 1, shard the dense modules' LoRA fully (vLLM's meaning): A's "
+      "rank rows of q/k/v/gate/up with an all-gather of the shrinks, B's output rows of o/down with an "
+      "all-reduce of the shrinks (default: A replicated, B sharded; the numbers are the same)");
   app.add_option("--lora,--lora-modules", f.loras,
                  "LoRA adapters to load: NAME=PATH or JSON {\"name\", \"path\", \"base_model_name\"} "
                  "(PATH a directory or a hub id; repeatable, several per flag)");
@@ -213,7 +215,8 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   opts.enable_expert_parallel = f.enable_expert_parallel;
   opts.fully_sharded_loras = f.fully_sharded_loras;
   if (f.enable_expert_parallel && f.tensor_parallel_size == 1)
-    spdlog::info("--enable-expert-parallel: no effect with --tensor-parallel-size 1 (one rank holds every expert)");
+    spdlog::info(
+        "--enable-expert-parallel: no effect with --tensor-parallel-size 1 (one rank holds every expert)");
   std::string tok_dir =
       f.tokenizer_dir.empty() ? model_dir : resolve_model_path(f.tokenizer_dir, "main", "tokenizer");
   bool has_tok =

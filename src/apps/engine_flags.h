@@ -25,7 +25,7 @@ struct ModelFlags {
   std::string quantization = "none";  // --quantization / -q: none | int8 | mxfp4 (docs/quantization.md)
   int tensor_parallel_size = 1;       // --tensor-parallel-size / -tp (docs/tensor-parallel.md)
   bool enable_expert_parallel = false;  // --enable-expert-parallel / -ep: whole experts per rank under -tp
-  bool fully_sharded_loras = false;     // --fully-sharded-loras: LoRA A of column-parallel modules sharded too
+  bool fully_sharded_loras = false;  // --fully-sharded-loras: LoRA A of column-parallel modules sharded too
   std::vector<std::string> loras;  // NAME=DIR or vLLM's JSON {"name": ..., "path": ..., "base_model_name": ...}
   std::string max_model_len;         // --max-model-len (human-readable: 32k, 32K, auto)
   std::string max_num_batched_tokens;  // --max-num-batched-tokens (human-readable)

@@ -34,10 +34,11 @@ void Model::split_tensor_parallel(const TpLayout& layout) {
     m->weights_ = shard_weights(*full_weights_, config_, m->tp_, *m->backend_);
     m->comm_ = &tp_threads_->communicator(r);
   }
-  spdlog::info("tensor parallelism: {} ranks (CPU threads), {} attention heads and {} KV heads each{}{}", size,
-               shard_cfg_.num_heads, shard_cfg_.num_kv_heads,
-               tp_.expert_parallel ? fmt::format(", {} whole experts each (expert parallelism)", tp_.num_local_experts)
-                                   : "",
+  spdlog::info("tensor parallelism: {} ranks (CPU threads), {} attention heads and {} KV heads each{}{}",
+               size, shard_cfg_.num_heads, shard_cfg_.num_kv_heads,
+               tp_.expert_parallel
+                   ? fmt::format(", {} whole experts each (expert parallelism)", tp_.num_local_experts)
+                   : "",
                tp_.fully_sharded_loras ? ", fully sharded LoRA" : "");
 }
 

@@ -248,8 +248,9 @@ void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout) {
          cfg.vocab_size, size);
   if (layout.fully_sharded_loras && cfg.hidden_size % size != 0)
     fail(
-        "{} with --fully-sharded-loras: the hidden size {} does not split over {} ranks (the LoRA B of o_proj "
-        "and down_proj is split by output rows); use a size that divides it, or leave out --fully-sharded-loras",
+        "{} with --fully-sharded-loras: the hidden size {} does not split over {} ranks (the LoRA B of "
+        "o_proj and down_proj is split by output rows); use a size that divides it, or leave out "
+        "--fully-sharded-loras",
         what, cfg.hidden_size, size);
   bool dense = false, mxfp4 = false;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
@@ -305,7 +306,8 @@ ModelConfig shard_config(const ModelConfig& cfg, const TpShard& s) {
   c.num_heads = cfg.num_heads / s.size;
   c.num_kv_heads = std::max<int64_t>(1, cfg.num_kv_heads / s.size);
   c.intermediate_size = cfg.intermediate_size / s.size;
-  c.moe_intermediate_size = s.expert_parallel ? cfg.moe_intermediate_size : cfg.moe_intermediate_size / s.size;
+  c.moe_intermediate_size =
+      s.expert_parallel ? cfg.moe_intermediate_size : cfg.moe_intermediate_size / s.size;
   c.num_experts = s.num_local_experts;
   return c;
 }
@@ -387,11 +389,12 @@ std::shared_ptr<const LoraAdapter> shard_adapter(const LoraAdapter& adapter, con
     for (int64_t i = 0; i < s.num_local_experts; ++i) {
       const size_t e = static_cast<size_t>(s.expert_begin + i);
       // Expert parallelism: the expert's LoRA whole, on the rank that owns the expert.
-      dst.experts.push_back(s.expert_parallel
-                                ? src.experts[e]
-                                : shard_expert_lora(src.experts[e],
-                                                    fmt::format("adapter '{}', layer {}, expert {}", adapter.name, l, e),
-                                                    cfg, s));
+      dst.experts.push_back(
+          s.expert_parallel
+              ? src.experts[e]
+              : shard_expert_lora(src.experts[e],
+                                  fmt::format("adapter '{}', layer {}, expert {}", adapter.name, l, e), cfg,
+                                  s));
     }
   }
   return out;

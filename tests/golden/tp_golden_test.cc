@@ -147,8 +147,8 @@ TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
     adapter_effect = std::max(adapter_effect, std::fabs(double(ref.prefill[j]) - ref.prefill[len * V + j]));
   EXPECT_GT(adapter_effect, 1e-2);
   std::printf("[tp-golden] %s -tp %d%s%s: %ld sequences, max |Δ logit| prefill %.2e, decode %.2e\n",
-              c.model.c_str(), c.tp, c.ep ? " -ep" : "", c.fs ? " -fs" : "", static_cast<long>(mb.b.num_seqs()), dp,
-              dd);
+              c.model.c_str(), c.tp, c.ep ? " -ep" : "", c.fs ? " -fs" : "",
+              static_cast<long>(mb.b.num_seqs()), dp, dd);
 }
 
 TEST_P(TpGoldenTest, EngineAloneAndMixedEqualTp1AndReference) {
@@ -411,9 +411,10 @@ TEST(TensorParallel, ExpertParallelNeedsEvenlySpreadExpertsNotEvenlySplitOnes) {
     return o;
   };
   std::string e = error_of(dir.string(), options(4, true));
-  EXPECT_NE(e.find("--tensor-parallel-size 4 with --enable-expert-parallel: the model's 6 experts do not spread "
-                   "over 4 ranks"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("--tensor-parallel-size 4 with --enable-expert-parallel: the model's 6 experts do not spread "
+             "over 4 ranks"),
+      std::string::npos)
       << e;
   e = error_of(dir.string(), options(4, false));
   EXPECT_NE(e.find("the experts' intermediate size 66 does not split over 4 ranks"), std::string::npos) << e;
@@ -507,9 +508,10 @@ TEST(TensorParallel, FullyShardedLorasWithARankNoSizeDivides) {
   ModelLoadOptions o = tp_options(4, false, true);
   o.load_format = LoadFormat::kDummy;
   const std::string e = error_of(dir.string(), o);
-  EXPECT_NE(e.find("--tensor-parallel-size 4 with --fully-sharded-loras: the hidden size 130 does not split over 4 "
-                   "ranks"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("--tensor-parallel-size 4 with --fully-sharded-loras: the hidden size 130 does not split over 4 "
+             "ranks"),
+      std::string::npos)
       << e;
   o.fully_sharded_loras = false;
   EXPECT_EQ(error_of(dir.string(), o), "") << "without the flag the hidden size need not divide";

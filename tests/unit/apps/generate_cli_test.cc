@@ -94,7 +94,8 @@ TEST(GenerateCli, ExpertParallelFlag) {
   for (const std::string flags : {"-tp 2 --enable-expert-parallel", "-tp 4 -ep"}) {
     const std::string log_path = ::testing::TempDir() + "/generate_ep.log";
     const std::string cmd = std::string(POLYLORA_BINARY) + " generate --model " + moe + " --device cpu " +
-                            flags + " --prompt-ids " + reference_prompt_ids(moe) + " --max-tokens 5 2>" + log_path;
+                            flags + " --prompt-ids " + reference_prompt_ids(moe) + " --max-tokens 5 2>" +
+                            log_path;
     FILE* p = popen(cmd.c_str(), "r");
     std::string out;
     std::array<char, 4096> buf;
