@@ -157,8 +157,8 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
   if (tp != 1 && m->backend_->kind() != DeviceKind::kCpu)
     fail(
         "--tensor-parallel-size {}: multi-GPU tensor parallelism is not implemented yet (the NCCL "
-        "communicator is separate work); use --tensor-parallel-size 1 on --device cuda (--device cpu runs "
-        "any size the model's heads allow)",
+        "communicator exists, but the model does not run its ranks on GPUs); use --tensor-parallel-size 1 "
+        "on --device cuda (--device cpu runs any size the model's heads allow)",
         tp);
   const TpLayout layout{.size = tp,
                         .expert_parallel = options.enable_expert_parallel,
