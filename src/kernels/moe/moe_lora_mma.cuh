@@ -6,9 +6,9 @@
 //   by slot within an expert, so a 64-row window holds few runs) and 64 rank rows, mma.sync m16n8k16 over a
 //   cp.async pipeline of BK = 32 slices, split over K (partial sums [split][row][j], summed by the reader).
 // - lora_expand_mma (called from moe_gemm_mma's epilogue): acc += tmp · scale · Bᵀ for the tile's rows as
-//   extra k16 steps of the same accumulators, one pass per run of rows of one key, tmp·scale as a bf16 hi + lo
-//   pair (so the sum keeps ~16 bits of it) against the bf16 B rows; so the LoRA sum costs no pass over the
-//   outputs. The gate/up slices (gate and up LoRAs, or one over the fused gate_up) are one rank space of
+//   extra k16 steps of the same accumulators, one pass per run of rows of one key, tmp·scale staged in shared
+//   memory as a bf16 hi + lo pair (so the sum keeps ~16 bits of it) against the bf16 B rows; so the LoRA sum
+//   costs no pass over the outputs. The gate/up slices (gate and up LoRAs, or one over the fused gate_up) are one rank space of
 //   slices·R columns whose B entries are zero outside the output column's slice.
 // A row's key is the same in both (lora_row_key): its token's slot, when the slot's scale is non-zero in one of
 // the phase's scale columns, else −1 (no LoRA: the shrink skips it, the expand adds nothing).
@@ -205,89 +205,108 @@ struct LoraExpandMma {
   bool interleaved = false;  // gate/up with 2 slices: the slice of column n is n & 1 (else n >= inter)
 };
 
-// Two bf16 of B at rank columns k, k + 1 of row `row` (zero where absent), packed (k in the low half).
-__device__ __forceinline__ uint32_t lora_b_pair(const __nv_bfloat16* row, int64_t r0, bool ok0, bool ok1,
-                                                bool pair_ok) {
-  if (pair_ok) return __ldg(reinterpret_cast<const unsigned int*>(row + r0));
-  const uint32_t lo = ok0 ? __bfloat16_as_ushort(row[r0]) : 0u;
-  const uint32_t hi = ok1 ? __bfloat16_as_ushort(row[r0 + 1]) : 0u;
-  return lo | (hi << 16);
-}
-
 __device__ __forceinline__ uint32_t pack2(__nv_bfloat16 a, __nv_bfloat16 b) {
   return static_cast<uint32_t>(__bfloat16_as_ushort(a)) | (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
 }
 
-// acc[mi][ni] (a warp's MI m16 × NI n8 fragments: rows row_base + 16·mi, columns col_base + 8·ni of the
-// product) += Σ_k tmp[row][k] · scale[key(row)][slice(k)] · B[key(row)][col][k − slice(k)·R], for the rows
-// [row_base, row_base + 16·MI) of the tile whose keys (keys[], shared memory, −1: none) are non-negative.
-// tmp_row0: the tile's first sorted row; N, inter: the product's columns and the intermediate size.
-template <int MI, int NI>
-__device__ __forceinline__ void lora_expand_mma(const LoraExpandMma& l, const int32_t* keys, int row_base,
-                                                int64_t tmp_row0, int64_t col_base, int64_t N, int64_t inter,
+constexpr int kLeChunk = 64;           // rank columns staged at a time
+constexpr int kLeStride = kLeChunk + 8;  // bf16 per staged row (padded: fragment loads without bank conflicts)
+
+// Shared memory lora_expand_mma needs for a tile of BM rows (it reuses the GEMM's pipeline buffers).
+constexpr int lora_expand_smem_bytes(int bm) { return 2 * bm * kLeStride * 2; }
+
+// acc[mi][ni] (a warp's MI m16 × NI n8 fragments: rows row_base + 16·mi of the tile, columns col_base + 8·ni
+// of the product) += Σ_k tmp[row][k] · scale[key(row)][slice(k)] · B[key(row)][col][k − slice(k)·R] for the
+// tile's rows whose keys (keys[], shared memory, −1: none) are non-negative. Called by every thread of the
+// CTA (it has barriers) once its K loop is done: tmp·scale of the tile's BM rows is staged in `smem` as bf16
+// hi + lo, kLeChunk rank columns at a time; each warp then runs, per run of rows of one key among its own rows,
+// one k16 step per 16 rank columns (hi and lo against the key's B rows, read from global memory; B entries of
+// the other slice are zero). tile_row0: the tile's first sorted row; N, inter: the product's columns and the
+// intermediate size (gate/up slices).
+template <int BM, int MI, int NI>
+__device__ __forceinline__ void lora_expand_mma(const LoraExpandMma& l, const int32_t* keys, unsigned char* smem,
+                                                int row_base, int64_t tile_row0, int col_base, int N, int inter,
                                                 float (&acc)[MI][NI][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t R = l.R, GR = l.GR;
-  const int ksteps = static_cast<int>((GR + 15) / 16);
-  const bool r_even = (R & 1) == 0;
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int R = static_cast<int>(l.R), GR = static_cast<int>(l.GR);
+  const bool two = l.slices == 2;
+  auto* a_hi = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* a_lo = a_hi + BM * kLeStride;
+  const float* tmp0 = l.tmp + tile_row0 * GR;
+  // The slice of each of this thread's columns (NI of them).
+  int nslice[NI];
+  const __nv_bfloat16* bcol[NI];
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni) {
+    const int n = col_base + ni * 8 + g;
+    nslice[ni] = !two ? 0 : (l.interleaved ? (n & 1) : (n >= inter ? 1 : 0));
+    bcol[ni] = n < N ? l.b + static_cast<int64_t>(n) * R : nullptr;  // + key · N · R per run
+  }
   constexpr int kRows = MI * 16;
-  int i = 0;
-  while (i < kRows) {  // runs of one key (warp-uniform: every lane reads the same keys)
-    const int32_t key = keys[row_base + i];
-    int j = i + 1;
-    while (j < kRows && keys[row_base + j] == key) ++j;
-    if (key >= 0) {
-      const int rb = row_base + i, re = row_base + j;
-      const float* sc = l.scale + static_cast<int64_t>(key) * 3 + l.c0;
-      for (int kk = 0; kk < ksteps; ++kk) {
-        // A fragments: rows g, g + 8 of each m16; rank columns 2t, 2t + 1 and 2t + 8, 2t + 9 of this k16.
-        uint32_t ahi[MI][4], alo[MI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int row = row_base + mi * 16 + g + (q & 1) * 8;
-            const int64_t k = kk * 16 + 2 * t + (q >> 1) * 8;
-            float v[2] = {0.0f, 0.0f};
-            if (row >= rb && row < re) {
-#pragma unroll
-              for (int u = 0; u < 2; ++u) {
-                if (k + u >= GR) continue;
-                const float* tp = l.tmp + (tmp_row0 + row) * GR + k + u;
-                float s = 0.0f;
-                for (int z = 0; z < l.splits; ++z) s += tp[z * l.split_stride];
-                v[u] = s * sc[(k + u) / R];
-              }
-            }
-            const cuda_util::Bf16Pair p0 = cuda_util::split_bf16(v[0]), p1 = cuda_util::split_bf16(v[1]);
-            ahi[mi][q] = pack2(p0.hi, p1.hi);
-            alo[mi][q] = pack2(p0.lo, p1.lo);
-          }
-        }
-        // B fragments: column g of each n8; rank rows 2t, 2t + 1 and 2t + 8, 2t + 9.
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni) {
-          const int64_t n = col_base + ni * 8 + g;
-          uint32_t b[2] = {0u, 0u};
-          if (n < N) {
-            const int slice = l.slices == 1 ? 0 : (l.interleaved ? static_cast<int>(n & 1) : (n >= inter ? 1 : 0));
-            const __nv_bfloat16* brow = l.b + (static_cast<int64_t>(key) * N + n) * R;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int64_t k = kk * 16 + 2 * t + h * 8;
-              const bool ok0 = k < GR && k / R == slice, ok1 = k + 1 < GR && (k + 1) / R == slice;
-              b[h] = lora_b_pair(brow, k - static_cast<int64_t>(slice) * R, ok0, ok1, ok0 && ok1 && r_even);
-            }
-          }
+  for (int c0 = 0; c0 < GR; c0 += kLeChunk) {
+    __syncthreads();  // the pipeline's (or the previous chunk's) reads of smem are done
+    for (int idx = tid; idx < BM * kLeChunk; idx += blockDim.x) {
+      const int r = idx / kLeChunk, c = idx % kLeChunk, k = c0 + c;
+      const int32_t key = keys[r];
+      float v = 0.0f;
+      if (key >= 0 && k < GR) {
+        const float* tp = tmp0 + static_cast<int64_t>(r) * GR + k;
+        float s = 0.0f;
+        for (int z = 0; z < l.splits; ++z) s += tp[z * l.split_stride];
+        v = s * l.scale[key * 3 + l.c0 + (two && k >= R ? 1 : 0)];
+      }
+      const cuda_util::Bf16Pair p = cuda_util::split_bf16(v);
+      a_hi[r * kLeStride + c] = p.hi;
+      a_lo[r * kLeStride + c] = p.lo;
+    }
+    __syncthreads();
+    const int ksteps = (GR - c0 + 15) / 16 < kLeChunk / 16 ? (GR - c0 + 15) / 16 : kLeChunk / 16;
+    int i = 0;
+    while (i < kRows) {  // runs of one key among the warp's rows (warp-uniform)
+      const int32_t key = keys[row_base + i];
+      int j = i + 1;
+      while (j < kRows && keys[row_base + j] == key) ++j;
+      if (key >= 0) {
+        const int rb = row_base + i, re = row_base + j;
+        const int64_t boff = static_cast<int64_t>(key) * N * R;
+        for (int kk = 0; kk < ksteps; ++kk) {
+          uint32_t ahi[MI][4], alo[MI][4];
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
-            mma::mma_bf16(acc[mi][ni], ahi[mi], b[0], b[1]);
-            mma::mma_bf16(acc[mi][ni], alo[mi], b[0], b[1]);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int row = row_base + mi * 16 + g + (q & 1) * 8;
+              const int col = kk * 16 + 2 * t + (q >> 1) * 8;
+              const bool in = row >= rb && row < re;
+              ahi[mi][q] = in ? *reinterpret_cast<const uint32_t*>(a_hi + row * kLeStride + col) : 0u;
+              alo[mi][q] = in ? *reinterpret_cast<const uint32_t*>(a_lo + row * kLeStride + col) : 0u;
+            }
+          }
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) {
+            uint32_t b[2] = {0u, 0u};
+            if (bcol[ni] != nullptr) {
+              const __nv_bfloat16* brow = bcol[ni] + boff;
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int k = c0 + kk * 16 + 2 * t + h * 8;
+                const int s0 = two && k >= R ? 1 : 0, s1 = two && k + 1 >= R ? 1 : 0;
+                const bool ok0 = k < GR && s0 == nslice[ni], ok1 = k + 1 < GR && s1 == nslice[ni];
+                const uint32_t lo = ok0 ? __bfloat16_as_ushort(brow[k - s0 * R]) : 0u;
+                const uint32_t hi = ok1 ? __bfloat16_as_ushort(brow[k + 1 - s1 * R]) : 0u;
+                b[h] = lo | (hi << 16);
+              }
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) {
+              mma::mma_bf16(acc[mi][ni], ahi[mi], b[0], b[1]);
+              mma::mma_bf16(acc[mi][ni], alo[mi], b[0], b[1]);
+            }
           }
         }
       }
+      i = j;
     }
-    i = j;
   }
 }
 
