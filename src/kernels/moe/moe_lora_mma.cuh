@@ -245,19 +245,37 @@ __device__ __forceinline__ void lora_expand_mma(const LoraExpandMma& l, const in
   constexpr int kRows = MI * 16;
   for (int c0 = 0; c0 < GR; c0 += kLeChunk) {
     __syncthreads();  // the pipeline's (or the previous chunk's) reads of smem are done
-    for (int idx = tid; idx < BM * kLeChunk; idx += blockDim.x) {
-      const int r = idx / kLeChunk, c = idx % kLeChunk, k = c0 + c;
-      const int32_t key = keys[r];
-      float v = 0.0f;
-      if (key >= 0 && k < GR) {
-        const float* tp = tmp0 + static_cast<int64_t>(r) * GR + k;
-        float s = 0.0f;
-        for (int z = 0; z < l.splits; ++z) s += tp[z * l.split_stride];
-        v = s * l.scale[key * 3 + l.c0 + (two && k >= R ? 1 : 0)];
+    // The chunk's columns that hold ranks, rounded up to a k16 step (the rest is never read). kLeBatch
+    // elements per thread at a time, their loads issued before any is used (latency, not bandwidth, bounds
+    // this staging: ~8 KB per tile).
+    const int cw = (GR - c0 < kLeChunk ? (GR - c0 + 15) / 16 * 16 : kLeChunk);
+    const int total = BM * cw;
+    constexpr int kLeBatch = 4;
+    for (int base = tid; base < total; base += kLeBatch * static_cast<int>(blockDim.x)) {
+      float v[kLeBatch];
+      int r[kLeBatch], c[kLeBatch];
+#pragma unroll
+      for (int u = 0; u < kLeBatch; ++u) {
+        const int idx = base + u * static_cast<int>(blockDim.x);
+        r[u] = idx / cw;
+        c[u] = idx % cw;
+        const int k = c0 + c[u];
+        const int32_t key = idx < total ? keys[r[u]] : -1;
+        v[u] = 0.0f;
+        if (key >= 0 && k < GR) {
+          const float* tp = tmp0 + static_cast<int64_t>(r[u]) * GR + k;
+          float s = __ldg(tp);
+          for (int z = 1; z < l.splits; ++z) s += __ldg(tp + z * l.split_stride);
+          v[u] = s * __ldg(l.scale + key * 3 + l.c0 + (two && k >= R ? 1 : 0));
+        }
       }
-      const cuda_util::Bf16Pair p = cuda_util::split_bf16(v);
-      a_hi[r * kLeStride + c] = p.hi;
-      a_lo[r * kLeStride + c] = p.lo;
+#pragma unroll
+      for (int u = 0; u < kLeBatch; ++u) {
+        if (base + u * static_cast<int>(blockDim.x) >= total) break;
+        const cuda_util::Bf16Pair p = cuda_util::split_bf16(v[u]);
+        a_hi[r[u] * kLeStride + c[u]] = p.hi;
+        a_lo[r[u] * kLeStride + c[u]] = p.lo;
+      }
     }
     __syncthreads();
     const int ksteps = (GR - c0 + 15) / 16 < kLeChunk / 16 ? (GR - c0 + 15) / 16 : kLeChunk / 16;
