@@ -651,7 +651,8 @@ TEST(GpuLoraStack, MoeAwkwardShapes) {
 // epilogues (moe_lora_mma.cuh): rank spaces of one and several k16 steps and of several 64-wide CTA chunks
 // (gu_slices 2 at rank 72: 144 rank rows), ranks not a multiple of 8 or 16 (odd ones: B pairs straddling a
 // slice), more slots than the shrink's grid.y (12: a CTA takes several runs), K not a multiple of 8 (the
-// element-wise weight loads), and the 128-row tile; every case far above 512 pairs.
+// element-wise weight loads), and the 128-row tile; every case above 512 pairs and 64 per expert (the path's
+// bounds).
 TEST(GpuLoraStack, MoeGroupedGemmTensorCoreLora) {
   SKIP_WITHOUT_GPU();
   for (int64_t rank : {5, 16, 24, 72}) {

@@ -161,9 +161,10 @@ int mma_tile_m(const MoeExpertsArgs& a) {
   return a.m * a.top_k >= 256 * a.num_experts ? 128 : 64;
 }
 
-// POLYLORA_MOE_LORA_MMA=0: BF16 expert LoRA on the grouped-GEMM path through the CUDA-core tiled shrinks and
-// the expand-fused activation and combine (as the other paths) instead of the tensor-core shrinks and the
-// expand fused into the GEMMs' epilogues (moe_lora_mma.cuh), for A/B timing; on by default.
+// POLYLORA_MOE_LORA_MMA=0: BF16 expert LoRA on the grouped-GEMM path always through the CUDA-core tiled
+// shrinks and the expand-fused activation and combine (as the other paths) instead of, from 64 pairs per
+// expert, the tensor-core shrinks and the expand fused into the GEMMs' epilogues (moe_lora_mma.cuh), for A/B
+// timing; on by default.
 bool lora_mma_enabled() {
   static const bool v = [] {
     const char* e = std::getenv("POLYLORA_MOE_LORA_MMA");
@@ -172,9 +173,14 @@ bool lora_mma_enabled() {
   return v;
 }
 
-// Does the grouped-GEMM path run the expert LoRA on tensor cores (BF16 stacks)?
+// Does the grouped-GEMM path run the expert LoRA on tensor cores (BF16 stacks)? From 64 pairs per expert on
+// average (GPT-OSS-20B: 512 tokens). H200, `polylora_bench moe-lora --act swiglu --gu-slices 1`, LoRA cost
+// per layer, tensor cores vs the CUDA-core shrinks and expand-fused activation/combine: M = 256 267.3 vs
+// ~220 us, 1024 349.9 vs ~390, 4096 936.1 vs ~1,701, 8192 1,702.6 vs ~3,343 (the old path's figures from the
+// previous device run of the same tree).
 bool lora_on_mma(const MoeExpertsArgs& a, Path path) {
-  return path == Path::kMma && !a.lora_stack.empty() && a.lora_stack.dtype == DType::kBF16 && lora_mma_enabled();
+  return path == Path::kMma && !a.lora_stack.empty() && a.lora_stack.dtype == DType::kBF16 &&
+         a.m * a.top_k >= 64 * a.num_experts && lora_mma_enabled();
 }
 
 // Split-K of the tensor-core shrinks: enough CTAs for ~3 per SM over the 64-row windows that can hold pairs
