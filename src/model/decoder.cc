@@ -38,7 +38,7 @@ struct Buffer {
 
 struct Model::Workspace {
   Buffer x, h, q, kk, v, attn, tmp, gate, up, act, router, route_w, route_ids, logits_in, logits, inputs;
-  Buffer lora_tmp;  // dense LoRA split over other ops: the q/k/v and o shrinks' sums [rows, ranks]
+  Buffer lora_tmp;      // dense LoRA split over other ops: the q/k/v and o shrinks' sums [rows, ranks]
   Buffer graph_inputs;  // fixed once graphs are prepared: every graph reads its inputs here
   Buffer ids;           // argmax ids of the output rows (forward_argmax)
   std::vector<std::byte> staging;  // where a step's inputs are packed
@@ -495,7 +495,8 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
           fully_sharded_lora(layer, m, in, ldx, T, y, ldy, si.adapters);
   };
   auto linear = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
-                    const k::LoraBatchArgs* shrink = nullptr, float* shrink_tmp = nullptr, int64_t ld_tmp = 0) {
+                    const k::LoraBatchArgs* shrink = nullptr, float* shrink_tmp = nullptr,
+                    int64_t ld_tmp = 0) {
     be.linear({.x = in,
                .m = T,
                .ldx = ldx,
@@ -514,12 +515,13 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
   const bool split_lora = lora_ && lora_->reserved() && !comm_ && T <= be.split_dense_lora_max_rows();
   float* lora_tmp = nullptr;
   if (lora_ && lora_->reserved() && be.split_dense_lora_max_rows() > 0)
-    lora_tmp = ensure<float>(be, ws.lora_tmp, static_cast<size_t>(be.split_dense_lora_max_rows() * 4 * lora_->rank()),
-                             ws.epoch);
+    lora_tmp = ensure<float>(
+        be, ws.lora_tmp, static_cast<size_t>(be.split_dense_lora_max_rows() * 4 * lora_->rank()), ws.epoch);
   // The split shrink of the active modules among `modules` (their sums side by side in lora_tmp, then
   // `expand` gets each module's LoraExpandIn, empty where the module has no LoRA this step).
-  auto split_group = [&](int64_t layer, const float* in, int64_t ldx, std::initializer_list<LoraModule> modules,
-                         k::LoraBatchArgs& a, k::LoraExpandIn* expand) {
+  auto split_group = [&](int64_t layer, const float* in, int64_t ldx,
+                         std::initializer_list<LoraModule> modules, k::LoraBatchArgs& a,
+                         k::LoraExpandIn* expand) {
     a = {.x = in, .ldx = ldx, .m = T, .token_slots = d_tslots, .num = 0};
     int64_t first = 0, i = 0;
     for (LoraModule m : modules) {
@@ -553,7 +555,9 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
     k::LoraBatchArgs qkv_shrink;
     k::LoraExpandIn qkv_lora[3];
     const int64_t qkv_ranks =
-        split_lora ? split_group(l, h, H, {LoraModule::kQ, LoraModule::kK, LoraModule::kV}, qkv_shrink, qkv_lora) : 0;
+        split_lora
+            ? split_group(l, h, H, {LoraModule::kQ, LoraModule::kK, LoraModule::kV}, qkv_shrink, qkv_lora)
+            : 0;
     linear(aw.q, h, H, q, qs, qkv_ranks > 0 ? &qkv_shrink : nullptr, lora_tmp, qkv_ranks);
     linear(aw.k, h, H, kk, kvs);
     linear(aw.v, h, H, v, kvs);
@@ -653,27 +657,27 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
       const k::MoeLoraStack expert_lora = lora_ ? lora_->experts(l) : k::MoeLoraStack{};
       const bool layer_lora =
           !expert_lora.empty() && (si.all_lora || (!si.adapters.empty() && si.adapters.experts[static_cast<size_t>(l)]));
-      const k::MoeExpertsArgs moe{
-           .x = h,
-           .ldx = H,
-           .m = T,
-           .hidden = H,
-           .inter = c.moe_intermediate_size,
-           .num_experts = c.num_experts,
-           .top_k = K,
-           .ids = route_ids,
-           .weights = route_w,
-           .experts = lw.moe.experts_on_device,
-           .experts_mxfp4 = lw.moe.experts.front().gate_up.mxfp4(),
-           .experts_int8 = lw.moe.experts.front().down.int8(),
-           .act = c.expert_activation == ExpertActivation::kGptOssClampedSwiglu ? k::ExpertAct::kGptOssSwiglu
-                                                                                : k::ExpertAct::kSiluGate,
-           .swiglu_alpha = static_cast<float>(c.swiglu_alpha),
-           .swiglu_limit = static_cast<float>(c.swiglu_limit),
-           .token_slots = layer_lora ? d_tslots : nullptr,
-           .lora_stack = expert_lora,
-           .out = tmp,
-           .ldo = H};
+      const k::MoeExpertsArgs moe{.x = h,
+                                  .ldx = H,
+                                  .m = T,
+                                  .hidden = H,
+                                  .inter = c.moe_intermediate_size,
+                                  .num_experts = c.num_experts,
+                                  .top_k = K,
+                                  .ids = route_ids,
+                                  .weights = route_w,
+                                  .experts = lw.moe.experts_on_device,
+                                  .experts_mxfp4 = lw.moe.experts.front().gate_up.mxfp4(),
+                                  .experts_int8 = lw.moe.experts.front().down.int8(),
+                                  .act = c.expert_activation == ExpertActivation::kGptOssClampedSwiglu
+                                             ? k::ExpertAct::kGptOssSwiglu
+                                             : k::ExpertAct::kSiluGate,
+                                  .swiglu_alpha = static_cast<float>(c.swiglu_alpha),
+                                  .swiglu_limit = static_cast<float>(c.swiglu_limit),
+                                  .token_slots = layer_lora ? d_tslots : nullptr,
+                                  .lora_stack = expert_lora,
+                                  .out = tmp,
+                                  .ldo = H};
       if (tp_.expert_parallel)
         moe_expert_parallel(moe, si.adapters.token_slots);  // dispatch, local experts, combine
       else

@@ -49,10 +49,10 @@ TEST_P(GoldenTest, MixedBatchMatchesReferenceAndSingleRuns) {
   }
 }
 
-// The dense q/k/v and o LoRA split over other ops (the CUDA decode path: shrinks with the projections, expands
-// inside rope_kv_write and add_rms_norm; Backend::split_dense_lora_max_rows) on the CPU backend: every variant
-// in one mixed batch still matches the reference and the default path's numbers (a dropped or misplaced
-// expand, or sums of the wrong module, would miss the reference by far more than its tolerance).
+// The dense q/k/v and o LoRA split over other ops (the CUDA decode path: shrinks with the projections,
+// expands inside rope_kv_write and add_rms_norm; Backend::split_dense_lora_max_rows) on the CPU backend:
+// every variant in one mixed batch still matches the reference and the default path's numbers (a dropped or
+// misplaced expand, or sums of the wrong module, would miss the reference by far more than its tolerance).
 TEST_P(GoldenTest, DenseLoraSplitOverOtherOpsMatchesReference) {
   std::shared_ptr<Backend> split = make_cpu_backend();
   split->set_split_dense_lora_max_rows(64);

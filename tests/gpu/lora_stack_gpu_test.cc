@@ -177,9 +177,8 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
         const int64_t S = 8, R = 16, ldx = in + 4, n = 300, ld_tmp = 48 + 3;
         const std::vector<float> scales = {0.5f, 1.0f, -0.75f, 2.0f, 0.25f, 1.5f, -1.0f, 0.8f};
         // Slot 2 has LoRA in no module of the group (its rows stay poisoned); module 1 has none for slot 5.
-        const std::vector<std::vector<int64_t>> ranks = {{16, 3, 0, 16, 9, 16, 1, 16},
-                                                         {5, 16, 0, 2, 16, 0, 4, 16},
-                                                         {16, 7, 0, 16, 6, 16, 2, 1}};
+        const std::vector<std::vector<int64_t>> ranks = {
+            {16, 3, 0, 16, 9, 16, 1, 16}, {5, 16, 0, 2, 16, 0, 4, 16}, {16, 7, 0, 16, 6, 16, 2, 1}};
         std::vector<std::unique_ptr<kt::DenseStack>> stacks;
         const int64_t outs[3] = {64, 32, 32};
         for (int i = 0; i < 3; ++i)
@@ -195,7 +194,8 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
         la.token_slots = slots.data();
         la.num = 3;
         for (int i = 0; i < 3; ++i) la.w[i] = stacks[i]->stack();
-        std::vector<float> tmp_expect(static_cast<size_t>(m * ld_tmp), -7.0f), y_expect(static_cast<size_t>(m * n));
+        std::vector<float> tmp_expect(static_cast<size_t>(m * ld_tmp), -7.0f),
+            y_expect(static_cast<size_t>(m * n));
         k::ref::lora_shrink(la, tmp_expect.data(), ld_tmp);
         k::ref::linear({.x = x.data(), .m = m, .ldx = ldx, .w = w.view, .y = y_expect.data(), .ldy = n});
         k::LoraBatchArgs d = la;
@@ -217,13 +217,14 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
                         .lora_shrink = &d,
                         .lora_tmp = dtmp,
                         .lora_ld_tmp = ld_tmp});
-        const std::string what = "shrink with linear m=" + std::to_string(m) + " in=" + std::to_string(in) + " " +
-                                 kt::dtype_str(wd) + " weights";
+        const std::string what = "shrink with linear m=" + std::to_string(m) + " in=" + std::to_string(in) +
+                                 " " + kt::dtype_str(wd) + " weights";
         const std::vector<float> got = ar.down(dtmp, tmp_expect.size());
         kt::expect_close(got, tmp_expect, 1e-5f, 1e-4f, what + ": tmp");
         for (int64_t t = 0; t < m; ++t)
           if (slots[t] < 0 || slots[t] == 2)
-            for (int64_t j = 0; j < ld_tmp; ++j) ASSERT_EQ(got[t * ld_tmp + j], -7.0f) << what << " token " << t;
+            for (int64_t j = 0; j < ld_tmp; ++j)
+              ASSERT_EQ(got[t * ld_tmp + j], -7.0f) << what << " token " << t;
         kt::expect_close(ar.down(dy, y_expect.size()), y_expect, 1e-4f, 1e-3f, what + ": y");
       }
     }
@@ -239,20 +240,23 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
   SKIP_WITHOUT_GPU();
   const int64_t S = 8, R = 16, H = 96, heads = 4, kv_heads = 2, D = 16, qs = heads * D, kvs = kv_heads * D;
   const std::vector<float> scales = {0.5f, 1.0f, -0.75f, 2.0f, 0.25f, 1.5f, -1.0f, 0.8f};
-  const std::vector<std::vector<int64_t>> ranks = {
-      {16, 3, 0, 16, 9, 16, 1, 16}, {5, 16, 4, 2, 16, 0, 4, 16}, {16, 7, 0, 16, 6, 16, 2, 1}, {8, 16, 0, 1, 16, 3, 16, 9}};
+  const std::vector<std::vector<int64_t>> ranks = {{16, 3, 0, 16, 9, 16, 1, 16},
+                                                   {5, 16, 4, 2, 16, 0, 4, 16},
+                                                   {16, 7, 0, 16, 6, 16, 2, 1},
+                                                   {8, 16, 0, 1, 16, 3, 16, 9}};
   const int64_t outs[4] = {qs, kvs, kvs, H};
   std::vector<std::unique_ptr<kt::DenseStack>> st;
   for (int i = 0; i < 4; ++i)
-    st.push_back(std::make_unique<kt::DenseStack>(S, R, i < 3 ? H : qs, outs[i], ranks[i], scales, DType::kBF16,
-                                                  static_cast<uint32_t>(30 + i), 0.3f, 0.4f));
+    st.push_back(std::make_unique<kt::DenseStack>(S, R, i < 3 ? H : qs, outs[i], ranks[i], scales,
+                                                  DType::kBF16, static_cast<uint32_t>(30 + i), 0.3f, 0.4f));
   for (int64_t m : {1, 3, 8, 37}) {
     for (bool qk_norm : {false, true}) {
       Arena ar(backend(kBf16Mode));
       std::vector<int32_t> slots = kt::slot_pattern(m, {0, -1, 1, 2, 4, 5, 6, 7, 3}, 1);
       const int64_t ld_tmp = 3 * R + 2, ld_tmp_o = R + 1;
       // tmp from the reference shrinks of x (q/k/v, input H) and attn (o, input qs).
-      std::vector<float> x = kt::random_vec(static_cast<size_t>(m * H), 41), attn = kt::random_vec(static_cast<size_t>(m * qs), 42);
+      std::vector<float> x = kt::random_vec(static_cast<size_t>(m * H), 41),
+                         attn = kt::random_vec(static_cast<size_t>(m * qs), 42);
       k::LoraBatchArgs g;
       g.x = x.data();
       g.ldx = H;
@@ -260,7 +264,8 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
       g.token_slots = slots.data();
       g.num = 3;
       for (int i = 0; i < 3; ++i) g.w[i] = st[i]->stack();
-      std::vector<float> tmp(static_cast<size_t>(m * ld_tmp), 0.0f), tmp_o(static_cast<size_t>(m * ld_tmp_o), 0.0f);
+      std::vector<float> tmp(static_cast<size_t>(m * ld_tmp), 0.0f),
+          tmp_o(static_cast<size_t>(m * ld_tmp_o), 0.0f);
       k::ref::lora_shrink(g, tmp.data(), ld_tmp);
       k::LoraBatchArgs go = g;
       go.x = attn.data();
@@ -297,7 +302,8 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
       // rope_kv_write: q [m, qs], k/v [m, kvs], cache of 4 blocks of 16; token 2 is padding (slot −1).
       {
         const int64_t blocks = 4, bs = 16;
-        std::vector<float> q = kt::random_vec(static_cast<size_t>(m * qs), 43), kk = kt::random_vec(static_cast<size_t>(m * kvs), 44),
+        std::vector<float> q = kt::random_vec(static_cast<size_t>(m * qs), 43),
+                           kk = kt::random_vec(static_cast<size_t>(m * kvs), 44),
                            v = kt::random_vec(static_cast<size_t>(m * kvs), 45);
         std::vector<int32_t> pos(static_cast<size_t>(m));
         std::vector<int64_t> slot_map(static_cast<size_t>(m));
@@ -309,11 +315,22 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
                                                                  kn = kt::random_vec(D, 47, 0.5f, 1.5f);
         for (int64_t i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / D);
         const size_t cache_n = static_cast<size_t>(blocks * bs * kvs);
-        std::vector<float> ck(cache_n, 0.0f), cv(cache_n, 0.0f), q_ref = q, ck_plain = ck, cv_plain = cv, q_plain = q;
-        k::RopeKvWriteArgs ra{.q = q_ref.data(), .ldq = qs, .k = kk.data(), .ldk = kvs, .v = v.data(), .ldv = kvs,
-                              .m = m, .num_heads = heads, .num_kv_heads = kv_heads, .head_dim = D,
-                              .positions = pos.data(), .inv_freq = inv_freq.data(),
-                              .q_norm = qk_norm ? qn.data() : nullptr, .k_norm = qk_norm ? kn.data() : nullptr,
+        std::vector<float> ck(cache_n, 0.0f), cv(cache_n, 0.0f), q_ref = q, ck_plain = ck, cv_plain = cv,
+                                                                 q_plain = q;
+        k::RopeKvWriteArgs ra{.q = q_ref.data(),
+                              .ldq = qs,
+                              .k = kk.data(),
+                              .ldk = kvs,
+                              .v = v.data(),
+                              .ldv = kvs,
+                              .m = m,
+                              .num_heads = heads,
+                              .num_kv_heads = kv_heads,
+                              .head_dim = D,
+                              .positions = pos.data(),
+                              .inv_freq = inv_freq.data(),
+                              .q_norm = qk_norm ? qn.data() : nullptr,
+                              .k_norm = qk_norm ? kn.data() : nullptr,
                               .slot_mapping = slot_map.data(),
                               .cache = {ck.data(), cv.data(), blocks, bs, kv_heads, D}};
         k::RopeKvWriteArgs plain = ra;  // without LoRA: each term must matter
@@ -350,15 +367,25 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
           dk_max = std::max(dk_max, std::fabs(ck[i] - ck_plain[i]));
           dv_max = std::max(dv_max, std::fabs(cv[i] - cv_plain[i]));
         }
-        EXPECT_GT(std::min({dq_max, dk_max, dv_max}), 0.05f) << "rope_kv_write " << what << ": a LoRA term too small to test";
+        EXPECT_GT(std::min({dq_max, dk_max, dv_max}), 0.05f)
+            << "rope_kv_write " << what << ": a LoRA term too small to test";
       }
       // add_rms_norm: x [m, H] += delta + the o term; y = rms_norm(x).
       {
-        std::vector<float> xr = kt::random_vec(static_cast<size_t>(m * H), 48), delta = kt::random_vec(static_cast<size_t>(m * H), 49),
+        std::vector<float> xr = kt::random_vec(static_cast<size_t>(m * H), 48),
+                           delta = kt::random_vec(static_cast<size_t>(m * H), 49),
                            w = kt::random_vec(static_cast<size_t>(H), 50, 0.5f, 1.5f);
         std::vector<float> x_ref = xr, y_ref(static_cast<size_t>(m * H)), x_plain = xr, y_plain(y_ref.size());
-        k::AddRmsNormArgs na{.x = x_plain.data(), .ldx = H, .delta = delta.data(), .ld_delta = H, .y = y_plain.data(),
-                             .ldy = H, .m = m, .n = H, .w = w.data(), .eps = 1e-6f};
+        k::AddRmsNormArgs na{.x = x_plain.data(),
+                             .ldx = H,
+                             .delta = delta.data(),
+                             .ld_delta = H,
+                             .y = y_plain.data(),
+                             .ldy = H,
+                             .m = m,
+                             .n = H,
+                             .w = w.data(),
+                             .eps = 1e-6f};
         k::ref::add_rms_norm(na);
         na.x = x_ref.data();
         na.y = y_ref.data();

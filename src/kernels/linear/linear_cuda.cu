@@ -163,17 +163,17 @@ int stream_slices(int64_t n) {
 template <int TM, int KS>
 void launch_stream_ks(const LinearArgs& a, cudaStream_t st) {
   constexpr int64_t rows_per_cta = kStreamR * (kStreamWarps / KS);
-  const lora_fused::ShrinkItems lora = a.lora_shrink != nullptr
-                                           ? lora_fused::make_shrink_items(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp)
-                                           : lora_fused::ShrinkItems{};
+  const lora_fused::ShrinkItems lora =
+      a.lora_shrink != nullptr ? lora_fused::make_shrink_items(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp)
+                               : lora_fused::ShrinkItems{};
   // Persistent: at most the CTAs that fit at once (2 per SM by the launch bounds).
   const int64_t fit = 2 * static_cast<int64_t>(cuda_util::num_sms());
   const int64_t want = std::max((a.w.rows + rows_per_cta - 1) / rows_per_cta,
                                 (lora.items() + kStreamWarps - 1) / kStreamWarps);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(want, fit));
-  linear_stream_kernel<TM, KS><<<blocks, kStreamThreads, 0, st>>>(
-      a.x, a.ldx, a.m, static_cast<const __nv_bfloat16*>(a.w.data), a.w.rows, a.w.cols, a.bias, a.y, a.ldy,
-      lora);
+  linear_stream_kernel<TM, KS>
+      <<<blocks, kStreamThreads, 0, st>>>(a.x, a.ldx, a.m, static_cast<const __nv_bfloat16*>(a.w.data),
+                                          a.w.rows, a.w.cols, a.bias, a.y, a.ldy, lora);
   CUDA_CHECK_LAUNCH();
 }
 

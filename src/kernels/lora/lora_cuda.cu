@@ -263,8 +263,8 @@ void lora_shrink(const LoraBatchArgs& a, float* tmp, int64_t ld_tmp, const CudaC
   KERNEL_CHECK(ld_tmp >= ranks, "lora_shrink: tmp rows narrower than the group's ranks");
   const lora_fused::ShrinkItems p = lora_fused::make_shrink_items(a, tmp, ld_tmp);
   const int64_t per_block = kGemvShrinkThreads / 32;
-  const auto blocks = static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>(2 * cuda_util::num_sms(), (p.items() + per_block - 1) / per_block)));
+  const auto blocks = static_cast<unsigned>(std::max<int64_t>(
+      1, std::min<int64_t>(2 * cuda_util::num_sms(), (p.items() + per_block - 1) / per_block)));
   lora_shrink_kernel<<<blocks, kGemvShrinkThreads, 0, cuda_util::stream(ctx)>>>(p);
   CUDA_CHECK_LAUNCH();
 }

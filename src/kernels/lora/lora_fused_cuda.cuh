@@ -1,9 +1,9 @@
 // kernels/lora/lora_fused_cuda.cuh: dense slot-stacked LoRA split over other kernels for few tokens
 // (decode), so that q/k/v/o LoRA adds no launch of its own:
 // - the shrink as weight-streaming items any persistent kernel can run beside its own work (ShrinkItems /
-//   shrink_item: warps over (token, pair of rank rows), each streaming its two A rows once with 128-bit loads,
-//   the token's f32 input through the read-only cache; fp32 sums, one per tmp element, no split-K): the
-//   streamed projections run them as extra items of the same launch (linear_cuda.cu), lora_shrink alone
+//   shrink_item: warps over (token, pair of rank rows), each streaming its two A rows once with 128-bit
+//   loads, the token's f32 input through the read-only cache; fp32 sums, one per tmp element, no split-K):
+//   the streamed projections run them as extra items of the same launch (linear_cuda.cu), lora_shrink alone
 //   otherwise (lora_cuda.cu);
 // - the expand as a per-element term (expand_value) that the kernels consuming the projection's output add
 //   to their input: rope_kv_write for q/k/v, add_rms_norm for o_proj's output (lora.h LoraExpandIn).
@@ -32,7 +32,9 @@ struct ShrinkItems {
   int64_t first[kMaxLoraGroup + 1] = {};  // tmp column of each module's ranks; first[num]: the group's
   float* tmp = nullptr;                   // [m, ld_tmp]
   int64_t ld_tmp = 0;
-  __host__ __device__ int64_t items() const { return token_slots == nullptr ? 0 : m * ((first[num] + 1) / 2); }
+  __host__ __device__ int64_t items() const {
+    return token_slots == nullptr ? 0 : m * ((first[num] + 1) / 2);
+  }
 };
 
 // The items of a LoraBatchArgs group (its y unused) writing tmp [m, ld_tmp].
@@ -82,7 +84,8 @@ __device__ __forceinline__ void shrink_item(const ShrinkItems& p, int64_t q) {
     if (j >= total) continue;
     int i = 0;
     while (i + 1 < p.num && j >= p.first[i + 1]) ++i;
-    rows[u] = static_cast<const char*>(p.a[i]) + ((static_cast<int64_t>(key) * p.rank[i] + j - p.first[i]) * p.in) * esize;
+    rows[u] = static_cast<const char*>(p.a[i]) +
+              ((static_cast<int64_t>(key) * p.rank[i] + j - p.first[i]) * p.in) * esize;
     vec = vec && (reinterpret_cast<uintptr_t>(rows[u]) & 15) == 0;
   }
   const float* xs[1] = {p.x + t * p.ldx};
@@ -113,7 +116,8 @@ __device__ __forceinline__ float expand_value(const LoraExpandIn& l, int64_t t, 
   const float* tp = l.tmp + t * l.ld_tmp + l.first;
   float sum = 0.0f;
   if (l.w.dtype == DType::kBF16) {
-    const __nv_bfloat16* b = static_cast<const __nv_bfloat16*>(l.w.b) + (static_cast<int64_t>(s) * l.w.out + o) * R;
+    const __nv_bfloat16* b =
+        static_cast<const __nv_bfloat16*>(l.w.b) + (static_cast<int64_t>(s) * l.w.out + o) * R;
     int64_t r = 0;
     if ((R & 7) == 0 && (reinterpret_cast<uintptr_t>(b) & 15) == 0) {
       for (; r < R; r += 8) {

@@ -81,7 +81,8 @@ void lora_expand_in(const LoraExpandIn& l, int64_t m, float* out, int64_t ld_out
     const float* mid = l.tmp + t * l.ld_tmp + l.first;
     for (int64_t o = 0; o < w.out; ++o) {
       float acc = 0.0f;
-      for (int64_t r = 0; r < w.rank; ++r) acc += stack_at(w.b, w.dtype, (s * w.out + o) * w.rank + r) * mid[r];
+      for (int64_t r = 0; r < w.rank; ++r)
+        acc += stack_at(w.b, w.dtype, (s * w.out + o) * w.rank + r) * mid[r];
       out[t * ld_out + o] += w.scale[s] * acc;
     }
   }

@@ -192,7 +192,8 @@ LoraMmaSplits lora_mma_splits(const MoeExpertsArgs& a, int64_t num_kt_gu, int64_
   const int64_t windows = (a.m * a.top_k + moe_detail::kLsRows - 1) / moe_detail::kLsRows + a.num_experts;
   const int64_t want = (3 * cuda_util::num_sms() + 2 * windows - 1) / (2 * windows);
   auto pick = [&](int64_t num_kt) {
-    return static_cast<int>(std::clamp<int64_t>(want, 1, std::max<int64_t>(1, std::min<int64_t>(8, num_kt / 4))));
+    return static_cast<int>(
+        std::clamp<int64_t>(want, 1, std::max<int64_t>(1, std::min<int64_t>(8, num_kt / 4))));
   };
   return {pick(num_kt_gu), pick(num_kt_down)};
 }
@@ -282,8 +283,8 @@ struct MoeWorkspace {
       const moe_detail::StackSplits sp = moe_detail::stack_splits(a, max_rows);
       size_t gu_floats = sp.gu_floats, down_floats = sp.down_floats;
       if (lora_on_mma(a, path)) {  // partial sums by sorted row
-        const LoraMmaSplits ms = lora_mma_splits(a, copies * lda_h / moe_detail::kMmaBK,
-                                                 copies * lda_i / moe_detail::kMmaBK);
+        const LoraMmaSplits ms =
+            lora_mma_splits(a, copies * lda_h / moe_detail::kMmaBK, copies * lda_i / moe_detail::kMmaBK);
         const MoeLoraStack& s = a.lora_stack;
         gu_floats = std::max(gu_floats, static_cast<size_t>(ms.gu * max_rows * s.gu_slices * s.rank));
         down_floats = std::max(down_floats, static_cast<size_t>(ms.down * max_rows * s.rank));
@@ -1116,10 +1117,7 @@ void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers
 }
 }  // namespace moe_detail
 
-namespace {
-
-
-}  // namespace
+namespace {}  // namespace
 
 namespace {
 
@@ -1154,8 +1152,9 @@ void launch_lora_shrink_mma(const MoeExpertsArgs& a, const MoeWorkspace& ws, int
   lp.out = gu ? ws.lora_gu : ws.lora_down;
   lp.splits = splits;
   lp.nchunks = static_cast<int>((lp.GR + kLsCols - 1) / kLsCols);
-  KERNEL_CHECK(ws.max_rows % kLsRows == 0 && ws.max_rows / kLsRows < (1LL << 31) && splits * lp.nchunks <= 65535,
-               "moe_experts: LoRA shape too large for the tensor-core shrink's grid");
+  KERNEL_CHECK(
+      ws.max_rows % kLsRows == 0 && ws.max_rows / kLsRows < (1LL << 31) && splits * lp.nchunks <= 65535,
+      "moe_experts: LoRA shape too large for the tensor-core shrink's grid");
   const dim3 grid(static_cast<unsigned>(ws.max_rows / kLsRows),
                   static_cast<unsigned>(std::clamp<int64_t>(s.slots, 1, 8)),
                   static_cast<unsigned>(splits * lp.nchunks));
@@ -1408,9 +1407,9 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     }
     // 3. gate_up LoRA, 4. activation
     if (mma_lora) {  // the gate/up LoRA is in the GEMM; the down shrink reads the bf16 activation
-      moe_act_kernel<<<moe_act_grid(ws.max_rows, I), 256, 0, st>>>(ws.sorted, ws.num_tiles, tile_m, ws.gu, nullptr,
-                                                                     ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I,
-                                                                     a.act, a.swiglu_alpha, a.swiglu_limit);
+      moe_act_kernel<<<moe_act_grid(ws.max_rows, I), 256, 0, st>>>(
+          ws.sorted, ws.num_tiles, tile_m, ws.gu, nullptr, ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I,
+          a.act, a.swiglu_alpha, a.swiglu_limit);
       CUDA_CHECK_LAUNCH();
       launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);
     } else {

@@ -228,10 +228,11 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     }
   }
   if (p.lora.b != nullptr) {
-    static_assert(lora_expand_smem_bytes(BM) <= C::kSmemBytes, "the expand's staging fits the pipeline buffers");
-    lora_expand_mma<BM, C::kMI, C::kNI>(p.lora, s_lkey, mma_smem, wm * C::kWM, static_cast<int64_t>(tile) * BM,
-                                        static_cast<int>(n0) + wn * 32, static_cast<int>(N),
-                                        static_cast<int>(p.inter), acc);
+    static_assert(lora_expand_smem_bytes(BM) <= C::kSmemBytes,
+                  "the expand's staging fits the pipeline buffers");
+    lora_expand_mma<BM, C::kMI, C::kNI>(p.lora, s_lkey, mma_smem, wm * C::kWM,
+                                        static_cast<int64_t>(tile) * BM, static_cast<int>(n0) + wn * 32,
+                                        static_cast<int>(N), static_cast<int>(p.inter), acc);
   }
 
   // Epilogue: c0,c1 at (row g, columns 2t, 2t+1), c2,c3 at row g + 8 (g = lane / 4, t = lane % 4).

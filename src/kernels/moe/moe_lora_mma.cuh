@@ -8,11 +8,11 @@
 // - lora_expand_mma (called from moe_gemm_mma's epilogue): acc += tmp · scale · Bᵀ for the tile's rows as
 //   extra k16 steps of the same accumulators, one pass per run of rows of one key, tmp·scale staged in shared
 //   memory as a bf16 hi + lo pair (so the sum keeps ~16 bits of it) against the bf16 B rows; so the LoRA sum
-//   costs no pass over the outputs. The gate/up slices (gate and up LoRAs, or one over the fused gate_up) are one rank space of
-//   slices·R columns whose B entries are zero outside the output column's slice.
-// A row's key is the same in both (lora_row_key): its token's slot, when the slot's scale is non-zero in one of
-// the phase's scale columns, else −1 (no LoRA: the shrink skips it, the expand adds nothing).
-// Only included from moe_cuda.cu and moe_gemm_mma.cuh. Must not: depend on anything above common/.
+//   costs no pass over the outputs. The gate/up slices (gate and up LoRAs, or one over the fused gate_up) are
+//   one rank space of slices·R columns whose B entries are zero outside the output column's slice.
+// A row's key is the same in both (lora_row_key): its token's slot, when the slot's scale is non-zero in one
+// of the phase's scale columns, else −1 (no LoRA: the shrink skips it, the expand adds nothing). Only
+// included from moe_cuda.cu and moe_gemm_mma.cuh. Must not: depend on anything above common/.
 #pragma once
 
 #include "kernels/mma_util.cuh"
@@ -22,8 +22,9 @@ namespace polylora::kernels::cuda::moe_detail {
 
 // The LoRA key (slot · E + e) of a pair routed to expert e, or −1: no adapter, or its scale is 0 in every
 // scale column [c0, c0 + slices).
-__device__ __forceinline__ int32_t lora_row_key(int32_t pair, int32_t e, const int32_t* token_slots, int64_t top_k,
-                                                int64_t slots, int64_t E, const float* scale, int c0, int slices) {
+__device__ __forceinline__ int32_t lora_row_key(int32_t pair, int32_t e, const int32_t* token_slots,
+                                                int64_t top_k, int64_t slots, int64_t E, const float* scale,
+                                                int c0, int slices) {
   if (pair < 0) return -1;
   const int32_t s = token_slots[pair / top_k];
   if (s < 0 || s >= slots) return -1;
@@ -33,18 +34,18 @@ __device__ __forceinline__ int32_t lora_row_key(int32_t pair, int32_t e, const i
   return -1;
 }
 
-constexpr int kLsRows = 64;     // sorted rows per CTA window
-constexpr int kLsCols = 64;     // rank rows per CTA
+constexpr int kLsRows = 64;      // sorted rows per CTA window
+constexpr int kLsCols = 64;      // rank rows per CTA
 constexpr int kLsThreads = 128;  // 4 warps, each 16 rows × 64 rank rows
 constexpr int kLsStages = 4;
 constexpr int kLsTileBytes = 64 * mma::kBK * 2;
 constexpr int kLsStageBytes = 2 * kLsTileBytes;
 
 struct LoraShrinkMmaParams {
-  const __nv_bfloat16* a = nullptr;  // activation rows as the base GEMM reads them (MmaParams::a)
-  int64_t lda = 0;                   // row stride (both copies with the split)
-  int kb_tiles = 0;                  // BK slices of one copy (the weights' K extent, padded)
-  bool by_token = true;              // gate/up: row of the pair's token; down: the sorted row
+  const __nv_bfloat16* a = nullptr;      // activation rows as the base GEMM reads them (MmaParams::a)
+  int64_t lda = 0;                       // row stride (both copies with the split)
+  int kb_tiles = 0;                      // BK slices of one copy (the weights' K extent, padded)
+  bool by_token = true;                  // gate/up: row of the pair's token; down: the sorted row
   const int32_t* sorted = nullptr;       // [max_rows] pair per sorted row, −1 for padding
   const int32_t* tile_expert = nullptr;  // [max_tiles]
   const int32_t* num_tiles = nullptr;    // [1]
@@ -52,8 +53,8 @@ struct LoraShrinkMmaParams {
   int64_t max_rows = 0;
   const int32_t* token_slots = nullptr;  // [m]
   int64_t top_k = 0, E = 0, slots = 0;
-  const float* scale = nullptr;  // [slots, E, 3]
-  int c0 = 0, slices = 1;        // the phase's scale columns
+  const float* scale = nullptr;      // [slots, E, 3]
+  int c0 = 0, slices = 1;            // the phase's scale columns
   const __nv_bfloat16* w = nullptr;  // LoRA A [slots, E, GR, K]
   int64_t GR = 0, K = 0;             // rank rows per key (slices · R), input size
   float* out = nullptr;              // [splits][max_rows][GR]
@@ -69,7 +70,8 @@ __global__ void __launch_bounds__(kLsThreads) moe_lora_shrink_mma(LoraShrinkMmaP
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kLsRows;
   const int64_t used = static_cast<int64_t>(*p.num_tiles) * p.tile_m;
   if (row0 >= (used < p.max_rows ? used : p.max_rows)) return;
-  const int chunk = static_cast<int>(blockIdx.z) % p.nchunks, split = static_cast<int>(blockIdx.z) / p.nchunks;
+  const int chunk = static_cast<int>(blockIdx.z) % p.nchunks,
+            split = static_cast<int>(blockIdx.z) / p.nchunks;
   const int num_kt = static_cast<int>(p.lda / mma::kBK);
   const int per = (num_kt + p.splits - 1) / p.splits;
   const int kt0 = split * per, kt1 = kt0 + per < num_kt ? kt0 + per : num_kt;
@@ -130,7 +132,8 @@ __global__ void __launch_bounds__(kLsThreads) moe_lora_shrink_mma(LoraShrinkMmaP
           for (int q = 0; q < 4; ++q) {
             uint32_t lo = 0, hi = 0;
             if (w_src[i] != nullptr && k + 2 * q < p.K) lo = __bfloat16_as_ushort(w_src[i][k + 2 * q]);
-            if (w_src[i] != nullptr && k + 2 * q + 1 < p.K) hi = __bfloat16_as_ushort(w_src[i][k + 2 * q + 1]);
+            if (w_src[i] != nullptr && k + 2 * q + 1 < p.K)
+              hi = __bfloat16_as_ushort(w_src[i][k + 2 * q + 1]);
             wv[q] = lo | (hi << 16);
           }
           mma::st_shared_v4(sb + mma::swz(r, ld_chunk), wv);
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__(kLsThreads) moe_lora_shrink_mma(LoraShrinkMmaP
     mma::cp_async_wait<0>();
     __syncthreads();  // the next run refills the stages
     if (!mine) continue;
-    // c0,c1 at (row g, columns 2t, 2t+1), c2,c3 at row g + 8.
+      // c0,c1 at (row g, columns 2t, 2t+1), c2,c3 at row g + 8.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 + (lane >> 2) + h * 8;
@@ -206,27 +209,31 @@ struct LoraExpandMma {
 };
 
 __device__ __forceinline__ uint32_t pack2(__nv_bfloat16 a, __nv_bfloat16 b) {
-  return static_cast<uint32_t>(__bfloat16_as_ushort(a)) | (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
+  return static_cast<uint32_t>(__bfloat16_as_ushort(a)) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
 }
 
-constexpr int kLeChunk = 64;           // rank columns staged at a time
-constexpr int kLeStride = kLeChunk + 8;  // bf16 per staged row (padded: fragment loads without bank conflicts)
+constexpr int kLeChunk = 64;  // rank columns staged at a time
+constexpr int kLeStride =
+    kLeChunk + 8;  // bf16 per staged row (padded: fragment loads without bank conflicts)
 
 // Shared memory lora_expand_mma needs for a tile of BM rows (it reuses the GEMM's pipeline buffers).
-constexpr int lora_expand_smem_bytes(int bm) { return 2 * bm * kLeStride * 2; }
+constexpr int lora_expand_smem_bytes(int bm) {
+  return 2 * bm * kLeStride * 2;
+}
 
 // acc[mi][ni] (a warp's MI m16 × NI n8 fragments: rows row_base + 16·mi of the tile, columns col_base + 8·ni
 // of the product) += Σ_k tmp[row][k] · scale[key(row)][slice(k)] · B[key(row)][col][k − slice(k)·R] for the
 // tile's rows whose keys (keys[], shared memory, −1: none) are non-negative. Called by every thread of the
 // CTA (it has barriers) once its K loop is done: tmp·scale of the tile's BM rows is staged in `smem` as bf16
-// hi + lo, kLeChunk rank columns at a time; each warp then runs, per run of rows of one key among its own rows,
-// one k16 step per 16 rank columns (hi and lo against the key's B rows, read from global memory; B entries of
-// the other slice are zero). tile_row0: the tile's first sorted row; N, inter: the product's columns and the
-// intermediate size (gate/up slices).
+// hi + lo, kLeChunk rank columns at a time; each warp then runs, per run of rows of one key among its own
+// rows, one k16 step per 16 rank columns (hi and lo against the key's B rows, read from global memory; B
+// entries of the other slice are zero). tile_row0: the tile's first sorted row; N, inter: the product's
+// columns and the intermediate size (gate/up slices).
 template <int BM, int MI, int NI>
-__device__ __forceinline__ void lora_expand_mma(const LoraExpandMma& l, const int32_t* keys, unsigned char* smem,
-                                                int row_base, int64_t tile_row0, int col_base, int N, int inter,
-                                                float (&acc)[MI][NI][4]) {
+__device__ __forceinline__ void lora_expand_mma(const LoraExpandMma& l, const int32_t* keys,
+                                                unsigned char* smem, int row_base, int64_t tile_row0,
+                                                int col_base, int N, int inter, float (&acc)[MI][NI][4]) {
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int R = static_cast<int>(l.R), GR = static_cast<int>(l.GR);
   const bool two = l.slices == 2;

@@ -105,9 +105,9 @@ bool aligned16(const void* p) {
 // add_rms_norm with a LoRA term on delta (AddRmsNormArgs::lora_delta): one block per row (t0: the first row's
 // token index for the term).
 template <bool VEC>
-__global__ void add_rms_norm_lora_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y,
-                                         int64_t ldy, int64_t n, const float* w, float eps, LoraExpandIn lora,
-                                         int64_t t0) {
+__global__ void add_rms_norm_lora_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta,
+                                         float* y, int64_t ldy, int64_t n, const float* w, float eps,
+                                         LoraExpandIn lora, int64_t t0) {
   const int64_t t = t0 + blockIdx.x;
   float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
   const float* dr = delta + static_cast<int64_t>(blockIdx.x) * ld_delta;
@@ -166,11 +166,12 @@ void rms_norm(const RmsNormArgs& a, const CudaContext& ctx) {
 
 void add_rms_norm(const AddRmsNormArgs& a, const CudaContext& ctx) {
   if (!a.lora_delta.active())
-    return launch<true>(a.x, a.ldx, a.delta, a.ld_delta, a.y, a.ldy, a.m, a.n, a.w, a.eps, cuda_util::stream(ctx));
+    return launch<true>(a.x, a.ldx, a.delta, a.ld_delta, a.y, a.ldy, a.m, a.n, a.w, a.eps,
+                        cuda_util::stream(ctx));
   if (a.m == 0) return;
   KERNEL_CHECK(a.lora_delta.w.out == a.n, "add_rms_norm: the LoRA's outputs differ from the row size");
-  const bool vec = a.n % 4 == 0 && a.ldx % 4 == 0 && a.ldy % 4 == 0 && a.ld_delta % 4 == 0 && aligned16(a.x) &&
-                   aligned16(a.y) && aligned16(a.w) && aligned16(a.delta);
+  const bool vec = a.n % 4 == 0 && a.ldx % 4 == 0 && a.ldy % 4 == 0 && a.ld_delta % 4 == 0 &&
+                   aligned16(a.x) && aligned16(a.y) && aligned16(a.w) && aligned16(a.delta);
   const int64_t units = vec ? a.n / 4 : a.n;
   const int threads = units >= 512 ? 512 : static_cast<int>(std::max<int64_t>(32, (units + 31) / 32 * 32));
   cudaStream_t st = cuda_util::stream(ctx);
@@ -178,12 +179,12 @@ void add_rms_norm(const AddRmsNormArgs& a, const CudaContext& ctx) {
     const int64_t rows = std::min<int64_t>(a.m - r0, 65535LL * 32);
     if (vec)
       add_rms_norm_lora_kernel<true><<<static_cast<unsigned>(rows), threads, 0, st>>>(
-          a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy, a.ldy, a.n, a.w, a.eps,
-          a.lora_delta, r0);
+          a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy, a.ldy, a.n, a.w,
+          a.eps, a.lora_delta, r0);
     else
       add_rms_norm_lora_kernel<false><<<static_cast<unsigned>(rows), threads, 0, st>>>(
-          a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy, a.ldy, a.n, a.w, a.eps,
-          a.lora_delta, r0);
+          a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy, a.ldy, a.n, a.w,
+          a.eps, a.lora_delta, r0);
     CUDA_CHECK_LAUNCH();
   }
 }

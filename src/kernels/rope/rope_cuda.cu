@@ -74,12 +74,14 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     const float* vs = a.v + t * a.ldv + kh * d;
     float* vd = a.cache.v + slot * kv_row + kh * d;
     if (a.lora_v.active()) {
-      for (int64_t j = lane; j < d; j += 32) vd[j] = vs[j] + lora_fused::expand_value(a.lora_v, t, kh * d + j);
+      for (int64_t j = lane; j < d; j += 32)
+        vd[j] = vs[j] + lora_fused::expand_value(a.lora_v, t, kh * d + j);
     } else {
       for (int64_t j = lane; j < d; j += 32) vd[j] = vs[j];
     }
     if (a.lora_k.active()) {  // k + its LoRA term staged in the cache row, then normed and rotated there
-      for (int64_t j = lane; j < d; j += 32) dst[j] = src[j] + lora_fused::expand_value(a.lora_k, t, kh * d + j);
+      for (int64_t j = lane; j < d; j += 32)
+        dst[j] = src[j] + lora_fused::expand_value(a.lora_k, t, kh * d + j);
       __syncwarp();
       src = dst;
     }
