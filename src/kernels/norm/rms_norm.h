@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda_context.h"
 #include "kernels/lora/lora.h"
@@ -50,6 +51,13 @@ struct AddRmsNormArgs {
 namespace ref {
 void rms_norm(const RmsNormArgs& args);
 void add_rms_norm(const AddRmsNormArgs& args);
+// The args with delta replaced by a copy (held by the result) that has the LoRA term added, for the CPU
+// paths.
+struct AddRmsNormNoLora {
+  AddRmsNormArgs args;
+  std::vector<float> delta;
+};
+AddRmsNormNoLora apply_lora_term(const AddRmsNormArgs& args);
 }  // namespace ref
 namespace cpu {
 void rms_norm(const RmsNormArgs& args);

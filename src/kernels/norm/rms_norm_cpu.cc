@@ -53,14 +53,7 @@ void rms_norm(const RmsNormArgs& a) {
 }
 
 void add_rms_norm(const AddRmsNormArgs& a) {
-  if (a.lora_delta.active()) {  // on a copy of delta with the LoRA term added
-    const std::vector<float> d = ref::with_lora_term(a.lora_delta, a.delta, a.m, a.ld_delta);
-    AddRmsNormArgs b = a;
-    b.delta = d.data();
-    b.ld_delta = a.lora_delta.w.out;
-    b.lora_delta = {};
-    return add_rms_norm(b);
-  }
+  if (a.lora_delta.active()) return add_rms_norm(ref::apply_lora_term(a).args);
   bool parallel = a.m > 1 && a.m * a.n * 4 >= simd::kMinParallelWork && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t i = 0; i < a.m; ++i) {

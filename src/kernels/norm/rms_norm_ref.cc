@@ -20,15 +20,16 @@ void rms_norm(const RmsNormArgs& a) {
 }
 
 // The spec of the fused op is the two-op sequence: the residual add, then rms_norm of the sum.
+AddRmsNormNoLora apply_lora_term(const AddRmsNormArgs& a) {
+  AddRmsNormNoLora r{.args = a, .delta = with_lora_term(a.lora_delta, a.delta, a.m, a.ld_delta)};
+  r.args.delta = r.delta.data();
+  r.args.ld_delta = a.lora_delta.w.out;
+  r.args.lora_delta = {};
+  return r;
+}
+
 void add_rms_norm(const AddRmsNormArgs& a) {
-  if (a.lora_delta.active()) {  // on a copy of delta with the LoRA term added
-    const std::vector<float> d = ref::with_lora_term(a.lora_delta, a.delta, a.m, a.ld_delta);
-    AddRmsNormArgs b = a;
-    b.delta = d.data();
-    b.ld_delta = a.lora_delta.w.out;
-    b.lora_delta = {};
-    return add_rms_norm(b);
-  }
+  if (a.lora_delta.active()) return add_rms_norm(ref::apply_lora_term(a).args);
   for (int64_t i = 0; i < a.m; ++i)
     for (int64_t j = 0; j < a.n; ++j) a.x[i * a.ldx + j] += a.delta[i * a.ld_delta + j];
   rms_norm({.x = a.x, .ldx = a.ldx, .y = a.y, .ldy = a.ldy, .m = a.m, .n = a.n, .w = a.w, .eps = a.eps});

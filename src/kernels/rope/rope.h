@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/attention/attention.h"
 #include "kernels/cuda_context.h"
@@ -65,6 +66,13 @@ struct RopeKvWriteArgs {
 namespace ref {
 void rope(const RopeArgs& args);
 void rope_kv_write(const RopeKvWriteArgs& args);
+// The args' LoRA terms applied (q in place, k and v into copies the result holds) and the args without them,
+// for the CPU paths (the reference and the fast path run on those).
+struct RopeKvWriteNoLora {
+  RopeKvWriteArgs args;
+  std::vector<float> k, v;
+};
+RopeKvWriteNoLora apply_lora_terms(const RopeKvWriteArgs& args);
 }  // namespace ref
 namespace cpu {
 void rope(const RopeArgs& args);

@@ -108,23 +108,8 @@ void rope(const RopeArgs& a) {
 }
 
 void rope_kv_write(const RopeKvWriteArgs& a) {
-  if (a.lora_q.active() || a.lora_k.active() || a.lora_v.active()) {  // q in place, k and v as copies
-    RopeKvWriteArgs b = a;
-    ref::lora_expand_in(a.lora_q, a.m, a.q, a.ldq);
-    std::vector<float> k, v;
-    if (a.lora_k.active()) {
-      k = ref::with_lora_term(a.lora_k, a.k, a.m, a.ldk);
-      b.k = k.data();
-      b.ldk = a.lora_k.w.out;
-    }
-    if (a.lora_v.active()) {
-      v = ref::with_lora_term(a.lora_v, a.v, a.m, a.ldv);
-      b.v = v.data();
-      b.ldv = a.lora_v.w.out;
-    }
-    b.lora_q = b.lora_k = b.lora_v = {};
-    return rope_kv_write(b);
-  }
+  if (a.lora_q.active() || a.lora_k.active() || a.lora_v.active())
+    return rope_kv_write(ref::apply_lora_terms(a).args);
   CHECK_MSG(a.cache.num_kv_heads == a.num_kv_heads && a.cache.head_dim == a.head_dim,
             "rope_kv_write: cache of {} heads x {} for k/v of {} heads x {}", a.cache.num_kv_heads,
             a.cache.head_dim, a.num_kv_heads, a.head_dim);

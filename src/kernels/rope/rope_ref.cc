@@ -28,24 +28,26 @@ void rope(const RopeArgs& a) {
   }
 }
 
-void rope_kv_write(const RopeKvWriteArgs& a) {
-  if (a.lora_q.active() || a.lora_k.active() || a.lora_v.active()) {  // q in place, k and v as copies
-    RopeKvWriteArgs b = a;
-    ref::lora_expand_in(a.lora_q, a.m, a.q, a.ldq);
-    std::vector<float> k, v;
-    if (a.lora_k.active()) {
-      k = ref::with_lora_term(a.lora_k, a.k, a.m, a.ldk);
-      b.k = k.data();
-      b.ldk = a.lora_k.w.out;
-    }
-    if (a.lora_v.active()) {
-      v = ref::with_lora_term(a.lora_v, a.v, a.m, a.ldv);
-      b.v = v.data();
-      b.ldv = a.lora_v.w.out;
-    }
-    b.lora_q = b.lora_k = b.lora_v = {};
-    return rope_kv_write(b);
+RopeKvWriteNoLora apply_lora_terms(const RopeKvWriteArgs& a) {
+  RopeKvWriteNoLora r{.args = a};
+  lora_expand_in(a.lora_q, a.m, a.q, a.ldq);
+  if (a.lora_k.active()) {
+    r.k = with_lora_term(a.lora_k, a.k, a.m, a.ldk);
+    r.args.k = r.k.data();
+    r.args.ldk = a.lora_k.w.out;
   }
+  if (a.lora_v.active()) {
+    r.v = with_lora_term(a.lora_v, a.v, a.m, a.ldv);
+    r.args.v = r.v.data();
+    r.args.ldv = a.lora_v.w.out;
+  }
+  r.args.lora_q = r.args.lora_k = r.args.lora_v = {};
+  return r;
+}
+
+void rope_kv_write(const RopeKvWriteArgs& a) {
+  if (a.lora_q.active() || a.lora_k.active() || a.lora_v.active())
+    return rope_kv_write(ref::apply_lora_terms(a).args);
   const int64_t d = a.head_dim, kv_row = a.num_kv_heads * d;
   std::vector<float> k(static_cast<size_t>(a.m * kv_row));  // k is only read: rotate a dense copy
   for (int64_t t = 0; t < a.m; ++t)
