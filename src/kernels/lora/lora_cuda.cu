@@ -88,53 +88,26 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32) dense_shrink_kernel(Den
                          static_cast<int>(blockIdx.z));
 }
 
-// The shrink for few tokens (decode) as weight streaming: persistent warps over (token, rank row pair) items,
-// each streaming its two A rows once with 128-bit loads, several in flight per lane (weight_stream.cuh), the
-// token's f32 x through the read-only cache; fp32 sums, no split-K (tmp holds one sum). Tokens whose slot
-// has no LoRA in any module of the group are skipped (the expand tests each module's scale itself).
+// The shrink for few tokens (decode) as weight streaming: lora_fused_cuda.cuh's items (persistent warps over
+// (token, rank row pair), each streaming its two A rows once; one sum per tmp element, no split-K; tokens
+// whose slot has no LoRA in any module of the group skipped), for lora_batch and lora_shrink alike.
 constexpr int kGemvShrinkThreads = 256;
 
-template <typename TW>
-__global__ void __launch_bounds__(kGemvShrinkThreads) dense_shrink_gemv_kernel(DenseParams<TW> p) {
-  const int64_t total = p.first[p.num], per = (total + 1) / 2, items = p.m * per;
+__global__ void __launch_bounds__(kGemvShrinkThreads) lora_shrink_kernel(lora_fused::ShrinkItems p) {
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGemvShrinkThreads / 32);
-  const bool vec = (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && p.ldx % 4 == 0 &&
-                   (p.in * static_cast<int64_t>(sizeof(TW))) % 16 == 0;
-  const int lane = threadIdx.x & 31;
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * (kGemvShrinkThreads / 32) + (threadIdx.x >> 5);
-       q < items; q += warps) {
-    const int64_t t = q / per, j0 = (q % per) * 2;
-    const int32_t key = dense_key(p, t, -1);
-    if (key < 0) continue;  // warp-uniform
-    const char* rows[2];
-    bool row_vec = vec;
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int64_t j = j0 + u;
-      rows[u] = nullptr;
-      if (j >= total) continue;
-      int i = 0;
-      while (i + 1 < p.num && j >= p.first[i + 1]) ++i;
-      const TW* a = p.a[i] + (static_cast<int64_t>(key) * p.rank[i] + j - p.first[i]) * p.in;
-      row_vec = row_vec && (reinterpret_cast<uintptr_t>(a) & 15) == 0;
-      rows[u] = reinterpret_cast<const char*>(a);
-    }
-    const float* xs[1] = {p.x + t * p.ldx};
-    float acc[2][1] = {};
-    if (row_vec) {
-      stream::dot_rows_vec<TW, 2, 1, 8>(rows, p.in, xs, false, acc);
-    } else {
-      stream::dot_rows_scalar<2, 1>(rows, sizeof(TW) == 2 ? DType::kBF16 : DType::kF32, p.in, xs, false, acc);
-    }
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const float v = cuda_util::warp_sum(acc[u][0]);
-      if (lane == 0 && rows[u] != nullptr) p.tmp[t * total + j0 + u] = v;
-    }
-  }
+       q < p.items(); q += warps)
+    lora_fused::shrink_item(p, q);
 }
 
-// Token counts up to this take dense_shrink_gemv_kernel (each token reads its slot's A itself; the tiled
+// Its grid: at most the CTAs that fit at once (2 per SM), fewer for few items.
+unsigned lora_shrink_blocks(const lora_fused::ShrinkItems& p) {
+  const int64_t per_block = kGemvShrinkThreads / 32;
+  return static_cast<unsigned>(std::max<int64_t>(
+      1, std::min<int64_t>(2 * cuda_util::num_sms(), (p.items() + per_block - 1) / per_block)));
+}
+
+// Token counts up to this take lora_shrink_kernel (each token reads its slot's A itself; the tiled
 // shrink reads it once per 8 tokens, better for prefill). POLYLORA_LORA_GEMV_SHRINK_ROWS overrides (0:
 // tiled).
 int64_t dense_gemv_shrink_max_rows() {
@@ -218,10 +191,8 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
                "lora_batch: shape too large for the grid");
   cudaStream_t st = cuda_util::stream(ctx);
   if (gemv) {
-    const int64_t items = a.m * ((p.first[p.num] + 1) / 2), per_block = kGemvShrinkThreads / 32;
-    const auto blocks = static_cast<unsigned>(std::max<int64_t>(
-        1, std::min<int64_t>(2 * cuda_util::num_sms(), (items + per_block - 1) / per_block)));
-    dense_shrink_gemv_kernel<TW><<<blocks, kGemvShrinkThreads, 0, st>>>(p);
+    const lora_fused::ShrinkItems items = lora_fused::make_shrink_items(a, p.tmp, p.first[p.num]);
+    lora_shrink_kernel<<<lora_shrink_blocks(items), kGemvShrinkThreads, 0, st>>>(items);
   } else {
     dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(rank_blocks),
             static_cast<unsigned>(p.splits));
@@ -240,13 +211,6 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
 }
 
-__global__ void __launch_bounds__(kGemvShrinkThreads) lora_shrink_kernel(lora_fused::ShrinkItems p) {
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGemvShrinkThreads / 32);
-  for (int64_t q = static_cast<int64_t>(blockIdx.x) * (kGemvShrinkThreads / 32) + (threadIdx.x >> 5);
-       q < p.items(); q += warps)
-    lora_fused::shrink_item(p, q);
-}
-
 }  // namespace
 
 void lora_shrink(const LoraBatchArgs& a, float* tmp, int64_t ld_tmp, const CudaContext& ctx) {
@@ -262,10 +226,7 @@ void lora_shrink(const LoraBatchArgs& a, float* tmp, int64_t ld_tmp, const CudaC
   }
   KERNEL_CHECK(ld_tmp >= ranks, "lora_shrink: tmp rows narrower than the group's ranks");
   const lora_fused::ShrinkItems p = lora_fused::make_shrink_items(a, tmp, ld_tmp);
-  const int64_t per_block = kGemvShrinkThreads / 32;
-  const auto blocks = static_cast<unsigned>(std::max<int64_t>(
-      1, std::min<int64_t>(2 * cuda_util::num_sms(), (p.items() + per_block - 1) / per_block)));
-  lora_shrink_kernel<<<blocks, kGemvShrinkThreads, 0, cuda_util::stream(ctx)>>>(p);
+  lora_shrink_kernel<<<lora_shrink_blocks(p), kGemvShrinkThreads, 0, cuda_util::stream(ctx)>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

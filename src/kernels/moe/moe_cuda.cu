@@ -771,12 +771,8 @@ __device__ __forceinline__ int64_t stack_rows(const StackParams<TW>& p) {
 template <typename TW>
 __device__ __forceinline__ int32_t stack_key(const StackParams<TW>& p, int32_t pair, int c0, int c1) {
   const int32_t e = p.ids[pair];
-  const int32_t s = p.token_slots[pair / p.top_k];
-  if (e < 0 || e >= p.E || s < 0 || s >= p.slots) return -1;
-  const int32_t key = s * static_cast<int32_t>(p.E) + e;
-  for (int c = c0; c < c1; ++c)
-    if (p.scale[key * 3 + c] != 0.0f) return key;
-  return -1;
+  if (e < 0 || e >= p.E) return -1;
+  return moe_detail::lora_row_key(pair, e, p.token_slots, p.top_k, p.slots, p.E, p.scale, c0, c1 - c0);
 }
 
 // Shrinks over tiles of sorted rows: gate/up (down == false: x of the row's token -> lora_gu[row]) or down
