@@ -23,6 +23,8 @@
 //   with --old-views: old_views_lora_us / old_views_lora_delta_us (the same LoRA through the per-adapter
 //   ExpertLoraView table of f32 matrices, the path before the stacks) and old_views_max_rel_diff (its
 //   output vs the stacked one, over the rms).
+// --dtype mxfp4: the experts as GPT-OSS ships them (random codes, block scales 2^-7), bf16 compute; the
+// reference decodes the same codes.
 // Must not: run the vLLM harness (scripts do, in the same device run).
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -141,8 +143,10 @@ int run_moe_lora_bench(int argc, char** argv) {
   int gu_slices = 2, iters = 0;
   bool no_graphs = false, old_views = false;
   app.add_option("--device", device, "cuda | cpu")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--dtype", dtype, "Expert weight dtype on CUDA: bfloat16 | float32 (the CPU keeps bf16)")
-      ->check(CLI::IsMember({"bfloat16", "float32"}));
+  app.add_option("--dtype", dtype,
+                 "Expert weight dtype: bfloat16 | float32 (CUDA; the CPU keeps bf16) | mxfp4 (GPT-OSS as "
+                 "shipped: random codes, every block scale 2^-7, as --load-format dummy; bf16 compute)")
+      ->check(CLI::IsMember({"bfloat16", "float32", "mxfp4"}));
   app.add_option("--lora-dtype", lora_dtype, "Stack dtype: bfloat16 | float32")
       ->check(CLI::IsMember({"bfloat16", "float32"}));
   app.add_option(
@@ -198,15 +202,26 @@ int run_moe_lora_bench(int argc, char** argv) {
   biases.reserve(static_cast<size_t>(2 * E));
   auto host_copy = [&](const WeightView& w) {
     if (on_cpu) return w;
-    host_bytes.emplace_back(static_cast<size_t>(w.rows * w.cols) * dtype_size(w.dtype));
+    const bool q = w.mxfp4();
+    host_bytes.emplace_back(static_cast<size_t>(w.rows * w.cols) * dtype_size(w.dtype) / (q ? 2 : 1));
     be.copy_to_host(host_bytes.back().data(), w.data, host_bytes.back().size());
     WeightView h = w;
     h.data = host_bytes.back().data();
+    if (q) {
+      host_bytes.emplace_back(static_cast<size_t>(w.rows * w.cols / kMxfp4BlockSize));
+      be.copy_to_host(host_bytes.back().data(), w.scales, host_bytes.back().size());
+      h.scales = host_bytes.back().data();
+    }
     return h;
   };
+  const bool mxfp4 = dtype == "mxfp4";
+  constexpr uint8_t kDummyScale = 120;  // 2^-7, as --load-format dummy's MXFP4 experts
   for (int64_t e = 0; e < E; ++e) {
-    d_experts[e].gate_up = be.random_matrix(2 * I, H, 0.02f, static_cast<uint64_t>(1000 + 2 * e));
-    d_experts[e].down = be.random_matrix(H, I, 0.02f, static_cast<uint64_t>(1001 + 2 * e));
+    const auto seed = static_cast<uint64_t>(1000 + 2 * e);
+    d_experts[e].gate_up = mxfp4 ? be.random_mxfp4(2 * I, H, kDummyScale, seed)
+                                 : be.random_matrix(2 * I, H, 0.02f, seed);
+    d_experts[e].down = mxfp4 ? be.random_mxfp4(H, I, kDummyScale, seed + 1)
+                              : be.random_matrix(H, I, 0.02f, seed + 1);
     h_experts[e].gate_up = host_copy(d_experts[e].gate_up);
     h_experts[e].down = host_copy(d_experts[e].down);
     if (act == ExpertAct::kGptOssSwiglu) {
@@ -280,7 +295,8 @@ int run_moe_lora_bench(int argc, char** argv) {
     d_old_table = dev.up(old_table);
   }
   const double pair_bytes = static_cast<double>(G * R * H + 2 * I * R + R * I + H * R) * dtype_size(ldt);
-  const double expert_bytes = static_cast<double>(3 * H * I) * dtype_size(h_experts[0].gate_up.dtype);
+  const double expert_bytes =
+      static_cast<double>(h_experts[0].gate_up.num_bytes() + h_experts[0].down.num_bytes());
   const double tolerance = dtype == "float32" && !on_cpu ? 1e-3 : 2e-2;
 
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
@@ -322,6 +338,7 @@ int run_moe_lora_bench(int argc, char** argv) {
     base.weights = dev.up(w);
     base.experts = dev_experts;
     base.act = act;
+    base.experts_mxfp4 = mxfp4;
     base.out = dev.zeros(static_cast<size_t>(M * H));
     base.ldo = H;
     MoeExpertsArgs lora = base;
@@ -367,6 +384,7 @@ int run_moe_lora_bench(int argc, char** argv) {
     rb.weights = sw.data();
     rb.experts = h_experts.data();
     rb.act = act;
+    rb.experts_mxfp4 = mxfp4;
     rb.ldo = H;
     MoeExpertsArgs rl = rb;
     rl.token_slots = sslots.data();
@@ -400,7 +418,7 @@ int run_moe_lora_bench(int argc, char** argv) {
                                 {"rank", R},
                                 {"gu_slices", G},
                                 {"act", act_name},
-                                {"weight_dtype", dtype_name(h_experts[0].gate_up.dtype)},
+                                {"weight_dtype", mxfp4 ? std::string("MXFP4") : std::string(dtype_name(h_experts[0].gate_up.dtype))},
                                 {"lora_dtype", dtype_name(ldt)},
                                 {"device", be.name()},
                                 {"validated_tokens", n},

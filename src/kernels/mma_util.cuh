@@ -62,4 +62,29 @@ __device__ __forceinline__ void int8x8_to_bf16x8(uint32_t lo, uint32_t hi, uint3
   }
 }
 
+// 8 MXFP4 values (one 32-bit word of E2M1 codes, the low nibble of each byte first, as common/mxfp4.h)
+// times their block's scale 2^(s − 127), as 8 bf16 packed in pairs (out[j] = values 2j, 2j + 1), exactly
+// wherever the product is a bf16 number (every scale but the extremes). A code's 3 magnitude bits placed
+// at bf16 bits 6..8 read as e2m1(code) · 2^-126 (code 1, 0.5, as the subnormal 2^-127: E2M1's subnormal
+// lines up with bf16's), its sign bit at bit 15; one bf16x2 multiply by 2^(s − 1) (s <= 128), else by
+// 2^126 and then by 2^(s − 127), restores the value (mul.bf16x2 keeps subnormals; s = 255 gives inf, as
+// torch.ldexp). 4 byte-permutes, 8 shifts, 4 masks and 4 or 8 multiplies for 8 values.
+__device__ __forceinline__ void mxfp4x8_to_bf16x8(uint32_t codes, uint32_t s, uint32_t (&out)[4]) {
+  const uint32_t even = codes & 0x0F0F0F0Fu, odd = (codes >> 4) & 0x0F0F0F0Fu;
+  const uint32_t m1 = s <= 128u ? (s + 126u) << 7 : 253u << 7, m2 = s << 7;
+  const __nv_bfloat162 f1 = __halves2bfloat162(__ushort_as_bfloat16(static_cast<unsigned short>(m1)),
+                                               __ushort_as_bfloat16(static_cast<unsigned short>(m1)));
+  const __nv_bfloat162 f2 = __halves2bfloat162(__ushort_as_bfloat16(static_cast<unsigned short>(m2)),
+                                               __ushort_as_bfloat16(static_cast<unsigned short>(m2)));
+#pragma unroll
+  for (uint32_t j = 0; j < 4; ++j) {
+    // Byte 0: even code j (low half), byte 2: odd code j (high half); bytes 1 and 3 are masked off.
+    const uint32_t p = __byte_perm(even, odd, j | (j << 4) | ((j + 4) << 8) | ((j + 4) << 12));
+    const uint32_t w = ((p << 6) & 0x01C001C0u) | ((p << 12) & 0x80008000u);
+    __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&w), f1);
+    if (s > 128u) v = __hmul2(v, f2);
+    out[j] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
 }  // namespace polylora::kernels::cuda::mma

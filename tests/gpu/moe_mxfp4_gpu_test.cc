@@ -4,6 +4,8 @@
 // every token, top_k 1 and all, biases, both activations, adapter slots −1 mixed with two adapters of
 // different ranks on gate_up and down, under the f32, bf16 hi+lo and bf16-rounded backend modes (tolerances
 // of gpu_test_util.h: the MXFP4 values are exact in bf16, so only the activations' rounding differs).
+// Many pairs per expert in the bf16 modes take the tensor-core grouped GEMM (moe_mxfp4_grouped), whose K
+// loop decodes the codes to bf16 (block scales above 2^1 take the decoder's two-multiply branch).
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -24,6 +26,7 @@ struct Mxfp4Case {
   bool lora = false;
   bool every_token_to_expert_2 = false;
   float x_range = 2.0f;  // x uniform in [-x_range, x_range]
+  int scale_lo = 120, scale_span = 5;  // block scale bytes uniform in [scale_lo, scale_lo + span)
 };
 
 struct HostMxfp4 {
@@ -43,7 +46,7 @@ void run_mxfp4(const Mxfp4Case& c) {
     h.codes.resize(static_cast<size_t>(rows * cols / 2));
     h.scales.resize(static_cast<size_t>(rows * cols / 32));
     for (auto& b : h.codes) b = static_cast<uint8_t>(rng());
-    for (auto& s : h.scales) s = static_cast<uint8_t>(120 + rng() % 5);  // 2^-7 .. 2^-3
+    for (auto& s : h.scales) s = static_cast<uint8_t>(c.scale_lo + rng() % c.scale_span);  // 2^(s - 127)
     mats.push_back(std::move(h));
     const HostMxfp4& hm = mats.back();
     host = {hm.codes.data(), DType::kU8, rows, cols, hm.scales.data()};
@@ -165,6 +168,29 @@ TEST(GpuMoeMxfp4, TopKOneAndAllAndManyPasses) {
                .every_token_to_expert_2 = true,
                .x_range = 2.0f * 0.149f});
   }
+}
+
+// 100+ pairs per expert: the bf16 modes run the grouped GEMM (moe_gemm_mma.cuh's MXFP4 K loop), the f32
+// mode the weight-streaming kernel; block scales 2^-9 .. 2^4 (bytes 118 .. 131, past 128 the decoder's
+// second multiply), partial column tiles (2I = 192, H = 160), K = 160 and 96 (5 and 3 blocks), LoRA views
+// of two ranks with slots −1 mixed in, an expert with every token.
+TEST(GpuMoeMxfp4, GroupedGemmPathMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (const Mode& md : kModes)
+    for (bool lora : {false, true})
+      for (k::ExpertAct act : {k::ExpertAct::kSiluGate, k::ExpertAct::kGptOssSwiglu})
+        run_mxfp4({.m = 200,
+                   .hidden = 160,
+                   .inter = 96,
+                   .num_experts = 5,
+                   .top_k = 3,
+                   .mode = md,
+                   .act = act,
+                   .lora = lora,
+                   .every_token_to_expert_2 = true,
+                   .x_range = 0.05f,
+                   .scale_lo = 118,
+                   .scale_span = 14});
 }
 
 }  // namespace

@@ -449,7 +449,7 @@ class CudaBackend final : public Backend {
   }
   void moe_experts(const k::MoeExpertsArgs& a) override {
     if (a.experts_mxfp4) {
-      ensure_workspace(k::cuda::moe_experts_mxfp4_workspace_bytes(a));
+      ensure_workspace(k::cuda::moe_experts_mxfp4_workspace_bytes(a, weight_dtype_ != DType::kF32, ctx()));
       timed(a.m <= 64 ? "moe_experts mxfp4 (m<=64)" : "moe_experts mxfp4 (m>64)",
             [&] { k::cuda::moe_experts_mxfp4(a, weight_dtype_ != DType::kF32, ctx()); });
       return;

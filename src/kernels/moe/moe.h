@@ -126,8 +126,11 @@ size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args, const CudaContext
 // stored: each active expert's codes and scales streamed from device memory once per call for all of its
 // routed rows, decoded in registers, f32 products (activations rounded to bf16 when `tensor_cores` and not
 // ctx.bf16_split(m), as the bf16 paths do).
+// With tensor_cores and many token-expert pairs per expert (moe_mxfp4_grouped), moe_experts' bf16 grouped
+// GEMM instead, its K loop decoding the codes and scales to bf16 in registers (no bf16 copy in memory).
 void moe_experts_mxfp4(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
-size_t moe_experts_mxfp4_workspace_bytes(const MoeExpertsArgs& args);
+size_t moe_experts_mxfp4_workspace_bytes(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
+bool moe_mxfp4_grouped(const MoeExpertsArgs& args, bool tensor_cores);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

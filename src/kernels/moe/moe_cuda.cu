@@ -148,6 +148,9 @@ void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t 
 
 Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
   const int64_t pairs = a.m * a.top_k;
+  // MXFP4 experts come here only for the grouped GEMM (moe_mxfp4_grouped); fewer pairs take
+  // moe_mxfp4_cuda.cu's weight-streaming kernels.
+  if (a.experts_mxfp4) return Path::kMma;
   // INT8 experts (--quantization int8), whatever the backend's dtype: the fp32 GEMV kernel (codes widened in
   // registers) for few pairs, else the bf16 grouped GEMM dequantizing in its K loop.
   if (a.experts_int8) return pairs <= small_pairs_limit(a.num_experts, true) ? Path::kGemv : Path::kMma;
@@ -1192,6 +1195,17 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
 }
 
+// MXFP4 experts (tensor cores) from POLYLORA_MXFP4_MMA_PER_EXPERT pairs per expert on average (default
+// 16): the grouped GEMM decoding the codes into its bf16 B tiles (moe_gemm_mma.cuh); fewer, the
+// weight-streaming kernels of moe_mxfp4_cuda.cu, which read each expert once per call.
+bool moe_mxfp4_grouped(const MoeExpertsArgs& a, bool tensor_cores) {
+  static const int64_t per_expert = [] {
+    const char* e = std::getenv("POLYLORA_MXFP4_MMA_PER_EXPERT");
+    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{16};
+  }();
+  return tensor_cores && a.m * a.top_k >= per_expert * a.num_experts;
+}
+
 size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, const CudaContext& ctx) {
   // The backend's weight dtype is not known here: the largest of the paths either dtype could take.
   const bool bf16_split = ctx.bf16_split(a.m);
@@ -1209,6 +1223,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   cudaStream_t st = cuda_util::stream(ctx);
   const int64_t E = a.num_experts, I = a.inter, H = a.hidden;
   KERNEL_CHECK(E <= 65535 && ws.max_rows < (1LL << 31), "moe_experts: shape too large for the grid");
+  KERNEL_CHECK(!a.experts_mxfp4 || (tensor_cores && H % kMxfp4BlockSize == 0 && I % kMxfp4BlockSize == 0),
+               "moe_experts: MXFP4 experts need tensor cores and sizes that are multiples of 32");
   // Expert LoRA: slot-stacked (lora_stack) or a table of per-(slot, expert) views (lora).
   const bool stack = a.token_slots && !a.lora_stack.empty();
   const bool lora = !stack && a.token_slots && a.lora && a.num_slots > 0;

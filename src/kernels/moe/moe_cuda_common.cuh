@@ -20,6 +20,18 @@ __device__ __forceinline__ const char* weight_row(const ExpertView& ex, int64_t 
   return static_cast<const char*>(ex.up.data) + (n - I) * K * dtype_size(ex.up.dtype);
 }
 
+// MXFP4 (dtype kU8, tensor_view.h): row n of the phase's weight as its codes (K / 2 bytes) and scales
+// (K / 32 bytes).
+template <Phase P>
+__device__ __forceinline__ void mxfp4_row(const ExpertView& ex, int64_t n, int64_t K, int64_t I,
+                                          const uint8_t*& codes, const uint8_t*& scales) {
+  const bool split = P == Phase::kGateUp && ex.gate_up.data == nullptr;  // gate rows then up rows
+  const WeightView& w = P == Phase::kDown ? ex.down : (!split ? ex.gate_up : (n < I ? ex.gate : ex.up));
+  const int64_t r = split && n >= I ? n - I : n;
+  codes = static_cast<const uint8_t*>(w.data) + r * (K / 2);
+  scales = w.scales + r * (K / kMxfp4BlockSize);
+}
+
 template <Phase P>
 __device__ __forceinline__ DType weight_dtype(const ExpertView& ex) {
   return P == Phase::kDown ? ex.down.dtype : (ex.gate_up.data != nullptr ? ex.gate_up.dtype : ex.gate.dtype);

@@ -6,8 +6,11 @@
 // weight [N, K] read with 16-byte cp.async when it is BF16 with 16-byte rows; INT8 weights (--quantization
 // int8) with 8-byte rows are dequantized in the K loop (codes loaded into registers, widened to bf16 exactly
 // and stored into the stage after its MMAs; the row scales multiply the accumulators in the epilogue); else
-// converted element by element (odd shapes, F16, INT8 codes). Tiles past the device-side tile count exit at
-// once.
+// MXFP4 weights (GPT-OSS as shipped; K a multiple of 32, so a BK slice is one block of each row) the
+// same way: a row's 4 bytes of codes and its block's scale byte per thread into registers, decoded to
+// bf16 exactly (mma::mxfp4x8_to_bf16x8) and stored after the stage's MMAs: no bf16 copy of the experts;
+// else converted element by element (odd shapes, F16, INT8 codes). Tiles past the device-side tile count
+// exit at once.
 // hi + lo split (CudaContext::bf16_split(m)): each A row holds bf16(x) in its first kb_tiles·BK columns and
 // bf16(x − bf16(x)) in the next kb_tiles·BK; the K loop runs over both copies while B's K index wraps
 // (kt mod kb_tiles), so the accumulator sums W·hi + W·lo.
@@ -89,15 +92,27 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   // INT8 weights with 8-byte rows: 8 codes per 8-byte load into registers, widened to bf16 (exact) and
   // stored after the stage's MMAs (the load's latency hides behind them); the row scales in the epilogue.
   const bool b_int8 = bdt == DType::kI8 && weight_rows_aligned<P>(ex, K, 8);
+  // MXFP4: b_pending holds a row's 4 bytes of codes for the thread's 8 values and the block's scale byte.
+  const bool b_mxfp4 = bdt == DType::kU8;
+  const bool b_regs = b_int8 || b_mxfp4;
   uint2 b_pending[2];
   // Each thread copies chunk (tid % 4) of rows tid / 4 + 64·i of the A and B tiles.
   const int ld_chunk = tid & 3, ld_row = tid >> 2;
   constexpr int kARowsPerThread = BM / 64;
   const char* b_src[2];
+  const uint8_t* b_scales[2] = {nullptr, nullptr};  // MXFP4: the rows' block scales
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int64_t n = n0 + ld_row + 64 * i;
-    b_src[i] = n < N ? weight_row<P>(ex, n, K, p.inter) : nullptr;
+    if (n >= N) {
+      b_src[i] = nullptr;
+    } else if (b_mxfp4) {
+      const uint8_t* codes;
+      mxfp4_row<P>(ex, n, K, p.inter, codes, b_scales[i]);
+      b_src[i] = reinterpret_cast<const char*>(codes);
+    } else {
+      b_src[i] = weight_row<P>(ex, n, K, p.inter);
+    }
   }
   __syncthreads();
   const __nv_bfloat16* a_src[kARowsPerThread];
@@ -123,7 +138,14 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = ld_row + 64 * i;
-      if (b_int8) {
+      if (b_mxfp4) {
+        const int64_t kb = kt % p.kb_tiles;  // the MXFP4 block of this BK slice
+        const bool ok = b_src[i] != nullptr && k < K;
+        b_pending[i] = ok ? make_uint2(__ldg(reinterpret_cast<const uint32_t*>(b_src[i] + kb * kMxfp4BlockBytes +
+                                                                              ld_chunk * 4)),
+                                       __ldg(b_scales[i] + kb))
+                          : make_uint2(0u, 0u);
+      } else if (b_int8) {
         const bool ok = b_src[i] != nullptr && k < K;
         b_pending[i] = ok ? __ldg(reinterpret_cast<const uint2*>(b_src[i] + k)) : make_uint2(0u, 0u);
       } else if (b_fast) {
@@ -145,13 +167,16 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
       }
     }
   };
-  // b_int8: the codes load_stage left in registers, into stage `stage`'s B tile.
+  // b_regs: the codes load_stage left in registers, into stage `stage`'s B tile.
   auto store_pending_b = [&](int stage) {
     const uint32_t sb = smem_base + stage * C::kStageBytes + C::kABytes;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       uint32_t w[4];
-      mma::int8x8_to_bf16x8(b_pending[i].x, b_pending[i].y, w);
+      if (b_mxfp4)
+        mma::mxfp4x8_to_bf16x8(b_pending[i].x, b_pending[i].y, w);
+      else
+        mma::int8x8_to_bf16x8(b_pending[i].x, b_pending[i].y, w);
       mma::st_shared_v4(sb + mma_swz(ld_row + 64 * i, ld_chunk), w);
     }
   };
@@ -168,7 +193,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   for (int s = 0; s < kMmaStages - 1; ++s) {
     if (s < num_kt) {
       load_stage(s, s);
-      if (b_int8) store_pending_b(s);
+      if (b_regs) store_pending_b(s);
     }
     cp_async_commit();
   }
@@ -207,7 +232,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     }
     // Stage nk's slot was last read in iteration kt − 1 (before this iteration's barrier) and is next read
     // after the barrier of iteration nk.
-    if (b_int8 && nk < num_kt) store_pending_b(nk % kMmaStages);
+    if (b_regs && nk < num_kt) store_pending_b(nk % kMmaStages);
   }
   cp_async_wait<0>();
 

@@ -12,6 +12,8 @@
 //      the 8-value partial sums by the block's 2^(s − 127); fp32 accumulation, warp reduction, bias.
 //   3. expert LoRA on gate_up rows, 4. the activation, 5. down (as 2), 6. down LoRA, 7. the weighted
 //      combine per token in k order.
+// With tensor cores and many pairs per expert (moe_mxfp4_grouped) moe_cuda.cu's grouped GEMM runs instead,
+// decoding the codes into its bf16 B tiles in registers (moe_gemm_mma.cuh).
 // Activations: f32, or rounded to bf16 when the backend computes in bf16 without the hi + lo split
 // (CudaContext::bf16_split false), as the bf16 paths of moe_cuda.cu do, so numerics do not depend on the
 // path. Must not: depend on anything above common/.
@@ -327,12 +329,15 @@ void launch_gemv(dim3 grid, size_t smem, const Mxfp4GemvParams& gp, cudaStream_t
 
 }  // namespace
 
-size_t moe_experts_mxfp4_workspace_bytes(const MoeExpertsArgs& a) {
-  return Mxfp4Workspace(a, nullptr).bytes;
+size_t moe_experts_mxfp4_workspace_bytes(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
+  const size_t own = Mxfp4Workspace(a, nullptr).bytes;
+  return moe_mxfp4_grouped(a, tensor_cores) ? std::max(own, moe_experts_workspace_bytes(a, ctx)) : own;
 }
 
 void moe_experts_mxfp4(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
   if (a.m == 0) return;
+  // Many pairs per expert: the tensor-core grouped GEMM of moe_cuda.cu, decoding MXFP4 in its K loop.
+  if (moe_mxfp4_grouped(a, tensor_cores)) return moe_experts(a, tensor_cores, ctx);
   Mxfp4Workspace ws(a, ctx.workspace);
   KERNEL_CHECK(ws.bytes <= ctx.workspace_bytes, "moe_experts_mxfp4: workspace too small");
   const int64_t E = a.num_experts, I = a.inter, H = a.hidden, pairs = a.m * a.top_k;
