@@ -219,4 +219,98 @@ __device__ __forceinline__ void dot_rows_scalar(const char* const (&rows)[R], DT
   }
 }
 
+// 8 E2M1 codes (one 32-bit word, the low nibble of each byte first) as f32 values (without the block
+// scale): each magnitude placed at bf16 bits 6..8 reads as e2m1 · 2^-126 (code 1 as a subnormal), one
+// bf16x2 multiply by 2^126 per pair makes it exact, the halves are widened to f32.
+__device__ __forceinline__ void e2m1x8_to_f32(uint32_t codes, float (&f)[8]) {
+  const uint32_t even = codes & 0x0F0F0F0Fu, odd = (codes >> 4) & 0x0F0F0F0Fu;
+  const __nv_bfloat162 k2p126 = __halves2bfloat162(__ushort_as_bfloat16(static_cast<unsigned short>(253u << 7)),
+                                                   __ushort_as_bfloat16(static_cast<unsigned short>(253u << 7)));
+#pragma unroll
+  for (uint32_t j = 0; j < 4; ++j) {
+    const uint32_t p = __byte_perm(even, odd, j | (j << 4) | ((j + 4) << 8) | ((j + 4) << 12));
+    const uint32_t w = ((p << 6) & 0x01C001C0u) | ((p << 12) & 0x80008000u);
+    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&w), k2p126);
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(&v);
+    f[2 * j] = __uint_as_float(u << 16);
+    f[2 * j + 1] = __uint_as_float(u & 0xffff0000u);
+  }
+}
+
+// An E8M0 block scale 2^(s − 127) as torch.ldexp gives it (s = 0: the subnormal 2^-127; 255: +inf).
+__device__ __forceinline__ float e8m0_to_f32(uint32_t s) {
+  return __uint_as_float(s == 0 ? 0x00400000u : s << 23);
+}
+
+// dot_rows_vec for MXFP4 rows (common/mxfp4.h): codes[r] / scales[r] are row r's K / 2 code bytes and K / 32
+// scale bytes (nullptr: a row past the matrix, zeros, never stored). Lane l takes blocks l + 32·j: one
+// 128-bit load of its 32 codes and one scale byte per row, U blocks per row in flight; the 32 products
+// with each x row are summed in f32, then times the block's scale. xv: x rows 16-byte aligned (float4
+// loads), else element loads.
+template <int R, int TM, int U, bool XV>
+__device__ __forceinline__ void dot_rows_mxfp4(const uint8_t* const (&codes)[R], const uint8_t* const (&scales)[R],
+                                               int64_t K, const float* const (&xs)[TM], bool round_bf16,
+                                               float (&acc)[R][TM]) {
+  const int lane = threadIdx.x & 31;
+  const int64_t nb = K / 32;
+  for (int64_t b0 = lane; b0 < nb; b0 += 32 * U) {
+    uint4 cv[U][R];
+    uint32_t sv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t b = b0 + u * 32;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const bool ok = codes[r] != nullptr && b < nb;
+        cv[u][r] = ok ? ld_stream_v4(codes[r] + b * 16) : make_uint4(0u, 0u, 0u, 0u);
+        sv[u][r] = ok ? __ldg(scales[r] + b) : 0u;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t b = b0 + u * 32;
+      if (b >= nb) break;
+      float part[R][TM];
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < TM; ++t) part[r][t] = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // 32-bit word q of the block: values 8q .. 8q + 7
+        float wf[R][8];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint4& c = cv[u][r];
+          e2m1x8_to_f32(q == 0 ? c.x : q == 1 ? c.y : q == 2 ? c.z : c.w, wf[r]);
+        }
+        const int64_t k = b * 32 + 8 * q;
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+          float xv[8];
+          if constexpr (XV) {
+            const float4 a = __ldg(reinterpret_cast<const float4*>(xs[t] + k));
+            const float4 c = __ldg(reinterpret_cast<const float4*>(xs[t] + k + 4));
+            xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = c.x, xv[5] = c.y, xv[6] = c.z, xv[7] = c.w;
+          } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xv[i] = __ldg(xs[t] + k + i);
+          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) xv[i] = x_value(xv[i], round_bf16);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) part[r][t] = fmaf(wf[r][i], xv[i], part[r][t]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float sc = e8m0_to_f32(sv[u][r]);
+#pragma unroll
+        for (int t = 0; t < TM; ++t) acc[r][t] = fmaf(part[r][t], sc, acc[r][t]);
+      }
+    }
+  }
+}
+
 }  // namespace polylora::kernels::cuda::stream

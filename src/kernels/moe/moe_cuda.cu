@@ -58,6 +58,7 @@ int64_t round_up(int64_t v, int64_t a) {
 }
 
 enum class Path { kGemv, kGemvTc, kMma, kF32 };
+constexpr int64_t kMmaMaxSmem = 200 * 1024;  // the grouped GEMM's dynamic shared memory limit (MXFP4 scales)
 
 // The GEMV paths' pair limit: kSmallPairs for F32 weights, max(kSmallPairs, kTcMaxPerExpert·E) for
 // tensor-core weights, or POLYLORA_MOE_SMALL_PAIRS for both (a tuning and testing override: 0 sends every
@@ -148,9 +149,9 @@ void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t 
 
 Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
   const int64_t pairs = a.m * a.top_k;
-  // MXFP4 experts come here only for the grouped GEMM (moe_mxfp4_grouped); fewer pairs take
-  // moe_mxfp4_cuda.cu's weight-streaming kernels.
-  if (a.experts_mxfp4) return Path::kMma;
+  // MXFP4 experts: the fp32 GEMV (codes decoded in registers) for few pairs per expert and in f32 mode, else
+  // the tensor-core grouped GEMM (moe_mxfp4_grouped).
+  if (a.experts_mxfp4) return moe_mxfp4_grouped(a, tensor_cores) ? Path::kMma : Path::kGemv;
   // INT8 experts (--quantization int8), whatever the backend's dtype: the fp32 GEMV kernel (codes widened in
   // registers) for few pairs, else the bf16 grouped GEMM dequantizing in its K loop.
   if (a.experts_int8) return pairs <= small_pairs_limit(a.num_experts, true) ? Path::kGemv : Path::kMma;
@@ -943,13 +944,13 @@ template <Phase P, int BM>
 void launch_mma(dim3 grid, const moe_detail::MmaParams& mp, cudaStream_t st) {
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemm_mma<P, BM>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    moe_detail::MmaCfg<BM>::kSmemBytes));
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaMaxSmem));
     return true;
   }();
   (void)configured;
-  moe_detail::moe_gemm_mma<P, BM>
-      <<<grid, moe_detail::kMmaThreads, moe_detail::MmaCfg<BM>::kSmemBytes, st>>>(mp);
+  const int64_t smem = moe_detail::MmaCfg<BM>::kSmemBytes + moe_detail::mma_mxfp4_smem_bytes(mp.mx_nb);
+  KERNEL_CHECK(smem <= kMmaMaxSmem, "moe_experts: MXFP4 rows too long for the grouped GEMM's shared memory");
+  moe_detail::moe_gemm_mma<P, BM><<<grid, moe_detail::kMmaThreads, static_cast<size_t>(smem), st>>>(mp);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1196,12 +1197,12 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
 }
 
 // MXFP4 experts (tensor cores) from POLYLORA_MXFP4_MMA_PER_EXPERT pairs per expert on average (default
-// 16): the grouped GEMM decoding the codes into its bf16 B tiles (moe_gemm_mma.cuh); fewer, the
-// weight-streaming kernels of moe_mxfp4_cuda.cu, which read each expert once per call.
+// 8): the grouped GEMM decoding the codes into its bf16 B tiles (moe_gemm_mma.cuh); fewer, the fp32
+// GEMV (moe_gemv.cuh), which streams each active expert once per call and decodes in registers.
 bool moe_mxfp4_grouped(const MoeExpertsArgs& a, bool tensor_cores) {
   static const int64_t per_expert = [] {
     const char* e = std::getenv("POLYLORA_MXFP4_MMA_PER_EXPERT");
-    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{16};
+    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{8};
   }();
   return tensor_cores && a.m * a.top_k >= per_expert * a.num_experts;
 }
@@ -1223,8 +1224,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   cudaStream_t st = cuda_util::stream(ctx);
   const int64_t E = a.num_experts, I = a.inter, H = a.hidden;
   KERNEL_CHECK(E <= 65535 && ws.max_rows < (1LL << 31), "moe_experts: shape too large for the grid");
-  KERNEL_CHECK(!a.experts_mxfp4 || (tensor_cores && H % kMxfp4BlockSize == 0 && I % kMxfp4BlockSize == 0),
-               "moe_experts: MXFP4 experts need tensor cores and sizes that are multiples of 32");
+  KERNEL_CHECK(!a.experts_mxfp4 || (H % kMxfp4BlockSize == 0 && I % kMxfp4BlockSize == 0),
+               "moe_experts: MXFP4 experts need hidden and intermediate sizes that are multiples of 32");
   // Expert LoRA: slot-stacked (lora_stack) or a table of per-(slot, expert) views (lora).
   const bool stack = a.token_slots && !a.lora_stack.empty();
   const bool lora = !stack && a.token_slots && a.lora && a.num_slots > 0;
@@ -1329,7 +1330,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.top_k = a.top_k;
     gp.hidden = H;
     gp.inter = I;
-    gp.round_bf16 = !ctx.bf16_split(a.m);
+    gp.round_bf16 = !ctx.bf16_split(a.m) && (tensor_cores || !a.experts_mxfp4);
     const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(E, ws.pairs));
     // 2. gate_up
     gp.x = a.x;
@@ -1398,6 +1399,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       mp.hidden = H;
       mp.inter = I;
       mp.out = ws.gu;
+      mp.mx_nb = a.experts_mxfp4 ? H / kMxfp4BlockSize : 0;
       if (mma_lora) {
         launch_lora_shrink_mma<Phase::kGateUp>(a, ws, lms.gu, st);
         mp.lora = lora_expand_params<Phase::kGateUp>(a, ws, lms.gu);
@@ -1433,6 +1435,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       mp.lda = ws.copies * ws.lda_i;
       mp.kb_tiles = static_cast<int>(ws.lda_i / moe_detail::kMmaBK);
       mp.out = ws.y;
+      mp.mx_nb = a.experts_mxfp4 ? I / kMxfp4BlockSize : 0;
       if (mma_lora) mp.lora = lora_expand_params<Phase::kDown>(a, ws, lms.down);
       launch_mma_tile<Phase::kDown>(tile_m, grid_down, mp, st);
     } else {

@@ -6,11 +6,13 @@
 // weight [N, K] read with 16-byte cp.async when it is BF16 with 16-byte rows; INT8 weights (--quantization
 // int8) with 8-byte rows are dequantized in the K loop (codes loaded into registers, widened to bf16 exactly
 // and stored into the stage after its MMAs; the row scales multiply the accumulators in the epilogue); else
-// MXFP4 weights (GPT-OSS as shipped; K a multiple of 32, so a BK slice is one block of each row) the
-// same way: a row's 4 bytes of codes and its block's scale byte per thread into registers, decoded to
-// bf16 exactly (mma::mxfp4x8_to_bf16x8) and stored after the stage's MMAs: no bf16 copy of the experts;
-// else converted element by element (odd shapes, F16, INT8 codes). Tiles past the device-side tile count
-// exit at once.
+// MXFP4 weights (GPT-OSS as shipped; K a multiple of 32, so a BK slice is one block of each row): the
+// codes travel in the cp.async pipeline as they are stored (a raw ring of kStages × 128 rows × 16 bytes
+// after the stages; the CTA's rows' block scales are loaded once into shared memory), and at the end of
+// iteration kt each thread decodes the 8 code bytes it copied itself for slice kt + 1 (mma::
+// mxfp4x8_to_bf16x8, exact) into that stage's bf16 B tile, published by the next iteration's barrier: no
+// bf16 copy of the experts exists; else converted element by element (odd shapes, F16, INT8 codes). Tiles
+// past the device-side tile count exit at once.
 // hi + lo split (CudaContext::bf16_split(m)): each A row holds bf16(x) in its first kb_tiles·BK columns and
 // bf16(x − bf16(x)) in the next kb_tiles·BK; the K loop runs over both copies while B's K index wraps
 // (kt mod kb_tiles), so the accumulator sums W·hi + W·lo.
@@ -51,7 +53,15 @@ struct MmaParams {
   float* out = nullptr;  // kGateUp: gu [max_rows, 2I] by sorted row; kDown: y [pairs, H] by pair
   // Slot-stacked LoRA expand fused into the epilogue (moe_lora_mma.cuh; lora.b == nullptr: none).
   LoraExpandMma lora;
+  // MXFP4 weights: K / 32 (blocks per row); the launch adds mma_mxfp4_smem_bytes(mx_nb) of shared memory.
+  int64_t mx_nb = 0;
 };
+
+constexpr int kMxRawBytes = kMmaBN * 16;  // one stage's codes: 128 rows × one 16-byte block
+// Shared memory past the pipeline stages for MXFP4 weights: the raw ring and [128, nb] scales.
+__host__ __device__ constexpr int64_t mma_mxfp4_smem_bytes(int64_t nb) {
+  return nb == 0 ? 0 : kMmaStages * kMxRawBytes + (kMmaBN * nb + 15) / 16 * 16;
+}
 
 using mma::cp_async16;
 using mma::cp_async_commit;
@@ -92,24 +102,32 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   // INT8 weights with 8-byte rows: 8 codes per 8-byte load into registers, widened to bf16 (exact) and
   // stored after the stage's MMAs (the load's latency hides behind them); the row scales in the epilogue.
   const bool b_int8 = bdt == DType::kI8 && weight_rows_aligned<P>(ex, K, 8);
-  // MXFP4: b_pending holds a row's 4 bytes of codes for the thread's 8 values and the block's scale byte.
+  // MXFP4 (any K a multiple of 32): the raw codes through the pipeline, decoded at the end of the iteration
+  // before their slice's (decode_mxfp4).
   const bool b_mxfp4 = bdt == DType::kU8;
-  const bool b_regs = b_int8 || b_mxfp4;
+  const bool b_regs = b_int8;
   uint2 b_pending[2];
+  // MXFP4: thread tid copies and decodes half tid & 1 (8 code bytes, 16 values) of B row tid / 2.
+  const int mx_row = tid >> 1, mx_half = tid & 1;
+  const uint8_t* mx_codes = nullptr;
+  if (b_mxfp4) {
+    const uint8_t* scl = nullptr;
+    if (n0 + mx_row < N) mxfp4_row<P>(ex, n0 + mx_row, K, p.inter, mx_codes, scl);
+    uint8_t* s_scl = mma_smem + C::kSmemBytes + kMmaStages * kMxRawBytes;
+    for (int64_t kb = mx_half; kb < p.mx_nb; kb += 2)
+      s_scl[mx_row * p.mx_nb + kb] = scl != nullptr ? __ldg(scl + kb) : uint8_t{0};
+  }
   // Each thread copies chunk (tid % 4) of rows tid / 4 + 64·i of the A and B tiles.
   const int ld_chunk = tid & 3, ld_row = tid >> 2;
   constexpr int kARowsPerThread = BM / 64;
   const char* b_src[2];
-  const uint8_t* b_scales[2] = {nullptr, nullptr};  // MXFP4: the rows' block scales
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int64_t n = n0 + ld_row + 64 * i;
     if (n >= N) {
       b_src[i] = nullptr;
     } else if (b_mxfp4) {
-      const uint8_t* codes;
-      mxfp4_row<P>(ex, n, K, p.inter, codes, b_scales[i]);
-      b_src[i] = reinterpret_cast<const char*>(codes);
+      b_src[i] = nullptr;  // the raw ring's copies (mx_codes)
     } else {
       b_src[i] = weight_row<P>(ex, n, K, p.inter);
     }
@@ -139,12 +157,14 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     for (int i = 0; i < 2; ++i) {
       const int r = ld_row + 64 * i;
       if (b_mxfp4) {
-        const int64_t kb = kt % p.kb_tiles;  // the MXFP4 block of this BK slice
-        const bool ok = b_src[i] != nullptr && k < K;
-        b_pending[i] = ok ? make_uint2(__ldg(reinterpret_cast<const uint32_t*>(b_src[i] + kb * kMxfp4BlockBytes +
-                                                                              ld_chunk * 4)),
-                                       __ldg(b_scales[i] + kb))
-                          : make_uint2(0u, 0u);
+        if (i == 0) {  // the thread's 8 code bytes of this slice's block, raw, into the ring
+          const int64_t kb = kt % p.kb_tiles;
+          const uint32_t dst = smem_base + C::kSmemBytes + stage * kMxRawBytes + mx_row * 16 + mx_half * 8;
+          const void* src = mx_codes != nullptr ? static_cast<const void*>(mx_codes + kb * 16 + mx_half * 8)
+                                                : static_cast<const void*>(p.a);
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+                       "r"(mx_codes != nullptr ? 8 : 0));
+        }
       } else if (b_int8) {
         const bool ok = b_src[i] != nullptr && k < K;
         b_pending[i] = ok ? __ldg(reinterpret_cast<const uint2*>(b_src[i] + k)) : make_uint2(0u, 0u);
@@ -167,16 +187,27 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
       }
     }
   };
+  // MXFP4: the thread's own raw codes of slice kt (complete: the caller waited for its cp.async group) as
+  // bf16 into that stage's B tile, chunks 2·half and 2·half + 1 of its row.
+  auto decode_mxfp4 = [&](int kt) {
+    const int stage = kt % kMmaStages;
+    const unsigned char* raw = mma_smem + C::kSmemBytes + stage * kMxRawBytes + mx_row * 16 + mx_half * 8;
+    const uint2 c = *reinterpret_cast<const uint2*>(raw);
+    const uint32_t sc = mma_smem[C::kSmemBytes + kMmaStages * kMxRawBytes + mx_row * p.mx_nb + kt % p.kb_tiles];
+    const uint32_t sb = smem_base + stage * C::kStageBytes + C::kABytes;
+    uint32_t w[4];
+    mma::mxfp4x8_to_bf16x8(c.x, sc, w);
+    mma::st_shared_v4(sb + mma_swz(mx_row, 2 * mx_half), w);
+    mma::mxfp4x8_to_bf16x8(c.y, sc, w);
+    mma::st_shared_v4(sb + mma_swz(mx_row, 2 * mx_half + 1), w);
+  };
   // b_regs: the codes load_stage left in registers, into stage `stage`'s B tile.
   auto store_pending_b = [&](int stage) {
     const uint32_t sb = smem_base + stage * C::kStageBytes + C::kABytes;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       uint32_t w[4];
-      if (b_mxfp4)
-        mma::mxfp4x8_to_bf16x8(b_pending[i].x, b_pending[i].y, w);
-      else
-        mma::int8x8_to_bf16x8(b_pending[i].x, b_pending[i].y, w);
+      mma::int8x8_to_bf16x8(b_pending[i].x, b_pending[i].y, w);
       mma::st_shared_v4(sb + mma_swz(ld_row + 64 * i, ld_chunk), w);
     }
   };
@@ -196,6 +227,10 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
       if (b_regs) store_pending_b(s);
     }
     cp_async_commit();
+  }
+  if (b_mxfp4) {  // slice 0 (its group is complete once at most kMmaStages − 2 are pending)
+    cp_async_wait<kMmaStages - 2>();
+    if (num_kt > 0) decode_mxfp4(0);
   }
   const int wm = warp >> 2, wn = warp & 3;
   for (int kt = 0; kt < num_kt; ++kt) {
@@ -233,6 +268,12 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     // Stage nk's slot was last read in iteration kt − 1 (before this iteration's barrier) and is next read
     // after the barrier of iteration nk.
     if (b_regs && nk < num_kt) store_pending_b(nk % kMmaStages);
+    // MXFP4: slice kt + 1's group is complete once at most kMmaStages − 2 are pending; its stage was last
+    // read in iteration kt + 1 − kMmaStages, before this iteration's barrier.
+    if (b_mxfp4 && kt + 1 < num_kt) {
+      cp_async_wait<kMmaStages - 2>();
+      decode_mxfp4(kt + 1);
+    }
   }
   cp_async_wait<0>();
 

@@ -5,7 +5,8 @@
 // multiplying them with that expert's routed rows (up to 8 per pass), whose f32 values every lane reads
 // itself through the read-only cache (every warp of the expert reads the same few rows; the loops are
 // weight_stream.cuh's dot_rows_*). fp32 FMAs, a fixed-order warp reduction (deterministic).
-// Weights BF16, F32 or INT8 (vector loads; INT8 sums times the row scale) with 16-byte rows, or anything else
+// Weights BF16, F32 or INT8 (vector loads; INT8 sums times the row scale) with 16-byte rows, MXFP4 (one
+// 128-bit load per 32-value block, decoded in registers, block sums times the scale), or anything else
 // (element loads). round_bf16: the activations rounded to bf16 first (CudaContext::bf16_split(m) false).
 // Why this shape (ncu on the H200, GPT-OSS-20B experts at M = 1, 2026-12-02): the tensor-core pipeline
 // (moe_gemv_pipe.cuh) ran gate_up in 65 us at 2.0 TB/s and down in 39 us at 1.75 TB/s: 360 and 180 CTAs of 4
@@ -123,6 +124,81 @@ __device__ __forceinline__ void gemv_pass_any(const GemvParams& p, const char* c
   gemv_pass<P, W, TM>(p, rows, scales, vec, dt, K, N, n_first, bias, row0, nt);
 }
 
+// MXFP4 weights (dtype kU8): the pass of gemv_pass over codes and block scales (stream::dot_rows_mxfp4).
+template <Phase P, int TM, bool XV>
+__device__ __forceinline__ void gemv_pass_mxfp4(const GemvParams& p, const uint8_t* const (&codes)[kGemvR],
+                                                const uint8_t* const (&scales)[kGemvR], int64_t K, int64_t N,
+                                                int64_t n_first, const float* bias, int row0, int nt) {
+  const float* xs[TM];
+#pragma unroll
+  for (int t = 0; t < TM; ++t) {
+    const int64_t row = row0 + (t < nt ? t : 0);
+    xs[t] = P == Phase::kGateUp ? p.x + (p.sorted[row] / p.top_k) * p.ldx : p.x + row * p.inter;
+  }
+  float acc[kGemvR][TM];
+#pragma unroll
+  for (int r = 0; r < kGemvR; ++r)
+#pragma unroll
+    for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
+  stream::dot_rows_mxfp4<kGemvR, TM, (TM == 1 ? 4 : TM == 2 ? 2 : 1), XV>(codes, scales, K, xs, p.round_bf16, acc);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < kGemvR; ++r) {
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      const float v = cuda_util::warp_sum(acc[r][t]);
+      if (lane == 0 && t < nt && codes[r] != nullptr) {
+        const int64_t n = n_first + r;
+        const float y = v + (bias != nullptr ? bias[n] : 0.0f);
+        const int64_t row = row0 + t;
+        if (P == Phase::kGateUp) {
+          p.out[row * N + n] = y;
+        } else {
+          p.out[static_cast<int64_t>(p.sorted[row]) * N + n] = y;
+        }
+      }
+    }
+  }
+}
+
+template <Phase P, int TM, bool XV>
+__device__ __forceinline__ void gemv_pass_mxfp4_any(const GemvParams& p, const uint8_t* const (&codes)[kGemvR],
+                                                    const uint8_t* const (&scales)[kGemvR], int64_t K,
+                                                    int64_t N, int64_t n_first, const float* bias, int row0,
+                                                    int nt) {
+  if constexpr (TM > 1) {
+    if (nt <= TM / 2)
+      return gemv_pass_mxfp4_any<P, TM / 2, XV>(p, codes, scales, K, N, n_first, bias, row0, nt);
+  }
+  gemv_pass_mxfp4<P, TM, XV>(p, codes, scales, K, N, n_first, bias, row0, nt);
+}
+
+// One warp's MXFP4 item (gemv_item below).
+template <Phase P, int TM>
+__device__ __forceinline__ void gemv_item_mxfp4(const GemvParams& p, const ExpertView& ex, int count, int base,
+                                                int64_t n_first) {
+  const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
+  const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
+  const float* bias = weight_bias<P>(ex);
+  const uint8_t* codes[kGemvR];
+  const uint8_t* scales[kGemvR];
+#pragma unroll
+  for (int r = 0; r < kGemvR; ++r) {
+    codes[r] = scales[r] = nullptr;
+    if (n_first + r < N) mxfp4_row<P>(ex, n_first + r, K, p.inter, codes[r], scales[r]);
+  }
+  const int64_t ldx = P == Phase::kGateUp ? p.ldx : p.inter;
+  const bool xv = (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && ldx % 4 == 0;
+  for (int tok0 = 0; tok0 < count; tok0 += TM) {
+    const int nt = count - tok0 < TM ? count - tok0 : TM;
+    if (xv) {
+      gemv_pass_mxfp4_any<P, TM, true>(p, codes, scales, K, N, n_first, bias, base + tok0, nt);
+    } else {
+      gemv_pass_mxfp4_any<P, TM, false>(p, codes, scales, K, N, n_first, bias, base + tok0, nt);
+    }
+  }
+}
+
 // One warp's item: the kGemvR rows from n_first of active expert j, every routed row of it.
 template <Phase P, int TM>
 __device__ __forceinline__ void gemv_item(const GemvParams& p, int j, int64_t n_first) {
@@ -132,6 +208,9 @@ __device__ __forceinline__ void gemv_item(const GemvParams& p, int j, int64_t n_
   const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
   const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
   const DType dt = weight_dtype<P>(ex);
+  // MXFP4: passes of at most 4 routed rows (8 would spill: 32 values per load stay in registers); a second
+  // pass re-reads the rows from L2.
+  if (dt == DType::kU8) return gemv_item_mxfp4<P, (TM > 4 ? 4 : TM)>(p, ex, count, base, n_first);
   const float* bias = weight_bias<P>(ex);
   const char* rows[kGemvR];
   float scales[kGemvR];  // INT8 row scales (1 for float weights)

@@ -329,15 +329,24 @@ void launch_gemv(dim3 grid, size_t smem, const Mxfp4GemvParams& gp, cudaStream_t
 
 }  // namespace
 
+// POLYLORA_MXFP4_LEGACY=1: these kernels for every MXFP4 call (A/B timing against moe_experts' paths).
+static bool mxfp4_legacy() {
+  static const bool v = [] {
+    const char* e = std::getenv("POLYLORA_MXFP4_LEGACY");
+    return e != nullptr && e[0] == '1';
+  }();
+  return v;
+}
+
 size_t moe_experts_mxfp4_workspace_bytes(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
-  const size_t own = Mxfp4Workspace(a, nullptr).bytes;
-  return moe_mxfp4_grouped(a, tensor_cores) ? std::max(own, moe_experts_workspace_bytes(a, ctx)) : own;
+  (void)tensor_cores;
+  return std::max(Mxfp4Workspace(a, nullptr).bytes, moe_experts_workspace_bytes(a, ctx));
 }
 
 void moe_experts_mxfp4(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
   if (a.m == 0) return;
-  // Many pairs per expert: the tensor-core grouped GEMM of moe_cuda.cu, decoding MXFP4 in its K loop.
-  if (moe_mxfp4_grouped(a, tensor_cores)) return moe_experts(a, tensor_cores, ctx);
+  // moe_cuda.cu's paths: the fp32 GEMV decoding in registers, or the tensor-core grouped GEMM.
+  if (!mxfp4_legacy()) return moe_experts(a, tensor_cores, ctx);
   Mxfp4Workspace ws(a, ctx.workspace);
   KERNEL_CHECK(ws.bytes <= ctx.workspace_bytes, "moe_experts_mxfp4: workspace too small");
   const int64_t E = a.num_experts, I = a.inter, H = a.hidden, pairs = a.m * a.top_k;
