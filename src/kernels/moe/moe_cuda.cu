@@ -1342,7 +1342,9 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     if (fuse) gp.lora = shrink_items<Phase::kGateUp>(a, sb);
     const dim3 grid_gu(moe_gemv_blocks(max_active * ((2 * I + moe_detail::kGemvR - 1) / moe_detail::kGemvR) +
                                        gp.lora.items()));
-    launch_gemv<Phase::kGateUp>(a.m, grid_gu, gp, st);
+    // MXFP4: the kernels of 1- or 2-row passes (moe_gemv.cuh).
+    const int64_t pass_m = a.experts_mxfp4 ? std::min<int64_t>(a.m, 2) : a.m;
+    launch_gemv<Phase::kGateUp>(pass_m, grid_gu, gp, st);
     // 3. gate_up LoRA, 4. activation
     gate_up_lora_and_activation();
     // 5. down
@@ -1352,7 +1354,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     if (fuse) gp.lora = shrink_items<Phase::kDown>(a, sb);
     const dim3 grid_down(
         moe_gemv_blocks(max_active * ((H + moe_detail::kGemvR - 1) / moe_detail::kGemvR) + gp.lora.items()));
-    launch_gemv<Phase::kDown>(a.m, grid_down, gp, st);
+    launch_gemv<Phase::kDown>(pass_m, grid_down, gp, st);
   } else {
     // 1. align
     const int64_t nb = ws.buckets;

@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     const uint8_t* scl = nullptr;
     if (n0 + mx_row < N) mxfp4_row<P>(ex, n0 + mx_row, K, p.inter, mx_codes, scl);
     uint8_t* s_scl = mma_smem + C::kSmemBytes + kMmaStages * kMxRawBytes;
+#pragma unroll 8
     for (int64_t kb = mx_half; kb < p.mx_nb; kb += 2)
       s_scl[mx_row * p.mx_nb + kb] = scl != nullptr ? __ldg(scl + kb) : uint8_t{0};
   }

@@ -208,9 +208,12 @@ __device__ __forceinline__ void gemv_item(const GemvParams& p, int j, int64_t n_
   const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
   const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
   const DType dt = weight_dtype<P>(ex);
-  // MXFP4: passes of at most 4 routed rows (8 would spill: 32 values per load stay in registers); a second
-  // pass re-reads the rows from L2.
-  if (dt == DType::kU8) return gemv_item_mxfp4<P, (TM > 4 ? 4 : TM)>(p, ex, count, base, n_first);
+  // MXFP4: only in the kernels for passes of 1 or 2 routed rows (moe_experts launches those for MXFP4 at
+  // any m: more rows per pass spill, 32 values per load stay in registers; further passes re-read the rows
+  // from L2), so the 4- and 8-row kernels of the other dtypes carry none of its registers.
+  if constexpr (TM <= 2) {
+    if (dt == DType::kU8) return gemv_item_mxfp4<P, TM>(p, ex, count, base, n_first);
+  }
   const float* bias = weight_bias<P>(ex);
   const char* rows[kGemvR];
   float scales[kGemvR];  // INT8 row scales (1 for float weights)
