@@ -1,11 +1,11 @@
-// tests/gpu/moe_mxfp4_gpu_test.cc: the CUDA MXFP4 experts (kernels/moe/moe_mxfp4_cuda.cu) against the
-// reference (kernels::ref::moe_experts on the same MXFP4 views in host memory, decoded as Hugging Face does):
-// one token and many (300, several passes of 8 routed rows per expert), an expert with no token and one with
-// every token, top_k 1 and all, biases, both activations, adapter slots −1 mixed with two adapters of
-// different ranks on gate_up and down, under the f32, bf16 hi+lo and bf16-rounded backend modes (tolerances
-// of gpu_test_util.h: the MXFP4 values are exact in bf16, so only the activations' rounding differs).
-// Many pairs per expert in the bf16 modes take the tensor-core grouped GEMM (moe_mxfp4_grouped), whose K
-// loop decodes the codes to bf16 (block scales above 2^1 take the decoder's two-multiply branch).
+// tests/gpu/moe_mxfp4_gpu_test.cc: the CUDA MXFP4 experts (kernels/moe/moe_cuda.cu's GEMV and grouped GEMM)
+// against the reference (kernels::ref::moe_experts on the same MXFP4 views in host memory, decoded as Hugging
+// Face does): one token and many (300, several passes of 8 routed rows per expert), an expert with no token
+// and one with every token, top_k 1 and all, biases, both activations, adapter slots −1 mixed with two
+// adapters of different ranks on gate_up and down, under the f32, bf16 hi+lo and bf16-rounded backend modes
+// (tolerances of gpu_test_util.h: the MXFP4 values are exact in bf16, so only the activations' rounding
+// differs). Many pairs per expert in the bf16 modes take the tensor-core grouped GEMM (moe_mxfp4_grouped),
+// whose K loop decodes the codes to bf16 (block scales above 2^1 take the decoder's two-multiply branch).
 #include <algorithm>
 #include <numeric>
 #include <random>

@@ -24,6 +24,7 @@
 #include "backend/cuda/device_ops.h"
 #include "common/error.h"
 #include "kernels/cuda_context.h"
+#include "kernels/tuning.h"
 
 #define CUDA_CHECK(expr)                                                                        \
   do {                                                                                          \
@@ -176,6 +177,9 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     name_ = fmt::format("cuda:{} ({})", device_, prop.name);
+    // The kernels' tuned bounds are those of this device's files (kernels/tuning.h). One device per
+    // process: with tensor parallelism every rank's GPU is the same model.
+    k::set_tuning_device(prop.name);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
@@ -448,15 +452,10 @@ class CudaBackend final : public Backend {
     timed("route", [&] { k::cuda::route(a, ctx()); });
   }
   void moe_experts(const k::MoeExpertsArgs& a) override {
-    if (a.experts_mxfp4) {
-      ensure_workspace(k::cuda::moe_experts_mxfp4_workspace_bytes(a, weight_dtype_ != DType::kF32, ctx()));
-      timed(a.m <= 64 ? "moe_experts mxfp4 (m<=64)" : "moe_experts mxfp4 (m>64)",
-            [&] { k::cuda::moe_experts_mxfp4(a, weight_dtype_ != DType::kF32, ctx()); });
-      return;
-    }
     ensure_workspace(k::cuda::moe_experts_workspace_bytes(a, ctx()));
-    timed(a.m <= 64 ? "moe_experts (m<=64)" : "moe_experts (m>64)",
-          [&] { k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx()); });
+    const char* op = a.experts_mxfp4 ? (a.m <= 64 ? "moe_experts mxfp4 (m<=64)" : "moe_experts mxfp4 (m>64)")
+                                     : (a.m <= 64 ? "moe_experts (m<=64)" : "moe_experts (m>64)");
+    timed(op, [&] { k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx()); });
   }
   void add_inplace(float* y, const float* x, int64_t n) override {
     timed("add_inplace", [&] { cuda_backend::add_inplace(y, x, n, stream_); });

@@ -6,6 +6,7 @@
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/lora/lora_fused_cuda.cuh"
 #include "kernels/lora/lora_stack_cuda.cuh"
+#include "kernels/tuning.h"
 #include "kernels/weight_stream.cuh"
 
 namespace polylora::kernels::cuda {
@@ -108,14 +109,10 @@ unsigned lora_shrink_blocks(const lora_fused::ShrinkItems& p) {
 }
 
 // Token counts up to this take lora_shrink_kernel (each token reads its slot's A itself; the tiled
-// shrink reads it once per 8 tokens, better for prefill). POLYLORA_LORA_GEMV_SHRINK_ROWS overrides (0:
-// tiled).
+// shrink reads it once per 8 tokens, better for prefill). Tuned (kernels/tuning.h
+// lora_dense_gemv_shrink_rows; POLYLORA_LORA_GEMV_SHRINK_ROWS overrides, 0: tiled).
 int64_t dense_gemv_shrink_max_rows() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("POLYLORA_LORA_GEMV_SHRINK_ROWS");
-    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{64};
-  }();
-  return v;
+  return kernel_tuning({}).lora_dense_gemv_shrink_rows;
 }
 
 // y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (tiles, output chunks, module).

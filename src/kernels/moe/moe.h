@@ -119,18 +119,10 @@ void route(const RouteArgs& args, const CudaContext& ctx);
 // device memory; weights of every expert are F32 (fp32 FMA path) or BF16/F16 (bf16 tensor cores with fp32
 // accumulation; activations as hi + lo bf16 pairs with ctx.bf16_split(m), else cast to one bf16; the
 // small-batch GEMV path multiplies f32 activations when split, bf16-rounded ones when not) as
-// `tensor_cores` says (the backend's weight dtype).
+// `tensor_cores` says (the backend's weight dtype). MXFP4 experts (args.experts_mxfp4) are read as stored:
+// the codes and scales decoded in registers by the GEMV or the grouped GEMM, no bf16 copy in memory.
 void moe_experts(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
 size_t moe_experts_workspace_bytes(const MoeExpertsArgs& args, const CudaContext& ctx);
-// args.experts_mxfp4 (moe_mxfp4_cuda.cu): the same computation with MXFP4 gate_up (fused) and down read as
-// stored: each active expert's codes and scales streamed from device memory once per call for all of its
-// routed rows, decoded in registers, f32 products (activations rounded to bf16 when `tensor_cores` and not
-// ctx.bf16_split(m), as the bf16 paths do).
-// With tensor_cores and many token-expert pairs per expert (moe_mxfp4_grouped), moe_experts' bf16 grouped
-// GEMM instead, its K loop decoding the codes and scales to bf16 in registers (no bf16 copy in memory).
-void moe_experts_mxfp4(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
-size_t moe_experts_mxfp4_workspace_bytes(const MoeExpertsArgs& args, bool tensor_cores, const CudaContext& ctx);
-bool moe_mxfp4_grouped(const MoeExpertsArgs& args, bool tensor_cores);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

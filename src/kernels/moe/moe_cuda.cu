@@ -1,12 +1,13 @@
 // kernels/moe/moe_cuda.cu: CUDA routing and MoE experts, entirely on the device (no host sync, no
 // per-expert host loop). Two paths, chosen on the host from the number of token-expert pairs m·top_k:
 // - small (e.g. decode: pairs <= max(512, 16·E) with tensor-core weights, <= kSmallPairs with F32 weights;
-//   POLYLORA_MOE_SMALL_PAIRS overrides the limit): one block sorts the pairs by expert in shared memory
-//   (compact offsets and the list of active experts), then weight-streaming kernels read each active
-//   expert's weights once for its routed rows: gate_up, [LoRA], activation, down, [LoRA]; BF16/F16 weights
-//   with >= kTcMinPerExpert pairs per expert on average on tensor cores (moe_gemv_pipe.cuh /
-//   moe_gemv_mma.cuh: x cast to bf16 once, the activation written in bf16), fewer, or F32 weights, with fp32
-//   FMAs on f32 activations (moe_gemv.cuh, up to 8 routed rows per weight read);
+//   the bounds are tuned per device and shape, kernels/tuning.h, with POLYLORA_* overrides): one block sorts
+//   the pairs by expert in shared memory (compact offsets and the list of active experts), then
+//   weight-streaming kernels read each active expert's weights once for its routed rows: gate_up, [LoRA],
+//   activation, down, [LoRA]; BF16/F16 weights with >= moe_tc_min_per_expert pairs per expert on average on
+//   tensor cores (moe_gemv_pipe.cuh / moe_gemv_mma.cuh: x cast to bf16 once, the activation written in bf16),
+//   fewer, or F32 weights, with fp32 FMAs on f32 activations (moe_gemv.cuh, up to 8 routed rows per weight
+//   read);
 // - large (prefill), in the manner of vLLM's fused MoE:
 //   1. align: count pairs per expert, offsets padded to the GEMM row tile, a tile -> expert map, the
 //      pairs scattered into expert order (padding slots hold −1);
@@ -19,7 +20,9 @@
 //   accumulation); F32 weights an fp32 FMA GEMM.
 // Both end with a weighted combine per token in k order (deterministic). Intermediates are f32 in the
 // workspace. INT8 experts (MoeExpertsArgs::experts_int8) take the fp32 GEMV kernel or the tensor-core
-// grouped GEMM (both read the codes and row scales directly, moe_gemv.cuh / moe_gemm_mma.cuh).
+// grouped GEMM (both read the codes and row scales directly, moe_gemv.cuh / moe_gemm_mma.cuh); MXFP4 experts
+// (experts_mxfp4, GPT-OSS as shipped) the fp32 GEMV or the grouped GEMM, both decoding the codes in
+// registers (docs/mxfp4.md).
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -28,9 +31,10 @@
 #include "kernels/lora/lora_stack_cuda.cuh"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_gemm_mma.cuh"
-#include "kernels/moe/moe_gemv_pipe.cuh"
 #include "kernels/moe/moe_gemv.cuh"
 #include "kernels/moe/moe_gemv_mma.cuh"
+#include "kernels/moe/moe_gemv_pipe.cuh"
+#include "kernels/tuning.h"
 
 namespace polylora::kernels::cuda {
 namespace {
@@ -42,13 +46,12 @@ using moe_detail::StackStep;
 
 constexpr int64_t kSmallPairs = 512;  // at most this many token-expert pairs: the GEMV path (F32 weights)
 // Tensor-core weights: the tensor-core weight-streaming kernels (moe_gemv_pipe.cuh, falling back to
-// moe_gemv_mma.cuh for odd shapes) for up to kTcMaxPerExpert pairs per expert on average; above, the grouped
-// GEMM. kTcMinPerExpert was 4 (below it the fp32 GEMV kernel) until the cp.async pipeline, then 0 (the
-// pipeline was faster from batch 1: 195.7 vs 191.2 tok/s); with the register-streaming GEMV of moe_gemv.cuh
-// (8-warp CTAs of 16 rows, the pipeline's 4-warp 64-row CTAs ran at 12.5% occupancy and 1.36 / 0.68 waves at
-// batch 1) it is 1: fewer pairs than experts (GPT-OSS-20B: batch < 8) take the GEMV kernel.
-constexpr int64_t kTcMinPerExpert = 1;
-constexpr int64_t kTcMaxPerExpert = 16;
+// moe_gemv_mma.cuh for odd shapes) for up to moe_tc_max_per_expert (16 on the H200) pairs per expert on
+// average; above, the grouped GEMM. moe_tc_min_per_expert was 4 (below it the fp32 GEMV kernel) until the
+// cp.async pipeline, then 0 (the pipeline was faster from batch 1: 195.7 vs 191.2 tok/s); with the
+// register-streaming GEMV of moe_gemv.cuh (8-warp CTAs of 16 rows, the pipeline's 4-warp 64-row CTAs ran
+// at 12.5% occupancy and 1.36 / 0.68 waves at batch 1) it is 1: fewer pairs than experts (GPT-OSS-20B: batch
+// < 8) take the GEMV kernel.
 constexpr int kAlignSmallThreads = 512;
 constexpr int kF32TileM = 64;  // rows of an fp32 GEMM tile
 constexpr int kF32TileN = 64;
@@ -60,26 +63,17 @@ int64_t round_up(int64_t v, int64_t a) {
 enum class Path { kGemv, kGemvTc, kMma, kF32 };
 constexpr int64_t kMmaMaxSmem = 200 * 1024;  // the grouped GEMM's dynamic shared memory limit (MXFP4 scales)
 
-// The GEMV paths' pair limit: kSmallPairs for F32 weights, max(kSmallPairs, kTcMaxPerExpert·E) for
-// tensor-core weights, or POLYLORA_MOE_SMALL_PAIRS for both (a tuning and testing override: 0 sends every
-// call to the grouped GEMMs, a large value every call to the GEMV kernels).
-int64_t small_pairs_limit(int64_t num_experts, bool tensor_cores) {
-  static const int64_t env = [] {
-    const char* v = std::getenv("POLYLORA_MOE_SMALL_PAIRS");
-    return v != nullptr ? static_cast<int64_t>(std::atoll(v)) : int64_t{-1};
-  }();
-  if (env >= 0) return env;
-  return tensor_cores ? std::max(kSmallPairs, kTcMaxPerExpert * num_experts) : kSmallPairs;
+// The tuned bounds of this call's expert shape (kernels/tuning.h: data files per device, env overrides).
+KernelTuning tuning_of(const MoeExpertsArgs& a) {
+  return kernel_tuning({.hidden = a.hidden, .inter = a.inter, .experts = a.num_experts});
 }
 
-// The tensor-core GEMV's lower bound in pairs per expert: kTcMinPerExpert, or POLYLORA_MOE_TC_MIN_PER_EXPERT
-// (a tuning override: 0 sends every small batch of BF16 experts to the tensor-core kernel).
-int64_t tc_min_per_expert() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("POLYLORA_MOE_TC_MIN_PER_EXPERT");
-    return e != nullptr && *e != '\0' ? static_cast<int64_t>(std::atoll(e)) : kTcMinPerExpert;
-  }();
-  return v;
+// The GEMV paths' pair limit: kSmallPairs for F32 weights, max(kSmallPairs, moe_tc_max_per_expert·E) for
+// tensor-core weights, or moe_small_pairs for both when set (POLYLORA_MOE_SMALL_PAIRS: 0 sends every call to
+// the grouped GEMMs, a large value every call to the GEMV kernels).
+int64_t small_pairs_limit(const KernelTuning& t, int64_t num_experts, bool tensor_cores) {
+  if (t.moe_small_pairs >= 0) return t.moe_small_pairs;
+  return tensor_cores ? std::max(kSmallPairs, t.moe_tc_max_per_expert * num_experts) : kSmallPairs;
 }
 
 // POLYLORA_MOE_GEMV_PIPE=0: the register-streaming moe_gemv_tc_kernel instead of the cp.async pipeline
@@ -147,16 +141,24 @@ void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t 
   }
 }
 
+// MXFP4 experts (tensor cores) from mxfp4_mma_per_expert pairs per expert on average (tuned; H200 8): the
+// grouped GEMM decoding the codes into its bf16 B tiles (moe_gemm_mma.cuh); fewer, the fp32 GEMV
+// (moe_gemv.cuh), which streams each active expert once per call and decodes in registers.
+bool moe_mxfp4_grouped(const MoeExpertsArgs& a, bool tensor_cores) {
+  return tensor_cores && a.m * a.top_k >= tuning_of(a).mxfp4_mma_per_expert * a.num_experts;
+}
+
 Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
   const int64_t pairs = a.m * a.top_k;
+  const KernelTuning t = tuning_of(a);
   // MXFP4 experts: the fp32 GEMV (codes decoded in registers) for few pairs per expert and in f32 mode, else
   // the tensor-core grouped GEMM (moe_mxfp4_grouped).
   if (a.experts_mxfp4) return moe_mxfp4_grouped(a, tensor_cores) ? Path::kMma : Path::kGemv;
   // INT8 experts (--quantization int8), whatever the backend's dtype: the fp32 GEMV kernel (codes widened in
   // registers) for few pairs, else the bf16 grouped GEMM dequantizing in its K loop.
-  if (a.experts_int8) return pairs <= small_pairs_limit(a.num_experts, true) ? Path::kGemv : Path::kMma;
-  if (pairs <= small_pairs_limit(a.num_experts, tensor_cores))
-    return tensor_cores && pairs >= tc_min_per_expert() * a.num_experts ? Path::kGemvTc : Path::kGemv;
+  if (a.experts_int8) return pairs <= small_pairs_limit(t, a.num_experts, true) ? Path::kGemv : Path::kMma;
+  if (pairs <= small_pairs_limit(t, a.num_experts, tensor_cores))
+    return tensor_cores && pairs >= t.moe_tc_min_per_expert * a.num_experts ? Path::kGemvTc : Path::kGemv;
   return tensor_cores ? Path::kMma : Path::kF32;
 }
 
@@ -184,7 +186,7 @@ bool lora_mma_enabled() {
 // previous device run of the same tree).
 bool lora_on_mma(const MoeExpertsArgs& a, Path path) {
   return path == Path::kMma && !a.lora_stack.empty() && a.lora_stack.dtype == DType::kBF16 &&
-         a.m * a.top_k >= 64 * a.num_experts && lora_mma_enabled();
+         a.m * a.top_k >= tuning_of(a).moe_lora_mma_per_expert * a.num_experts && lora_mma_enabled();
 }
 
 // Split-K of the tensor-core shrinks: enough CTAs for ~3 per SM over the 64-row windows that can hold pairs
@@ -966,18 +968,10 @@ void launch_mma_tile(int tile_m, dim3 grid, const moe_detail::MmaParams& mp, cud
 // Paths whose sorted rows are single pairs (tile_m 1: the GEMV, tensor-core GEMV and MXFP4 paths) with at
 // most this many rows take the shrinks as weight-streaming items (moe_gemv.cuh LoraShrinkItems: fused into
 // the GEMV path's products, a launch of their own on the others), without split-K. Above it (prefill
-// sizes), the tiled shrink, which reads a key's A once per tile of 8 rows. POLYLORA_LORA_GEMV_SHRINK_ROWS
-// overrides (0: always tiled).
-int64_t gemv_shrink_max_rows() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("POLYLORA_LORA_GEMV_SHRINK_ROWS");
-    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{256};
-  }();
-  return v;
-}
-
-bool gemv_shrink(const StackBuffers& b) {
-  return b.tile_m == 1 && b.max_rows <= gemv_shrink_max_rows();
+// sizes), the tiled shrink, which reads a key's A once per tile of 8 rows. The bound is tuned
+// (lora_gemv_shrink_rows; POLYLORA_LORA_GEMV_SHRINK_ROWS, 0: always tiled).
+bool gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b) {
+  return b.tile_m == 1 && b.max_rows <= tuning_of(a).lora_gemv_shrink_rows;
 }
 
 // The shrink items of one phase (gate/up: x -> lora_gu by sorted row; down: act -> lora_down by pair).
@@ -1046,7 +1040,7 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
   const auto tiles = static_cast<unsigned>((ws.max_rows + ls::kTileRows - 1) / ls::kTileRows);
   const int64_t R8 = ls::round8(s.rank);
   const moe_detail::StackSplits sp = moe_detail::stack_splits(a, ws.max_rows);
-  const bool gemv = gemv_shrink(ws);
+  const bool gemv = gemv_shrink(a, ws);
   p.gu_splits = gemv ? 1 : sp.gu;
   p.down_splits = gemv ? 1 : sp.down;
   p.gu_stride = ws.max_rows * s.gu_slices * s.rank;
@@ -1196,17 +1190,6 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
 }
 
-// MXFP4 experts (tensor cores) from POLYLORA_MXFP4_MMA_PER_EXPERT pairs per expert on average (default
-// 8): the grouped GEMM decoding the codes into its bf16 B tiles (moe_gemm_mma.cuh); fewer, the fp32
-// GEMV (moe_gemv.cuh), which streams each active expert once per call and decodes in registers.
-bool moe_mxfp4_grouped(const MoeExpertsArgs& a, bool tensor_cores) {
-  static const int64_t per_expert = [] {
-    const char* e = std::getenv("POLYLORA_MXFP4_MMA_PER_EXPERT");
-    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{8};
-  }();
-  return tensor_cores && a.m * a.top_k >= per_expert * a.num_experts;
-}
-
 size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, const CudaContext& ctx) {
   // The backend's weight dtype is not known here: the largest of the paths either dtype could take.
   const bool bf16_split = ctx.bf16_split(a.m);
@@ -1337,7 +1320,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.ldx = a.ldx;
     gp.out = ws.gu;
     // The LoRA shrinks ride along as extra items of the two products (gate/up: x, down: the activation).
-    const bool fuse = stack && gemv_shrink(sb);
+    const bool fuse = stack && gemv_shrink(a, sb);
     sb.shrinks_fused = fuse;
     if (fuse) gp.lora = shrink_items<Phase::kGateUp>(a, sb);
     const dim3 grid_gu(moe_gemv_blocks(max_active * ((2 * I + moe_detail::kGemvR - 1) / moe_detail::kGemvR) +

@@ -85,7 +85,7 @@ __device__ __forceinline__ float expert_act(ExpertAct kind, float gate, float up
 }
 
 // Slot-stacked expert LoRA (MoeLoraStack) over a path's sorted rows, defined in moe_cuda.cu and used by
-// every expert path (moe_cuda.cu, moe_mxfp4_cuda.cu): shrink of gate/up, the activation with the gate/up
+// every expert path of moe_cuda.cu: shrink of gate/up, the activation with the gate/up
 // expand fused in, shrink of down, and the combine with the down expand fused in.
 enum class StackStep { kShrinkGateUp, kActivation, kShrinkDown, kCombine };
 struct StackBuffers {

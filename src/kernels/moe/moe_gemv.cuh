@@ -68,6 +68,32 @@ struct GemvParams {
   LoraShrinkItems lora;
 };
 
+// The end of a pass: each (row r, routed row t) sum reduced over the warp, times scales[r] (INT8 row scales,
+// else 1), plus the bias, stored by lane 0 for the first nt routed rows of the live rows.
+template <Phase P, int TM>
+__device__ __forceinline__ void gemv_store(const GemvParams& p, float (&acc)[kGemvR][TM],
+                                           const float (&scales)[kGemvR], const bool (&live)[kGemvR],
+                                           int64_t N, int64_t n_first, const float* bias, int row0, int nt) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < kGemvR; ++r) {
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      const float v = cuda_util::warp_sum(acc[r][t]) * scales[r];
+      if (lane == 0 && t < nt && live[r]) {
+        const int64_t n = n_first + r;
+        const float y = v + (bias != nullptr ? bias[n] : 0.0f);
+        const int64_t row = row0 + t;
+        if (P == Phase::kGateUp) {
+          p.out[row * N + n] = y;
+        } else {
+          p.out[static_cast<int64_t>(p.sorted[row]) * N + n] = y;
+        }
+      }
+    }
+  }
+}
+
 // One pass over nt (<= TM) routed rows starting at sorted row `row0`: accumulate, reduce, store (+bias).
 template <Phase P, typename W, int TM>
 __device__ __forceinline__ void gemv_pass(const GemvParams& p, const char* const (&rows)[kGemvR],
@@ -91,24 +117,10 @@ __device__ __forceinline__ void gemv_pass(const GemvParams& p, const char* const
   } else {
     stream::dot_rows_scalar<kGemvR, TM>(rows, dt, K, xs, round_x, acc);
   }
-  const int lane = threadIdx.x & 31;
+  bool live[kGemvR];
 #pragma unroll
-  for (int r = 0; r < kGemvR; ++r) {
-#pragma unroll
-    for (int t = 0; t < TM; ++t) {
-      const float v = cuda_util::warp_sum(acc[r][t]) * scales[r];
-      if (lane == 0 && t < nt && rows[r] != nullptr) {
-        const int64_t n = n_first + r;
-        const float y = v + (bias != nullptr ? bias[n] : 0.0f);
-        const int64_t row = row0 + t;
-        if (P == Phase::kGateUp) {
-          p.out[row * N + n] = y;
-        } else {
-          p.out[static_cast<int64_t>(p.sorted[row]) * N + n] = y;
-        }
-      }
-    }
-  }
+  for (int r = 0; r < kGemvR; ++r) live[r] = rows[r] != nullptr;
+  gemv_store<P, TM>(p, acc, scales, live, N, n_first, bias, row0, nt);
 }
 
 // The pass for nt routed rows on a kernel built for at most TM per pass (the smallest bucket that holds nt).
@@ -141,24 +153,14 @@ __device__ __forceinline__ void gemv_pass_mxfp4(const GemvParams& p, const uint8
 #pragma unroll
     for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
   stream::dot_rows_mxfp4<kGemvR, TM, (TM == 1 ? 4 : TM == 2 ? 2 : 1), XV>(codes, scales, K, xs, p.round_bf16, acc);
-  const int lane = threadIdx.x & 31;
+  bool live[kGemvR];
+  float ones[kGemvR];
 #pragma unroll
   for (int r = 0; r < kGemvR; ++r) {
-#pragma unroll
-    for (int t = 0; t < TM; ++t) {
-      const float v = cuda_util::warp_sum(acc[r][t]);
-      if (lane == 0 && t < nt && codes[r] != nullptr) {
-        const int64_t n = n_first + r;
-        const float y = v + (bias != nullptr ? bias[n] : 0.0f);
-        const int64_t row = row0 + t;
-        if (P == Phase::kGateUp) {
-          p.out[row * N + n] = y;
-        } else {
-          p.out[static_cast<int64_t>(p.sorted[row]) * N + n] = y;
-        }
-      }
-    }
+    live[r] = codes[r] != nullptr;
+    ones[r] = 1.0f;
   }
+  gemv_store<P, TM>(p, acc, ones, live, N, n_first, bias, row0, nt);
 }
 
 template <Phase P, int TM, bool XV>

@@ -1,0 +1,103 @@
+// kernels/tuning.h: tuned kernel parameters (DESIGN.md §4): the CUDA MoE and LoRA kernels' path bounds,
+// per device name and expert shape, kept as data. Files (JSON, below) are compiled in from
+// src/kernels/tuning/*.json (H200 shipped) and read at first use from the folder POLYLORA_TUNED_CONFIG_FOLDER
+// names (as vLLM's VLLM_TUNED_CONFIG_FOLDER), whose entries win over the compiled-in ones;
+// `polylora_bench tune` measures and writes them. The CUDA backend names its device (set_tuning_device)
+// before its first kernel; kernels' host code asks for the values of their call's shape
+// (kernel_tuning). The POLYLORA_* variables named per field still override single values for A/B runs.
+// A file:
+//   {"device": "NVIDIA H200", "source": "how the values were obtained",
+//    "entries": [{"hidden": 2880, "inter": 2880, "experts": 32, "mxfp4_mma_per_expert": 8, ...}, ...]}
+// An entry with hidden/inter/experts 0 (or absent) matches every shape; the most specific matching entry
+// of the device's files applies, field by field over the defaults (unknown fields are an error, so a typo
+// cannot silently leave a default in place). Must not: depend on anything above common/.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace polylora::kernels {
+
+struct KernelTuning {
+  // MoE experts (kernels/moe/moe_cuda.cu): token-expert pairs up to which the weight-streaming paths run
+  // (−1: max(512, moe_tc_max_per_expert · E) with tensor cores, 512 without); env POLYLORA_MOE_SMALL_PAIRS.
+  int64_t moe_small_pairs = -1;
+  // Pairs per expert (on average) from which BF16/F16 experts take the tensor-core weight-streaming kernel
+  // instead of the fp32 GEMV; env POLYLORA_MOE_TC_MIN_PER_EXPERT.
+  int64_t moe_tc_min_per_expert = 1;
+  // ... up to which they stay on it (above, the grouped GEMM); env POLYLORA_MOE_TC_MAX_PER_EXPERT.
+  int64_t moe_tc_max_per_expert = 16;
+  // MXFP4 experts: pairs per expert from which the tensor-core grouped GEMM runs instead of the fp32 GEMV;
+  // env POLYLORA_MXFP4_MMA_PER_EXPERT.
+  int64_t mxfp4_mma_per_expert = 8;
+  // BF16 slot-stacked expert LoRA on the grouped GEMM: pairs per expert from which the shrinks run on
+  // tensor cores and the expands in the GEMMs' epilogues; env POLYLORA_MOE_LORA_MMA_PER_EXPERT.
+  int64_t moe_lora_mma_per_expert = 64;
+  // Sorted rows up to which the expert LoRA shrinks run as weight-streaming items; env
+  // POLYLORA_LORA_GEMV_SHRINK_ROWS.
+  int64_t lora_gemv_shrink_rows = 256;
+  // Dense LoRA (kernels/lora/lora_cuda.cu): tokens up to which the shrink runs per token instead of tiled;
+  // env POLYLORA_LORA_GEMV_SHRINK_ROWS too.
+  int64_t lora_dense_gemv_shrink_rows = 64;
+};
+
+// The expert shape an entry applies to (0: any).
+struct TuningShape {
+  int64_t hidden = 0, inter = 0, experts = 0;
+};
+
+struct TuningEntry {
+  TuningShape shape;
+  // The fields the entry sets, by name (the KernelTuning member names), in file order.
+  std::vector<std::pair<std::string, int64_t>> values;
+};
+
+struct TuningFile {
+  std::string device;  // as the CUDA runtime names it ("NVIDIA H200")
+  std::string source;
+  std::vector<TuningEntry> entries;
+};
+
+// Parses one file's JSON text; errors (bad JSON, a missing device, an unknown field, a non-integer value)
+// throw polylora::Error naming `what` and the field.
+TuningFile parse_tuning_file(std::string_view json, std::string_view what);
+// The file's JSON text (entries in order, then fields in order), as `polylora_bench tune` writes it.
+std::string tuning_file_json(const TuningFile& file);
+// The KernelTuning field names, in declaration order.
+const std::vector<std::string>& tuning_field_names();
+// Sets field `name` of t (false: no such field).
+bool set_tuning_field(KernelTuning& t, std::string_view name, int64_t value);
+std::optional<int64_t> get_tuning_field(const KernelTuning& t, std::string_view name);
+
+// The values for `device` and `shape` from `files` (defaults where no entry of that device matches;
+// among matching entries the one with the most non-zero shape fields, the later on ties, applies), without
+// the environment overrides.
+KernelTuning resolve_tuning(const std::vector<TuningFile>& files, std::string_view device,
+                            const TuningShape& shape);
+
+// The process's: the device named by set_tuning_device (none: defaults only), the compiled-in files and those
+// of POLYLORA_TUNED_CONFIG_FOLDER (read once; a bad file there is an error at first use), then the
+// environment overrides. Thread-safe; cheap after the first call per shape.
+void set_tuning_device(std::string_view device);
+KernelTuning kernel_tuning(const TuningShape& shape);
+// Replaces the process's values for every shape until cleared (tests and `polylora_bench tune`, which sweep
+// one bound at a time); environment overrides still apply on top.
+void override_kernel_tuning(const std::optional<KernelTuning>& t);
+// The compiled-in files (src/kernels/tuning/*.json).
+const std::vector<TuningFile>& builtin_tuning_files();
+// Every *.json file of folder `dir`, by file name (errors name the file).
+std::vector<TuningFile> load_tuning_folder(const std::string& dir);
+
+// `polylora_bench tune`'s choice of a bound from measurements: points (x ascending, time of the path below
+// the bound, time of the path from the bound on): the smallest x from which the second path is faster at x
+// and at every larger measured x (so one noisy point does not move the bound down); no such x: `none`.
+struct TunePoint {
+  int64_t x = 0;
+  double below_s = 0, above_s = 0;
+};
+int64_t pick_crossover(const std::vector<TunePoint>& points, int64_t none);
+
+}  // namespace polylora::kernels
