@@ -137,10 +137,10 @@ int run_moe_lora_bench(int argc, char** argv) {
   constexpr uint8_t kDummyScale = 120;  // 2^-7, as --load-format dummy's MXFP4 experts
   for (int64_t e = 0; e < E; ++e) {
     const auto seed = static_cast<uint64_t>(1000 + 2 * e);
-    d_experts[e].gate_up = mxfp4 ? be.random_mxfp4(2 * I, H, kDummyScale, seed)
-                                 : be.random_matrix(2 * I, H, 0.02f, seed);
-    d_experts[e].down = mxfp4 ? be.random_mxfp4(H, I, kDummyScale, seed + 1)
-                              : be.random_matrix(H, I, 0.02f, seed + 1);
+    d_experts[e].gate_up =
+        mxfp4 ? be.random_mxfp4(2 * I, H, kDummyScale, seed) : be.random_matrix(2 * I, H, 0.02f, seed);
+    d_experts[e].down =
+        mxfp4 ? be.random_mxfp4(H, I, kDummyScale, seed + 1) : be.random_matrix(H, I, 0.02f, seed + 1);
     h_experts[e].gate_up = host_copy(d_experts[e].gate_up);
     h_experts[e].down = host_copy(d_experts[e].down);
     if (act == ExpertAct::kGptOssSwiglu) {
@@ -331,20 +331,21 @@ int run_moe_lora_bench(int argc, char** argv) {
     const double delta_rel = delta_err / std::max(1e-30, rms(ref_delta));
     const bool valid =
         std::isfinite(rel) && std::isfinite(delta_rel) && rel <= tolerance && delta_rel <= tolerance;
-    nlohmann::ordered_json r = {{"M", M},
-                                {"active_adapters", nact},
-                                {"slots", S},
-                                {"rank", R},
-                                {"gu_slices", G},
-                                {"act", act_name},
-                                {"weight_dtype", mxfp4 ? std::string("MXFP4") : std::string(dtype_name(h_experts[0].gate_up.dtype))},
-                                {"lora_dtype", dtype_name(ldt)},
-                                {"device", be.name()},
-                                {"validated_tokens", n},
-                                {"max_abs_err", max_abs},
-                                {"max_rel_err", rel},
-                                {"lora_delta_max_rel_err", delta_rel},
-                                {"tolerance", tolerance}};
+    nlohmann::ordered_json r = {
+        {"M", M},
+        {"active_adapters", nact},
+        {"slots", S},
+        {"rank", R},
+        {"gu_slices", G},
+        {"act", act_name},
+        {"weight_dtype", mxfp4 ? std::string("MXFP4") : std::string(dtype_name(h_experts[0].gate_up.dtype))},
+        {"lora_dtype", dtype_name(ldt)},
+        {"device", be.name()},
+        {"validated_tokens", n},
+        {"max_abs_err", max_abs},
+        {"max_rel_err", rel},
+        {"lora_delta_max_rel_err", delta_rel},
+        {"tolerance", tolerance}};
     if (!valid) {
       std::printf("%s\n", r.dump().c_str());
       std::fprintf(stderr,

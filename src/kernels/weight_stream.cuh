@@ -11,6 +11,7 @@
 #pragma once
 
 #include "kernels/cuda_util.cuh"
+#include "kernels/mma_util.cuh"
 
 namespace polylora::kernels::cuda::stream {
 
@@ -219,21 +220,15 @@ __device__ __forceinline__ void dot_rows_scalar(const char* const (&rows)[R], DT
   }
 }
 
-// 8 E2M1 codes (one 32-bit word, the low nibble of each byte first) as f32 values (without the block
-// scale): each magnitude placed at bf16 bits 6..8 reads as e2m1 · 2^-126 (code 1 as a subnormal), one
-// bf16x2 multiply by 2^126 per pair makes it exact, the halves are widened to f32.
+// 8 E2M1 codes (one 32-bit word, the low nibble of each byte first) as f32 values without the block scale:
+// the tensor-core decoder (mma::mxfp4x8_to_bf16x8) at the unit scale byte 127, widened to f32.
 __device__ __forceinline__ void e2m1x8_to_f32(uint32_t codes, float (&f)[8]) {
-  const uint32_t even = codes & 0x0F0F0F0Fu, odd = (codes >> 4) & 0x0F0F0F0Fu;
-  const __nv_bfloat162 k2p126 = __halves2bfloat162(__ushort_as_bfloat16(static_cast<unsigned short>(253u << 7)),
-                                                   __ushort_as_bfloat16(static_cast<unsigned short>(253u << 7)));
+  uint32_t w[4];
+  mma::mxfp4x8_to_bf16x8(codes, 127u, w);
 #pragma unroll
-  for (uint32_t j = 0; j < 4; ++j) {
-    const uint32_t p = __byte_perm(even, odd, j | (j << 4) | ((j + 4) << 8) | ((j + 4) << 12));
-    const uint32_t w = ((p << 6) & 0x01C001C0u) | ((p << 12) & 0x80008000u);
-    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&w), k2p126);
-    const uint32_t u = *reinterpret_cast<const uint32_t*>(&v);
-    f[2 * j] = __uint_as_float(u << 16);
-    f[2 * j + 1] = __uint_as_float(u & 0xffff0000u);
+  for (int j = 0; j < 4; ++j) {
+    f[2 * j] = __uint_as_float(w[j] << 16);
+    f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
   }
 }
 
@@ -248,8 +243,9 @@ __device__ __forceinline__ float e8m0_to_f32(uint32_t s) {
 // with each x row are summed in f32, then times the block's scale. xv: x rows 16-byte aligned (float4
 // loads), else element loads.
 template <int R, int TM, int U, bool XV>
-__device__ __forceinline__ void dot_rows_mxfp4(const uint8_t* const (&codes)[R], const uint8_t* const (&scales)[R],
-                                               int64_t K, const float* const (&xs)[TM], bool round_bf16,
+__device__ __forceinline__ void dot_rows_mxfp4(const uint8_t* const (&codes)[R],
+                                               const uint8_t* const (&scales)[R], int64_t K,
+                                               const float* const (&xs)[TM], bool round_bf16,
                                                float (&acc)[R][TM]) {
   const int lane = threadIdx.x & 31;
   const int64_t nb = K / 32;
@@ -290,7 +286,8 @@ __device__ __forceinline__ void dot_rows_mxfp4(const uint8_t* const (&codes)[R],
           if constexpr (XV) {
             const float4 a = __ldg(reinterpret_cast<const float4*>(xs[t] + k));
             const float4 c = __ldg(reinterpret_cast<const float4*>(xs[t] + k + 4));
-            xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = c.x, xv[5] = c.y, xv[6] = c.z, xv[7] = c.w;
+            xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = c.x, xv[5] = c.y, xv[6] = c.z,
+            xv[7] = c.w;
           } else {
 #pragma unroll
             for (int i = 0; i < 8; ++i) xv[i] = __ldg(xs[t] + k + i);

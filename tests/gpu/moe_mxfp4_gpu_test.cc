@@ -1,11 +1,12 @@
 // tests/gpu/moe_mxfp4_gpu_test.cc: the CUDA MXFP4 experts (kernels/moe/moe_cuda.cu's GEMV and grouped GEMM)
 // against the reference (kernels::ref::moe_experts on the same MXFP4 views in host memory, decoded as Hugging
-// Face does): one token and many (300, several passes of 8 routed rows per expert), an expert with no token
-// and one with every token, top_k 1 and all, biases, both activations, adapter slots −1 mixed with two
-// adapters of different ranks on gate_up and down, under the f32, bf16 hi+lo and bf16-rounded backend modes
-// (tolerances of gpu_test_util.h: the MXFP4 values are exact in bf16, so only the activations' rounding
-// differs). Many pairs per expert in the bf16 modes take the tensor-core grouped GEMM (moe_mxfp4_grouped),
-// whose K loop decodes the codes to bf16 (block scales above 2^1 take the decoder's two-multiply branch).
+// Face does): one token and many (300: many passes of the GEMV's 2 routed rows per expert in f32 mode, the
+// grouped GEMM in the bf16 modes), an expert with no token and one with every token, top_k 1 and all, biases,
+// both activations, adapter slots −1 mixed with two adapters of different ranks on gate_up and down, under
+// the f32, bf16 hi+lo and bf16-rounded backend modes (tolerances of gpu_test_util.h: the MXFP4 values are
+// exact in bf16, so only the activations' rounding differs). Many pairs per expert in the bf16 modes take the
+// tensor-core grouped GEMM (moe_mxfp4_grouped), whose K loop decodes the codes to bf16 (block scales above
+// 2^1 take the decoder's two-multiply branch).
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -173,8 +174,9 @@ TEST(GpuMoeMxfp4, TopKOneAndAllAndManyPasses) {
 // 100+ pairs per expert: the bf16 modes run the grouped GEMM (moe_gemm_mma.cuh's MXFP4 K loop), the f32
 // mode the weight-streaming kernel; block scales 2^-9 .. 2^4 (bytes 118 .. 131, past 128 the decoder's
 // second multiply; x within +-0.002 keeps the outputs O(1): at +-0.05 weights up to 96 made terms of
-// ~2,000 whose f32 rounding alone exceeded the tolerance on the few outputs near 0), partial column tiles (2I = 192, H = 160), K = 160 and 96 (5 and 3 blocks), LoRA views
-// of two ranks with slots −1 mixed in, an expert with every token.
+// ~2,000 whose f32 rounding alone exceeded the tolerance on the few outputs near 0), partial column tiles (2I
+// = 192, H = 160), K = 160 and 96 (5 and 3 blocks), LoRA views of two ranks with slots −1 mixed in, an expert
+// with every token.
 TEST(GpuMoeMxfp4, GroupedGemmPathMatchesReference) {
   SKIP_WITHOUT_GPU();
   for (const Mode& md : kModes)

@@ -105,7 +105,6 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   // MXFP4 (any K a multiple of 32): the raw codes through the pipeline, decoded at the end of the iteration
   // before their slice's (decode_mxfp4).
   const bool b_mxfp4 = bdt == DType::kU8;
-  const bool b_regs = b_int8;
   uint2 b_pending[2];
   // MXFP4: thread tid copies and decodes half tid & 1 (8 code bytes, 16 values) of B row tid / 2.
   const int mx_row = tid >> 1, mx_half = tid & 1;
@@ -194,7 +193,8 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     const int stage = kt % kMmaStages;
     const unsigned char* raw = mma_smem + C::kSmemBytes + stage * kMxRawBytes + mx_row * 16 + mx_half * 8;
     const uint2 c = *reinterpret_cast<const uint2*>(raw);
-    const uint32_t sc = mma_smem[C::kSmemBytes + kMmaStages * kMxRawBytes + mx_row * p.mx_nb + kt % p.kb_tiles];
+    const uint32_t sc =
+        mma_smem[C::kSmemBytes + kMmaStages * kMxRawBytes + mx_row * p.mx_nb + kt % p.kb_tiles];
     const uint32_t sb = smem_base + stage * C::kStageBytes + C::kABytes;
     uint32_t w[4];
     mma::mxfp4x8_to_bf16x8(c.x, sc, w);
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     mma::mxfp4x8_to_bf16x8(c.y, sc, w);
     mma::st_shared_v4(sb + mma_swz(mx_row, 2 * mx_half + 1), w);
   };
-  // b_regs: the codes load_stage left in registers, into stage `stage`'s B tile.
+  // b_int8: the codes load_stage left in registers, into stage `stage`'s B tile.
   auto store_pending_b = [&](int stage) {
     const uint32_t sb = smem_base + stage * C::kStageBytes + C::kABytes;
 #pragma unroll
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   for (int s = 0; s < kMmaStages - 1; ++s) {
     if (s < num_kt) {
       load_stage(s, s);
-      if (b_regs) store_pending_b(s);
+      if (b_int8) store_pending_b(s);
     }
     cp_async_commit();
   }
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     }
     // Stage nk's slot was last read in iteration kt − 1 (before this iteration's barrier) and is next read
     // after the barrier of iteration nk.
-    if (b_regs && nk < num_kt) store_pending_b(nk % kMmaStages);
+    if (b_int8 && nk < num_kt) store_pending_b(nk % kMmaStages);
     // MXFP4: slice kt + 1's group is complete once at most kMmaStages − 2 are pending; its stage was last
     // read in iteration kt + 1 − kMmaStages, before this iteration's barrier.
     if (b_mxfp4 && kt + 1 < num_kt) {

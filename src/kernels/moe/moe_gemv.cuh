@@ -152,7 +152,11 @@ __device__ __forceinline__ void gemv_pass_mxfp4(const GemvParams& p, const uint8
   for (int r = 0; r < kGemvR; ++r)
 #pragma unroll
     for (int t = 0; t < TM; ++t) acc[r][t] = 0.0f;
-  stream::dot_rows_mxfp4<kGemvR, TM, (TM == 1 ? 4 : TM == 2 ? 2 : 1), XV>(codes, scales, K, xs, p.round_bf16, acc);
+  stream::dot_rows_mxfp4<kGemvR, TM,
+                         (TM == 1   ? 4
+                          : TM == 2 ? 2
+                                    : 1),
+                         XV>(codes, scales, K, xs, p.round_bf16, acc);
   bool live[kGemvR];
   float ones[kGemvR];
 #pragma unroll
@@ -164,7 +168,8 @@ __device__ __forceinline__ void gemv_pass_mxfp4(const GemvParams& p, const uint8
 }
 
 template <Phase P, int TM, bool XV>
-__device__ __forceinline__ void gemv_pass_mxfp4_any(const GemvParams& p, const uint8_t* const (&codes)[kGemvR],
+__device__ __forceinline__ void gemv_pass_mxfp4_any(const GemvParams& p,
+                                                    const uint8_t* const (&codes)[kGemvR],
                                                     const uint8_t* const (&scales)[kGemvR], int64_t K,
                                                     int64_t N, int64_t n_first, const float* bias, int row0,
                                                     int nt) {
@@ -177,8 +182,8 @@ __device__ __forceinline__ void gemv_pass_mxfp4_any(const GemvParams& p, const u
 
 // One warp's MXFP4 item (gemv_item below).
 template <Phase P, int TM>
-__device__ __forceinline__ void gemv_item_mxfp4(const GemvParams& p, const ExpertView& ex, int count, int base,
-                                                int64_t n_first) {
+__device__ __forceinline__ void gemv_item_mxfp4(const GemvParams& p, const ExpertView& ex, int count,
+                                                int base, int64_t n_first) {
   const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
   const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
   const float* bias = weight_bias<P>(ex);
