@@ -7,9 +7,11 @@
 // the GPU tests and `polylora_bench moe-lora` check each against the CPU reference), then both are timed as
 // CUDA-graph replays (backend_timing.h); kernels::pick_crossover takes the smallest count from which the
 // second path stays faster. Bounds, in pairs per expert on average (pairs = tokens · top_k):
-//   moe_tc_min_per_expert    BF16: fp32 GEMV below, tensor-core GEMV from it (small batches);
+//   moe_tc_min_per_expert    BF16: fp32 GEMV below, tensor-core GEMV from it (small batches, from 1 token);
 //   moe_tc_max_per_expert    BF16: tensor-core GEMV up to it, grouped GEMM above;
-//   mxfp4_mma_per_expert     MXFP4: fp32 GEMV below, grouped GEMM from it;
+//   mxfp4_tc_min_per_expert  MXFP4: fp32 GEMV below, tensor-core GEMV from it (from 1 token: 0 when the
+//                            tensor-core kernel wins everywhere);
+//   mxfp4_mma_per_expert     MXFP4: tensor-core GEMV below, grouped GEMM from it;
 //   moe_lora_mma_per_expert  BF16 experts with 8 slot-stacked r16 adapters on the grouped GEMM: CUDA-core
 //                            LoRA below, tensor-core shrink + epilogue expand from it.
 // One JSON line per measured point on stdout, then the file. Takes about a minute on an H200.
@@ -62,7 +64,8 @@ Experts make_experts(Backend& be, Device& dev, const Shape& s, bool mxfp4) {
 }
 
 struct Point {
-  int64_t m = 0, per_expert = 0;
+  int64_t m = 0, per_expert = 0;  // pairs per expert rounded up (the bound "pairs >= x · E" holds at m)
+  int64_t per_expert_floor = 0;   // rounded down (a lower bound x that keeps m on the second path)
   double below_s = 0, above_s = 0, rel_diff = 0;
 };
 
@@ -134,6 +137,7 @@ std::vector<Point> sweep(Backend& be, Device& dev, const Shape& s, const Experts
     override_kernel_tuning(std::nullopt);
     const Point p{.m = m,
                   .per_expert = (m * s.top_k + s.experts - 1) / s.experts,
+                  .per_expert_floor = m * s.top_k / s.experts,
                   .below_s = tb,
                   .above_s = ta,
                   .rel_diff = rel};
@@ -151,9 +155,12 @@ std::vector<Point> sweep(Backend& be, Device& dev, const Shape& s, const Experts
   return pts;
 }
 
-int64_t crossover(const std::vector<Point>& pts, int64_t none) {
+// floor_x: a bound "second path from x pairs per expert" whose first point is below one pair per expert
+// (m = 1): x rounded down, so that a win there keeps m on the second path (x = 0).
+int64_t crossover(const std::vector<Point>& pts, int64_t none, bool floor_x = false) {
   std::vector<TunePoint> tp;
-  for (const Point& p : pts) tp.push_back({.x = p.per_expert, .below_s = p.below_s, .above_s = p.above_s});
+  for (const Point& p : pts)
+    tp.push_back({.x = floor_x ? p.per_expert_floor : p.per_expert, .below_s = p.below_s, .above_s = p.above_s});
   return pick_crossover(tp, none);
 }
 
@@ -221,7 +228,7 @@ int run_tune(int argc, char** argv) {
   below.moe_small_pairs = above.moe_small_pairs = kNever;
   below.moe_tc_min_per_expert = kNever;
   above.moe_tc_min_per_expert = 0;
-  const auto tc_min = sweep(be, dev, s, bf16, tokens_for({1, 2, 4, 8}), below, above, nullptr, iters,
+  const auto tc_min = sweep(be, dev, s, bf16, {1, 2, 4, 8, 16, 32, 64}, below, above, nullptr, iters,
                             "moe_tc_min_per_expert");
   // BF16: tensor-core GEMV vs grouped GEMM.
   below = above = KernelTuning{};
@@ -230,12 +237,20 @@ int run_tune(int argc, char** argv) {
   above.moe_small_pairs = 0;
   const auto tc_max = sweep(be, dev, s, bf16, tokens_for({4, 8, 16, 32, 64, 128}), below, above, nullptr,
                             iters, "moe_tc_max_per_expert");
-  // MXFP4: GEMV vs grouped GEMM.
+  // MXFP4, small batches: fp32 GEMV vs tensor-core GEMV, from one token.
   below = above = KernelTuning{};
+  below.mxfp4_mma_per_expert = above.mxfp4_mma_per_expert = kNever;
+  below.mxfp4_tc_min_per_expert = kNever;
+  above.mxfp4_tc_min_per_expert = 0;
+  const auto mxfp4_tc = sweep(be, dev, s, mx, {1, 2, 4, 8, 16, 32, 64}, below, above, nullptr, iters,
+                              "mxfp4_tc_min_per_expert");
+  // MXFP4: tensor-core GEMV vs grouped GEMM.
+  below = above = KernelTuning{};
+  below.mxfp4_tc_min_per_expert = above.mxfp4_tc_min_per_expert = 0;
   below.mxfp4_mma_per_expert = kNever;
   above.mxfp4_mma_per_expert = 0;
-  const auto mxfp4 = sweep(be, dev, s, mx, tokens_for({1, 2, 4, 8, 16, 32, 64}), below, above, nullptr, iters,
-                           "mxfp4_mma_per_expert");
+  const auto mxfp4 = sweep(be, dev, s, mx, tokens_for({4, 8, 16, 32, 64, 128, 256}), below, above, nullptr,
+                           iters, "mxfp4_mma_per_expert");
   // BF16 with 8 slot-stacked r16 adapters on the grouped GEMM: CUDA-core LoRA vs tensor-core LoRA.
   const int64_t S = 8, R = 16;
   const HostTensor a_gu(DType::kBF16, static_cast<size_t>(S * s.experts * R * s.hidden), 0.05f, 21);
@@ -262,8 +277,9 @@ int run_tune(int argc, char** argv) {
                           iters, "moe_lora_mma_per_expert");
 
   TuningEntry entry{.shape = {.hidden = s.hidden, .inter = s.inter, .experts = s.experts}, .values = {}};
-  entry.values.emplace_back("moe_tc_min_per_expert", crossover(tc_min, kNever));
+  entry.values.emplace_back("moe_tc_min_per_expert", crossover(tc_min, kNever, true));
   entry.values.emplace_back("moe_tc_max_per_expert", std::max<int64_t>(0, crossover(tc_max, kNever) - 1));
+  entry.values.emplace_back("mxfp4_tc_min_per_expert", crossover(mxfp4_tc, kNever, true));
   entry.values.emplace_back("mxfp4_mma_per_expert", crossover(mxfp4, kNever));
   entry.values.emplace_back("moe_lora_mma_per_expert", crossover(lora, kNever));
   const std::time_t now = std::time(nullptr);

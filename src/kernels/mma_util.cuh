@@ -87,4 +87,18 @@ __device__ __forceinline__ void mxfp4x8_to_bf16x8(uint32_t codes, uint32_t s, ui
   }
 }
 
+// Eight MXFP4 codes (code i in bits 4i..4i+3 of c: a block's bytes read little-endian) placed as bf16
+// pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7) (the first in the low half), each reading as e2m1(code) ·
+// 2^-126 as in mxfp4x8_to_bf16x8 (3 magnitude bits at bf16 bits 6..8, the sign at bit 15); the caller
+// multiplies by the block's factor. Pairing codes 4 apart needs no byte permute: two shifts, a mask and a
+// merge per pair (one shift fewer for (c3, c7)). The k order this gives must be used for the other
+// operand too (moe_gemv_mxfp4.cuh).
+__device__ __forceinline__ void mxfp4x8_to_bf16_pairs(uint32_t c, uint32_t (&out)[4]) {
+  constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
+  out[0] = ((c << 6) & kMag) | ((c << 12) & kSign);
+  out[1] = ((c << 2) & kMag) | ((c << 8) & kSign);
+  out[2] = ((c >> 2) & kMag) | ((c << 4) & kSign);
+  out[3] = ((c >> 6) & kMag) | (c & kSign);
+}
+
 }  // namespace polylora::kernels::cuda::mma

@@ -44,6 +44,7 @@ const std::vector<Field>& fields() {
       {"moe_small_pairs", &KernelTuning::moe_small_pairs, "POLYLORA_MOE_SMALL_PAIRS"},
       {"moe_tc_min_per_expert", &KernelTuning::moe_tc_min_per_expert, "POLYLORA_MOE_TC_MIN_PER_EXPERT"},
       {"moe_tc_max_per_expert", &KernelTuning::moe_tc_max_per_expert, "POLYLORA_MOE_TC_MAX_PER_EXPERT"},
+      {"mxfp4_tc_min_per_expert", &KernelTuning::mxfp4_tc_min_per_expert, "POLYLORA_MXFP4_TC_MIN_PER_EXPERT"},
       {"mxfp4_mma_per_expert", &KernelTuning::mxfp4_mma_per_expert, "POLYLORA_MXFP4_MMA_PER_EXPERT"},
       {"moe_lora_mma_per_expert", &KernelTuning::moe_lora_mma_per_expert, "POLYLORA_MOE_LORA_MMA_PER_EXPERT"},
       {"lora_gemv_shrink_rows", &KernelTuning::lora_gemv_shrink_rows, "POLYLORA_LORA_GEMV_SHRINK_ROWS"},

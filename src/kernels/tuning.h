@@ -30,9 +30,12 @@ struct KernelTuning {
   int64_t moe_tc_min_per_expert = 1;
   // ... up to which they stay on it (above, the grouped GEMM); env POLYLORA_MOE_TC_MAX_PER_EXPERT.
   int64_t moe_tc_max_per_expert = 16;
-  // MXFP4 experts: pairs per expert from which the tensor-core grouped GEMM runs instead of the fp32 GEMV;
-  // env POLYLORA_MXFP4_MMA_PER_EXPERT.
-  int64_t mxfp4_mma_per_expert = 8;
+  // MXFP4 experts with tensor cores: pairs per expert from which the tensor-core weight-streaming kernel
+  // (moe_gemv_mxfp4.cuh) replaces the fp32 GEMV; env POLYLORA_MXFP4_TC_MIN_PER_EXPERT.
+  int64_t mxfp4_tc_min_per_expert = 0;
+  // ... and from which the tensor-core grouped GEMM replaces the weight-streaming kernels; env
+  // POLYLORA_MXFP4_MMA_PER_EXPERT.
+  int64_t mxfp4_mma_per_expert = 64;
   // BF16 slot-stacked expert LoRA on the grouped GEMM: pairs per expert from which the shrinks run on
   // tensor cores and the expands in the GEMMs' epilogues; env POLYLORA_MOE_LORA_MMA_PER_EXPERT.
   int64_t moe_lora_mma_per_expert = 64;

@@ -1,7 +1,8 @@
 // tests/gpu/moe_mxfp4_gpu_test.cc: the CUDA MXFP4 experts (kernels/moe/moe_cuda.cu's GEMV and grouped GEMM)
 // against the reference (kernels::ref::moe_experts on the same MXFP4 views in host memory, decoded as Hugging
 // Face does): one token and many (300: many passes of the GEMV's 2 routed rows per expert in f32 mode, the
-// grouped GEMM in the bf16 modes), an expert with no token and one with every token, top_k 1 and all, biases,
+// grouped GEMM in the bf16 modes; few pairs per expert in the bf16 modes take the tensor-core
+// weight-streaming kernel), an expert with no token and one with every token, top_k 1 and all, biases,
 // both activations, adapter slots −1 mixed with two adapters of different ranks on gate_up and down, under
 // the f32, bf16 hi+lo and bf16-rounded backend modes (tolerances of gpu_test_util.h: the MXFP4 values are
 // exact in bf16, so only the activations' rounding differs). Many pairs per expert in the bf16 modes take the
@@ -194,6 +195,39 @@ TEST(GpuMoeMxfp4, GroupedGemmPathMatchesReference) {
                    .x_range = 0.002f,
                    .scale_lo = 118,
                    .scale_span = 14});
+}
+
+// Few pairs per expert in the bf16 modes: the tensor-core weight-streaming kernel (moe_gemv_mxfp4.cuh; the
+// f32 mode runs the fp32 GEMV). K = 1056 (33 blocks: 9 super-blocks over the 4 warps, the last holding one
+// block), K = 224 and 128 on the down product, 2I = 448 and H = 1056 (a partial 64-row tile); 1 to 37
+// tokens (passes of 8 and of 16 routed rows, one expert with every token: three passes); block scales up
+// to 2^4 (the second multiply) and the default ones; biases, and LoRA views of two ranks with slots −1.
+TEST(GpuMoeMxfp4, TensorCoreGemvMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (const Mode& md : kModes)
+    for (int64_t m : {1, 6, 16, 37}) {
+      run_mxfp4({.m = m,
+                 .hidden = 1056,
+                 .inter = 128,
+                 .num_experts = 8,
+                 .top_k = 4,
+                 .mode = md,
+                 .biases = m % 2 == 0,
+                 .lora = m != 16,
+                 .every_token_to_expert_2 = m == 37,
+                 .x_range = 0.002f,
+                 .scale_lo = 118,
+                 .scale_span = 14});
+      run_mxfp4({.m = m,
+                 .hidden = 1056,
+                 .inter = 224,
+                 .num_experts = 8,
+                 .top_k = 4,
+                 .mode = md,
+                 .act = k::ExpertAct::kSiluGate,
+                 .lora = m % 2 == 1,
+                 .x_range = 0.1f});
+    }
 }
 
 }  // namespace

@@ -21,8 +21,8 @@
 // Both end with a weighted combine per token in k order (deterministic). Intermediates are f32 in the
 // workspace. INT8 experts (MoeExpertsArgs::experts_int8) take the fp32 GEMV kernel or the tensor-core
 // grouped GEMM (both read the codes and row scales directly, moe_gemv.cuh / moe_gemm_mma.cuh); MXFP4 experts
-// (experts_mxfp4, GPT-OSS as shipped) the fp32 GEMV or the grouped GEMM, both decoding the codes in
-// registers (docs/mxfp4.md).
+// (experts_mxfp4, GPT-OSS as shipped) the tensor-core weight-streaming kernel (moe_gemv_mxfp4.cuh), the
+// fp32 GEMV (f32 mode) or the grouped GEMM, all decoding the codes in registers (docs/mxfp4.md).
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -33,6 +33,7 @@
 #include "kernels/moe/moe_gemm_mma.cuh"
 #include "kernels/moe/moe_gemv.cuh"
 #include "kernels/moe/moe_gemv_mma.cuh"
+#include "kernels/moe/moe_gemv_mxfp4.cuh"
 #include "kernels/moe/moe_gemv_pipe.cuh"
 #include "kernels/tuning.h"
 
@@ -127,11 +128,31 @@ void launch_gemv(int64_t m, dim3 grid, const moe_detail::GemvParams& gp, cudaStr
   CUDA_CHECK_LAUNCH();
 }
 
-// The tensor-core small-batch product of one phase: the pipelined kernel (C = copies of each activation
-// row), or the register-streaming one.
+template <Phase P, int NT, int C>
+void launch_gemv_mxfp4_nc(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t st) {
+  using Cfg = moe_detail::MxGemvCfg<NT, C>;
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemv_mxfp4_kernel<P, NT, C>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  moe_detail::moe_gemv_mxfp4_kernel<P, NT, C><<<grid, moe_detail::kMxThreads, Cfg::kSmemBytes, st>>>(tp);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The tensor-core small-batch product of one phase: for MXFP4 experts the decoding kernel (passes of 8 routed
+// rows when no expert can have more, i.e. m <= 8, else 16); else the pipelined kernel (C = copies of each
+// activation row), or the register-streaming one.
 template <Phase P>
-void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t st) {
-  if (!gemv_pipe_enabled()) {
+void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp, bool mxfp4, int64_t m, cudaStream_t st) {
+  if (mxfp4) {
+    if (m <= 8) {
+      tp.split ? launch_gemv_mxfp4_nc<P, 1, 2>(grid, tp, st) : launch_gemv_mxfp4_nc<P, 1, 1>(grid, tp, st);
+    } else {
+      tp.split ? launch_gemv_mxfp4_nc<P, 2, 2>(grid, tp, st) : launch_gemv_mxfp4_nc<P, 2, 1>(grid, tp, st);
+    }
+  } else if (!gemv_pipe_enabled()) {
     moe_detail::moe_gemv_tc_kernel<P><<<grid, moe_detail::kTcThreads, 0, st>>>(tp);
     CUDA_CHECK_LAUNCH();
   } else if (tp.split) {
@@ -141,9 +162,10 @@ void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t 
   }
 }
 
-// MXFP4 experts (tensor cores) from mxfp4_mma_per_expert pairs per expert on average (tuned; H200 8): the
-// grouped GEMM decoding the codes into its bf16 B tiles (moe_gemm_mma.cuh); fewer, the fp32 GEMV
-// (moe_gemv.cuh), which streams each active expert once per call and decodes in registers.
+// MXFP4 experts (tensor cores) from mxfp4_mma_per_expert pairs per expert on average (tuned): the grouped
+// GEMM decoding the codes into its bf16 B tiles (moe_gemm_mma.cuh); fewer, the weight-streaming kernels,
+// which read each active expert once per pass and decode in registers: on tensor cores
+// (moe_gemv_mxfp4.cuh) from mxfp4_tc_min_per_expert, else the fp32 GEMV (moe_gemv.cuh; always in f32 mode).
 bool moe_mxfp4_grouped(const MoeExpertsArgs& a, bool tensor_cores) {
   return tensor_cores && a.m * a.top_k >= tuning_of(a).mxfp4_mma_per_expert * a.num_experts;
 }
@@ -151,9 +173,12 @@ bool moe_mxfp4_grouped(const MoeExpertsArgs& a, bool tensor_cores) {
 Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
   const int64_t pairs = a.m * a.top_k;
   const KernelTuning t = tuning_of(a);
-  // MXFP4 experts: the fp32 GEMV (codes decoded in registers) for few pairs per expert and in f32 mode, else
-  // the tensor-core grouped GEMM (moe_mxfp4_grouped).
-  if (a.experts_mxfp4) return moe_mxfp4_grouped(a, tensor_cores) ? Path::kMma : Path::kGemv;
+  // MXFP4 experts: the grouped GEMM (moe_mxfp4_grouped), the tensor-core GEMV, or the fp32 GEMV (codes
+  // decoded in registers by all three; the last also in f32 mode).
+  if (a.experts_mxfp4) {
+    if (moe_mxfp4_grouped(a, tensor_cores)) return Path::kMma;
+    return tensor_cores && pairs >= t.mxfp4_tc_min_per_expert * a.num_experts ? Path::kGemvTc : Path::kGemv;
+  }
   // INT8 experts (--quantization int8), whatever the backend's dtype: the fp32 GEMV kernel (codes widened in
   // registers) for few pairs, else the bf16 grouped GEMM dequantizing in its K loop.
   if (a.experts_int8) return pairs <= small_pairs_limit(t, a.num_experts, true) ? Path::kGemv : Path::kMma;
@@ -1283,7 +1308,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_h;
     tp.out = ws.gu;
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, st);
+    launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
     gate_up_lora_and_activation();
     // 5. down
@@ -1292,7 +1317,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_i;
     tp.out = ws.y;
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    launch_gemv_tc<Phase::kDown>(grid_down, tp, st);
+    launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
     // Slot order where its counters fit in shared memory (expert order otherwise: still correct).
