@@ -22,9 +22,9 @@ TEST(Tuning, ShippedH200FileParsesAndSetsTheBounds) {
   ASSERT_NE(h200, nullptr);
   EXPECT_FALSE(h200->source.empty());
   const KernelTuning t = resolve_tuning(files, "NVIDIA H200", {.hidden = 2880, .inter = 2880, .experts = 32});
-  EXPECT_EQ(t.mxfp4_mma_per_expert, 64);
+  EXPECT_EQ(t.mxfp4_mma_per_expert, 256);
   EXPECT_EQ(t.mxfp4_tc_min_per_expert, 0);
-  EXPECT_EQ(t.moe_tc_max_per_expert, 16);
+  EXPECT_EQ(t.moe_tc_max_per_expert, 31);
   EXPECT_EQ(t.lora_dense_gemv_shrink_rows, 64);
 }
 
