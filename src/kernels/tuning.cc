@@ -46,7 +46,6 @@ const std::vector<Field>& fields() {
       {"moe_tc_max_per_expert", &KernelTuning::moe_tc_max_per_expert, "POLYLORA_MOE_TC_MAX_PER_EXPERT"},
       {"mxfp4_tc_min_per_expert", &KernelTuning::mxfp4_tc_min_per_expert, "POLYLORA_MXFP4_TC_MIN_PER_EXPERT"},
       {"mxfp4_mma_per_expert", &KernelTuning::mxfp4_mma_per_expert, "POLYLORA_MXFP4_MMA_PER_EXPERT"},
-      {"mxfp4_gemv_row_blocks", &KernelTuning::mxfp4_gemv_row_blocks, "POLYLORA_MXFP4_GEMV_ROW_BLOCKS"},
       {"moe_lora_mma_per_expert", &KernelTuning::moe_lora_mma_per_expert, "POLYLORA_MOE_LORA_MMA_PER_EXPERT"},
       {"lora_gemv_shrink_rows", &KernelTuning::lora_gemv_shrink_rows, "POLYLORA_LORA_GEMV_SHRINK_ROWS"},
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,

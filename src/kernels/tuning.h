@@ -36,9 +36,6 @@ struct KernelTuning {
   // ... and from which the tensor-core grouped GEMM replaces the weight-streaming kernels; env
   // POLYLORA_MXFP4_MMA_PER_EXPERT.
   int64_t mxfp4_mma_per_expert = 64;
-  // 64-row blocks per CTA of the tensor-core MXFP4 kernel (1..4; 0: from the grid, 1 while one wave holds
-  // it); env POLYLORA_MXFP4_GEMV_ROW_BLOCKS.
-  int64_t mxfp4_gemv_row_blocks = 0;
   // BF16 slot-stacked expert LoRA on the grouped GEMM: pairs per expert from which the shrinks run on
   // tensor cores and the expands in the GEMMs' epilogues; env POLYLORA_MOE_LORA_MMA_PER_EXPERT.
   int64_t moe_lora_mma_per_expert = 64;

@@ -130,53 +130,35 @@ void launch_gemv(int64_t m, dim3 grid, const moe_detail::GemvParams& gp, cudaStr
 
 template <Phase P, int NT, int C>
 void launch_gemv_mxfp4_nc(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t st) {
-
   using Cfg = moe_detail::MxGemvCfg<NT, C>;
-  static_assert(Cfg::smem_bytes(moe_detail::kMxMaxRowBlocks) <= kMmaMaxSmem, "MXFP4 GEMV shared memory");
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemv_mxfp4_kernel<P, NT, C>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    Cfg::smem_bytes(moe_detail::kMxMaxRowBlocks)));
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
     return true;
   }();
   (void)configured;
-  moe_detail::moe_gemv_mxfp4_kernel<P, NT, C>
-      <<<grid, moe_detail::kMxThreads, Cfg::smem_bytes(tp.row_blocks), st>>>(tp);
+  moe_detail::moe_gemv_mxfp4_kernel<P, NT, C><<<grid, moe_detail::kMxThreads, Cfg::kSmemBytes, st>>>(tp);
   CUDA_CHECK_LAUNCH();
 }
 
-// 64-row blocks per CTA of the MXFP4 kernel for a grid of `ctas` one-block CTAs: the tuned value, else 1
-// while about one wave (3 CTAs per SM) holds them, more as the grid grows (each CTA then streams its blocks
-// through one pipeline: its fixed start-up latency is paid once).
-int mxfp4_row_blocks(const MoeExpertsArgs& a, int64_t ctas) {
-  const int64_t tuned = tuning_of(a).mxfp4_gemv_row_blocks;
-  if (tuned > 0) return static_cast<int>(std::min<int64_t>(tuned, moe_detail::kMxMaxRowBlocks));
-  const int64_t slots = 3 * cuda_util::num_sms();
-  if (ctas <= slots) return 1;
-  return static_cast<int>(std::min<int64_t>(moe_detail::kMxMaxRowBlocks, (ctas + 2 * slots - 1) / (2 * slots)));
-}
-
-// The tensor-core small-batch product of one phase: for MXFP4 experts the decoding kernel (row blocks per CTA by mxfp4_row_blocks, passes of 8 routed
+// The tensor-core small-batch product of one phase: for MXFP4 experts the decoding kernel (passes of 8 routed
 // rows when no expert can have more, i.e. m <= 8, else 16); else the pipelined kernel (C = copies of each
 // activation row), or the register-streaming one.
 template <Phase P>
-void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp_in, const MoeExpertsArgs& a, cudaStream_t st) {
-  if (a.experts_mxfp4) {
-    moe_detail::GemvTcParams tp = tp_in;
-    tp.row_blocks = mxfp4_row_blocks(a, static_cast<int64_t>(grid.x) * grid.y);
-    grid.x = (grid.x + tp.row_blocks - 1) / tp.row_blocks;
-    if (a.m <= 8) {
+void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp, bool mxfp4, int64_t m, cudaStream_t st) {
+  if (mxfp4) {
+    if (m <= 8) {
       tp.split ? launch_gemv_mxfp4_nc<P, 1, 2>(grid, tp, st) : launch_gemv_mxfp4_nc<P, 1, 1>(grid, tp, st);
     } else {
       tp.split ? launch_gemv_mxfp4_nc<P, 2, 2>(grid, tp, st) : launch_gemv_mxfp4_nc<P, 2, 1>(grid, tp, st);
     }
   } else if (!gemv_pipe_enabled()) {
-    moe_detail::moe_gemv_tc_kernel<P><<<grid, moe_detail::kTcThreads, 0, st>>>(tp_in);
+    moe_detail::moe_gemv_tc_kernel<P><<<grid, moe_detail::kTcThreads, 0, st>>>(tp);
     CUDA_CHECK_LAUNCH();
-  } else if (tp_in.split) {
-    launch_gemv_pipe<P, 2>(grid, tp_in, st);
+  } else if (tp.split) {
+    launch_gemv_pipe<P, 2>(grid, tp, st);
   } else {
-    launch_gemv_pipe<P, 1>(grid, tp_in, st);
+    launch_gemv_pipe<P, 1>(grid, tp, st);
   }
 }
 
@@ -1326,7 +1308,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_h;
     tp.out = ws.gu;
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a, st);
+    launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
     gate_up_lora_and_activation();
     // 5. down
@@ -1335,7 +1317,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_i;
     tp.out = ws.y;
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    launch_gemv_tc<Phase::kDown>(grid_down, tp, a, st);
+    launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
     // Slot order where its counters fit in shared memory (expert order otherwise: still correct).

@@ -28,7 +28,6 @@ struct GemvTcParams {
   int64_t lda = 0;                   // row stride; with the split the lo copy starts at column lda_copy
   int64_t lda_copy = 0;              // columns of one copy (a multiple of 32 >= K; padding zero)
   bool split = false;
-  int row_blocks = 1;  // MXFP4 kernel (moe_gemv_mxfp4.cuh): 64-row blocks per CTA, one pipeline through them
   const ExpertView* experts = nullptr;
   const int32_t* counts = nullptr;      // [E] pairs per expert
   const int32_t* offsets = nullptr;     // [E] first sorted row of each expert (compact)
