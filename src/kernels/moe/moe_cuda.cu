@@ -30,11 +30,7 @@
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/lora/lora_stack_cuda.cuh"
 #include "kernels/moe/moe.h"
-#include "kernels/moe/moe_gemm_mma.cuh"
-#include "kernels/moe/moe_gemv.cuh"
-#include "kernels/moe/moe_gemv_mma.cuh"
-#include "kernels/moe/moe_gemv_mxfp4.cuh"
-#include "kernels/moe/moe_gemv_pipe.cuh"
+#include "kernels/moe/moe_launch.h"
 #include "kernels/tuning.h"
 
 namespace polylora::kernels::cuda {
@@ -62,7 +58,6 @@ int64_t round_up(int64_t v, int64_t a) {
 }
 
 enum class Path { kGemv, kGemvTc, kMma, kF32 };
-constexpr int64_t kMmaMaxSmem = 200 * 1024;  // the grouped GEMM's dynamic shared memory limit (MXFP4 scales)
 
 // The tuned bounds of this call's expert shape (kernels/tuning.h: data files per device, env overrides).
 KernelTuning tuning_of(const MoeExpertsArgs& a) {
@@ -77,30 +72,6 @@ int64_t small_pairs_limit(const KernelTuning& t, int64_t num_experts, bool tenso
   return tensor_cores ? std::max(kSmallPairs, t.moe_tc_max_per_expert * num_experts) : kSmallPairs;
 }
 
-// POLYLORA_MOE_GEMV_PIPE=0: the register-streaming moe_gemv_tc_kernel instead of the cp.async pipeline
-// (moe_gemv_pipe.cuh), for A/B timing; on by default.
-bool gemv_pipe_enabled() {
-  static const bool v = [] {
-    const char* e = std::getenv("POLYLORA_MOE_GEMV_PIPE");
-    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
-  }();
-  return v;
-}
-
-template <Phase P, int C>
-void launch_gemv_pipe(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t st) {
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemv_pipe_kernel<P, C>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    moe_detail::PipeCfg<C>::kSmemBytes));
-    return true;
-  }();
-  (void)configured;
-  moe_detail::moe_gemv_pipe_kernel<P, C>
-      <<<grid, moe_detail::kPipeThreads, moe_detail::PipeCfg<C>::kSmemBytes, st>>>(tp);
-  CUDA_CHECK_LAUNCH();
-}
-
 // The fp32 small-batch product's grid: the CTAs that fit on the GPU at once (2 per SM by its launch bounds),
 // or fewer when the items are fewer (max_items: the worst case, every expert of the sort active).
 unsigned moe_gemv_blocks(int64_t max_items) {
@@ -108,58 +79,6 @@ unsigned moe_gemv_blocks(int64_t max_items) {
   const int64_t warps = moe_detail::kGemvThreads / 32;
   return static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>(2 * sms, (max_items + warps - 1) / warps)));
-}
-
-// The fp32 small-batch product of one phase, built for passes of the fewest routed rows (1, 2, 4, 8) that
-// hold the m tokens (an expert has at most m of them).
-template <Phase P>
-void launch_gemv(int64_t m, dim3 grid, const moe_detail::GemvParams& gp, cudaStream_t st) {
-  using moe_detail::kGemvThreads;
-  using moe_detail::moe_gemv_kernel;
-  if (m <= 1) {
-    moe_gemv_kernel<P, 1><<<grid, kGemvThreads, 0, st>>>(gp);
-  } else if (m == 2) {
-    moe_gemv_kernel<P, 2><<<grid, kGemvThreads, 0, st>>>(gp);
-  } else if (m <= 4) {
-    moe_gemv_kernel<P, 4><<<grid, kGemvThreads, 0, st>>>(gp);
-  } else {
-    moe_gemv_kernel<P, 8><<<grid, kGemvThreads, 0, st>>>(gp);
-  }
-  CUDA_CHECK_LAUNCH();
-}
-
-template <Phase P, int NT, int C>
-void launch_gemv_mxfp4_nc(dim3 grid, const moe_detail::GemvTcParams& tp, cudaStream_t st) {
-  using Cfg = moe_detail::MxGemvCfg<NT, C>;
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemv_mxfp4_kernel<P, NT, C>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    return true;
-  }();
-  (void)configured;
-  moe_detail::moe_gemv_mxfp4_kernel<P, NT, C><<<grid, moe_detail::kMxThreads, Cfg::kSmemBytes, st>>>(tp);
-  CUDA_CHECK_LAUNCH();
-}
-
-// The tensor-core small-batch product of one phase: for MXFP4 experts the decoding kernel (passes of 8 routed
-// rows when no expert can have more, i.e. m <= 8, else 16); else the pipelined kernel (C = copies of each
-// activation row), or the register-streaming one.
-template <Phase P>
-void launch_gemv_tc(dim3 grid, const moe_detail::GemvTcParams& tp, bool mxfp4, int64_t m, cudaStream_t st) {
-  if (mxfp4) {
-    if (m <= 8) {
-      tp.split ? launch_gemv_mxfp4_nc<P, 1, 2>(grid, tp, st) : launch_gemv_mxfp4_nc<P, 1, 1>(grid, tp, st);
-    } else {
-      tp.split ? launch_gemv_mxfp4_nc<P, 2, 2>(grid, tp, st) : launch_gemv_mxfp4_nc<P, 2, 1>(grid, tp, st);
-    }
-  } else if (!gemv_pipe_enabled()) {
-    moe_detail::moe_gemv_tc_kernel<P><<<grid, moe_detail::kTcThreads, 0, st>>>(tp);
-    CUDA_CHECK_LAUNCH();
-  } else if (tp.split) {
-    launch_gemv_pipe<P, 2>(grid, tp, st);
-  } else {
-    launch_gemv_pipe<P, 1>(grid, tp, st);
-  }
 }
 
 // MXFP4 experts (tensor cores) from mxfp4_mma_per_expert pairs per expert on average (tuned): the grouped
@@ -764,7 +683,6 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* ids, const flo
   }
 }
 
-
 // ---- slot-stacked expert LoRA (MoeLoraStack) ----
 
 namespace ls = lora_stack;
@@ -785,7 +703,7 @@ struct StackParams {
   const TW* b_gu = nullptr;
   const TW* a_down = nullptr;
   const TW* b_down = nullptr;
-  const float* scale = nullptr;  // [slots, E, 3]
+  const float* scale = nullptr;        // [slots, E, 3]
   int gu_splits = 1, down_splits = 1;  // partial sums of the shrinks (split-K)
   int64_t gu_stride = 0, down_stride = 0;
 };
@@ -878,7 +796,8 @@ __global__ void __launch_bounds__(kActLoraThreads)
     const int64_t u = idx / lds, c = idx % lds, sl = c / R8, r = c % R8;
     float v = 0.0f;
     if (keys_s[u] >= 0 && r < R)
-      for (int z = 0; z < p.gu_splits; ++z) v += tmp[z * p.gu_stride + (r0 + u) * p.gu_slices * R + sl * R + r];
+      for (int z = 0; z < p.gu_splits; ++z)
+        v += tmp[z * p.gu_stride + (r0 + u) * p.gu_slices * R + sl * R + r];
     ts[idx] = v;
   }
   __syncthreads();
@@ -907,8 +826,8 @@ __global__ void __launch_bounds__(kActLoraThreads)
   for (int u = 0; u < ls::kTileRows; ++u) lkeys[u] = keys[u] >= 0 ? keys[u] : -1;
   const TW* b = p.b_gu;
   const int64_t two_i = 2 * I;
-  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * two_i + n_gate) * R; }, R, vec, ts, lds,
-                      lkeys, acc_g);
+  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * two_i + n_gate) * R; }, R,
+                      vec, ts, lds, lkeys, acc_g);
   ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * two_i + n_up) * R; }, R, vec,
                       ts + up_slice * R8, lds, lkeys, acc_u);
 #pragma unroll
@@ -960,33 +879,11 @@ __global__ void __launch_bounds__(kActLoraThreads)
       float v = y[pr * H + h];
       const int32_t key = keys[k];
       if (key >= 0)
-        v += p.scale[key * 3 + 2] * ls::dot_rank(p.b_down + (static_cast<int64_t>(key) * H + h) * R, ts + k * R8, R, vec);
+        v += p.scale[key * 3 + 2] *
+             ls::dot_rank(p.b_down + (static_cast<int64_t>(key) * H + h) * R, ts + k * R8, R, vec);
       sum += weights[pr] * v;
     }
     out[t * ldo + h] = sum;
-  }
-}
-
-template <Phase P, int BM>
-void launch_mma(dim3 grid, const moe_detail::MmaParams& mp, cudaStream_t st) {
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_detail::moe_gemm_mma<P, BM>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaMaxSmem));
-    return true;
-  }();
-  (void)configured;
-  const int64_t smem = moe_detail::MmaCfg<BM>::kSmemBytes + moe_detail::mma_mxfp4_smem_bytes(mp.mx_nb);
-  KERNEL_CHECK(smem <= kMmaMaxSmem, "moe_experts: MXFP4 rows too long for the grouped GEMM's shared memory");
-  moe_detail::moe_gemm_mma<P, BM><<<grid, moe_detail::kMmaThreads, static_cast<size_t>(smem), st>>>(mp);
-  CUDA_CHECK_LAUNCH();
-}
-
-template <Phase P>
-void launch_mma_tile(int tile_m, dim3 grid, const moe_detail::MmaParams& mp, cudaStream_t st) {
-  if (tile_m == 128) {
-    launch_mma<P, 128>(grid, mp, st);
-  } else {
-    launch_mma<P, 64>(grid, mp, st);
   }
 }
 
@@ -1032,9 +929,7 @@ void launch_gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b, cudaStre
   gp.inter = a.inter;
   gp.base = false;
   gp.lora = shrink_items<P>(a, b);
-  moe_detail::moe_gemv_kernel<P, 1>
-      <<<moe_gemv_blocks(gp.lora.items()), moe_detail::kGemvThreads, 0, st>>>(gp);
-  CUDA_CHECK_LAUNCH();
+  moe_detail::launch_gemv<P>(1, dim3(moe_gemv_blocks(gp.lora.items())), gp, st);
 }
 
 // One step of the slot-stacked expert LoRA on the workspace of a path (sorted rows as that path sorted
@@ -1177,8 +1072,7 @@ void launch_lora_shrink_mma(const MoeExpertsArgs& a, const MoeWorkspace& ws, int
   const dim3 grid(static_cast<unsigned>(ws.max_rows / kLsRows),
                   static_cast<unsigned>(std::clamp<int64_t>(s.slots, 1, 8)),
                   static_cast<unsigned>(splits * lp.nchunks));
-  moe_lora_shrink_mma<<<grid, kLsThreads, 0, st>>>(lp);
-  CUDA_CHECK_LAUNCH();
+  launch_lora_shrink_mma_kernel(grid, lp, st);
 }
 
 // The LoRA expand fused into the epilogue of one phase's grouped GEMM, reading that phase's shrink sums.
@@ -1248,9 +1142,18 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                                      : LoraMmaSplits{};
   moe_detail::StackBuffers sb;
   if (stack) {
-    sb = {.sorted = ws.sorted, .num_tiles = ws.num_tiles, .tile_m = static_cast<int>(ws.tile_m),
-          .max_rows = ws.max_rows, .gu = ws.gu, .act = ws.act, .act_bf16 = bf16_act ? ws.act_bf16 : nullptr,
-          .lda_bf16 = ws.lda_i, .copies = ws.copies, .y = ws.y, .lora_gu = ws.lora_gu, .lora_down = ws.lora_down};
+    sb = {.sorted = ws.sorted,
+          .num_tiles = ws.num_tiles,
+          .tile_m = static_cast<int>(ws.tile_m),
+          .max_rows = ws.max_rows,
+          .gu = ws.gu,
+          .act = ws.act,
+          .act_bf16 = bf16_act ? ws.act_bf16 : nullptr,
+          .lda_bf16 = ws.lda_i,
+          .copies = ws.copies,
+          .y = ws.y,
+          .lora_gu = ws.lora_gu,
+          .lora_down = ws.lora_down};
     const MoeLoraStack& ls_ = a.lora_stack;
     KERNEL_CHECK(ls_.rank > 0 && (ls_.gu_slices == 1 || ls_.gu_slices == 2) && a.top_k <= kMaxTopKLora &&
                      (ls_.dtype == DType::kF32 || ls_.dtype == DType::kBF16),
@@ -1308,7 +1211,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_h;
     tp.out = ws.gu;
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
+    moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
     gate_up_lora_and_activation();
     // 5. down
@@ -1317,7 +1220,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_i;
     tp.out = ws.y;
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
+    moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
     // Slot order where its counters fit in shared memory (expert order otherwise: still correct).
@@ -1352,7 +1255,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                                        gp.lora.items()));
     // MXFP4: the kernels of 1- or 2-row passes (moe_gemv.cuh).
     const int64_t pass_m = a.experts_mxfp4 ? std::min<int64_t>(a.m, 2) : a.m;
-    launch_gemv<Phase::kGateUp>(pass_m, grid_gu, gp, st);
+    moe_detail::launch_gemv<Phase::kGateUp>(pass_m, grid_gu, gp, st);
     // 3. gate_up LoRA, 4. activation
     gate_up_lora_and_activation();
     // 5. down
@@ -1362,7 +1265,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     if (fuse) gp.lora = shrink_items<Phase::kDown>(a, sb);
     const dim3 grid_down(
         moe_gemv_blocks(max_active * ((H + moe_detail::kGemvR - 1) / moe_detail::kGemvR) + gp.lora.items()));
-    launch_gemv<Phase::kDown>(pass_m, grid_down, gp, st);
+    moe_detail::launch_gemv<Phase::kDown>(pass_m, grid_down, gp, st);
   } else {
     // 1. align
     const int64_t nb = ws.buckets;
@@ -1414,7 +1317,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
         launch_lora_shrink_mma<Phase::kGateUp>(a, ws, lms.gu, st);
         mp.lora = lora_expand_params<Phase::kGateUp>(a, ws, lms.gu);
       }
-      launch_mma_tile<Phase::kGateUp>(tile_m, grid_gu, mp, st);
+      moe_detail::launch_mma_tile<Phase::kGateUp>(tile_m, grid_gu, mp, st);
     } else {
       gp.x = a.x;
       gp.ldx = a.ldx;
@@ -1447,7 +1350,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       mp.out = ws.y;
       mp.mx_nb = a.experts_mxfp4 ? I / kMxfp4BlockSize : 0;
       if (mma_lora) mp.lora = lora_expand_params<Phase::kDown>(a, ws, lms.down);
-      launch_mma_tile<Phase::kDown>(tile_m, grid_down, mp, st);
+      moe_detail::launch_mma_tile<Phase::kDown>(tile_m, grid_down, mp, st);
     } else {
       gp.x = ws.act;
       gp.ldx = I;

@@ -1,6 +1,6 @@
 // kernels/moe/moe_cuda_common.cuh: what moe_cuda.cu's GEMM and GEMV kernels share: the phase (gate_up or
 // down) and, per phase, an expert's weight row pointer, weight dtype, row scale (INT8) and bias. Only
-// included from moe_cuda.cu and its kernel headers. Must not: depend on anything above common/.
+// included from moe_cuda.cu, moe_launch.h and the kernel headers. Must not: depend on anything above common/.
 #pragma once
 
 #include "kernels/cuda_util.cuh"

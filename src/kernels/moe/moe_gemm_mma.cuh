@@ -16,7 +16,7 @@
 // hi + lo split (CudaContext::bf16_split(m)): each A row holds bf16(x) in its first kb_tiles·BK columns and
 // bf16(x − bf16(x)) in the next kb_tiles·BK; the K loop runs over both copies while B's K index wraps
 // (kt mod kb_tiles), so the accumulator sums W·hi + W·lo.
-// Only included from moe_cuda.cu. Must not: depend on anything above common/.
+// Only included through moe_launch.h. Must not: depend on anything above common/.
 #pragma once
 
 #include "kernels/mma_util.cuh"

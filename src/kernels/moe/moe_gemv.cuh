@@ -14,8 +14,8 @@
 // CTA of 8 warps per 16 rows: 48.5 / 28.9 us (2.7 / 2.3 TB/s; moe-lora bench M = 1: 73.6 us per layer for
 // both, 0.85 of the copy rate measured in that run); persistent warps measured the same (73.7 us), kept for
 // the simpler grid (no empty CTAs for inactive experts). What is left is load latency: a warp issues its
-// loads, waits, sums; deeper per-warp pipelining (or TMA bulk copies) is the next step. Only included from
-// moe_cuda.cu.
+// loads, waits, sums; deeper per-warp pipelining (or TMA bulk copies) is the next step. Only included through
+// moe_launch.h.
 // Must not: depend on anything above common/.
 #pragma once
 

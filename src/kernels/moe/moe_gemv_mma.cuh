@@ -9,7 +9,7 @@
 // the activation buffer (gate_up: x cast once, by token; down: the activation, by sorted row), as hi and lo
 // copies with CudaContext::bf16_split(m) (two MMAs summing W·hi + W·lo) or one bf16-rounded copy without.
 // fp32 accumulation; bias in the epilogue. BF16 weights with 16-byte rows load as vectors; other tensor-core
-// dtypes (F16) or odd K convert element by element to bf16. Only included from moe_cuda.cu.
+// dtypes (F16) or odd K convert element by element to bf16. Only included through moe_launch.h.
 // Must not: depend on anything above common/.
 #pragma once
 

@@ -22,7 +22,7 @@
 // the A elements (k 2t, 2t+1) and (k 2t+8, 2t+9) of the k16 steps 2w and 2w + 1; the activation pairs are
 // permuted to match (4 byte-permutes per 8 values, shared by the 8 rows). The warps' partial sums are
 // reduced in shared memory in a fixed order (deterministic); bias in the epilogue. C = 2: the hi + lo
-// copies of each activation row (CudaContext::bf16_split), two MMAs. Only included from moe_cuda.cu.
+// copies of each activation row (CudaContext::bf16_split), two MMAs. Only included through moe_launch.h.
 // Must not: depend on anything above common/.
 #pragma once
 

@@ -13,7 +13,7 @@
 // its A elements of two k16 steps and the activation B fragments use the same k permutation. The warps'
 // partial sums are reduced in shared memory in a fixed order (deterministic); bias in the epilogue.
 // hi + lo split (CudaContext::bf16_split): the C = 2 instance multiplies both bf16 copies of each row.
-// Only included from moe_cuda.cu. Must not: depend on anything above common/.
+// Only included through moe_launch.h. Must not: depend on anything above common/.
 #pragma once
 
 #include "kernels/mma_util.cuh"

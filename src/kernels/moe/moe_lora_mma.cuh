@@ -12,7 +12,7 @@
 //   one rank space of slices·R columns whose B entries are zero outside the output column's slice.
 // A row's key is the same in both (lora_row_key): its token's slot, when the slot's scale is non-zero in one
 // of the phase's scale columns, else −1 (no LoRA: the shrink skips it, the expand adds nothing). Only
-// included from moe_cuda.cu and moe_gemm_mma.cuh. Must not: depend on anything above common/.
+// included from moe_gemm_mma.cuh (moe_launch.h). Must not: depend on anything above common/.
 #pragma once
 
 #include "kernels/mma_util.cuh"
@@ -61,6 +61,9 @@ struct LoraShrinkMmaParams {
   int splits = 1, nchunks = 1;       // grid.z = splits · nchunks (rank-row chunks of kLsCols)
 };
 
+// A template (of nothing) so that every file including this header may see it and only the one launching it
+// (moe_gemm_cuda.cu) compiles it.
+template <int = 0>
 __global__ void __launch_bounds__(kLsThreads) moe_lora_shrink_mma(LoraShrinkMmaParams p) {
   __shared__ __align__(128) unsigned char smem[kLsStages * kLsStageBytes];
   __shared__ int32_t s_key[kLsRows];

@@ -1,0 +1,42 @@
+// kernels/moe/moe_gemm_cuda.cu: the launchers of the MoE tensor-core grouped GEMM (moe_gemm_mma.cuh) and of
+// the expert LoRA's tensor-core shrink (moe_lora_mma.cuh) (moe_launch.h), compiled apart from moe_cuda.cu.
+// Must not: depend on anything above common/.
+#include "kernels/moe/moe_launch.h"
+
+namespace polylora::kernels::cuda::moe_detail {
+namespace {
+
+template <Phase P, int BM>
+void launch_mma(dim3 grid, const MmaParams& mp, cudaStream_t st) {
+  static const bool configured = [] {
+    CUDA_CHECK(
+        cudaFuncSetAttribute(moe_gemm_mma<P, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaMaxSmem));
+    return true;
+  }();
+  (void)configured;
+  const int64_t smem = MmaCfg<BM>::kSmemBytes + mma_mxfp4_smem_bytes(mp.mx_nb);
+  KERNEL_CHECK(smem <= kMmaMaxSmem, "moe_experts: MXFP4 rows too long for the grouped GEMM's shared memory");
+  moe_gemm_mma<P, BM><<<grid, kMmaThreads, static_cast<size_t>(smem), st>>>(mp);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+template <Phase P>
+void launch_mma_tile(int tile_m, dim3 grid, const MmaParams& mp, cudaStream_t st) {
+  if (tile_m == 128) {
+    launch_mma<P, 128>(grid, mp, st);
+  } else {
+    launch_mma<P, 64>(grid, mp, st);
+  }
+}
+
+template void launch_mma_tile<Phase::kGateUp>(int, dim3, const MmaParams&, cudaStream_t);
+template void launch_mma_tile<Phase::kDown>(int, dim3, const MmaParams&, cudaStream_t);
+
+void launch_lora_shrink_mma_kernel(dim3 grid, const LoraShrinkMmaParams& lp, cudaStream_t st) {
+  moe_lora_shrink_mma<><<<grid, kLsThreads, 0, st>>>(lp);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace polylora::kernels::cuda::moe_detail
