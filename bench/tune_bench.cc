@@ -160,7 +160,8 @@ std::vector<Point> sweep(Backend& be, Device& dev, const Shape& s, const Experts
 int64_t crossover(const std::vector<Point>& pts, int64_t none, bool floor_x = false) {
   std::vector<TunePoint> tp;
   for (const Point& p : pts)
-    tp.push_back({.x = floor_x ? p.per_expert_floor : p.per_expert, .below_s = p.below_s, .above_s = p.above_s});
+    tp.push_back(
+        {.x = floor_x ? p.per_expert_floor : p.per_expert, .below_s = p.below_s, .above_s = p.above_s});
   return pick_crossover(tp, none);
 }
 

@@ -6,8 +6,8 @@
 // both activations, adapter slots −1 mixed with two adapters of different ranks on gate_up and down, under
 // the f32, bf16 hi+lo and bf16-rounded backend modes (tolerances of gpu_test_util.h: the MXFP4 values are
 // exact in bf16, so only the activations' rounding differs). Many pairs per expert in the bf16 modes take the
-// tensor-core grouped GEMM (moe_mxfp4_grouped), whose K loop decodes the codes to bf16 (block scales above
-// 2^1 take the decoder's two-multiply branch).
+// tensor-core grouped GEMM (from mxfp4_mma_per_expert), whose K loop decodes the codes to bf16 (block scales
+// above 2^1 take the decoder's two-multiply branch).
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -27,7 +27,7 @@ struct Mxfp4Case {
   k::ExpertAct act = k::ExpertAct::kGptOssSwiglu;
   bool lora = false;
   bool every_token_to_expert_2 = false;
-  float x_range = 2.0f;  // x uniform in [-x_range, x_range]
+  float x_range = 2.0f;                // x uniform in [-x_range, x_range]
   int scale_lo = 120, scale_span = 5;  // block scale bytes uniform in [scale_lo, scale_lo + span)
 };
 
@@ -125,8 +125,8 @@ void run_mxfp4(const Mxfp4Case& c) {
   std::vector<float> ref(static_cast<size_t>(m * ldo), 3.0f);
   a.out = ref.data();
   k::ref::moe_experts(a);
-  const std::string what = "mxfp4 m=" + std::to_string(m) + " E=" + std::to_string(E) + " K=" + std::to_string(K) +
-                           " " + c.mode.name + (c.lora ? " lora" : "") +
+  const std::string what = "mxfp4 m=" + std::to_string(m) + " E=" + std::to_string(E) +
+                           " K=" + std::to_string(K) + " " + c.mode.name + (c.lora ? " lora" : "") +
                            (c.act == k::ExpertAct::kSiluGate ? " silu" : " swiglu");
   std::vector<float> init(ref.size(), 3.0f);
   float* out = ar.up(init);
@@ -147,7 +147,11 @@ TEST(GpuMoeMxfp4, ExpertsMatchReference) {
     for (int64_t m : {1, 3, 13, 40})
       for (k::ExpertAct act : {k::ExpertAct::kSiluGate, k::ExpertAct::kGptOssSwiglu})
         for (bool lora : {false, true})
-          run_mxfp4({.m = m, .mode = md, .biases = m % 2 == 1, .act = act, .lora = lora,
+          run_mxfp4({.m = m,
+                     .mode = md,
+                     .biases = m % 2 == 1,
+                     .act = act,
+                     .lora = lora,
                      .every_token_to_expert_2 = m == 13});
 }
 

@@ -48,7 +48,7 @@ struct DenseParams {
   float* y[kMaxLoraGroup] = {};
   int64_t ldy[kMaxLoraGroup] = {};
   int64_t first[kMaxLoraGroup + 1] = {};  // tmp column of each module's ranks; first[num]: the row width
-  float* tmp = nullptr;                    // [splits][m][first[num]] partial sums
+  float* tmp = nullptr;                   // [splits][m][first[num]] partial sums
   int splits = 1;
 };
 
@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32) dense_shrink_kernel(Den
   if (threadIdx.x < ls::kTileRows) {
     const int64_t t = r0 + threadIdx.x;
     const int32_t key = dense_key(p, t, -1);
-    refs[threadIdx.x] = {key, key >= 0 ? p.x + t * p.ldx : nullptr, key >= 0 ? p.tmp + t * p.first[p.num] : nullptr};
+    refs[threadIdx.x] = {key, key >= 0 ? p.x + t * p.ldx : nullptr,
+                         key >= 0 ? p.tmp + t * p.first[p.num] : nullptr};
   }
   __syncthreads();
   ls::ShrinkGroup<TW> g;
@@ -146,8 +147,8 @@ __global__ void __launch_bounds__(ls::kExpandThreads) dense_expand_kernel(DenseP
   float acc[ls::kTileRows] = {};
   const TW* b = p.b[i];
   const int64_t out = p.out[i];
-  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * out + o) * R; }, R, vec, ts, lds, keys,
-                      acc);
+  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * out + o) * R; }, R, vec, ts,
+                      lds, keys, acc);
 #pragma unroll
   for (int u = 0; u < ls::kTileRows; ++u)
     if (keys[u] >= 0) p.y[i][(r0 + u) * p.ldy[i] + o] += p.scale[i][keys[u]] * acc[u];
@@ -201,10 +202,11 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   }
   CUDA_CHECK_LAUNCH();
   const int64_t lds = ls::round8(max_rank);
-  dim3 ge(static_cast<unsigned>(tiles), static_cast<unsigned>((max_out + ls::kExpandThreads - 1) / ls::kExpandThreads),
+  dim3 ge(static_cast<unsigned>(tiles),
+          static_cast<unsigned>((max_out + ls::kExpandThreads - 1) / ls::kExpandThreads),
           static_cast<unsigned>(a.num));
-  dense_expand_kernel<TW><<<ge, ls::kExpandThreads, static_cast<size_t>(ls::kTileRows * lds) * sizeof(float), st>>>(
-      p, lds);
+  dense_expand_kernel<TW>
+      <<<ge, ls::kExpandThreads, static_cast<size_t>(ls::kTileRows * lds) * sizeof(float), st>>>(p, lds);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -239,7 +241,8 @@ size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
 void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   if (a.m == 0 || a.num == 0) return;
   KERNEL_CHECK(a.num >= 1 && a.num <= kMaxLoraGroup, "lora_batch: 1 to 3 modules per call");
-  for (int i = 0; i < a.num; ++i) KERNEL_CHECK(!a.w[i].empty() && a.w[i].rank > 0, "lora_batch: empty module");
+  for (int i = 0; i < a.num; ++i)
+    KERNEL_CHECK(!a.w[i].empty() && a.w[i].rank > 0, "lora_batch: empty module");
   KERNEL_CHECK(lora_batch_workspace_bytes(a) <= ctx.workspace_bytes, "lora_batch: workspace too small");
   if (a.w[0].dtype == DType::kBF16) {
     launch_lora_batch<__nv_bfloat16>(a, ctx);

@@ -81,22 +81,17 @@ unsigned moe_gemv_blocks(int64_t max_items) {
       std::max<int64_t>(1, std::min<int64_t>(2 * sms, (max_items + warps - 1) / warps)));
 }
 
-// MXFP4 experts (tensor cores) from mxfp4_mma_per_expert pairs per expert on average (tuned): the grouped
-// GEMM decoding the codes into its bf16 B tiles (moe_gemm_mma.cuh); fewer, the weight-streaming kernels,
-// which read each active expert once per pass and decode in registers: on tensor cores
-// (moe_gemv_mxfp4.cuh) from mxfp4_tc_min_per_expert, else the fp32 GEMV (moe_gemv.cuh; always in f32 mode).
-bool moe_mxfp4_grouped(const MoeExpertsArgs& a, bool tensor_cores) {
-  return tensor_cores && a.m * a.top_k >= tuning_of(a).mxfp4_mma_per_expert * a.num_experts;
-}
-
 Path choose_path(const MoeExpertsArgs& a, bool tensor_cores) {
   const int64_t pairs = a.m * a.top_k;
   const KernelTuning t = tuning_of(a);
-  // MXFP4 experts: the grouped GEMM (moe_mxfp4_grouped), the tensor-core GEMV, or the fp32 GEMV (codes
-  // decoded in registers by all three; the last also in f32 mode).
+  // MXFP4 experts (codes decoded in registers on every path), with tensor cores from mxfp4_mma_per_expert
+  // pairs per expert on average: the grouped GEMM decoding into its bf16 B tiles (moe_gemm_mma.cuh); fewer,
+  // the weight-streaming kernels, which read each active expert once per pass: on tensor cores
+  // (moe_gemv_mxfp4.cuh) from mxfp4_tc_min_per_expert, else the fp32 GEMV (moe_gemv.cuh; always in f32 mode).
   if (a.experts_mxfp4) {
-    if (moe_mxfp4_grouped(a, tensor_cores)) return Path::kMma;
-    return tensor_cores && pairs >= t.mxfp4_tc_min_per_expert * a.num_experts ? Path::kGemvTc : Path::kGemv;
+    if (!tensor_cores) return Path::kGemv;
+    if (pairs >= t.mxfp4_mma_per_expert * a.num_experts) return Path::kMma;
+    return pairs >= t.mxfp4_tc_min_per_expert * a.num_experts ? Path::kGemvTc : Path::kGemv;
   }
   // INT8 experts (--quantization int8), whatever the backend's dtype: the fp32 GEMV kernel (codes widened in
   // registers) for few pairs, else the bf16 grouped GEMM dequantizing in its K loop.

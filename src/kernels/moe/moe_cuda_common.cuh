@@ -93,14 +93,14 @@ struct StackBuffers {
   const int32_t* num_tiles = nullptr;  // device: rows in use = num_tiles · tile_m (capped by max_rows)
   int tile_m = 1;
   int64_t max_rows = 0;
-  const float* gu = nullptr;                // [max_rows, 2I] gate/up products by sorted row
-  float* act = nullptr;                     // [max_rows, I] activation (f32, written)
-  __nv_bfloat16* act_bf16 = nullptr;        // [max_rows, copies·lda_bf16] or nullptr
+  const float* gu = nullptr;          // [max_rows, 2I] gate/up products by sorted row
+  float* act = nullptr;               // [max_rows, I] activation (f32, written)
+  __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, copies·lda_bf16] or nullptr
   int64_t lda_bf16 = 0, copies = 1;
-  const float* y = nullptr;                 // [pairs, H] down products by pair
-  float* lora_gu = nullptr;                 // [gu splits][max_rows, gu_slices·rank] partial sums
-  float* lora_down = nullptr;               // [down splits][pairs, rank]
-  bool shrinks_fused = false;               // the path's products computed the shrinks (the steps skip them)
+  const float* y = nullptr;    // [pairs, H] down products by pair
+  float* lora_gu = nullptr;    // [gu splits][max_rows, gu_slices·rank] partial sums
+  float* lora_down = nullptr;  // [down splits][pairs, rank]
+  bool shrinks_fused = false;  // the path's products computed the shrinks (the steps skip them)
 };
 void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st);
 // Split-K of the two shrinks for a path with `max_rows` sorted rows, and the floats of lora_gu and

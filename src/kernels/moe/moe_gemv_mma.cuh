@@ -43,10 +43,12 @@ __device__ __forceinline__ uint4 load_w8_any(const char* row, DType dt, int64_t 
   uint32_t w[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const __nv_bfloat16 lo = k + 2 * j < K ? cuda_util::load_as_bf16(row, dt, k + 2 * j) : __float2bfloat16(0.f);
+    const __nv_bfloat16 lo =
+        k + 2 * j < K ? cuda_util::load_as_bf16(row, dt, k + 2 * j) : __float2bfloat16(0.f);
     const __nv_bfloat16 hi =
         k + 2 * j + 1 < K ? cuda_util::load_as_bf16(row, dt, k + 2 * j + 1) : __float2bfloat16(0.f);
-    w[j] = static_cast<uint32_t>(__bfloat16_as_ushort(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+    w[j] = static_cast<uint32_t>(__bfloat16_as_ushort(lo)) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -54,9 +56,9 @@ __device__ __forceinline__ uint4 load_w8_any(const char* row, DType dt, int64_t 
 // One pass over NT (<= kTcMaxTiles) fragments of 8 routed rows, U k-blocks of 32 loaded per iteration.
 template <Phase P, int NT, int U, bool VEC>
 __device__ __forceinline__ void gemv_tc_pass(const GemvTcParams& p, const char* row0, const char* row1,
-                                              DType dt, int64_t K, int64_t N, int64_t n_warp,
-                                              const float* bias, int row_base, int nvalid,
-                                              const int64_t* s_off) {
+                                             DType dt, int64_t K, int64_t N, int64_t n_warp,
+                                             const float* bias, int row_base, int nvalid,
+                                             const int64_t* s_off) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   float acc[NT][4];
 #pragma unroll
@@ -93,7 +95,8 @@ __device__ __forceinline__ void gemv_tc_pass(const GemvTcParams& p, const char* 
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
         if (i * 8 >= nvalid) break;  // warp-uniform; mma.sync needs every lane, so empty columns load zeros
-        const uint4 xb = brow[i] ? __ldg(reinterpret_cast<const uint4*>(brow[i] + k)) : make_uint4(0, 0, 0, 0);
+        const uint4 xb =
+            brow[i] ? __ldg(reinterpret_cast<const uint4*>(brow[i] + k)) : make_uint4(0, 0, 0, 0);
         mma_bf16(acc[i], a_s0, xb.x, xb.y);
         mma_bf16(acc[i], a_s1, xb.z, xb.w);
         if (p.split) {
@@ -127,9 +130,9 @@ __device__ __forceinline__ void gemv_tc_pass(const GemvTcParams& p, const char* 
 // The fragment count of a pass (1, 2, 4 or 8 n8 fragments), chosen at run time from the rows left.
 template <Phase P, bool VEC>
 __device__ __forceinline__ void gemv_tc_pass_any(const GemvTcParams& p, const char* row0, const char* row1,
-                                                  DType dt, int64_t K, int64_t N, int64_t n_warp,
-                                                  const float* bias, int row_base, int nvalid,
-                                                  const int64_t* s_off) {
+                                                 DType dt, int64_t K, int64_t N, int64_t n_warp,
+                                                 const float* bias, int row_base, int nvalid,
+                                                 const int64_t* s_off) {
   if (nvalid <= 8) {
     gemv_tc_pass<P, 1, 8, VEC>(p, row0, row1, dt, K, N, n_warp, bias, row_base, nvalid, s_off);
   } else if (nvalid <= 16) {
@@ -160,7 +163,8 @@ __device__ __forceinline__ void pass_row_offsets(const GemvTcParams& p, int firs
 // weights are not BF16 with 16-byte rows.
 template <Phase P>
 __device__ __forceinline__ void gemv_tc_cta(const GemvTcParams& p, int e) {
-  __shared__ int64_t s_off[kTcMaxTok];  // activation row offset (elements) per routed row of the pass, −1 none
+  __shared__ int64_t
+      s_off[kTcMaxTok];  // activation row offset (elements) per routed row of the pass, −1 none
   const int count = p.counts[e], base = p.offsets[e];
   const ExpertView& ex = p.experts[e];
   const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;

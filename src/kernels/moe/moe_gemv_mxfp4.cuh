@@ -37,7 +37,7 @@ constexpr int kMxMT = 4;  // m16 tiles per warp: all of the CTA's rows
 constexpr int kMxRows = 16 * kMxMT;
 constexpr int kMxStages = 2;
 constexpr int kMxSuper = 4 * kMxfp4BlockSize;  // k values of one stage
-static_assert(kMxWarps == kMxMT, "the epilogue gives warp w the m16 tile w");
+static_assert(kMxWarps == 4 && kMxMT == 4, "split_k_epilogue: 4 warps, warp w sums m16 tile w");
 static_assert(kMxRows == kTcRows, "the grid is moe_gemv_tc_kernel's");
 
 template <int NT, int C>
@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
       big = __any_sync(0xffffffffu, big);  // warp-uniform: scales above 2^1 take a second multiply
       const uint32_t src = lane_smem + (sb % kMxStages) * Cfg::kStageBytes;
       // The activation pairs of the k16 steps, permuted as the codes: word w of a 32-value piece holds
-      // x[8w..8w+7] as (x0,x1)(x2,x3)(x4,x5)(x6,x7); step 2w takes (x0,x4), (x1,x5), step 2w+1 (x2,x6), (x3,x7).
+      // x[8w..8w+7] as (x0,x1)(x2,x3)(x4,x5)(x6,x7); step 2w takes (x0,x4), (x1,x5), step 2w+1 (x2,x6),
+      // (x3,x7).
       uint32_t xb[NT][C][4][4];
 #pragma unroll
       for (int i = 0; i < NT; ++i)
@@ -244,37 +245,7 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
         }
       }
     }
-    mma::cp_async_wait<0>();
-    __syncthreads();  // every warp is done with its pipeline buffers: they become the reduction
-#pragma unroll
-    for (int mt = 0; mt < kMxMT; ++mt)
-#pragma unroll
-      for (int i = 0; i < NT; ++i)
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          red[(warp * Cfg::kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane] = acc[mt][i][q];
-    __syncthreads();
-    // Warp w sums m16 tile w over the four warps (in warp order) and stores it. c0, c1 are (row g, columns
-    // 2t, 2t+1), c2, c3 (row g + 8, same columns).
-    const int mt = warp;
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int col = i * 8 + 2 * t + (q & 1);
-        const int64_t n = n0 + mt * 16 + g + (q >= 2 ? 8 : 0);
-        if (col >= nvalid || n >= N) continue;
-        float y = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kMxWarps; ++w) y += red[(w * Cfg::kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane];
-        if (bias != nullptr) y += bias[n];
-        const int64_t row = base + tok0 + col;
-        if (P == Phase::kGateUp) {
-          p.out[row * N + n] = y;
-        } else {
-          p.out[static_cast<int64_t>(p.sorted[row]) * N + n] = y;
-        }
-      }
+    split_k_epilogue<P, NT>(p, acc, red, n0, N, bias, base + tok0, nvalid);
   }
 }
 

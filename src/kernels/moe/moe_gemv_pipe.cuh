@@ -28,7 +28,7 @@ constexpr int kPipeRows = 16 * kPipeMT;
 constexpr int kPipeNT = 2;  // n8 fragments per pass
 constexpr int kPipeTok = 8 * kPipeNT;
 constexpr int kPipeStages = 4;
-static_assert(kPipeWarps == kPipeMT, "the epilogue gives warp w the m16 tile w");
+static_assert(kPipeWarps == 4 && kPipeMT == 4, "split_k_epilogue: 4 warps, warp w sums m16 tile w");
 static_assert(kPipeRows == kTcRows, "the grid is moe_gemv_tc_kernel's");
 
 template <int C>
@@ -49,6 +49,49 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(addr));
   return v;
+}
+
+// The epilogue of a pass of the K-split tensor-core GEMVs (moe_gemv_pipe_kernel, moe_gemv_mxfp4_kernel):
+// after every lane's copies have landed, each of the 4 warps parks its partial sums of the 4 m16 tiles ×
+// NT n8 fragments in `red` (the drained pipeline buffers, 4 · 4 · NT · 4 floats per lane), then warp w sums
+// m16 tile w over the warps in warp order (deterministic), adds the bias and stores rows n0.. of the pass's
+// routed rows row0.. (nvalid of them). c0, c1 are (row g, columns 2t, 2t+1), c2, c3 (row g + 8, same
+// columns).
+template <Phase P, int NT>
+__device__ __forceinline__ void split_k_epilogue(const GemvTcParams& p, const float (&acc)[4][NT][4],
+                                                 float* red, int64_t n0, int64_t N, const float* bias,
+                                                 int row0, int nvalid) {
+  constexpr int kWarps = 4, kMT = 4, kAccPerLane = kMT * NT * 4;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  mma::cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its pipeline buffers: they become the reduction
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        red[(warp * kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane] = acc[mt][i][q];
+  __syncthreads();
+  const int mt = warp;
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int col = i * 8 + 2 * t + (q & 1);
+      const int64_t n = n0 + mt * 16 + g + (q >= 2 ? 8 : 0);
+      if (col >= nvalid || n >= N) continue;
+      float y = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) y += red[(w * kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane];
+      if (bias != nullptr) y += bias[n];
+      const int64_t row = row0 + col;
+      if (P == Phase::kGateUp) {
+        p.out[row * N + n] = y;
+      } else {
+        p.out[static_cast<int64_t>(p.sorted[row]) * N + n] = y;
+      }
+    }
 }
 
 template <Phase P, int C>
@@ -164,38 +207,7 @@ __global__ void __launch_bounds__(kPipeThreads, 2) moe_gemv_pipe_kernel(GemvTcPa
         }
       }
     }
-    mma::cp_async_wait<0>();
-    __syncthreads();  // every warp is done with its pipeline buffers: they become the reduction
-#pragma unroll
-    for (int mt = 0; mt < kPipeMT; ++mt)
-#pragma unroll
-      for (int i = 0; i < kPipeNT; ++i)
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          red[(warp * Cfg::kAccPerLane + (mt * kPipeNT + i) * 4 + q) * 32 + lane] = acc[mt][i][q];
-    __syncthreads();
-    // Warp w sums m16 tile w over the four warps (in warp order) and stores it. c0, c1 are (row g, columns
-    // 2t, 2t+1), c2, c3 (row g + 8, same columns).
-    const int mt = warp;
-#pragma unroll
-    for (int i = 0; i < kPipeNT; ++i)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int col = i * 8 + 2 * t + (q & 1);
-        const int64_t n = n0 + mt * 16 + g + (q >= 2 ? 8 : 0);
-        if (col >= nvalid || n >= N) continue;
-        float y = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kPipeWarps; ++w)
-          y += red[(w * Cfg::kAccPerLane + (mt * kPipeNT + i) * 4 + q) * 32 + lane];
-        if (bias != nullptr) y += bias[n];
-        const int64_t row = base + tok0 + col;
-        if (P == Phase::kGateUp) {
-          p.out[row * N + n] = y;
-        } else {
-          p.out[static_cast<int64_t>(p.sorted[row]) * N + n] = y;
-        }
-      }
+    split_k_epilogue<P, kPipeNT>(p, acc, red, n0, N, bias, base + tok0, nvalid);
   }
 }
 
