@@ -8,7 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "common/dtype.h"
 #include "kernels/cuda_context.h"
@@ -47,6 +49,65 @@ inline int num_sms() {
     return v;
   }();
   return n;
+}
+
+// Programmatic dependent launch (Hopper and later; docs/pdl.md). A kernel launched by launch_pdl may start
+// while the kernel before it in the stream is still running: its CTAs become resident as soon as every CTA
+// of that kernel has called pdl_trigger() (or exited), and wait in pdl_wait() until it has completed and its
+// writes are visible. The launch latency and the kernel's prologue (what it does before pdl_wait: index math,
+// shared-memory set-up, L2 prefetches of weights, never reads of activations nor any write) overlap the
+// previous kernel's last wave. Rule: a kernel launched by launch_pdl calls pdl_wait() in every CTA before it
+// reads or writes any buffer another kernel touches (activations, workspaces, outputs), and before any
+// early exit; pdl_wait() and pdl_trigger() are no-ops when the kernel was launched plainly. On by default on
+// compute capability 9.0+; POLYLORA_PDL=0 turns it off (plain launches, for A/B timing).
+inline bool pdl_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("POLYLORA_PDL");
+    if (e != nullptr && e[0] == '0' && e[1] == '\0') return false;
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           major >= 9;
+  }();
+  return v;
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the next kernel (if launched by launch_pdl) launch once every CTA of this one has passed here. Called
+// after pdl_wait(): the next kernel's CTAs then fill the SMs as this kernel's last wave runs.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Both, at the top of a kernel that has nothing to do before its inputs are ready.
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_trigger();
+}
+// The line of global memory at p into L2 (weights, before pdl_wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <string>
 
 #include "gpu_test_util.h"
@@ -415,6 +416,8 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
 struct GpuMoeCase {
   kt::StackMoeCase c;  // c.weight_dtype is set from mode
   Mode mode = kF32Mode;
+  bool mxfp4 =
+      false;  // the experts in MXFP4 (random codes, block scales 2^-7 .. 2^-3) instead of weight_dtype
 };
 
 void run_moe(GpuMoeCase gc) {
@@ -425,6 +428,27 @@ void run_moe(GpuMoeCase gc) {
   kt::MoeFixture f;
   kt::make_fixture(c, f);
   std::unique_ptr<kt::MoeStack> st = kt::make_moe_stack(c);
+  // MXFP4 experts: codes and scales replace the fixture's weights (gate_up fused, as GPT-OSS ships them).
+  std::vector<std::vector<uint8_t>> mx;
+  std::vector<k::ExpertView> mx_dev(static_cast<size_t>(E));
+  if (gc.mxfp4) {
+    mx.reserve(static_cast<size_t>(4 * E));
+    std::mt19937 rng(19);
+    auto make = [&](int64_t rows, int64_t cols, k::WeightView& host, k::WeightView& dev) {
+      mx.emplace_back(static_cast<size_t>(rows * cols / 2));
+      for (auto& b : mx.back()) b = static_cast<uint8_t>(rng());
+      const std::vector<uint8_t>& codes = mx.back();
+      mx.emplace_back(static_cast<size_t>(rows * cols / 32));
+      for (auto& b : mx.back()) b = static_cast<uint8_t>(120 + rng() % 5);
+      const std::vector<uint8_t>& scales = mx.back();
+      host = {codes.data(), DType::kU8, rows, cols, scales.data()};
+      dev = {ar.up(codes), DType::kU8, rows, cols, ar.up(scales)};
+    };
+    for (int64_t e = 0; e < E; ++e) {
+      make(2 * I, H, f.experts[e].gate_up, mx_dev[e].gate_up);
+      make(H, I, f.experts[e].down, mx_dev[e].down);
+    }
+  }
   k::MoeExpertsArgs base;
   base.x = f.x.data();
   base.ldx = f.ldx;
@@ -436,6 +460,7 @@ void run_moe(GpuMoeCase gc) {
   base.ids = f.ids.data();
   base.weights = f.w.data();
   base.experts = f.experts.data();
+  base.experts_mxfp4 = gc.mxfp4;
   base.act = c.act;
   base.ldo = f.ldo;
   k::MoeExpertsArgs old = base;
@@ -452,7 +477,8 @@ void run_moe(GpuMoeCase gc) {
                      " E=" + std::to_string(E) + " K=" + std::to_string(K) +
                      " rank=" + std::to_string(c.rank) + " stack " + kt::dtype_str(c.stack_dtype) +
                      " gu_slices=" + std::to_string(c.gu_slices) + (c.fused ? " fused" : " separate") +
-                     (c.biases ? " bias" : "") + (c.act == k::ExpertAct::kSiluGate ? " silu" : " swiglu");
+                     (c.biases ? " bias" : "") + (c.act == k::ExpertAct::kSiluGate ? " silu" : " swiglu") +
+                     (gc.mxfp4 ? " mxfp4" : "");
   // The LoRA must move the output by far more than the tolerance.
   {
     double sq = 0;
@@ -471,10 +497,15 @@ void run_moe(GpuMoeCase gc) {
   for (int64_t e = 0; e < E; ++e) {
     const k::ExpertView& ex = f.experts[e];
     k::ExpertView& dx = dexperts[e];
-    if (!ex.gate_up.empty()) dx.gate_up = ar.weight(ex.gate_up);
-    if (!ex.gate.empty()) dx.gate = ar.weight(ex.gate);
-    if (!ex.up.empty()) dx.up = ar.weight(ex.up);
-    dx.down = ar.weight(ex.down);
+    if (gc.mxfp4) {
+      dx.gate_up = mx_dev[e].gate_up;
+      dx.down = mx_dev[e].down;
+    } else {
+      if (!ex.gate_up.empty()) dx.gate_up = ar.weight(ex.gate_up);
+      if (!ex.gate.empty()) dx.gate = ar.weight(ex.gate);
+      if (!ex.up.empty()) dx.up = ar.weight(ex.up);
+      dx.down = ar.weight(ex.down);
+    }
     if (ex.gate_up_bias)
       dx.gate_up_bias = ar.up(std::vector<float>(ex.gate_up_bias, ex.gate_up_bias + 2 * I));
     if (ex.down_bias) dx.down_bias = ar.up(std::vector<float>(ex.down_bias, ex.down_bias + H));
@@ -499,11 +530,11 @@ void run_moe(GpuMoeCase gc) {
 }
 
 // Every case in the three backend modes and with both stack dtypes.
-void run_all(kt::StackMoeCase c) {
+void run_all(kt::StackMoeCase c, bool mxfp4 = false) {
   for (const Mode& md : kModes) {
     for (DType sd : {DType::kF32, DType::kBF16}) {
       c.stack_dtype = sd;
-      run_moe({c, md});
+      run_moe({c, md, mxfp4});
     }
   }
 }
@@ -580,6 +611,42 @@ TEST(GpuLoraStack, MoeThirtyTwoExpertsTopFour) {
              .weight_scale = 0.1f,
              .lora_a = 0.15f,
              .lora_b = 0.3f});
+  }
+}
+
+// MXFP4 experts with the slot-stacked LoRA (GPT-OSS-like routing, 32 experts top 4, separate gate and up
+// LoRAs, and 8 experts top 2 with one gate_up LoRA): batch 1 .. 64 in the bf16 modes take the tensor-core
+// MXFP4 GEMV with the shrinks in its extra CTAs (f32 mode: the fp32 GEMV with the shrinks as its items), 300
+// tokens the tiled shrink beside the GEMV (more sorted rows than lora_gemv_shrink_rows) or the grouped GEMM.
+TEST(GpuLoraStack, MoeMxfp4Experts) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t m : {1, 3, 16, 64, 300}) {
+    run_all({.m = m,
+             .hidden = 256,
+             .inter = 192,
+             .num_experts = 32,
+             .top_k = 4,
+             .rank = 16,
+             .gu_slices = 2,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .fused = true,
+             .biases = m != 3,
+             .slots = 8,
+             .lora_a = 0.15f,
+             .lora_b = 0.3f},
+            true);
+    run_all({.m = m,
+             .hidden = 96,
+             .inter = 64,
+             .num_experts = 8,
+             .top_k = 2,
+             .rank = 8,
+             .gu_slices = 1,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .fused = true,
+             .biases = true,
+             .slots = 8},
+            true);
   }
 }
 

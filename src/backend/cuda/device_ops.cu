@@ -78,6 +78,7 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
 }
 
 __global__ void gather_kernel(const float* src, const int32_t* rows, int64_t cols, float* dst) {
+  ::polylora::kernels::cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const float* s = src + static_cast<int64_t>(rows[blockIdx.x]) * cols;
   float* d = dst + static_cast<int64_t>(blockIdx.x) * cols;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
@@ -120,6 +121,7 @@ void add_inplace(float* y, const float* x, int64_t n, void* stream) {
 // One block per row: each thread keeps the best (value, index) of its stride, then a shared-memory
 // reduction; ties go to the lower index, as the CPU sampler's argmax.
 __global__ void argmax_kernel(const float* x, int64_t cols, int32_t* ids) {
+  ::polylora::kernels::cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   constexpr int kThreads = 512;
   __shared__ float best_v[kThreads];
   __shared__ int32_t best_i[kThreads];
@@ -152,11 +154,13 @@ __global__ void argmax_kernel(const float* x, int64_t cols, int32_t* ids) {
 
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, void* stream) {
   if (rows == 0) return;
-  argmax_kernel<<<static_cast<unsigned>(rows), 512, 0, as_stream(stream)>>>(x, cols, ids);
+  ::polylora::kernels::cuda_util::launch_pdl(argmax_kernel, static_cast<unsigned>(rows), 512, 0,
+                                             as_stream(stream), x, cols, ids);
   CUDA_CHECK_LAUNCH();
 }
 
 __global__ void feed_kernel(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src) {
+  ::polylora::kernels::cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     dst[pairs[2 * i]] = src[pairs[2 * i + 1]];
@@ -164,14 +168,16 @@ __global__ void feed_kernel(int32_t* dst, const int32_t* pairs, int64_t n, const
 
 void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src, void* stream) {
   if (n == 0) return;
-  feed_kernel<<<blocks_for(n, 256, 64), 256, 0, as_stream(stream)>>>(dst, pairs, n, src);
+  ::polylora::kernels::cuda_util::launch_pdl(feed_kernel, blocks_for(n, 256, 64), 256, 0, as_stream(stream),
+                                             dst, pairs, n, src);
   CUDA_CHECK_LAUNCH();
 }
 
 void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols, float* dst,
                  void* stream) {
   if (num_rows == 0) return;
-  gather_kernel<<<static_cast<unsigned>(num_rows), 256, 0, as_stream(stream)>>>(src, rows, cols, dst);
+  ::polylora::kernels::cuda_util::launch_pdl(gather_kernel, static_cast<unsigned>(num_rows), 256, 0,
+                                             as_stream(stream), src, rows, cols, dst);
   CUDA_CHECK_LAUNCH();
 }
 

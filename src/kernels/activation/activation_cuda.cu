@@ -7,6 +7,7 @@ namespace polylora::kernels::cuda {
 namespace {
 
 __global__ void silu_and_mul_kernel(SiluAndMulArgs a) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   int64_t total = a.m * a.n;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -17,6 +18,7 @@ __global__ void silu_and_mul_kernel(SiluAndMulArgs a) {
 }
 
 __global__ void gpt_oss_swiglu_kernel(GptOssSwigluArgs a) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   int64_t total = a.m * a.n;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -33,13 +35,15 @@ __global__ void gpt_oss_swiglu_kernel(GptOssSwigluArgs a) {
 
 void silu_and_mul(const SiluAndMulArgs& a, const CudaContext& ctx) {
   if (a.m * a.n == 0) return;
-  silu_and_mul_kernel<<<cuda_util::blocks_for(a.m * a.n, 256), 256, 0, cuda_util::stream(ctx)>>>(a);
+  cuda_util::launch_pdl(silu_and_mul_kernel, cuda_util::blocks_for(a.m * a.n, 256), 256, 0,
+                        cuda_util::stream(ctx), a);
   CUDA_CHECK_LAUNCH();
 }
 
 void gpt_oss_swiglu(const GptOssSwigluArgs& a, const CudaContext& ctx) {
   if (a.m * a.n == 0) return;
-  gpt_oss_swiglu_kernel<<<cuda_util::blocks_for(a.m * a.n, 256), 256, 0, cuda_util::stream(ctx)>>>(a);
+  cuda_util::launch_pdl(gpt_oss_swiglu_kernel, cuda_util::blocks_for(a.m * a.n, 256), 256, 0,
+                        cuda_util::stream(ctx), a);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -361,8 +361,8 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
 // nullptr: one split, the output is written; else the split's (unnormalised acc [D], m, l) go to
 // part[((t·num_heads + h)·splits + split)·(D + 2)].
 template <int NV>
-__global__ void __launch_bounds__(kWarps * 32)
-    attention_decode_kernel(AttentionArgs a, float* part) {
+__global__ void __launch_bounds__(kWarps * 32) attention_decode_kernel(AttentionArgs a, float* part) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   constexpr int D = NV * 32;
   const KvCacheView& c = a.cache;
   const int64_t t = blockIdx.x, h = blockIdx.y;
@@ -486,6 +486,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // One CTA per (row, head): merges the splits' partial states with the sink logit.
 __global__ void attention_combine_kernel(AttentionArgs a, int splits, const float* part) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t t = blockIdx.x, h = blockIdx.y, D = a.cache.head_dim;
   const float* src = part + (t * a.num_heads + h) * splits * (D + 2);
   float mx = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
@@ -576,11 +577,11 @@ void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
   }
   dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads),
             static_cast<unsigned>(ds.splits));
-  attention_decode_kernel<NV><<<grid, kWarps * 32, 0, st>>>(a, part);
+  cuda_util::launch_pdl(attention_decode_kernel<NV>, grid, kWarps * 32, 0, st, a, part);
   CUDA_CHECK_LAUNCH();
   if (part != nullptr) {
     dim3 cgrid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
-    attention_combine_kernel<<<cgrid, 128, 0, st>>>(a, ds.splits, part);
+    cuda_util::launch_pdl(attention_combine_kernel, cgrid, 128, 0, st, a, ds.splits, part);
     CUDA_CHECK_LAUNCH();
   }
 }

@@ -7,6 +7,7 @@ namespace {
 
 __global__ void embedding_kernel(const int32_t* ids, const void* table, DType dtype, int64_t cols, float* out,
                                  int64_t ld_out) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   int64_t t = blockIdx.x;
   int64_t base = static_cast<int64_t>(ids[t]) * cols;
   float* o = out + t * ld_out;
@@ -18,8 +19,8 @@ __global__ void embedding_kernel(const int32_t* ids, const void* table, DType dt
 
 void embedding(const EmbeddingArgs& a, const CudaContext& ctx) {
   if (a.m == 0) return;
-  embedding_kernel<<<static_cast<unsigned>(a.m), 256, 0, cuda_util::stream(ctx)>>>(
-      a.ids, a.table.data, a.table.dtype, a.table.cols, a.out, a.ld_out);
+  cuda_util::launch_pdl(embedding_kernel, static_cast<unsigned>(a.m), 256, 0, cuda_util::stream(ctx), a.ids,
+                        a.table.data, a.table.dtype, a.table.cols, a.out, a.ld_out);
   CUDA_CHECK_LAUNCH();
 }
 

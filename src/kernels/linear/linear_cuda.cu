@@ -95,6 +95,18 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
   // K slice of this warp: multiples of 8 elements (16-byte weight pieces).
   const int64_t chunk = (k + 8 * KS - 1) / (8 * KS) * 8;
   const int64_t k0 = slice * chunk < k ? slice * chunk : k, kn = (k0 + chunk < k ? k0 + chunk : k) - k0;
+  // Launched by launch_pdl: while the kernel before it still runs, the weight slices of this warp's first
+  // block go to L2 (weights only; x, y and the LoRA sums wait for pdl_wait).
+  if (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock < n) {
+    const int64_t n_first = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + group * kStreamR;
+#pragma unroll
+    for (int r = 0; r < kStreamR; ++r) {
+      if (n_first + r >= n) break;
+      const char* row = reinterpret_cast<const char*>(w + (n_first + r) * k + k0);
+      for (int64_t off = lane * 128; off < kn * 2; off += 32 * 128) cuda_util::prefetch_l2(row + off);
+    }
+  }
+  cuda_util::pdl_begin();
   const float* xs[TM];
 #pragma unroll
   for (int t = 0; t < TM; ++t) xs[t] = x + (t < m ? t : 0) * ldx + k0;
@@ -171,9 +183,9 @@ void launch_stream_ks(const LinearArgs& a, cudaStream_t st) {
   const int64_t want = std::max((a.w.rows + rows_per_cta - 1) / rows_per_cta,
                                 (lora.items() + kStreamWarps - 1) / kStreamWarps);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(want, fit));
-  linear_stream_kernel<TM, KS>
-      <<<blocks, kStreamThreads, 0, st>>>(a.x, a.ldx, a.m, static_cast<const __nv_bfloat16*>(a.w.data),
-                                          a.w.rows, a.w.cols, a.bias, a.y, a.ldy, lora);
+  cuda_util::launch_pdl(linear_stream_kernel<TM, KS>, blocks, kStreamThreads, 0, st, a.x, a.ldx, a.m,
+                        static_cast<const __nv_bfloat16*>(a.w.data), a.w.rows, a.w.cols, a.bias, a.y, a.ldy,
+                        lora);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -205,6 +217,7 @@ size_t align256(size_t v) {
 }
 
 __global__ void add_bias_kernel(float* y, int64_t ldy, int64_t m, int64_t n, const float* bias) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   int64_t total = m * n;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -291,7 +304,8 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx) {
       KERNEL_CHECK(false, "linear: CUDA weights must be BF16 or F32 (matrix_from_host converts them)");
   }
   if (a.bias) {
-    add_bias_kernel<<<cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st>>>(a.y, a.ldy, m, n, a.bias);
+    cuda_util::launch_pdl(add_bias_kernel, cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st, a.y, a.ldy, m,
+                          n, a.bias);
     CUDA_CHECK_LAUNCH();
   }
 }

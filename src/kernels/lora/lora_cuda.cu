@@ -13,6 +13,7 @@ namespace polylora::kernels::cuda {
 namespace {
 
 __global__ void lora_apply_kernel(LoraApplyArgs a) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   __shared__ float s_mid[cuda_util::kLoraRankChunk];
   int64_t row = a.rows ? a.rows[blockIdx.x] : blockIdx.x;
   cuda_util::lora_row(a.lora, a.x + row * a.ldx, a.y + row * a.ldy, s_mid);
@@ -22,7 +23,8 @@ __global__ void lora_apply_kernel(LoraApplyArgs a) {
 
 void lora_apply(const LoraApplyArgs& a, const CudaContext& ctx) {
   if (a.num_rows == 0 || a.lora.empty() || a.lora.rank == 0) return;
-  lora_apply_kernel<<<static_cast<unsigned>(a.num_rows), 256, 0, cuda_util::stream(ctx)>>>(a);
+  cuda_util::launch_pdl(lora_apply_kernel, static_cast<unsigned>(a.num_rows), 256, 0, cuda_util::stream(ctx),
+                        a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -66,6 +68,7 @@ __device__ __forceinline__ int32_t dense_key(const DenseParams<TW>& p, int64_t t
 
 template <typename TW, int Q>
 __global__ void __launch_bounds__(ls::kShrinkWarps * 32) dense_shrink_kernel(DenseParams<TW> p) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   __shared__ ls::RowRef refs[ls::kTileRows];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
   if (threadIdx.x < ls::kTileRows) {
@@ -96,6 +99,7 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32) dense_shrink_kernel(Den
 constexpr int kGemvShrinkThreads = 256;
 
 __global__ void __launch_bounds__(kGemvShrinkThreads) lora_shrink_kernel(lora_fused::ShrinkItems p) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGemvShrinkThreads / 32);
   for (int64_t q = static_cast<int64_t>(blockIdx.x) * (kGemvShrinkThreads / 32) + (threadIdx.x >> 5);
        q < p.items(); q += warps)
@@ -119,6 +123,7 @@ int64_t dense_gemv_shrink_max_rows() {
 // y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (tiles, output chunks, module).
 template <typename TW>
 __global__ void __launch_bounds__(ls::kExpandThreads) dense_expand_kernel(DenseParams<TW> p, int64_t lds) {
+  cuda_util::pdl_begin();        // launched by launch_pdl (cuda_util.cuh)
   extern __shared__ float ts[];  // [kTileRows][lds]
   __shared__ int32_t keys_s[ls::kTileRows];
   const int i = static_cast<int>(blockIdx.z);
@@ -190,14 +195,14 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   cudaStream_t st = cuda_util::stream(ctx);
   if (gemv) {
     const lora_fused::ShrinkItems items = lora_fused::make_shrink_items(a, p.tmp, p.first[p.num]);
-    lora_shrink_kernel<<<lora_shrink_blocks(items), kGemvShrinkThreads, 0, st>>>(items);
+    cuda_util::launch_pdl(lora_shrink_kernel, lora_shrink_blocks(items), kGemvShrinkThreads, 0, st, items);
   } else {
     dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(rank_blocks),
             static_cast<unsigned>(p.splits));
     if (ls::shrink_q() == 4) {
-      dense_shrink_kernel<TW, 4><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
+      cuda_util::launch_pdl(dense_shrink_kernel<TW, 4>, gs, ls::kShrinkWarps * 32, 0, st, p);
     } else {
-      dense_shrink_kernel<TW, 8><<<gs, ls::kShrinkWarps * 32, 0, st>>>(p);
+      cuda_util::launch_pdl(dense_shrink_kernel<TW, 8>, gs, ls::kShrinkWarps * 32, 0, st, p);
     }
   }
   CUDA_CHECK_LAUNCH();
@@ -205,8 +210,8 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   dim3 ge(static_cast<unsigned>(tiles),
           static_cast<unsigned>((max_out + ls::kExpandThreads - 1) / ls::kExpandThreads),
           static_cast<unsigned>(a.num));
-  dense_expand_kernel<TW>
-      <<<ge, ls::kExpandThreads, static_cast<size_t>(ls::kTileRows * lds) * sizeof(float), st>>>(p, lds);
+  cuda_util::launch_pdl(dense_expand_kernel<TW>, ge, ls::kExpandThreads,
+                        static_cast<size_t>(ls::kTileRows * lds) * sizeof(float), st, p, lds);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -225,7 +230,8 @@ void lora_shrink(const LoraBatchArgs& a, float* tmp, int64_t ld_tmp, const CudaC
   }
   KERNEL_CHECK(ld_tmp >= ranks, "lora_shrink: tmp rows narrower than the group's ranks");
   const lora_fused::ShrinkItems p = lora_fused::make_shrink_items(a, tmp, ld_tmp);
-  lora_shrink_kernel<<<lora_shrink_blocks(p), kGemvShrinkThreads, 0, cuda_util::stream(ctx)>>>(p);
+  cuda_util::launch_pdl(lora_shrink_kernel, lora_shrink_blocks(p), kGemvShrinkThreads, 0,
+                        cuda_util::stream(ctx), p);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -250,6 +250,7 @@ __device__ __forceinline__ bool ahead(float v1, int i1, float v2, int i2) {
 constexpr int kRouteWarps = 4;
 
 __global__ void route_kernel(RouteArgs a) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   extern __shared__ float route_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
@@ -340,6 +341,7 @@ __global__ void align_small_kernel(const int32_t* ids, int64_t pairs, int64_t E,
                                    int32_t* offsets, int32_t* active, int32_t* num_active, int32_t* num_rows,
                                    int32_t* sorted, const int32_t* token_slots, int64_t top_k,
                                    int64_t buckets) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   extern __shared__ int32_t align_smem[];
   int32_t* cnt = align_smem;  // [E]
   int32_t* cursor = cnt + E;  // [E]
@@ -489,6 +491,7 @@ __device__ __forceinline__ void pack_bf16x8(const float (&v)[8], uint4* hi, uint
 // (copies = 2), lo in [lda, 2·lda); columns past H zero; 8 columns per thread.
 __global__ void cast_x_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64_t H, int64_t lda,
                                    int64_t copies, __nv_bfloat16* out) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t per_row = lda / 8, total = m * per_row;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -633,6 +636,7 @@ dim3 moe_act_grid(int64_t max_rows, int64_t I) {
 __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, int tile_m, const float* gu,
                                float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies,
                                int64_t max_rows, int64_t I, ExpertAct kind, float alpha, float limit) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t rows_dev = static_cast<int64_t>(*num_tiles) * tile_m;
   const int64_t rows = rows_dev < max_rows ? rows_dev : max_rows;
   const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
@@ -664,6 +668,7 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
 // single token spreads over ⌈H / 256⌉ CTAs: at batch 1 one CTA took 18 us of a 5 ms step).
 __global__ void moe_combine_kernel(const float* y, const int32_t* ids, const float* weights, int64_t top_k,
                                    int64_t H, int64_t E, float* out, int64_t ldo) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t t = blockIdx.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < H;
        i += static_cast<int64_t>(gridDim.y) * blockDim.x) {
@@ -724,6 +729,7 @@ __device__ __forceinline__ int32_t stack_key(const StackParams<TW>& p, int32_t p
 template <typename TW, int Q>
 __global__ void __launch_bounds__(ls::kShrinkWarps * 32)
     moe_stack_shrink_kernel(StackParams<TW> p, const float* in, int64_t ld_in, float* out, bool down) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   __shared__ ls::RowRef refs[ls::kTileRows];
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
   if (r0 >= stack_rows(p)) return;
@@ -757,9 +763,11 @@ template <typename TW>
 void launch_stack_shrink(dim3 grid, cudaStream_t st, const StackParams<TW>& p, const float* in, int64_t ld_in,
                          float* out, bool down) {
   if (ls::shrink_q() == 4) {
-    moe_stack_shrink_kernel<TW, 4><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, in, ld_in, out, down);
+    cuda_util::launch_pdl(moe_stack_shrink_kernel<TW, 4>, grid, ls::kShrinkWarps * 32, 0, st, p, in, ld_in,
+                          out, down);
   } else {
-    moe_stack_shrink_kernel<TW, 8><<<grid, ls::kShrinkWarps * 32, 0, st>>>(p, in, ld_in, out, down);
+    cuda_util::launch_pdl(moe_stack_shrink_kernel<TW, 8>, grid, ls::kShrinkWarps * 32, 0, st, p, in, ld_in,
+                          out, down);
   }
 }
 
@@ -775,6 +783,7 @@ __global__ void __launch_bounds__(kActLoraThreads)
     moe_act_lora_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act,
                         __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies, ExpertAct kind,
                         float alpha, float limit) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   extern __shared__ float ts[];
   __shared__ int32_t keys_s[ls::kTileRows];  // −2: no row, −1: a row without LoRA
   const int64_t R = p.R, R8 = ls::round8(R), lds = p.gu_slices * R8, I = p.I;
@@ -850,6 +859,7 @@ template <typename TW>
 __global__ void __launch_bounds__(kActLoraThreads)
     moe_combine_lora_kernel(StackParams<TW> p, const float* y, const float* tmp, const float* weights,
                             float* out, int64_t ldo) {
+  cuda_util::pdl_begin();        // launched by launch_pdl (cuda_util.cuh)
   extern __shared__ float ts[];  // [top_k][R8]
   __shared__ int32_t keys[kMaxTopKLora];
   const int64_t t = blockIdx.x, K = p.top_k, R = p.R, R8 = ls::round8(R), H = p.H;
@@ -975,9 +985,9 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
       dim3 grid(tiles, static_cast<unsigned>((width + kActLoraThreads - 1) / kActLoraThreads));
       const size_t smem = static_cast<size_t>(ls::kTileRows * s.gu_slices * R8) * sizeof(float);
-      moe_act_lora_kernel<TW><<<grid, kActLoraThreads, smem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16,
-                                                                   ws.lda_bf16, ws.copies, a.act,
-                                                                   a.swiglu_alpha, a.swiglu_limit);
+      cuda_util::launch_pdl(moe_act_lora_kernel<TW>, grid, kActLoraThreads, smem, st, p, ws.gu, ws.lora_gu,
+                            ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
+                            a.swiglu_limit);
       break;
     }
     case StackStep::kShrinkDown: {
@@ -993,8 +1003,8 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
       dim3 grid(static_cast<unsigned>(a.m),
                 static_cast<unsigned>((a.hidden + kActLoraThreads - 1) / kActLoraThreads));
-      moe_combine_lora_kernel<TW>
-          <<<grid, kActLoraThreads, smem, st>>>(p, ws.y, ws.lora_down, a.weights, a.out, a.ldo);
+      cuda_util::launch_pdl(moe_combine_lora_kernel<TW>, grid, kActLoraThreads, smem, st, p, ws.y,
+                            ws.lora_down, a.weights, a.out, a.ldo);
       break;
     }
   }
@@ -1100,7 +1110,7 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
   size_t smem = static_cast<size_t>(kRouteWarps * a.num_experts) * (sizeof(float) + 1);
   KERNEL_CHECK(smem <= 48 * 1024, "route: too many experts for one block's shared memory");
   unsigned blocks = static_cast<unsigned>((a.m + kRouteWarps - 1) / kRouteWarps);
-  route_kernel<<<blocks, kRouteWarps * 32, smem, cuda_util::stream(ctx)>>>(a);
+  cuda_util::launch_pdl(route_kernel, blocks, kRouteWarps * 32, smem, cuda_util::stream(ctx), a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1169,10 +1179,10 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                                                                           ws.gu, ws.act, ws.y, false);
       CUDA_CHECK_LAUNCH();
     }
-    moe_act_kernel<<<moe_act_grid(ws.max_rows, I), 256, 0, st>>>(
-        ws.sorted, ws.num_tiles, tile_m, ws.gu, (!bf16_act || lora) ? ws.act : nullptr,
-        bf16_act ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act, a.swiglu_alpha,
-        a.swiglu_limit);
+    cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(ws.max_rows, I), 256, 0, st, ws.sorted, ws.num_tiles,
+                          tile_m, ws.gu, (!bf16_act || lora) ? ws.act : nullptr,
+                          bf16_act ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act,
+                          a.swiglu_alpha, a.swiglu_limit);
     CUDA_CHECK_LAUNCH();
   };
 
@@ -1181,12 +1191,12 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     const int64_t nb = align_small_smem(E, ws.buckets) <= 48 * 1024 ? ws.buckets : 1;
     const size_t smem = align_small_smem(E, nb);
     KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
-    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(a.ids, ws.pairs, E, ws.counts, ws.offsets,
-                                                            ws.active, ws.num_active, ws.num_tiles, ws.sorted,
-                                                            a.token_slots, a.top_k, nb);
+    cuda_util::launch_pdl(align_small_kernel, 1, kAlignSmallThreads, smem, st, a.ids, ws.pairs, E, ws.counts,
+                          ws.offsets, ws.active, ws.num_active, ws.num_tiles, ws.sorted, a.token_slots,
+                          a.top_k, nb);
     CUDA_CHECK_LAUNCH();
-    cast_x_bf16_kernel<<<cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0, st>>>(
-        a.x, a.ldx, a.m, H, ws.lda_h, ws.copies, ws.x_bf16);
+    cuda_util::launch_pdl(cast_x_bf16_kernel, cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0,
+                          st, a.x, a.ldx, a.m, H, ws.lda_h, ws.copies, ws.x_bf16);
     CUDA_CHECK_LAUNCH();
     moe_detail::GemvTcParams tp;
     tp.split = ws.copies == 2;
@@ -1200,12 +1210,37 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.hidden = H;
     tp.inter = I;
     const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(E, ws.pairs));
+    // The LoRA shrinks run in extra CTAs of the two products (gate/up: x, down: the f32 activation), as on
+    // the GEMV path: no launches of their own, overlapped with the base product.
+    const bool fuse = stack && gemv_shrink(a, sb);
+    sb.shrinks_fused = fuse;
+    tp.shrink.sorted = ws.sorted;
+    tp.shrink.top_k = a.top_k;
+    tp.shrink.hidden = H;
+    tp.shrink.inter = I;
+    tp.shrink.base = false;
+    // Shrink CTAs: ~one warp per item, spread over the y-planes, at most ~2 waves' worth of the GPU.
+    auto lora_grid = [&](dim3& grid) {
+      tp.row_tiles = static_cast<int>(grid.x);
+      tp.lora_ctas = 0;
+      if (!fuse) return;
+      const int64_t warps = 4 * max_active;
+      const int64_t ctas = std::min<int64_t>((tp.shrink.lora.items() + warps - 1) / warps, 64);
+      tp.lora_ctas = static_cast<int>(std::max<int64_t>(ctas, 1));
+      grid.x += static_cast<unsigned>(tp.lora_ctas);
+    };
     // 2. gate_up
     tp.a = ws.x_bf16;
     tp.lda = ws.copies * ws.lda_h;
     tp.lda_copy = ws.lda_h;
     tp.out = ws.gu;
+    if (fuse) {
+      tp.shrink.x = a.x;
+      tp.shrink.ldx = a.ldx;
+      tp.shrink.lora = shrink_items<Phase::kGateUp>(a, sb);
+    }
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
+    lora_grid(grid_gu);
     moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
     gate_up_lora_and_activation();
@@ -1214,7 +1249,13 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda = ws.copies * ws.lda_i;
     tp.lda_copy = ws.lda_i;
     tp.out = ws.y;
+    if (fuse) {
+      tp.shrink.x = ws.act;
+      tp.shrink.ldx = I;
+      tp.shrink.lora = shrink_items<Phase::kDown>(a, sb);
+    }
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
+    lora_grid(grid_down);
     moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
@@ -1222,9 +1263,9 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     const int64_t nb = align_small_smem(E, ws.buckets) <= 48 * 1024 ? ws.buckets : 1;
     const size_t smem = align_small_smem(E, nb);
     KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
-    align_small_kernel<<<1, kAlignSmallThreads, smem, st>>>(a.ids, ws.pairs, E, ws.counts, ws.offsets,
-                                                            ws.active, ws.num_active, ws.num_tiles, ws.sorted,
-                                                            a.token_slots, a.top_k, nb);
+    cuda_util::launch_pdl(align_small_kernel, 1, kAlignSmallThreads, smem, st, a.ids, ws.pairs, E, ws.counts,
+                          ws.offsets, ws.active, ws.num_active, ws.num_tiles, ws.sorted, a.token_slots,
+                          a.top_k, nb);
     CUDA_CHECK_LAUNCH();
     moe_detail::GemvParams gp;
     gp.experts = a.experts;
@@ -1293,8 +1334,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     GemmParams gp;
     // 2. gate_up
     if (mma) {
-      cast_x_bf16_kernel<<<cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0, st>>>(
-          a.x, a.ldx, a.m, H, ws.lda_h, ws.copies, ws.x_bf16);
+      cuda_util::launch_pdl(cast_x_bf16_kernel, cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0,
+                            st, a.x, a.ldx, a.m, H, ws.lda_h, ws.copies, ws.x_bf16);
       CUDA_CHECK_LAUNCH();
       mp.a = ws.x_bf16;
       mp.lda = ws.copies * ws.lda_h;
@@ -1329,9 +1370,9 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     }
     // 3. gate_up LoRA, 4. activation
     if (mma_lora) {  // the gate/up LoRA is in the GEMM; the down shrink reads the bf16 activation
-      moe_act_kernel<<<moe_act_grid(ws.max_rows, I), 256, 0, st>>>(
-          ws.sorted, ws.num_tiles, tile_m, ws.gu, nullptr, ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I,
-          a.act, a.swiglu_alpha, a.swiglu_limit);
+      cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(ws.max_rows, I), 256, 0, st, ws.sorted, ws.num_tiles,
+                            tile_m, ws.gu, nullptr, ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I, a.act,
+                            a.swiglu_alpha, a.swiglu_limit);
       CUDA_CHECK_LAUNCH();
       launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);
     } else {
@@ -1364,7 +1405,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   if (stack && !mma_lora) return moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
   const dim3 grid_combine(static_cast<unsigned>(a.m), static_cast<unsigned>(std::min<int64_t>(
                                                           (H + 255) / 256, a.m >= 64 ? 1 : 64 / a.m)));
-  moe_combine_kernel<<<grid_combine, 256, 0, st>>>(ws.y, a.ids, a.weights, a.top_k, H, E, a.out, a.ldo);
+  cuda_util::launch_pdl(moe_combine_kernel, grid_combine, 256, 0, st, ws.y, a.ids, a.weights, a.top_k, H, E,
+                        a.out, a.ldo);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -318,6 +318,7 @@ __device__ __forceinline__ void lora_shrink_item(const GemvParams& p, int64_t q)
 // consecutive rows (same speed as one CTA per 16 rows on the H200 at batch 1, see the top of the file).
 template <Phase P, int TM>
 __global__ void __launch_bounds__(kGemvThreads, 2) moe_gemv_kernel(GemvParams p) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
   const int64_t pairs_per_expert = (N + kGemvR - 1) / kGemvR;
   const int64_t base_items = p.base ? static_cast<int64_t>(*p.num_active) * pairs_per_expert : 0;

@@ -10,7 +10,7 @@ namespace polylora::kernels::cuda::moe_detail {
 
 template <Phase P, int TM>
 void launch_gemv_tm(dim3 grid, const GemvParams& gp, cudaStream_t st) {
-  moe_gemv_kernel<P, TM><<<grid, kGemvThreads, 0, st>>>(gp);
+  cuda_util::launch_pdl(moe_gemv_kernel<P, TM>, grid, kGemvThreads, 0, st, gp);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -22,13 +22,13 @@ void launch_gemv_pipe(dim3 grid, const GemvTcParams& tp, cudaStream_t st) {
     return true;
   }();
   (void)configured;
-  moe_gemv_pipe_kernel<P, C><<<grid, kPipeThreads, PipeCfg<C>::kSmemBytes, st>>>(tp);
+  cuda_util::launch_pdl(moe_gemv_pipe_kernel<P, C>, grid, kPipeThreads, PipeCfg<C>::kSmemBytes, st, tp);
   CUDA_CHECK_LAUNCH();
 }
 
 template <Phase P>
 void launch_gemv_tc_reg(dim3 grid, const GemvTcParams& tp, cudaStream_t st) {
-  moe_gemv_tc_kernel<P><<<grid, kTcThreads, 0, st>>>(tp);
+  cuda_util::launch_pdl(moe_gemv_tc_kernel<P>, grid, kTcThreads, 0, st, tp);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -41,7 +41,7 @@ void launch_gemv_mxfp4(dim3 grid, const GemvTcParams& tp, cudaStream_t st) {
     return true;
   }();
   (void)configured;
-  moe_gemv_mxfp4_kernel<P, NT, C><<<grid, kMxThreads, Cfg::kSmemBytes, st>>>(tp);
+  cuda_util::launch_pdl(moe_gemv_mxfp4_kernel<P, NT, C>, grid, kMxThreads, Cfg::kSmemBytes, st, tp);
   CUDA_CHECK_LAUNCH();
 }
 

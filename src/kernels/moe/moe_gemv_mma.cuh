@@ -14,6 +14,7 @@
 #pragma once
 
 #include "kernels/moe/moe_gemm_mma.cuh"
+#include "kernels/moe/moe_gemv.cuh"
 
 namespace polylora::kernels::cuda::moe_detail {
 
@@ -36,7 +37,26 @@ struct GemvTcParams {
   const int32_t* sorted = nullptr;      // [pairs] pair index t·top_k + k per sorted row
   int64_t top_k = 0, hidden = 0, inter = 0;
   float* out = nullptr;  // kGateUp: gu [rows, 2I] by sorted row; kDown: y [pairs, H] by pair
+  // The slot-stacked expert LoRA's shrink of this phase (moe_gemv.cuh LoraShrinkItems over shrink.x, f32),
+  // run by lora_ctas extra CTAs per y-plane past the row_tiles weight-row CTAs (blockIdx.x >= row_tiles), so
+  // it costs no launch of its own and overlaps the base product: its sums are read by the next kernel (the
+  // activation for gate/up, the combine for down). lora_ctas 0: none.
+  GemvParams shrink;
+  int row_tiles = 0, lora_ctas = 0;
 };
+
+// The CTAs past the row tiles run the shrink items, warp by warp over all such CTAs of every y-plane (planes
+// of experts that are not active included). True when this CTA was one of them.
+template <Phase P, int kWarps>
+__device__ __forceinline__ bool gemv_tc_lora_cta(const GemvTcParams& p) {
+  if (p.lora_ctas == 0 || static_cast<int>(blockIdx.x) < p.row_tiles) return false;
+  const int64_t cta = static_cast<int64_t>(blockIdx.y) * p.lora_ctas + (blockIdx.x - p.row_tiles);
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * p.lora_ctas * kWarps;
+  const int64_t items = p.shrink.lora.items();
+  for (int64_t i = cta * kWarps + (threadIdx.x >> 5); i < items; i += stride)
+    lora_shrink_item<P>(p.shrink, i);
+  return true;
+}
 
 // Eight bf16 weights of row `row` at k..k+7 (zeros past K), element by element (any dtype, any K).
 __device__ __forceinline__ uint4 load_w8_any(const char* row, DType dt, int64_t k, int64_t K) {
@@ -192,6 +212,8 @@ __device__ __forceinline__ void gemv_tc_cta(const GemvTcParams& p, int e) {
 
 template <Phase P>
 __global__ void __launch_bounds__(kTcThreads) moe_gemv_tc_kernel(GemvTcParams p) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  if (gemv_tc_lora_cta<P, kTcWarps>(p)) return;
   const int j = blockIdx.y;
   if (j >= *p.num_active) return;
   gemv_tc_cta<P>(p, p.active[j]);

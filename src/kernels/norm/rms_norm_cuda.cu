@@ -76,6 +76,7 @@ __device__ __forceinline__ void row_scale(const float* xr, float* yr, const floa
 template <bool VEC, bool ADD>
 __global__ void rms_norm_block_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y,
                                       int64_t ldy, int64_t n, const float* w, float eps) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
   const float* dr = ADD ? delta + static_cast<int64_t>(blockIdx.x) * ld_delta : nullptr;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * ldy;
@@ -87,6 +88,7 @@ __global__ void rms_norm_block_kernel(float* x, int64_t ldx, const float* delta,
 template <bool VEC, bool ADD>
 __global__ void rms_norm_warp_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y,
                                      int64_t ldy, int64_t m, int64_t n, const float* w, float eps) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= m) return;  // whole warps exit together
   const int lane = threadIdx.x & 31;
@@ -108,6 +110,7 @@ template <bool VEC>
 __global__ void add_rms_norm_lora_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta,
                                          float* y, int64_t ldy, int64_t n, const float* w, float eps,
                                          LoraExpandIn lora, int64_t t0) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t t = t0 + blockIdx.x;
   float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
   const float* dr = delta + static_cast<int64_t>(blockIdx.x) * ld_delta;
@@ -131,11 +134,11 @@ void launch(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* 
       unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
       const float* d = ADD ? d0 + r0 * ld_delta : nullptr;
       if (vec)
-        rms_norm_warp_kernel<true, ADD><<<blocks, 32 * kRowsPerBlock, 0, st>>>(
-            x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps);
+        cuda_util::launch_pdl(rms_norm_warp_kernel<true, ADD>, blocks, 32 * kRowsPerBlock, 0, st,
+                              x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps);
       else
-        rms_norm_warp_kernel<false, ADD><<<blocks, 32 * kRowsPerBlock, 0, st>>>(
-            x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps);
+        cuda_util::launch_pdl(rms_norm_warp_kernel<false, ADD>, blocks, 32 * kRowsPerBlock, 0, st,
+                              x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps);
       CUDA_CHECK_LAUNCH();
     }
     return;
@@ -147,11 +150,11 @@ void launch(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* 
     int64_t rows = m - r0 < 65535LL * 32 ? m - r0 : 65535LL * 32;
     const float* d = ADD ? d0 + r0 * ld_delta : nullptr;
     if (vec)
-      rms_norm_block_kernel<true, ADD><<<static_cast<unsigned>(rows), threads, 0, st>>>(
-          x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps);
+      cuda_util::launch_pdl(rms_norm_block_kernel<true, ADD>, static_cast<unsigned>(rows), threads, 0, st,
+                            x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps);
     else
-      rms_norm_block_kernel<false, ADD><<<static_cast<unsigned>(rows), threads, 0, st>>>(
-          x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps);
+      cuda_util::launch_pdl(rms_norm_block_kernel<false, ADD>, static_cast<unsigned>(rows), threads, 0, st,
+                            x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -178,13 +181,13 @@ void add_rms_norm(const AddRmsNormArgs& a, const CudaContext& ctx) {
   for (int64_t r0 = 0; r0 < a.m; r0 += 65535LL * 32) {
     const int64_t rows = std::min<int64_t>(a.m - r0, 65535LL * 32);
     if (vec)
-      add_rms_norm_lora_kernel<true><<<static_cast<unsigned>(rows), threads, 0, st>>>(
-          a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy, a.ldy, a.n, a.w,
-          a.eps, a.lora_delta, r0);
+      cuda_util::launch_pdl(add_rms_norm_lora_kernel<true>, static_cast<unsigned>(rows), threads, 0, st,
+                            a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy,
+                            a.ldy, a.n, a.w, a.eps, a.lora_delta, r0);
     else
-      add_rms_norm_lora_kernel<false><<<static_cast<unsigned>(rows), threads, 0, st>>>(
-          a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy, a.ldy, a.n, a.w,
-          a.eps, a.lora_delta, r0);
+      cuda_util::launch_pdl(add_rms_norm_lora_kernel<false>, static_cast<unsigned>(rows), threads, 0, st,
+                            a.x + r0 * a.ldx, a.ldx, a.delta + r0 * a.ld_delta, a.ld_delta, a.y + r0 * a.ldy,
+                            a.ldy, a.n, a.w, a.eps, a.lora_delta, r0);
     CUDA_CHECK_LAUNCH();
   }
 }

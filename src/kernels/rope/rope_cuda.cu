@@ -40,6 +40,7 @@ constexpr int kRkvWarps = 4;  // heads per CTA
 // Grid (m, ⌈(num_heads + num_kv_heads) / kRkvWarps⌉), kRkvWarps·32 threads, 2·(head_dim / 2) floats of
 // dynamic shared memory. Heads [0, num_heads) are q's, the rest k's (and v's).
 __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
+  cuda_util::pdl_begin();        // launched by launch_pdl (cuda_util.cuh)
   extern __shared__ float cs[];  // cos [half], then sin [half]
   const int64_t t = blockIdx.x, d = a.head_dim, half = d / 2;
   const float pos = static_cast<float>(a.positions[t]);
@@ -121,7 +122,7 @@ void rope_kv_write(const RopeKvWriteArgs& a, const CudaContext& ctx) {
   const int64_t heads = a.num_heads + a.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>((heads + kRkvWarps - 1) / kRkvWarps));
   const size_t smem = static_cast<size_t>(2 * (a.head_dim / 2)) * sizeof(float);
-  rope_kv_write_kernel<<<grid, kRkvWarps * 32, smem, cuda_util::stream(ctx)>>>(a);
+  cuda_util::launch_pdl(rope_kv_write_kernel, grid, kRkvWarps * 32, smem, cuda_util::stream(ctx), a);
   CUDA_CHECK_LAUNCH();
 }
 
