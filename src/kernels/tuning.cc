@@ -50,6 +50,7 @@ const std::vector<Field>& fields() {
       {"lora_gemv_shrink_rows", &KernelTuning::lora_gemv_shrink_rows, "POLYLORA_LORA_GEMV_SHRINK_ROWS"},
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,
        "POLYLORA_LORA_GEMV_SHRINK_ROWS"},
+      {"linear_stream_max_rows", &KernelTuning::linear_stream_max_rows, "POLYLORA_LINEAR_STREAM_ROWS"},
   };
   return f;
 }

@@ -45,6 +45,9 @@ struct KernelTuning {
   // Dense LoRA (kernels/lora/lora_cuda.cu): tokens up to which the shrink runs per token instead of tiled;
   // env POLYLORA_LORA_GEMV_SHRINK_ROWS too.
   int64_t lora_dense_gemv_shrink_rows = 64;
+  // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
+  // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
+  int64_t linear_stream_max_rows = 8;
 };
 
 // The expert shape an entry applies to (0: any).

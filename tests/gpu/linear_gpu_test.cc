@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gpu_test_util.h"
+#include "kernels/tuning.h"
 
 namespace polylora::gpu_test {
 namespace {
@@ -59,15 +60,13 @@ TEST(GpuLinear, MatchesReference) {
 // count (n = 5000: 1, 4096 / 3001: 2, 1100: 4, 513 and below: 8), widths that are and are not multiples of a
 // CTA's rows, K that is not a multiple of the load step or of 8 slices (24: slices past K are empty), wide y
 // strides, bias on and off. Poisoned output: every element must be written, the padding columns untouched.
-TEST(GpuLinear, FewRowsStreamBf16Weights) {
-  SKIP_WITHOUT_GPU();
+struct StreamShape {
+  int64_t m, kk, n;
+};
+
+void check_streamed(const std::vector<StreamShape>& shapes) {
   Arena ar(backend(kBf16Mode));
-  struct Shape {
-    int64_t m, kk, n;
-  };
-  for (Shape s : {Shape{1, 8, 1}, Shape{1, 2880, 4096}, Shape{2, 1032, 17}, Shape{3, 2888, 513},
-                  Shape{4, 64, 32}, Shape{5, 4104, 33}, Shape{8, 2880, 3001}, Shape{7, 24, 100},
-                  Shape{2, 2880, 1100}, Shape{1, 2880, 5000}}) {
+  for (StreamShape s : shapes) {
     for (bool bias : {false, true}) {
       const int64_t ldx = s.kk + 4, ldy = s.n + 5;
       k::test::TestWeight w =
@@ -98,6 +97,31 @@ TEST(GpuLinear, FewRowsStreamBf16Weights) {
       expect_close_for(kBf16Mode, got, ref, what);
     }
   }
+}
+
+TEST(GpuLinear, FewRowsStreamBf16Weights) {
+  SKIP_WITHOUT_GPU();
+  check_streamed({{1, 8, 1},
+                  {1, 2880, 4096},
+                  {2, 1032, 17},
+                  {3, 2888, 513},
+                  {4, 64, 32},
+                  {5, 4104, 33},
+                  {8, 2880, 3001},
+                  {7, 24, 100},
+                  {2, 2880, 1100},
+                  {1, 2880, 5000}});
+}
+
+// With linear_stream_max_rows 16 (the tuning field; 8 by default), 9 to 16 rows take the 16-row passes.
+TEST(GpuLinear, StreamSixteenRowPasses) {
+  SKIP_WITHOUT_GPU();
+  k::KernelTuning t;
+  t.linear_stream_max_rows = 16;
+  k::override_kernel_tuning(t);
+  check_streamed(
+      {{9, 2880, 4096}, {16, 1032, 17}, {12, 2888, 513}, {16, 24, 100}, {13, 2880, 1100}, {16, 2880, 5000}});
+  k::override_kernel_tuning(std::nullopt);
 }
 
 // The default backend splits activations for products of up to CudaContext::kBf16SplitMaxRowsDefault rows

@@ -22,6 +22,7 @@
 #include "kernels/cuda_util.cuh"
 #include "kernels/linear/linear.h"
 #include "kernels/lora/lora_fused_cuda.cuh"
+#include "kernels/tuning.h"
 #include "kernels/weight_stream.cuh"
 
 #define CUBLAS_CHECK(expr)                                                                          \
@@ -76,9 +77,9 @@ bool stream_enabled() {
 constexpr int kStreamThreads = 256;
 constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kStreamR = 2;
-constexpr int64_t kStreamMaxRows = 8;
+constexpr int64_t kStreamMaxRows = 16;  // the largest pass built; the bound in use is tuned (stream_max_rows)
 constexpr int stream_u(int tm) {
-  return tm <= 2 ? 8 : tm == 4 ? 4 : 2;
+  return tm <= 2 ? 8 : tm == 4 ? 4 : tm == 8 ? 2 : 1;
 }
 
 // y[t, n] = Σ_k x[t, k] · W[n, k] (+ bias[n]) for t < m <= TM; W BF16 [n, k] with 16-byte rows, x 16-byte
@@ -156,11 +157,16 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
     lora_fused::shrink_item(lora, q);
 }
 
+// Rows up to which split products stream (KernelTuning::linear_stream_max_rows, at most kStreamMaxRows).
+int64_t stream_max_rows() {
+  return std::min<int64_t>(kStreamMaxRows, kernel_tuning(TuningShape{}).linear_stream_max_rows);
+}
+
 // Does the streaming kernel take this product?
 bool streamed(const LinearArgs& a, bool split) {
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  return split && a.w.dtype == DType::kBF16 && a.m <= kStreamMaxRows && a.w.cols % 8 == 0 && a.ldx % 4 == 0 &&
-         aligned(a.w.data) && aligned(a.x) && stream_enabled();
+  return split && a.w.dtype == DType::kBF16 && a.m <= stream_max_rows() && a.w.cols % 8 == 0 &&
+         a.ldx % 4 == 0 && aligned(a.w.data) && aligned(a.x) && stream_enabled();
 }
 
 // K slices per row group: the fewest (1, 2, 4, 8) that give at least two CTAs per SM (from n alone, so a
@@ -255,7 +261,8 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx) {
         if (m == 1) return launch_stream<1>(a, st);
         if (m == 2) return launch_stream<2>(a, st);
         if (m <= 4) return launch_stream<4>(a, st);
-        return launch_stream<8>(a, st);
+        if (m <= 8) return launch_stream<8>(a, st);
+        return launch_stream<16>(a, st);
       }
       KERNEL_CHECK(linear_workspace_bytes(a, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
       // Workspace: hi [m, k] then (split) lo [m, k] right after it, so hi;lo is one [2m, k] matrix when the
