@@ -1114,9 +1114,26 @@ void route(const RouteArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+// Whether the expert products take their bf16 activations as a hi + lo pair (CudaContext::bf16_split).
+// MXFP4 experts do not: their weights carry 4-bit values, Hugging Face's and every peer's MXFP4 kernels
+// multiply them with bf16 activations, and the split doubled the activation traffic and the MMAs of the
+// tensor-core MXFP4 kernels, whose shared memory it filled (H200, session 33: decode without the split ran
+// 1.36x / 1.38x faster at batch 16 / 64). POLYLORA_MXFP4_BF16_SPLIT=1 keeps the split for them.
+bool moe_split(const MoeExpertsArgs& a, const CudaContext& ctx) {
+  static const bool mxfp4_split = [] {
+    const char* e = std::getenv("POLYLORA_MXFP4_BF16_SPLIT");
+    return e != nullptr && e[0] == '1' && e[1] == '\0';
+  }();
+  return ctx.bf16_split(a.m) && (!a.experts_mxfp4 || mxfp4_split);
+}
+
+}  // namespace
+
 size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, const CudaContext& ctx) {
   // The backend's weight dtype is not known here: the largest of the paths either dtype could take.
-  const bool bf16_split = ctx.bf16_split(a.m);
+  const bool bf16_split = moe_split(a, ctx);
   size_t bytes = 0;
   for (const bool tc : {false, true})
     bytes = std::max(bytes, MoeWorkspace(a, nullptr, choose_path(a, tc), bf16_split).bytes);
@@ -1126,7 +1143,7 @@ size_t moe_experts_workspace_bytes(const MoeExpertsArgs& a, const CudaContext& c
 void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& ctx) {
   if (a.m == 0) return;
   const Path path = choose_path(a, tensor_cores);
-  MoeWorkspace ws(a, ctx.workspace, path, ctx.bf16_split(a.m));
+  MoeWorkspace ws(a, ctx.workspace, path, moe_split(a, ctx));
   KERNEL_CHECK(ws.bytes <= ctx.workspace_bytes, "moe_experts: workspace too small");
   cudaStream_t st = cuda_util::stream(ctx);
   const int64_t E = a.num_experts, I = a.inter, H = a.hidden;
@@ -1212,17 +1229,18 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(E, ws.pairs));
     // The LoRA shrinks run in extra CTAs of the two products (gate/up: x, down: the f32 activation), as on
     // the GEMV path: no launches of their own, overlapped with the base product.
-    const bool fuse = stack && gemv_shrink(a, sb);
+    // Only while every item has a warp of its own (up to 4 per SM): with more, the extra CTAs hold the
+    // product's shared memory and CTA slots, and at M = 64 (2,048 items) the LoRA cost 47.7 / 63.5 us per
+    // layer (one CTA per 4 items / per SM) against 40.8 with the shrinks launched apart (H200, session 33).
+    const bool fuse = stack && gemv_shrink(a, sb) &&
+                      shrink_items<Phase::kGateUp>(a, sb).items() <= 4 * cuda_util::num_sms();
     sb.shrinks_fused = fuse;
     tp.shrink.sorted = ws.sorted;
     tp.shrink.top_k = a.top_k;
     tp.shrink.hidden = H;
     tp.shrink.inter = I;
     tp.shrink.base = false;
-    // Shrink CTAs: one warp per item up to one CTA per SM in all (more items: several per warp), spread
-    // over the y-planes. They hold the product's shared memory while they run, so one CTA per item took
-    // CTA slots from the base product: at M = 64 (2,048 items) the LoRA cost 47.7 us per layer against
-    // 40.8 with the shrinks launched apart (H200, run B of session 33).
+    // Shrink CTAs: one warp per item, spread over the y-planes.
     auto lora_grid = [&](dim3& grid) {
       tp.row_tiles = static_cast<int>(grid.x);
       tp.lora_ctas = 0;
@@ -1280,7 +1298,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     gp.top_k = a.top_k;
     gp.hidden = H;
     gp.inter = I;
-    gp.round_bf16 = !ctx.bf16_split(a.m) && (tensor_cores || !a.experts_mxfp4);
+    gp.round_bf16 = !moe_split(a, ctx) && (tensor_cores || !a.experts_mxfp4);
     const unsigned max_active = static_cast<unsigned>(std::min<int64_t>(E, ws.pairs));
     // 2. gate_up
     gp.x = a.x;
