@@ -5,9 +5,9 @@
 // intermediates); weights are stored in weight_dtype() (BF16 by default, F32 for --dtype float32). In BF16
 // mode the inputs of the weight products (dense and expert GEMMs) enter the tensor cores as a hi + lo pair
 // of bf16 (up to BackendOptions::bf16_split_max_rows token rows; larger ones one bf16 each) and the products
-// accumulate and write f32 (MXFP4 expert products take bf16-rounded activations at every size: docs/mxfp4.md);
-// in F32 mode every product is exact fp32 (no TF32). Must not: know about models,
-// adapters or requests.
+// accumulate and write f32 (MXFP4 expert products take bf16-rounded activations at every size:
+// docs/mxfp4.md); in F32 mode every product is exact fp32 (no TF32). Must not: know about models, adapters or
+// requests.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

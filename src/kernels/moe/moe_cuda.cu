@@ -922,9 +922,10 @@ moe_detail::LoraShrinkItems shrink_items(const MoeExpertsArgs& a, const StackBuf
   return l;
 }
 
-// The shrink of one phase alone, as moe_gemv_kernel's LoRA items.
+// The shrink of one phase as GEMV parameters with only LoRA items (its input: x for gate/up, the f32
+// activation for down).
 template <Phase P>
-void launch_gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st) {
+moe_detail::GemvParams shrink_params(const MoeExpertsArgs& a, const StackBuffers& b) {
   moe_detail::GemvParams gp;
   gp.x = P == Phase::kGateUp ? a.x : b.act;
   gp.ldx = P == Phase::kGateUp ? a.ldx : a.inter;
@@ -934,6 +935,13 @@ void launch_gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b, cudaStre
   gp.inter = a.inter;
   gp.base = false;
   gp.lora = shrink_items<P>(a, b);
+  return gp;
+}
+
+// The shrink of one phase alone, as moe_gemv_kernel's LoRA items.
+template <Phase P>
+void launch_gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st) {
+  const moe_detail::GemvParams gp = shrink_params<P>(a, b);
   moe_detail::launch_gemv<P>(1, dim3(moe_gemv_blocks(gp.lora.items())), gp, st);
 }
 
@@ -1235,18 +1243,13 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     const bool fuse = stack && gemv_shrink(a, sb) &&
                       shrink_items<Phase::kGateUp>(a, sb).items() <= 4 * cuda_util::num_sms();
     sb.shrinks_fused = fuse;
-    tp.shrink.sorted = ws.sorted;
-    tp.shrink.top_k = a.top_k;
-    tp.shrink.hidden = H;
-    tp.shrink.inter = I;
-    tp.shrink.base = false;
-    // Shrink CTAs: one warp per item, spread over the y-planes.
-    auto lora_grid = [&](dim3& grid) {
+    // This phase's shrink items in extra CTAs (one warp per item, spread over the y-planes) past grid.x.
+    auto with_shrink = [&](dim3& grid, const moe_detail::GemvParams& shrink) {
       tp.row_tiles = static_cast<int>(grid.x);
       tp.lora_ctas = 0;
       if (!fuse) return;
-      const int64_t warps = std::min<int64_t>(tp.shrink.lora.items(), 4 * cuda_util::num_sms());
-      const int64_t ctas = (warps + 3) / 4;
+      tp.shrink = shrink;
+      const int64_t ctas = (shrink.lora.items() + 3) / 4;
       tp.lora_ctas = static_cast<int>(std::max<int64_t>((ctas + max_active - 1) / max_active, 1));
       grid.x += static_cast<unsigned>(tp.lora_ctas);
     };
@@ -1255,13 +1258,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda = ws.copies * ws.lda_h;
     tp.lda_copy = ws.lda_h;
     tp.out = ws.gu;
-    if (fuse) {
-      tp.shrink.x = a.x;
-      tp.shrink.ldx = a.ldx;
-      tp.shrink.lora = shrink_items<Phase::kGateUp>(a, sb);
-    }
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    lora_grid(grid_gu);
+    with_shrink(grid_gu, shrink_params<Phase::kGateUp>(a, sb));
     moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
     gate_up_lora_and_activation();
@@ -1270,13 +1268,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda = ws.copies * ws.lda_i;
     tp.lda_copy = ws.lda_i;
     tp.out = ws.y;
-    if (fuse) {
-      tp.shrink.x = ws.act;
-      tp.shrink.ldx = I;
-      tp.shrink.lora = shrink_items<Phase::kDown>(a, sb);
-    }
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    lora_grid(grid_down);
+    with_shrink(grid_down, shrink_params<Phase::kDown>(a, sb));
     moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
