@@ -20,10 +20,65 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "greedy_run.h"
+#include "lora/adapter.h"
 #include "model/model.h"
 
 namespace polylora::bench {
 namespace {
+
+// A random adapter of rank r in the layout ../shared/peers/gen_adapters.py writes (lora_alpha 2r, values
+// of standard deviation ~0.02): q/k/v/o on every layer and, with `experts`, every expert's gate/up (fused
+// for GPT-OSS, gate and up for the others) and down. Host memory only; the engine uploads it.
+std::shared_ptr<LoraAdapter> random_adapter(const ModelConfig& c, const std::string& name, uint64_t seed,
+                                            int64_t rank, bool experts) {
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto fill = [&](std::vector<float>& v, size_t n) {
+    v.resize(n);
+    for (float& x : v) {  // xorshift64*, uniform on [-0.0346, 0.0346] (standard deviation 0.02)
+      state ^= state >> 12;
+      state ^= state << 25;
+      state ^= state >> 27;
+      const uint64_t r = state * 0x2545F4914F6CDD1Dull;
+      x = (static_cast<float>(r >> 40) * (1.0f / 16777216.0f) - 0.5f) * 0.0693f;
+    }
+  };
+  auto matrix = [&](int64_t in, int64_t out) {
+    LoraMatrix m;
+    m.rank = rank;
+    m.in = in;
+    m.out = out;
+    m.scale = 2.0f;
+    fill(m.a, static_cast<size_t>(rank * in));
+    fill(m.b, static_cast<size_t>(out * rank));
+    return m;
+  };
+  auto a = std::make_shared<LoraAdapter>();
+  a->name = name;
+  a->max_rank = rank;
+  a->layers.resize(static_cast<size_t>(c.num_layers));
+  const int64_t H = c.hidden_size, q = c.q_size(), kv = c.kv_size();
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LoraLayer& ll = a->layers[static_cast<size_t>(l)];
+    ll.modules[static_cast<size_t>(LoraModule::kQ)] = matrix(H, q);
+    ll.modules[static_cast<size_t>(LoraModule::kK)] = matrix(H, kv);
+    ll.modules[static_cast<size_t>(LoraModule::kV)] = matrix(H, kv);
+    ll.modules[static_cast<size_t>(LoraModule::kO)] = matrix(q, H);
+    if (!experts || !c.is_moe() || !c.moe_layers[static_cast<size_t>(l)]) continue;
+    const int64_t I = c.moe_intermediate_size;
+    ll.experts.resize(static_cast<size_t>(c.num_experts));
+    for (LoraExpert& e : ll.experts) {
+      if (c.arch == Architecture::kGptOss) {
+        e.gate_up = matrix(H, 2 * I);
+      } else {
+        e.gate = matrix(H, I);
+        e.up = matrix(H, I);
+      }
+      e.down = matrix(I, H);
+    }
+    a->has_expert_lora = true;
+  }
+  return a;
+}
 
 int run_device_bench(int argc, char** argv) {
   CLI::App app{"Full-size dummy-weight model throughput on a backend", "polylora_bench device"};
@@ -52,6 +107,15 @@ int run_device_bench(int argc, char** argv) {
   bool no_async = false;
   app.add_flag("--no-async-scheduling", no_async,
                "Complete each step before planning the next (the engine's --no-async-scheduling)");
+  int64_t loras = 0, lora_rank = 16;
+  app.add_option("--loras", loras,
+                 "Also time each batch with this many random adapters (q/k/v/o and the experts, as "
+                 "../shared/peers/gen_adapters.py makes them), the requests round-robin over them; the "
+                 "base model runs beside it in the same engine")
+      ->check(CLI::Range(int64_t{0}, int64_t{1024}));
+  app.add_option("--lora-rank", lora_rank, "Rank of the --loras adapters")->check(CLI::Range(1, 512));
+  bool lora_no_experts = false;
+  app.add_flag("--lora-no-experts", lora_no_experts, "The --loras adapters adapt q/k/v/o only");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -115,7 +179,24 @@ int run_device_bench(int argc, char** argv) {
   ec.execution.cuda_graph_sizes = batches;
   ec.execution.cuda_graph_max_context =
       std::max(ec.execution.cuda_graph_max_context, ec.scheduler.max_model_len);
+  if (loras > 0) {
+    ec.lora.max_loras = loras;
+    ec.lora.max_lora_rank = lora_rank;
+    ec.lora.max_cpu_loras = std::max<int64_t>(loras, ec.lora.max_cpu_loras);
+    ec.lora.reserve_on_device = true;  // as --enable-lora: slots reserved and graphs captured with LoRA
+  }
   Engine engine(model, ec, nullptr);
+  std::vector<std::string> adapter_names;
+  for (int64_t i = 0; i < loras; ++i) {
+    adapter_names.push_back(fmt::format("a{}", i + 1));
+    engine.add_adapter(random_adapter(c, adapter_names.back(), static_cast<uint64_t>(1000 + i), lora_rank,
+                                      !lora_no_experts));
+  }
+  if (loras > 0) {
+    out["loras"] = loras;
+    out["lora_rank"] = lora_rank;
+    out["lora_targets"] = lora_no_experts ? "q/k/v/o" : "q/k/v/o + experts";
+  }
   out["cuda_graphs"] = model->graphs_enabled();
   model->set_gpu_timing(true);
   std::string mode_text = std::string(" (") + (model->graphs_enabled() ? "graphs" : "eager") +
@@ -132,6 +213,11 @@ int run_device_bench(int argc, char** argv) {
     }
     run_greedy_batch(engine, *model, prompts, decode_steps, host_argmax);  // warm-up
     GreedyRunTiming t = run_greedy_batch(engine, *model, prompts, decode_steps, host_argmax);
+    GreedyRunTiming tl;
+    if (loras > 0) {
+      run_greedy_batch(engine, *model, prompts, decode_steps, host_argmax, adapter_names);  // uploads
+      tl = run_greedy_batch(engine, *model, prompts, decode_steps, host_argmax, adapter_names);
+    }
     const double prefill_tps = static_cast<double>(b * prompt_len) / t.prefill_seconds;
     const double decode_tps = static_cast<double>(t.decode_tokens) / t.decode_seconds;
     const double step_s = t.decode_seconds / static_cast<double>(t.decode_steps);
@@ -146,15 +232,31 @@ int run_device_bench(int argc, char** argv) {
                  1e6 * gap_s);
     std::fprintf(stderr, "batch %ld%s: prefill %.0f tok/s, decode %.1f tok/s (%.2f ms/step)\n",
                  static_cast<long>(b), mode, prefill_tps, decode_tps, 1e3 * step_s);
-    out["runs"].push_back({{"batch", b},
-                           {"prefill_tok_per_s", prefill_tps},
+    nlohmann::json run = {{"batch", b},
+                   {"prefill_tok_per_s", prefill_tps},
                            {"prefill_steps", t.prefill_steps},
                            {"decode_tok_per_s", decode_tps},
                            {"decode_steps", t.decode_steps},
                            {"decode_ms_per_step", 1e3 * step_s},
                            {"decode_gpu_ms_per_step", 1e3 * gpu_s},
                            {"decode_gpu_busy_fraction", busy},
-                           {"decode_gpu_idle_us_between_steps", 1e6 * gap_s}});
+                           {"decode_gpu_idle_us_between_steps", 1e6 * gap_s}};
+    if (loras > 0) {
+      const double l_tps = static_cast<double>(tl.decode_tokens) / tl.decode_seconds;
+      const double l_step = tl.decode_seconds / static_cast<double>(tl.decode_steps);
+      const double l_prefill = static_cast<double>(b * prompt_len) / tl.prefill_seconds;
+      std::fprintf(stderr,
+                   "batch %ld%s with %ld adapters: prefill %.0f tok/s, decode %.1f tok/s (%.3f ms/step, %.3f "
+                   "ms more than the base model; ratio %.3f)\n",
+                   static_cast<long>(b), mode, static_cast<long>(loras), l_prefill, l_tps, 1e3 * l_step,
+                   1e3 * (l_step - step_s), l_tps / decode_tps);
+      run["lora_prefill_tok_per_s"] = l_prefill;
+      run["lora_decode_tok_per_s"] = l_tps;
+      run["lora_decode_ms_per_step"] = 1e3 * l_step;
+      run["lora_decode_gpu_ms_per_step"] = 1e3 * tl.decode_gpu_seconds / static_cast<double>(tl.decode_steps);
+      run["lora_decode_ratio"] = l_tps / decode_tps;
+    }
+    out["runs"].push_back(std::move(run));
   }
   out["backend_allocated_bytes_peak"] = backend->allocated_bytes();
   std::printf("%s\n", out.dump(2).c_str());

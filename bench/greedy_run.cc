@@ -20,7 +20,7 @@ int64_t greedy_run_max_tokens(int64_t batch, int64_t prompt_len, int64_t max_num
 
 GreedyRunTiming run_greedy_batch(Engine& engine, const Model& model,
                                  const std::vector<std::vector<int32_t>>& prompts, int64_t decode_steps,
-                                 bool host_sampling) {
+                                 bool host_sampling, const std::vector<std::string>& adapters) {
   static int64_t run_index = 0;
   const std::string prefix = "bench" + std::to_string(run_index++) + "-";
   const auto batch = static_cast<int64_t>(prompts.size());
@@ -33,6 +33,7 @@ GreedyRunTiming run_greedy_batch(Engine& engine, const Model& model,
     EngineRequest r;
     r.request_id = prefix + std::to_string(i);
     r.prompt_ids = prompts[i];
+    if (!adapters.empty()) r.adapter = adapters[i % adapters.size()];
     r.sampling.temperature = 0;
     r.sampling.ignore_eos = true;
     r.sampling.max_tokens = max_tokens;

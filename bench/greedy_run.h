@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
@@ -32,10 +33,11 @@ int64_t greedy_run_max_tokens(int64_t batch, int64_t prompt_len, int64_t max_num
 // Submits one greedy request (temperature 0, ignore_eos) per prompt, with max_tokens from
 // greedy_run_max_tokens (the engine's max_model_len must allow prompt + that); steps until each has a
 // token, then times `decode_steps` steps; then aborts the rest and steps the engine empty (untimed).
+// adapters: request i names adapters[i % size] (empty: the base model).
 // host_sampling: ask for logprobs 0, so every row's logits come to the host and the CPU sampler picks
 // the token (the device-argmax path is taken only for plain greedy rows without logprobs).
 GreedyRunTiming run_greedy_batch(Engine& engine, const Model& model,
                                  const std::vector<std::vector<int32_t>>& prompts, int64_t decode_steps,
-                                 bool host_sampling);
+                                 bool host_sampling, const std::vector<std::string>& adapters = {});
 
 }  // namespace polylora::bench
