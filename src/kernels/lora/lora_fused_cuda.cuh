@@ -105,37 +105,109 @@ __device__ __forceinline__ void shrink_item(const ShrinkItems& p, int64_t q) {
   }
 }
 
-// scale[s] · Σ_r B[s, o, r] · tmp[t, first + r] for token t's slot s (0 when it has none or its scale is 0):
-// the LoRA term of output o of token t (l.active()).
-__device__ __forceinline__ float expand_value(const LoraExpandIn& l, int64_t t, int64_t o) {
-  const int32_t s = l.token_slots[t];
-  if (s < 0 || s >= l.w.slots) return 0.0f;
-  const float sc = l.w.scale[s];
-  if (sc == 0.0f) return 0.0f;
+// What the LoRA term of one token needs besides B's rows: its slot's B ([out, rank] in the stack's dtype),
+// its shrink sums and its scale; b == nullptr: the token has no term (no slot, or scale 0). Reading it once
+// per token and then only B rows per output keeps the consuming kernels' loads independent of each other
+// (per output, expand_value would chain slot -> scale -> B row).
+struct ExpandToken {
+  const void* b = nullptr;
+  const float* tp = nullptr;
+  float sc = 0.0f;
+};
+
+__device__ __forceinline__ ExpandToken expand_token(const LoraExpandIn& l, int64_t t) {
+  ExpandToken k;
+  const int32_t s = __ldg(l.token_slots + t);
+  if (s < 0 || s >= l.w.slots) return k;
+  const float sc = __ldg(l.w.scale + s);
+  if (sc == 0.0f) return k;
+  const int64_t esize = l.w.dtype == DType::kBF16 ? 2 : 4;
+  k.b = static_cast<const char*>(l.w.b) + static_cast<int64_t>(s) * l.w.out * l.w.rank * esize;
+  k.tp = l.tmp + t * l.ld_tmp + l.first;
+  k.sc = sc;
+  return k;
+}
+
+// The term of output o for a token whose expand_token is k (0 when it has none).
+__device__ __forceinline__ float expand_at(const LoraExpandIn& l, const ExpandToken& k, int64_t o) {
+  if (k.b == nullptr) return 0.0f;
   const int64_t R = l.w.rank;
-  const float* tp = l.tmp + t * l.ld_tmp + l.first;
+  const float* tp = k.tp;
   float sum = 0.0f;
   if (l.w.dtype == DType::kBF16) {
-    const __nv_bfloat16* b =
-        static_cast<const __nv_bfloat16*>(l.w.b) + (static_cast<int64_t>(s) * l.w.out + o) * R;
+    const __nv_bfloat16* b = static_cast<const __nv_bfloat16*>(k.b) + o * R;
     int64_t r = 0;
     if ((R & 7) == 0 && (reinterpret_cast<uintptr_t>(b) & 15) == 0) {
+#pragma unroll 2
       for (; r < R; r += 8) {
         const uint4 u = __ldg(reinterpret_cast<const uint4*>(b + r));
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          sum = fmaf(__uint_as_float(w[e] << 16), tp[r + 2 * e], sum);
-          sum = fmaf(__uint_as_float(w[e] & 0xffff0000u), tp[r + 2 * e + 1], sum);
+          sum = fmaf(__uint_as_float(w[e] << 16), __ldg(tp + r + 2 * e), sum);
+          sum = fmaf(__uint_as_float(w[e] & 0xffff0000u), __ldg(tp + r + 2 * e + 1), sum);
         }
       }
     }
-    for (; r < R; ++r) sum = fmaf(__bfloat162float(b[r]), tp[r], sum);
+    for (; r < R; ++r) sum = fmaf(__bfloat162float(b[r]), __ldg(tp + r), sum);
   } else {
-    const float* b = static_cast<const float*>(l.w.b) + (static_cast<int64_t>(s) * l.w.out + o) * R;
-    for (int64_t r = 0; r < R; ++r) sum = fmaf(b[r], tp[r], sum);
+    const float* b = static_cast<const float*>(k.b) + o * R;
+    for (int64_t r = 0; r < R; ++r) sum = fmaf(__ldg(b + r), __ldg(tp + r), sum);
   }
-  return sc * sum;
+  return k.sc * sum;
+}
+
+// The terms of outputs o .. o + N − 1 (N consecutive outputs of one token), every B row's loads issued
+// before the sums (bf16 stacks with 16-byte rows: R/8 loads per row, all in flight together).
+template <int N>
+__device__ __forceinline__ void expand_n(const LoraExpandIn& l, const ExpandToken& k, int64_t o,
+                                         float (&out)[N]) {
+  const int64_t R = l.w.rank;
+  if (k.b == nullptr) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = 0.0f;
+    return;
+  }
+  const __nv_bfloat16* b = static_cast<const __nv_bfloat16*>(k.b) + o * R;
+  if (l.w.dtype != DType::kBF16 || (R & 7) != 0 || (reinterpret_cast<uintptr_t>(b) & 15) != 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = expand_at(l, k, o + i);
+    return;
+  }
+  float sum[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) sum[i] = 0.0f;
+  for (int64_t r = 0; r < R; r += 16) {  // two 8-value pieces of every row in flight
+    const bool two = r + 8 < R;
+    uint4 u[N][2];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      u[i][0] = __ldg(reinterpret_cast<const uint4*>(b + i * R + r));
+      u[i][1] = two ? __ldg(reinterpret_cast<const uint4*>(b + i * R + r + 8)) : make_uint4(0, 0, 0, 0);
+    }
+    float t[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) t[e] = e < 8 || two ? __ldg(k.tp + r + e) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t w[4] = {u[i][h].x, u[i][h].y, u[i][h].z, u[i][h].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sum[i] = fmaf(__uint_as_float(w[e] << 16), t[8 * h + 2 * e], sum[i]);
+          sum[i] = fmaf(__uint_as_float(w[e] & 0xffff0000u), t[8 * h + 2 * e + 1], sum[i]);
+        }
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = k.sc * sum[i];
+}
+
+// scale[s] · Σ_r B[s, o, r] · tmp[t, first + r] for token t's slot s (0 when it has none or its scale is 0):
+// the LoRA term of output o of token t (l.active()).
+__device__ __forceinline__ float expand_value(const LoraExpandIn& l, int64_t t, int64_t o) {
+  return expand_at(l, expand_token(l, t), o);
 }
 
 }  // namespace polylora::kernels::cuda::lora_fused

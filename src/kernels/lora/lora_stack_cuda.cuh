@@ -262,6 +262,47 @@ __device__ __forceinline__ void expand_tile(const RowOf& row, int64_t R, bool ve
   }
 }
 
+// expand_tile for two B matrices at once (the gate and up outputs of one activation column): both rows'
+// loads of a chunk in flight together, the sums in the same order as two expand_tile calls.
+template <typename TW, typename RowA, typename RowB>
+__device__ __forceinline__ void expand_tile2(const RowA& row_a, const RowB& row_b, int64_t R, bool vec,
+                                             const float* ts_a, const float* ts_b, int64_t lds,
+                                             const int32_t* keys, float* acc_a, float* acc_b) {
+  int32_t load_key[kTileRows];
+  bool same[kTileRows];
+  tile_load_keys(keys, load_key, same);
+  for (int64_t r = 0; r < R; r += 8) {
+    float wa[kTileRows][8], wb[kTileRows][8];
+#pragma unroll
+    for (int u = 0; u < kTileRows; ++u) {
+      if (u > 0 && same[u]) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          wa[u][e] = wa[u - 1][e];
+          wb[u][e] = wb[u - 1][e];
+        }
+      } else {
+        load8(static_cast<const TW*>(row_a(load_key[u])), r, R, vec, wa[u]);
+        load8(static_cast<const TW*>(row_b(load_key[u])), r, R, vec, wb[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kTileRows; ++u) {
+      if (keys[u] < 0) continue;
+      const float* ta = ts_a + u * lds + r;
+      const float* tb = ts_b + u * lds + r;
+      float sa = acc_a[u], sb = acc_b[u];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        sa = fmaf(wa[u][e], ta[e], sa);
+        sb = fmaf(wb[u][e], tb[e], sb);
+      }
+      acc_a[u] = sa;
+      acc_b[u] = sb;
+    }
+  }
+}
+
 __host__ __device__ inline int64_t round8(int64_t v) { return (v + 7) / 8 * 8; }
 
 }  // namespace polylora::kernels::lora_stack

@@ -828,17 +828,24 @@ __global__ void __launch_bounds__(kActLoraThreads)
   int32_t lkeys[ls::kTileRows];  // −1 for both "no row" and "no LoRA"
 #pragma unroll
   for (int u = 0; u < ls::kTileRows; ++u) lkeys[u] = keys[u] >= 0 ? keys[u] : -1;
+  // The base gate/up values first: their loads overlap the B rows'.
+  float g_in[ls::kTileRows], up_in[ls::kTileRows];
+#pragma unroll
+  for (int u = 0; u < ls::kTileRows; ++u) {
+    const int64_t r = r0 + u;
+    g_in[u] = keys[u] == -2 ? 0.0f : __ldg(gu + r * 2 * I + n_gate);
+    up_in[u] = keys[u] == -2 ? 0.0f : __ldg(gu + r * 2 * I + n_up);
+  }
   const TW* b = p.b_gu;
   const int64_t two_i = 2 * I;
-  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * two_i + n_gate) * R; }, R,
-                      vec, ts, lds, lkeys, acc_g);
-  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * two_i + n_up) * R; }, R, vec,
-                      ts + up_slice * R8, lds, lkeys, acc_u);
+  ls::expand_tile2<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * two_i + n_gate) * R; },
+                       [&](int32_t key) { return b + (static_cast<int64_t>(key) * two_i + n_up) * R; }, R,
+                       vec, ts, ts + up_slice * R8, lds, lkeys, acc_g, acc_u);
 #pragma unroll
   for (int u = 0; u < ls::kTileRows; ++u) {
     if (keys[u] == -2) continue;
     const int64_t r = r0 + u;
-    float g = gu[r * 2 * I + n_gate], up = gu[r * 2 * I + n_up];
+    float g = g_in[u], up = up_in[u];
     if (keys[u] >= 0) {
       g += p.scale[keys[u] * 3] * acc_g[u];
       up += p.scale[keys[u] * 3 + up_slice] * acc_u[u];
@@ -862,8 +869,17 @@ __global__ void __launch_bounds__(kActLoraThreads)
   cuda_util::pdl_begin();        // launched by launch_pdl (cuda_util.cuh)
   extern __shared__ float ts[];  // [top_k][R8]
   __shared__ int32_t keys[kMaxTopKLora];
+  __shared__ float wts[kMaxTopKLora];  // the pair's routing weight, 0 when it has no expert
+  __shared__ float scs[kMaxTopKLora];  // its down LoRA scale (keys >= 0)
   const int64_t t = blockIdx.x, K = p.top_k, R = p.R, R8 = ls::round8(R), H = p.H;
-  if (threadIdx.x < K) keys[threadIdx.x] = stack_key(p, static_cast<int32_t>(t * K + threadIdx.x), 2, 3);
+  if (threadIdx.x < K) {
+    const int32_t pr = static_cast<int32_t>(t * K + threadIdx.x);
+    const int32_t e = p.ids[pr];
+    const int32_t key = stack_key(p, pr, 2, 3);
+    keys[threadIdx.x] = e < 0 || e >= p.E ? -2 : key;
+    wts[threadIdx.x] = weights[pr];
+    scs[threadIdx.x] = key >= 0 ? p.scale[key * 3 + 2] : 0.0f;
+  }
   __syncthreads();
   for (int64_t idx = threadIdx.x; idx < K * R8; idx += blockDim.x) {
     const int64_t k = idx / R8, r = idx % R8;
@@ -877,16 +893,24 @@ __global__ void __launch_bounds__(kActLoraThreads)
   for (int64_t h = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; h < H;
        h += static_cast<int64_t>(gridDim.y) * blockDim.x) {
     float sum = 0.0f;
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t pr = t * K + k;
-      const int32_t e = p.ids[pr];
-      if (e < 0 || e >= p.E) continue;
-      float v = y[pr * H + h];
-      const int32_t key = keys[k];
-      if (key >= 0)
-        v += p.scale[key * 3 + 2] *
-             ls::dot_rank(p.b_down + (static_cast<int64_t>(key) * H + h) * R, ts + k * R8, R, vec);
-      sum += weights[pr] * v;
+    for (int64_t k0 = 0; k0 < K; k0 += 4) {  // four pairs' y values and B rows loaded together
+      float yv[4], lt[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t k = k0 + u;
+        const int32_t key = k < K ? keys[k] : -2;
+        yv[u] = key == -2 ? 0.0f : __ldg(y + (t * K + k) * H + h);
+        lt[u] = key >= 0 ? ls::dot_rank(p.b_down + (static_cast<int64_t>(key) * H + h) * R, ts + k * R8, R, vec)
+                         : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t k = k0 + u;
+        if (k >= K || keys[k] == -2) continue;
+        float v = yv[u];
+        if (keys[k] >= 0) v += scs[k] * lt[u];
+        sum += wts[k] * v;
+      }
     }
     out[t * ldo + h] = sum;
   }

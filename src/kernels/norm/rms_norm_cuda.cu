@@ -19,21 +19,24 @@ constexpr int kRowsPerBlock = 8;
 
 // Sum of squares of row xr over the indices this thread owns (first, first + step, ...); VEC: float4.
 // ADD: xr[j] += dr[j] first (stored back), the squares are those of the sums.
-// With a LoRA term (lora != nullptr, row t), delta + the term is added.
+// With a LoRA term (lora != nullptr; tok: the row's lora_fused::expand_token), delta + the term is added.
 template <bool VEC, bool ADD>
 __device__ __forceinline__ float row_sumsq(float* xr, const float* dr, int64_t n, int64_t first, int64_t step,
-                                           const LoraExpandIn* lora = nullptr, int64_t t = 0) {
+                                           const LoraExpandIn* lora = nullptr,
+                                           const lora_fused::ExpandToken* tok = nullptr) {
   float sum = 0.0f;
   if (VEC) {
     for (int64_t j = first * 4; j < n; j += step * 4) {
+      float term[4];
+      if (ADD && lora != nullptr) lora_fused::expand_n<4>(*lora, *tok, j, term);  // before the row's loads
       float4 v = *reinterpret_cast<const float4*>(xr + j);
       if (ADD) {
         float4 d = *reinterpret_cast<const float4*>(dr + j);
         if (lora != nullptr) {
-          d.x += lora_fused::expand_value(*lora, t, j);
-          d.y += lora_fused::expand_value(*lora, t, j + 1);
-          d.z += lora_fused::expand_value(*lora, t, j + 2);
-          d.w += lora_fused::expand_value(*lora, t, j + 3);
+          d.x += term[0];
+          d.y += term[1];
+          d.z += term[2];
+          d.w += term[3];
         }
         v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
         *reinterpret_cast<float4*>(xr + j) = v;
@@ -45,7 +48,7 @@ __device__ __forceinline__ float row_sumsq(float* xr, const float* dr, int64_t n
       float v = xr[j];
       if (ADD) {
         float d = dr[j];
-        if (lora != nullptr) d += lora_fused::expand_value(*lora, t, j);
+        if (lora != nullptr) d += lora_fused::expand_at(*lora, *tok, j);
         v += d;
         xr[j] = v;
       }
@@ -115,7 +118,8 @@ __global__ void add_rms_norm_lora_kernel(float* x, int64_t ldx, const float* del
   float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
   const float* dr = delta + static_cast<int64_t>(blockIdx.x) * ld_delta;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * ldy;
-  float sum = cuda_util::block_sum(row_sumsq<VEC, true>(xr, dr, n, threadIdx.x, blockDim.x, &lora, t));
+  const lora_fused::ExpandToken tok = lora_fused::expand_token(lora, t);
+  float sum = cuda_util::block_sum(row_sumsq<VEC, true>(xr, dr, n, threadIdx.x, blockDim.x, &lora, &tok));
   float inv = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
   row_scale<VEC>(xr, yr, w, n, inv, threadIdx.x, blockDim.x);
 }
