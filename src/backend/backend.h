@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -172,6 +173,12 @@ class Backend {
 
   virtual void embedding(const kernels::EmbeddingArgs& args) = 0;
   virtual void linear(const kernels::LinearArgs& args) = 0;
+  // Products of the same input (q, k and v): the same results as linear() on each (up to the order of
+  // partial sums where a backend fuses them), which is what this default does. CUDA streams them in one
+  // launch at decode sizes (kernels::cuda::linear_group).
+  virtual void linear_group(std::span<const kernels::LinearArgs> group) {
+    for (const kernels::LinearArgs& a : group) linear(a);
+  }
   virtual void rms_norm(const kernels::RmsNormArgs& args) = 0;
   // The residual add fused with the next norm: x += delta, then y = rms_norm(x) · w (one launch for
   // add_inplace then rms_norm, with the same results).

@@ -558,9 +558,13 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
         split_lora
             ? split_group(l, h, H, {LoraModule::kQ, LoraModule::kK, LoraModule::kV}, qkv_shrink, qkv_lora)
             : 0;
-    linear(aw.q, h, H, q, qs, qkv_ranks > 0 ? &qkv_shrink : nullptr, lora_tmp, qkv_ranks);
-    linear(aw.k, h, H, kk, kvs);
-    linear(aw.v, h, H, v, kvs);
+    // q, k and v read the same h: one launch where the backend can (CUDA at decode sizes).
+    const k::LinearArgs qkv[3] = {
+        {.x = h, .m = T, .ldx = H, .w = aw.q.w, .bias = aw.q.bias, .y = q, .ldy = qs,
+         .lora_shrink = qkv_ranks > 0 ? &qkv_shrink : nullptr, .lora_tmp = lora_tmp, .lora_ld_tmp = qkv_ranks},
+        {.x = h, .m = T, .ldx = H, .w = aw.k.w, .bias = aw.k.bias, .y = kk, .ldy = kvs},
+        {.x = h, .m = T, .ldx = H, .w = aw.v.w, .bias = aw.v.bias, .y = v, .ldy = kvs}};
+    be.linear_group(qkv);
     if (!split_lora)
       lora_group(l, h, H, {{LoraModule::kQ, q, qs}, {LoraModule::kK, kk, kvs}, {LoraModule::kV, v, kvs}});
     // Qwen3's per-head q/k norms, RoPE on q and k, k and v into the paged cache: one op (with the q/k/v

@@ -124,6 +124,71 @@ TEST(GpuLinear, StreamSixteenRowPasses) {
   k::override_kernel_tuning(std::nullopt);
 }
 
+// Products of one x in one launch (Backend::linear_group, linear_stream_kernel over a table of products):
+// q/k/v-like groups of 2 and 3 products with different widths (rows that do not fill a CTA's block, a product
+// boundary inside a block), different y strides and biases, every m bucket, against ref::linear per product;
+// poisoned padding columns must stay untouched. A group that cannot fuse (two x) runs product by product.
+TEST(GpuLinear, GroupOfProductsSharingTheInput) {
+  SKIP_WITHOUT_GPU();
+  Arena ar(backend(kBf16Mode));
+  struct Group {
+    int64_t m, kk;
+    std::vector<int64_t> n;
+  };
+  for (const Group& g : {Group{1, 2880, {4096, 512, 512}}, Group{3, 1032, {100, 17, 33}},
+                         Group{8, 2888, {513, 64}}, Group{16, 64, {7, 9, 1}}, Group{5, 24, {40, 40, 40}}}) {
+    const int64_t ldx = g.kk + 4;
+    std::vector<float> x = k::test::random_vec(static_cast<size_t>(g.m * ldx), 90 + g.m);
+    float* dx = ar.up(x);
+    std::vector<k::LinearArgs> args;
+    std::vector<std::vector<float>> refs;
+    std::vector<float*> ys;
+    std::vector<int64_t> ldys;
+    for (size_t i = 0; i < g.n.size(); ++i) {
+      const int64_t n = g.n[i], ldy = n + 3 + static_cast<int64_t>(i);
+      k::test::TestWeight w = k::test::make_weight(n, g.kk, DType::kBF16, 91 + static_cast<uint64_t>(i),
+                                                   1.0f / std::sqrt(static_cast<float>(g.kk)));
+      std::vector<float> b = k::test::random_vec(static_cast<size_t>(n), 95 + i);
+      const bool bias = i != 1;
+      std::vector<float> ref(static_cast<size_t>(g.m * ldy), -7.0f);
+      k::ref::linear({.x = x.data(), .m = g.m, .ldx = ldx, .w = w.view, .bias = bias ? b.data() : nullptr,
+                      .y = ref.data(), .ldy = ldy});
+      float* y = ar.up(std::vector<float>(ref.size(), -7.0f));
+      args.push_back({.x = dx, .m = g.m, .ldx = ldx, .w = ar.weight(w.view), .bias = bias ? ar.up(b) : nullptr,
+                      .y = y, .ldy = ldy});
+      refs.push_back(std::move(ref));
+      ys.push_back(y);
+      ldys.push_back(ldy);
+    }
+    ar.be().linear_group(args);
+    for (size_t i = 0; i < g.n.size(); ++i) {
+      const std::string what = "group m=" + std::to_string(g.m) + " k=" + std::to_string(g.kk) + " product " +
+                               std::to_string(i) + " n=" + std::to_string(g.n[i]);
+      std::vector<float> got = ar.down(ys[i], refs[i].size());
+      for (int64_t t = 0; t < g.m; ++t)
+        for (int64_t j = g.n[i]; j < ldys[i]; ++j)
+          ASSERT_EQ(got[t * ldys[i] + j], -7.0f) << what << " wrote padding";
+      expect_close_for(kBf16Mode, got, refs[i], what);
+    }
+  }
+  // Two inputs: not fused, each product still right.
+  const int64_t m = 2, kk = 64, n = 48;
+  std::vector<float> x0 = k::test::random_vec(static_cast<size_t>(m * kk), 97);
+  std::vector<float> x1 = k::test::random_vec(static_cast<size_t>(m * kk), 98);
+  k::test::TestWeight w = k::test::make_weight(n, kk, DType::kBF16, 99, 0.125f);
+  std::vector<float> r0(static_cast<size_t>(m * n)), r1(static_cast<size_t>(m * n));
+  k::ref::linear({.x = x0.data(), .m = m, .ldx = kk, .w = w.view, .bias = nullptr, .y = r0.data(), .ldy = n});
+  k::ref::linear({.x = x1.data(), .m = m, .ldx = kk, .w = w.view, .bias = nullptr, .y = r1.data(), .ldy = n});
+  float* y0 = ar.zeros<float>(r0.size());
+  float* y1 = ar.zeros<float>(r1.size());
+  const k::WeightView dw = ar.weight(w.view);
+  const k::LinearArgs two[2] = {{.x = ar.up(x0), .m = m, .ldx = kk, .w = dw, .bias = nullptr, .y = y0, .ldy = n},
+                                {.x = ar.up(x1), .m = m, .ldx = kk, .w = dw, .bias = nullptr, .y = y1, .ldy = n}};
+  ar.be().linear_group(two);
+  expect_close_for(kBf16Mode, ar.down(y0, r0.size()), r0, "unfused group, first x");
+  expect_close_for(kBf16Mode, ar.down(y1, r1.size()), r1, "unfused group, second x");
+}
+
 // The default backend splits activations for products of up to CudaContext::kBf16SplitMaxRowsDefault rows
 // (hi + lo tolerance there) and rounds them to one bf16 above (the rounded tolerance).
 TEST(GpuLinear, DefaultSplitsUpToTheRowLimit) {

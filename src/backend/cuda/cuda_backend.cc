@@ -417,6 +417,14 @@ class CudaBackend final : public Backend {
     ensure_workspace(k::cuda::linear_workspace_bytes(a, ctx()));
     timed(a.m <= 64 ? "linear (m<=64)" : "linear (m>64)", [&] { k::cuda::linear(a, ctx()); });
   }
+  void linear_group(std::span<const k::LinearArgs> group) override {
+    const auto count = static_cast<int64_t>(group.size());
+    if (!k::cuda::linear_group_fused(group.data(), count, ctx())) {
+      for (const k::LinearArgs& a : group) linear(a);
+      return;
+    }
+    timed("linear (m<=64)", [&] { k::cuda::linear_group(group.data(), count, ctx()); });  // streamed
+  }
   void rms_norm(const k::RmsNormArgs& a) override {
     timed("rms_norm", [&] { k::cuda::rms_norm(a, ctx()); });
   }

@@ -45,6 +45,12 @@ namespace cuda {
 // exact fp32 sgemm (no TF32). INT8 weights run linear_int8. F16 weights are not supported (the CUDA backend
 // converts them on load).
 void linear(const LinearArgs& args, const CudaContext& ctx);
+// Products of the same x (m, ldx and K alike: q, k and v): where every one is streamed (few rows, BF16, the
+// split) and at most one carries a LoRA shrink, one launch streams all their rows (linear_stream_kernel over a
+// table of up to 3 products); otherwise linear() for each. Same values as linear() per product up to the
+// order of the K-slice sums (a group picks its slices from its total rows).
+void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx);
+bool linear_group_fused(const LinearArgs* group, int64_t count, const CudaContext& ctx);
 // Workspace bytes linear() needs (the bf16 copies of x and, for small split products, the f32 halves).
 size_t linear_workspace_bytes(const LinearArgs& args, const CudaContext& ctx);
 // INT8 weights (linear_int8_cuda.cu; codes and row scales read as stored): a weight-streaming kernel for

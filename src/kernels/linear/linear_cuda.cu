@@ -82,13 +82,46 @@ constexpr int stream_u(int tm) {
   return tm <= 2 ? 8 : tm == 4 ? 4 : tm == 8 ? 2 : 1;
 }
 
-// y[t, n] = Σ_k x[t, k] · W[n, k] (+ bias[n]) for t < m <= TM; W BF16 [n, k] with 16-byte rows, x 16-byte
-// aligned rows, in f32 (what the hi + lo split approximates to ~2^-17; only split products take it). With
-// KS > 1 the slices' sums are added in slice order (deterministic; KS depends on n only, not on m).
+// Up to kMaxStreamProducts products of the same x streamed by one launch (q, k and v): their rows are
+// numbered one after another (product i holds rows first[i] .. first[i + 1] − 1).
+constexpr int kMaxStreamProducts = 3;
+struct StreamProducts {
+  int num = 0;
+  const __nv_bfloat16* w[kMaxStreamProducts] = {};
+  const float* bias[kMaxStreamProducts] = {};
+  float* y[kMaxStreamProducts] = {};
+  int64_t ldy[kMaxStreamProducts] = {};
+  int64_t first[kMaxStreamProducts + 1] = {};
+  __host__ __device__ int64_t rows() const { return first[num]; }
+  // The product holding row g (< rows()).
+  __device__ __forceinline__ int of(int64_t g) const {
+    int i = 0;
+#pragma unroll
+    for (int j = 1; j < kMaxStreamProducts; ++j)
+      if (j < num && g >= first[j]) i = j;
+    return i;
+  }
+  __device__ __forceinline__ const __nv_bfloat16* row(int64_t g, int64_t k) const {
+    const int i = of(g);
+    return w[i] + (g - first[i]) * k;
+  }
+  // y[t, row g] = v + its bias.
+  __device__ __forceinline__ void store(int64_t t, int64_t g, float v) const {
+    const int i = of(g);
+    const int64_t r = g - first[i];
+    y[i][t * ldy[i] + r] = v + (bias[i] != nullptr ? bias[i][r] : 0.0f);
+  }
+};
+
+// y[t, n] = Σ_k x[t, k] · W[n, k] (+ bias[n]) for t < m <= TM and every row n of the products; W BF16 [n, k]
+// with 16-byte rows, x 16-byte aligned rows, in f32 (what the hi + lo split approximates to ~2^-17; only
+// split products take it). With KS > 1 the slices' sums are added in slice order (deterministic; KS depends
+// on the products' rows only, not on m).
 template <int TM, int KS>
 __global__ void __launch_bounds__(kStreamThreads, 2)
-    linear_stream_kernel(const float* x, int64_t ldx, int64_t m, const __nv_bfloat16* w, int64_t n, int64_t k,
-                         const float* bias, float* y, int64_t ldy, lora_fused::ShrinkItems lora) {
+    linear_stream_kernel(const float* x, int64_t ldx, int64_t m, StreamProducts pr, int64_t k,
+                         lora_fused::ShrinkItems lora) {
+  const int64_t n = pr.rows();
   constexpr int kGroups = kStreamWarps / KS;
   constexpr int64_t kRowsPerBlock = kGroups * kStreamR;
   __shared__ float part[KS > 1 ? kStreamWarps * kStreamR * TM : 1];
@@ -103,7 +136,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
 #pragma unroll
     for (int r = 0; r < kStreamR; ++r) {
       if (n_first + r >= n) break;
-      const char* row = reinterpret_cast<const char*>(w + (n_first + r) * k + k0);
+      const char* row = reinterpret_cast<const char*>(pr.row(n_first + r, k) + k0);
       for (int64_t off = lane * 128; off < kn * 2; off += 32 * 128) cuda_util::prefetch_l2(row + off);
     }
   }
@@ -118,7 +151,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
     const char* rows[kStreamR];
 #pragma unroll
     for (int r = 0; r < kStreamR; ++r)
-      rows[r] = n_first + r < n ? reinterpret_cast<const char*>(w + (n_first + r) * k + k0) : nullptr;
+      rows[r] = n_first + r < n ? reinterpret_cast<const char*>(pr.row(n_first + r, k) + k0) : nullptr;
     float acc[kStreamR][TM];
 #pragma unroll
     for (int r = 0; r < kStreamR; ++r)
@@ -133,7 +166,7 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
         if constexpr (KS > 1) {
           if (lane == 0) part[(warp * kStreamR + r) * TM + t] = v;
         } else if (lane == 0 && t < m && rows[r] != nullptr) {
-          y[t * ldy + n_first + r] = v + (bias != nullptr ? bias[n_first + r] : 0.0f);
+          pr.store(t, n_first + r, v);
         }
       }
     if constexpr (KS > 1) {
@@ -145,14 +178,18 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
         float v = 0.0f;
 #pragma unroll
         for (int sl = 0; sl < KS; ++sl) v += part[((g * KS + sl) * kStreamR + r) * TM + t];
-        y[t * ldy + row] = v + (bias != nullptr ? bias[row] : 0.0f);
+        pr.store(t, row, v);
       }
       __syncthreads();  // part is rewritten by the next block
     }
   }
-  // A LoRA shrink over the same x (LinearArgs::lora_shrink): its items after the rows, over every warp.
+  // A LoRA shrink over the same x (LinearArgs::lora_shrink): its items after the rows, over every warp,
+  // from the last CTA down: the persistent CTAs with the highest indices have one row block fewer when the
+  // blocks do not divide evenly (q_proj of GPT-OSS-20B at batch 1: 512 blocks on 264 CTAs), so the items
+  // fill their idle time instead of lengthening the first CTAs' (ncu, H200: the launch took 19.1 us with
+  // the items on CTAs 0-2 against 14.8 without them).
   const int64_t items = lora.items();
-  for (int64_t q = static_cast<int64_t>(blockIdx.x) * kStreamWarps + warp; q < items;
+  for (int64_t q = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kStreamWarps + warp; q < items;
        q += static_cast<int64_t>(gridDim.x) * kStreamWarps)
     lora_fused::shrink_item(lora, q);
 }
@@ -178,35 +215,74 @@ int stream_slices(int64_t n) {
   return 8;
 }
 
+// K slices for a group of products: the fewest that minimize the rows · K the busiest persistent CTA streams
+// (row blocks of 16 / KS rows dealt over the CTAs that fit), so that q, k and v together (5,120 rows for
+// GPT-OSS-20B) are not dealt in blocks too coarse for an even share.
+int group_slices(int64_t n) {
+  const int64_t fit = 2 * static_cast<int64_t>(cuda_util::num_sms());
+  int best = 1;
+  int64_t best_load = -1;
+  for (int ks : {1, 2, 4, 8}) {
+    const int64_t rows_per_block = kStreamR * (kStreamWarps / ks);
+    const int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
+    const int64_t load = (blocks + fit - 1) / fit * rows_per_block;
+    if (best_load < 0 || load < best_load) best = ks, best_load = load;
+  }
+  return best;
+}
+
+// The products of `group` (one, or several sharing x, m and K) in one launch; the LoRA shrink items of the
+// one that has them.
 template <int TM, int KS>
-void launch_stream_ks(const LinearArgs& a, cudaStream_t st) {
+void launch_stream_ks(const LinearArgs* group, int64_t count, cudaStream_t st) {
   constexpr int64_t rows_per_cta = kStreamR * (kStreamWarps / KS);
-  const lora_fused::ShrinkItems lora =
-      a.lora_shrink != nullptr ? lora_fused::make_shrink_items(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp)
-                               : lora_fused::ShrinkItems{};
+  const LinearArgs& a = group[0];
+  StreamProducts pr;
+  lora_fused::ShrinkItems lora;
+  for (int64_t gi = 0; gi < count; ++gi) {
+    const LinearArgs& g = group[gi];
+    pr.w[pr.num] = static_cast<const __nv_bfloat16*>(g.w.data);
+    pr.bias[pr.num] = g.bias;
+    pr.y[pr.num] = g.y;
+    pr.ldy[pr.num] = g.ldy;
+    pr.first[pr.num + 1] = pr.first[pr.num] + g.w.rows;
+    ++pr.num;
+    if (g.lora_shrink != nullptr) lora = lora_fused::make_shrink_items(*g.lora_shrink, g.lora_tmp, g.lora_ld_tmp);
+  }
   // Persistent: at most the CTAs that fit at once (2 per SM by the launch bounds).
   const int64_t fit = 2 * static_cast<int64_t>(cuda_util::num_sms());
-  const int64_t want = std::max((a.w.rows + rows_per_cta - 1) / rows_per_cta,
+  const int64_t want = std::max((pr.rows() + rows_per_cta - 1) / rows_per_cta,
                                 (lora.items() + kStreamWarps - 1) / kStreamWarps);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(want, fit));
-  cuda_util::launch_pdl(linear_stream_kernel<TM, KS>, blocks, kStreamThreads, 0, st, a.x, a.ldx, a.m,
-                        static_cast<const __nv_bfloat16*>(a.w.data), a.w.rows, a.w.cols, a.bias, a.y, a.ldy,
-                        lora);
+  cuda_util::launch_pdl(linear_stream_kernel<TM, KS>, blocks, kStreamThreads, 0, st, a.x, a.ldx, a.m, pr,
+                        a.w.cols, lora);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int TM>
-void launch_stream(const LinearArgs& a, cudaStream_t st) {
-  switch (stream_slices(a.w.rows)) {
+void launch_stream(const LinearArgs* group, int64_t count, cudaStream_t st) {
+  int64_t rows = 0;
+  for (int64_t gi = 0; gi < count; ++gi) rows += group[gi].w.rows;
+  switch (count == 1 ? stream_slices(rows) : group_slices(rows)) {
     case 1:
-      return launch_stream_ks<TM, 1>(a, st);
+      return launch_stream_ks<TM, 1>(group, count, st);
     case 2:
-      return launch_stream_ks<TM, 2>(a, st);
+      return launch_stream_ks<TM, 2>(group, count, st);
     case 4:
-      return launch_stream_ks<TM, 4>(a, st);
+      return launch_stream_ks<TM, 4>(group, count, st);
     default:
-      return launch_stream_ks<TM, 8>(a, st);
+      return launch_stream_ks<TM, 8>(group, count, st);
   }
+}
+
+// One streamed launch for a group (every product streamed, m rows).
+void launch_stream_group(const LinearArgs* group, int64_t count, cudaStream_t st) {
+  const int64_t m = group[0].m;
+  if (m == 1) return launch_stream<1>(group, count, st);
+  if (m == 2) return launch_stream<2>(group, count, st);
+  if (m <= 4) return launch_stream<4>(group, count, st);
+  if (m <= 8) return launch_stream<8>(group, count, st);
+  return launch_stream<16>(group, count, st);
 }
 
 // Split products of at most this many rows, with at most kStackedMaxBytes of f32 halves, stack hi and lo
@@ -257,13 +333,7 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx) {
   switch (a.w.dtype) {
     case DType::kBF16: {
       const bool split = ctx.bf16_split(m);
-      if (streamed(a, split)) {
-        if (m == 1) return launch_stream<1>(a, st);
-        if (m == 2) return launch_stream<2>(a, st);
-        if (m <= 4) return launch_stream<4>(a, st);
-        if (m <= 8) return launch_stream<8>(a, st);
-        return launch_stream<16>(a, st);
-      }
+      if (streamed(a, split)) return launch_stream_group(&a, 1, st);
       KERNEL_CHECK(linear_workspace_bytes(a, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
       // Workspace: hi [m, k] then (split) lo [m, k] right after it, so hi;lo is one [2m, k] matrix when the
       // x part is not padded, then (stacked) the f32 halves [2m, n].
@@ -328,6 +398,33 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
     return lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, ctx);
   }
   linear_product(a, ctx);
+}
+
+bool linear_group_fused(const LinearArgs* group, int64_t count, const CudaContext& ctx) {
+  if (count < 2 || count > kMaxStreamProducts) return false;
+  const LinearArgs& a = group[0];
+  if (a.m == 0 || !streamed(a, ctx.bf16_split(a.m))) return false;
+  int shrinks = 0;
+  for (int64_t gi = 0; gi < count; ++gi) {
+    const LinearArgs& g = group[gi];
+    if (g.x != a.x || g.ldx != a.ldx || g.m != a.m || g.w.cols != a.w.cols || g.w.rows == 0 ||
+        !streamed(g, ctx.bf16_split(g.m)))
+      return false;
+    if (g.lora_shrink != nullptr) {
+      KERNEL_CHECK(g.lora_shrink->x == g.x && g.lora_shrink->ldx == g.ldx && g.lora_shrink->m == g.m,
+                   "linear: the LoRA shrink must read the product's x");
+      ++shrinks;
+    }
+  }
+  return shrinks <= 1;
+}
+
+void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx) {
+  if (!linear_group_fused(group, count, ctx)) {
+    for (int64_t gi = 0; gi < count; ++gi) linear(group[gi], ctx);
+    return;
+  }
+  launch_stream_group(group, count, cuda_util::stream(ctx));
 }
 
 }  // namespace polylora::kernels::cuda

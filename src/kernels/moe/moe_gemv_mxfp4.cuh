@@ -35,6 +35,7 @@ constexpr int kMxWarps = 4;  // split K between them
 constexpr int kMxThreads = 32 * kMxWarps;
 constexpr int kMxMT = 4;  // m16 tiles per warp: all of the CTA's rows
 constexpr int kMxRows = 16 * kMxMT;
+constexpr int kMxStages = 2;
 constexpr int kMxSuper = 4 * kMxfp4BlockSize;  // k values of one stage
 static_assert(kMxWarps == 4 && kMxMT == 4, "split_k_epilogue: 4 warps, warp w sums m16 tile w");
 static_assert(kMxRows == kTcRows, "the grid is moe_gemv_tc_kernel's");
@@ -45,13 +46,8 @@ struct MxGemvCfg {
   static constexpr int kX = NT * C * 4;  // 16-byte activation pieces per lane per stage (32 values each)
   static constexpr int kSlotBytes = 32 * 16;
   static constexpr int kStageBytes = (kW + kX) * kSlotBytes;
-  // Stages per warp: 3 (two in flight while one is multiplied) for passes of 8 rows with one activation
-  // copy, the decode case, where the grid is too small to hide a 2-stage pipeline's latency (H200, ncu at
-  // M = 1: 16% achieved occupancy, 25% of DRAM throughput, no eligible warp in 52% of the cycles; 3 CTAs
-  // of 72 KiB still fit an SM); 2 for the rest (the larger smem would cost CTAs per SM).
-  static constexpr int kStages = NT * C == 1 ? 3 : 2;
-  static constexpr int kWarpBytes = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kMxWarps * kWarpBytes;  // NT·C = 1: 72 KiB, 2: 64 KiB, 4: 96 KiB
+  static constexpr int kWarpBytes = kMxStages * kStageBytes;
+  static constexpr int kSmemBytes = kMxWarps * kWarpBytes;  // NT·C = 1: 48 KiB, 2: 64 KiB, 4: 96 KiB
   static constexpr int kAccPerLane = kMxMT * NT * 4;
   static_assert(kMxWarps * kAccPerLane * 32 * 4 <= kSmemBytes, "the reduction reuses the pipeline");
 };
@@ -78,7 +74,6 @@ template <Phase P, int NT, int C>
 __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcParams p) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   using Cfg = MxGemvCfg<NT, C>;
-  constexpr int kMxStages = Cfg::kStages;
   extern __shared__ __align__(16) unsigned char mx_smem[];
   __shared__ int64_t s_off[8 * NT];  // activation row offset (elements) per routed row of the pass, −1 none
   if (gemv_tc_lora_cta<P, kMxThreads / 32>(p)) return;
@@ -180,10 +175,8 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
       issue(s);
       mma::cp_async_commit();
     }
-    // The scales of the next kMxStages − 1 stages, loaded as far ahead as their codes (sc_ring[0]: stage sb).
-    uint32_t sc_ring[kMxStages - 1][kMxMT][2];
-#pragma unroll
-    for (int s = 0; s < kMxStages - 1; ++s) load_scales(s, sc_ring[s]);
+    uint32_t sc_next[kMxMT][2];
+    load_scales(0, sc_next);
     for (int sb = 0; sb < nsb; ++sb) {
       mma::cp_async_wait<kMxStages - 2>();  // this lane's copies of stage sb have landed
       issue(sb + kMxStages - 1);            // into the buffer read in the previous iteration
@@ -194,16 +187,10 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
       for (int mt = 0; mt < kMxMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          sc[mt][h] = sc_ring[0][mt][h];
+          sc[mt][h] = sc_next[mt][h];
           big = big || sc[mt][h] > 128u;
         }
-#pragma unroll
-      for (int s = 0; s + 1 < kMxStages - 1; ++s)
-#pragma unroll
-        for (int mt = 0; mt < kMxMT; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) sc_ring[s][mt][h] = sc_ring[s + 1][mt][h];
-      load_scales(sb + kMxStages - 1, sc_ring[kMxStages - 2]);
+      load_scales(sb + 1, sc_next);
       big = __any_sync(0xffffffffu, big);  // warp-uniform: scales above 2^1 take a second multiply
       const uint32_t src = lane_smem + (sb % kMxStages) * Cfg::kStageBytes;
       // The activation pairs of the k16 steps, permuted as the codes: word w of a 32-value piece holds

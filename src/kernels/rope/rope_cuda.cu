@@ -37,21 +37,6 @@ __global__ void rope_kernel(float* x, int64_t ldx, int64_t num_heads, int64_t he
 
 constexpr int kRkvWarps = 4;  // heads per CTA
 
-// f(j, term) for this lane's elements j = lane, lane + 32, ... < d of a head whose outputs start at `base`,
-// term = the LoRA term of output base + j for the token of k; up to 4 elements' B rows loaded together.
-template <typename F>
-__device__ __forceinline__ void for_lane_terms(const LoraExpandIn& l, const lora_fused::ExpandToken& k,
-                                               int64_t base, int64_t d, int lane, F&& f) {
-  for (int64_t j0 = lane; j0 < d; j0 += 4 * 32) {
-    float e[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) e[u] = j0 + 32 * u < d ? lora_fused::expand_at(l, k, base + j0 + 32 * u) : 0.0f;
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      if (j0 + 32 * u < d) f(j0 + 32 * u, e[u]);
-  }
-}
-
 // Grid (m, ⌈(num_heads + num_kv_heads) / kRkvWarps⌉), kRkvWarps·32 threads, 2·(head_dim / 2) floats of
 // dynamic shared memory. Heads [0, num_heads) are q's, the rest k's (and v's).
 __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
@@ -77,11 +62,8 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     src = dst;
     norm_w = a.q_norm;
     if (a.lora_q.active()) {  // q += its LoRA term, in place (each lane its own elements)
-      const lora_fused::ExpandToken k = lora_fused::expand_token(a.lora_q, t);
-      if (k.b != nullptr) {
-        for_lane_terms(a.lora_q, k, head * d, d, lane, [&](int64_t j, float e) { dst[j] += e; });
-        __syncwarp();
-      }
+      for (int64_t j = lane; j < d; j += 32) dst[j] += lora_fused::expand_value(a.lora_q, t, head * d + j);
+      __syncwarp();
     }
   } else {
     const int64_t slot = a.slot_mapping[t];
@@ -92,17 +74,15 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     norm_w = a.k_norm;
     const float* vs = a.v + t * a.ldv + kh * d;
     float* vd = a.cache.v + slot * kv_row + kh * d;
-    const lora_fused::ExpandToken kv_tok =
-        a.lora_v.active() ? lora_fused::expand_token(a.lora_v, t) : lora_fused::ExpandToken{};
-    if (kv_tok.b != nullptr) {
-      for_lane_terms(a.lora_v, kv_tok, kh * d, d, lane, [&](int64_t j, float e) { vd[j] = vs[j] + e; });
+    if (a.lora_v.active()) {
+      for (int64_t j = lane; j < d; j += 32)
+        vd[j] = vs[j] + lora_fused::expand_value(a.lora_v, t, kh * d + j);
     } else {
       for (int64_t j = lane; j < d; j += 32) vd[j] = vs[j];
     }
-    const lora_fused::ExpandToken k_tok =
-        a.lora_k.active() ? lora_fused::expand_token(a.lora_k, t) : lora_fused::ExpandToken{};
-    if (k_tok.b != nullptr) {  // k + its LoRA term staged in the cache row, then normed and rotated there
-      for_lane_terms(a.lora_k, k_tok, kh * d, d, lane, [&](int64_t j, float e) { dst[j] = src[j] + e; });
+    if (a.lora_k.active()) {  // k + its LoRA term staged in the cache row, then normed and rotated there
+      for (int64_t j = lane; j < d; j += 32)
+        dst[j] = src[j] + lora_fused::expand_value(a.lora_k, t, kh * d + j);
       __syncwarp();
       src = dst;
     }
