@@ -171,6 +171,12 @@ class Backend {
   }
   void set_split_dense_lora_max_rows(int64_t rows) { split_dense_lora_max_rows_ = rows; }
 
+  // The ops queued from here on belong to a step with LoRA kernels (true) or not (false). CUDA launches
+  // them without programmatic dependent launch (POLYLORA_PDL_LORA=1 keeps it): on the H200, batch-1 decode
+  // of GPT-OSS-20B with an adapter took 3.336 ms per step with PDL against 3.202 without, while the base
+  // model gains from it (2.580 vs 2.681 ms; docs/pdl.md). Others ignore it.
+  virtual void set_lora_step(bool lora) { (void)lora; }
+
   virtual void embedding(const kernels::EmbeddingArgs& args) = 0;
   virtual void linear(const kernels::LinearArgs& args) = 0;
   // Products of the same input (q, k and v): the same results as linear() on each (up to the order of

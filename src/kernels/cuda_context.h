@@ -24,4 +24,11 @@ struct CudaContext {
   bool bf16_split(int64_t rows) const { return rows <= bf16_split_max_rows; }
 };
 
+// Set while the calling thread queues the ops of a step with LoRA kernels and those launches should not use
+// programmatic dependent launch (cuda_util::launch_pdl reads it; Backend::set_lora_step sets it).
+inline bool& programmatic_launch_off() {
+  static thread_local bool off = false;
+  return off;
+}
+
 }  // namespace polylora::kernels

@@ -59,7 +59,8 @@ inline int num_sms() {
 // previous kernel's last wave. Rule: a kernel launched by launch_pdl calls pdl_wait() in every CTA before it
 // reads or writes any buffer another kernel touches (activations, workspaces, outputs), and before any
 // early exit; pdl_wait() and pdl_trigger() are no-ops when the kernel was launched plainly. On by default on
-// compute capability 9.0+; POLYLORA_PDL=0 turns it off (plain launches, for A/B timing).
+// compute capability 9.0+; POLYLORA_PDL=0 turns it off (plain launches, for A/B timing). Off as well while
+// the thread queues a step with LoRA kernels (kernels::programmatic_launch_off(), Backend::set_lora_step).
 inline bool pdl_enabled() {
   static const bool v = [] {
     const char* e = std::getenv("POLYLORA_PDL");
@@ -106,7 +107,7 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl_enabled() && !programmatic_launch_off() ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

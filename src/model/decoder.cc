@@ -462,6 +462,12 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
   const auto* d_rows = reinterpret_cast<const int32_t*>(at(si.o_rows));
   const auto* d_tslots = reinterpret_cast<const int32_t*>(at(si.o_tslots));
 
+  // Whether this step queues LoRA kernels (the backend may launch them differently: Backend::set_lora_step).
+  struct LoraStepScope {
+    Backend& be;
+    LoraStepScope(Backend& b, bool lora) : be(b) { be.set_lora_step(lora); }
+    ~LoraStepScope() { be.set_lora_step(false); }
+  } lora_scope(be, lora_ && lora_->reserved() && (si.all_lora || !si.adapters.empty()));
   float* x = ensure<float>(be, ws.x, T * H, ws.epoch);
   float* h = ensure<float>(be, ws.h, T * H, ws.epoch);
   float* q = ensure<float>(be, ws.q, T * qs, ws.epoch);
