@@ -233,14 +233,14 @@ int run_device_bench(int argc, char** argv) {
     std::fprintf(stderr, "batch %ld%s: prefill %.0f tok/s, decode %.1f tok/s (%.2f ms/step)\n",
                  static_cast<long>(b), mode, prefill_tps, decode_tps, 1e3 * step_s);
     nlohmann::json run = {{"batch", b},
-                   {"prefill_tok_per_s", prefill_tps},
-                           {"prefill_steps", t.prefill_steps},
-                           {"decode_tok_per_s", decode_tps},
-                           {"decode_steps", t.decode_steps},
-                           {"decode_ms_per_step", 1e3 * step_s},
-                           {"decode_gpu_ms_per_step", 1e3 * gpu_s},
-                           {"decode_gpu_busy_fraction", busy},
-                           {"decode_gpu_idle_us_between_steps", 1e6 * gap_s}};
+                          {"prefill_tok_per_s", prefill_tps},
+                          {"prefill_steps", t.prefill_steps},
+                          {"decode_tok_per_s", decode_tps},
+                          {"decode_steps", t.decode_steps},
+                          {"decode_ms_per_step", 1e3 * step_s},
+                          {"decode_gpu_ms_per_step", 1e3 * gpu_s},
+                          {"decode_gpu_busy_fraction", busy},
+                          {"decode_gpu_idle_us_between_steps", 1e6 * gap_s}};
     if (loras > 0) {
       const double l_tps = static_cast<double>(tl.decode_tokens) / tl.decode_seconds;
       const double l_step = tl.decode_seconds / static_cast<double>(tl.decode_steps);

@@ -566,8 +566,16 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
             : 0;
     // q, k and v read the same h: one launch where the backend can (CUDA at decode sizes).
     const k::LinearArgs qkv[3] = {
-        {.x = h, .m = T, .ldx = H, .w = aw.q.w, .bias = aw.q.bias, .y = q, .ldy = qs,
-         .lora_shrink = qkv_ranks > 0 ? &qkv_shrink : nullptr, .lora_tmp = lora_tmp, .lora_ld_tmp = qkv_ranks},
+        {.x = h,
+         .m = T,
+         .ldx = H,
+         .w = aw.q.w,
+         .bias = aw.q.bias,
+         .y = q,
+         .ldy = qs,
+         .lora_shrink = qkv_ranks > 0 ? &qkv_shrink : nullptr,
+         .lora_tmp = lora_tmp,
+         .lora_ld_tmp = qkv_ranks},
         {.x = h, .m = T, .ldx = H, .w = aw.k.w, .bias = aw.k.bias, .y = kk, .ldy = kvs},
         {.x = h, .m = T, .ldx = H, .w = aw.v.w, .bias = aw.v.bias, .y = v, .ldy = kvs}};
     be.linear_group(qkv);

@@ -151,11 +151,21 @@ TEST(GpuLinear, GroupOfProductsSharingTheInput) {
       std::vector<float> b = k::test::random_vec(static_cast<size_t>(n), 95 + i);
       const bool bias = i != 1;
       std::vector<float> ref(static_cast<size_t>(g.m * ldy), -7.0f);
-      k::ref::linear({.x = x.data(), .m = g.m, .ldx = ldx, .w = w.view, .bias = bias ? b.data() : nullptr,
-                      .y = ref.data(), .ldy = ldy});
+      k::ref::linear({.x = x.data(),
+                      .m = g.m,
+                      .ldx = ldx,
+                      .w = w.view,
+                      .bias = bias ? b.data() : nullptr,
+                      .y = ref.data(),
+                      .ldy = ldy});
       float* y = ar.up(std::vector<float>(ref.size(), -7.0f));
-      args.push_back({.x = dx, .m = g.m, .ldx = ldx, .w = ar.weight(w.view), .bias = bias ? ar.up(b) : nullptr,
-                      .y = y, .ldy = ldy});
+      args.push_back({.x = dx,
+                      .m = g.m,
+                      .ldx = ldx,
+                      .w = ar.weight(w.view),
+                      .bias = bias ? ar.up(b) : nullptr,
+                      .y = y,
+                      .ldy = ldy});
       refs.push_back(std::move(ref));
       ys.push_back(y);
       ldys.push_back(ldy);
@@ -182,8 +192,9 @@ TEST(GpuLinear, GroupOfProductsSharingTheInput) {
   float* y0 = ar.zeros<float>(r0.size());
   float* y1 = ar.zeros<float>(r1.size());
   const k::WeightView dw = ar.weight(w.view);
-  const k::LinearArgs two[2] = {{.x = ar.up(x0), .m = m, .ldx = kk, .w = dw, .bias = nullptr, .y = y0, .ldy = n},
-                                {.x = ar.up(x1), .m = m, .ldx = kk, .w = dw, .bias = nullptr, .y = y1, .ldy = n}};
+  const k::LinearArgs two[2] = {
+      {.x = ar.up(x0), .m = m, .ldx = kk, .w = dw, .bias = nullptr, .y = y0, .ldy = n},
+      {.x = ar.up(x1), .m = m, .ldx = kk, .w = dw, .bias = nullptr, .y = y1, .ldy = n}};
   ar.be().linear_group(two);
   expect_close_for(kBf16Mode, ar.down(y0, r0.size()), r0, "unfused group, first x");
   expect_close_for(kBf16Mode, ar.down(y1, r1.size()), r1, "unfused group, second x");

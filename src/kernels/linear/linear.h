@@ -46,8 +46,8 @@ namespace cuda {
 // converts them on load).
 void linear(const LinearArgs& args, const CudaContext& ctx);
 // Products of the same x (m, ldx and K alike: q, k and v): where every one is streamed (few rows, BF16, the
-// split) and at most one carries a LoRA shrink, one launch streams all their rows (linear_stream_kernel over a
-// table of up to 3 products); otherwise linear() for each. Same values as linear() per product up to the
+// split) and at most one carries a LoRA shrink, one launch streams all their rows (linear_stream_kernel over
+// a table of up to 3 products); otherwise linear() for each. Same values as linear() per product up to the
 // order of the K-slice sums (a group picks its slices from its total rows).
 void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx);
 bool linear_group_fused(const LinearArgs* group, int64_t count, const CudaContext& ctx);

@@ -247,7 +247,8 @@ void launch_stream_ks(const LinearArgs* group, int64_t count, cudaStream_t st) {
     pr.ldy[pr.num] = g.ldy;
     pr.first[pr.num + 1] = pr.first[pr.num] + g.w.rows;
     ++pr.num;
-    if (g.lora_shrink != nullptr) lora = lora_fused::make_shrink_items(*g.lora_shrink, g.lora_tmp, g.lora_ld_tmp);
+    if (g.lora_shrink != nullptr)
+      lora = lora_fused::make_shrink_items(*g.lora_shrink, g.lora_tmp, g.lora_ld_tmp);
   }
   // Persistent: at most the CTAs that fit at once (2 per SM by the launch bounds).
   const int64_t fit = 2 * static_cast<int64_t>(cuda_util::num_sms());

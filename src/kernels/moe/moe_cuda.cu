@@ -900,8 +900,9 @@ __global__ void __launch_bounds__(kActLoraThreads)
         const int64_t k = k0 + u;
         const int32_t key = k < K ? keys[k] : -2;
         yv[u] = key == -2 ? 0.0f : __ldg(y + (t * K + k) * H + h);
-        lt[u] = key >= 0 ? ls::dot_rank(p.b_down + (static_cast<int64_t>(key) * H + h) * R, ts + k * R8, R, vec)
-                         : 0.0f;
+        lt[u] = key >= 0
+                    ? ls::dot_rank(p.b_down + (static_cast<int64_t>(key) * H + h) * R, ts + k * R8, R, vec)
+                    : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
