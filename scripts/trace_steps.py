@@ -9,7 +9,7 @@ size in one mode (eager or graph, with or without LoRA kernels). For each group 
 times it prints the median span (first kernel's start to the last kernel's end), the median sum of kernel
 times, the time no kernel runs, and per kernel name: launches per step, median time summed over the step,
 and the median gap before each launch (start minus the previous kernel's end; negative when programmatic
-dependent launch overlaps them). --layer-period N also prints the kernels of one period (a decoder layer) in
+dependent launch overlaps them). --layer-period N (-1: the shortest that repeats) also prints the kernels of one period (a decoder layer) in
 order with their median time and gap. Times in microseconds.
 """
 import argparse
@@ -70,7 +70,7 @@ def main():
     ap.add_argument("--marker", default="embedding_kernel")
     ap.add_argument("--min-steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=0, help="kernel names to print per group (0: all)")
-    ap.add_argument("--layer-period", type=int, default=0)
+    ap.add_argument("--layer-period", type=int, default=0, help="-1: find it")
     ap.add_argument("--layer-offset", type=int, default=1)
     args = ap.parse_args()
     rows = load(args.trace)
@@ -111,8 +111,12 @@ def main():
         for n, (_, sums_n, gaps) in items:
             print(f"{n[:70]:70} {counts[n]:4d} {med(sums_n):9.1f} {med(gaps):8.2f} "
                   f"{med(gaps) * counts[n]:9.1f}")
-        if args.layer_period:
-            p, o = args.layer_period, args.layer_offset
+        p, o = args.layer_period, args.layer_offset
+        if p < 0:  # the shortest period that repeats the names over three periods
+            names = [n for n, _ in sig]
+            p = next((q for q in range(4, 64) if o + 3 * q <= len(names) and
+                      all(names[o + i] == names[o + i + q] for i in range(2 * q))), 0)
+        if p:
             print(f"-- one period of {p} kernels from position {o} (median over the step's periods and steps)")
             nper = (len(sig) - o) // p
             for i in range(p):
