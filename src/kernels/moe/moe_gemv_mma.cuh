@@ -95,9 +95,7 @@ __device__ __forceinline__ void gemv_tc_lora_delta(const GemvTcParams& p, int64_
       for (int64_t n = n_begin + threadIdx.x; n < n_end; n += 32 * kWarps) out[n] = 0.0f;
       continue;
     }
-    // The row's shrink, two rank rows per warp at a time, 4 loads in flight per row (8 raised the MXFP4
-    // kernel's registers from 111 to 141 at one fragment per pass, 4 CTAs per SM to 3, and its base
-    // products measured 23 -> 29 us (gate/up) and 15 -> 22 us (down) per layer at batch 1 on the H200).
+    // The row's shrink, two rank rows per warp at a time.
     const float* x = P == Phase::kGateUp ? g.x + (pair / g.top_k) * g.ldx : g.x + r * g.inter;
     const float* xs[1] = {x};
     for (int64_t j0 = 2 * warp; j0 < lora_rows; j0 += 2 * kWarps) {
@@ -109,7 +107,7 @@ __device__ __forceinline__ void gemv_tc_lora_delta(const GemvTcParams& p, int64_
                                      : nullptr;
       float acc[kGemvR][1] = {};
       if (xvec) {
-        stream::dot_rows_vec<TW, kGemvR, 1, 4>(arow, K, xs, false, acc);
+        stream::dot_rows_vec<TW, kGemvR, 1, 8>(arow, K, xs, false, acc);
       } else {
         stream::dot_rows_scalar<kGemvR, 1>(arow, l.dtype, K, xs, false, acc);
       }
