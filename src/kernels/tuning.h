@@ -42,10 +42,6 @@ struct KernelTuning {
   // Sorted rows up to which the expert LoRA shrinks run as weight-streaming items; env
   // POLYLORA_LORA_GEMV_SHRINK_ROWS.
   int64_t lora_gemv_shrink_rows = 256;
-  // Tensor-core weight-streaming paths (BF16 and MXFP4 experts): the most extra CTAs (sorted rows x column
-  // parts) for which those products' extra CTAs also run the expands (GemvTcParams::delta) instead of the
-  // expand-fused activation and combine; −1: the SM count, 0: never; env POLYLORA_MOE_LORA_DELTA_CTAS.
-  int64_t moe_lora_delta_ctas = -1;
   // Dense LoRA (kernels/lora/lora_cuda.cu): tokens up to which the shrink runs per token instead of tiled;
   // env POLYLORA_LORA_GEMV_SHRINK_ROWS too.
   int64_t lora_dense_gemv_shrink_rows = 64;

@@ -164,8 +164,6 @@ struct MoeWorkspace {
   __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, copies·lda_i] (tensor-core path)
   float* lora_gu = nullptr;           // [max_rows, gu_slices·rank] slot-stacked LoRA: gate/up shrink
   float* lora_down = nullptr;         // [pairs, rank] down shrink
-  float* lora_dgu = nullptr;          // [max_rows, 2I] tensor-core GEMV path: gate/up expands (delta mode)
-  float* lora_dy = nullptr;           // [pairs, H] down expands (delta mode)
   size_t bytes = 0;
 
   MoeWorkspace(const MoeExpertsArgs& a, void* base, Path path, bool bf16_split) {
@@ -238,10 +236,6 @@ struct MoeWorkspace {
       }
       lora_gu = reinterpret_cast<float*>(take(4 * gu_floats));
       lora_down = reinterpret_cast<float*>(take(4 * down_floats));
-      if (path == Path::kGemvTc) {
-        lora_dgu = reinterpret_cast<float*>(take(4 * max_rows * 2 * a.inter));
-        lora_dy = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
-      }
     }
   }
 };
@@ -639,9 +633,8 @@ dim3 moe_act_grid(int64_t max_rows, int64_t I) {
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
 }
 
-// gu_delta (or nullptr): added to gu first (the expert LoRA's expands in delta mode, same layout).
 __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, int tile_m, const float* gu,
-                               const float* gu_delta, float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies,
+                               float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies,
                                int64_t max_rows, int64_t I, ExpertAct kind, float alpha, float limit) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t rows_dev = static_cast<int64_t>(*num_tiles) * tile_m;
@@ -650,7 +643,6 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (sorted[r] < 0) continue;
     const float* g = gu + r * 2 * I;
-    const float* d = gu_delta != nullptr ? gu_delta + r * 2 * I : nullptr;
     for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < width;
          j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
       __nv_bfloat16* brow = act_bf16 != nullptr ? act_bf16 + r * copies * lda_bf16 : nullptr;
@@ -659,14 +651,9 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
         if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
         continue;
       }
-      const int64_t ng = kind == ExpertAct::kGptOssSwiglu ? 2 * j : j;
-      const int64_t nu = kind == ExpertAct::kGptOssSwiglu ? 2 * j + 1 : I + j;
-      float gv = g[ng], uv = g[nu];
-      if (d != nullptr) {
-        gv += d[ng];
-        uv += d[nu];
-      }
-      const float v = moe_detail::expert_act(kind, gv, uv, alpha, limit);
+      const float v = kind == ExpertAct::kGptOssSwiglu
+                          ? moe_detail::expert_act(kind, g[2 * j], g[2 * j + 1], alpha, limit)
+                          : moe_detail::expert_act(kind, g[j], g[I + j], alpha, limit);
       if (act != nullptr) act[r * I + j] = v;
       if (brow != nullptr) {
         const cuda_util::Bf16Pair p = cuda_util::split_bf16(v);
@@ -679,10 +666,8 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
 
 // out[t] = Σ_k weights[t, k] · y[t·top_k + k]: token t = blockIdx.x, columns over blockIdx.y and threads (a
 // single token spreads over ⌈H / 256⌉ CTAs: at batch 1 one CTA took 18 us of a 5 ms step).
-// y_delta (or nullptr): added to y first (the down expands in delta mode, same layout).
-__global__ void moe_combine_kernel(const float* y, const float* y_delta, const int32_t* ids,
-                                   const float* weights, int64_t top_k, int64_t H, int64_t E, float* out,
-                                   int64_t ldo) {
+__global__ void moe_combine_kernel(const float* y, const int32_t* ids, const float* weights, int64_t top_k,
+                                   int64_t H, int64_t E, float* out, int64_t ldo) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t t = blockIdx.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < H;
@@ -692,8 +677,7 @@ __global__ void moe_combine_kernel(const float* y, const float* y_delta, const i
       int64_t p = t * top_k + k;
       int32_t e = ids[p];
       if (e < 0 || e >= E) continue;
-      const float v = y_delta != nullptr ? y[p * H + i] + y_delta[p * H + i] : y[p * H + i];
-      sum += weights[p] * v;
+      sum += weights[p] * y[p * H + i];
     }
     out[t * ldo + i] = sum;
   }
@@ -1031,12 +1015,6 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       break;
     }
     case StackStep::kActivation: {
-      if (ws.dgu != nullptr) {
-        cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(ws.max_rows, a.inter), 256, 0, st, ws.sorted,
-                              ws.num_tiles, ws.tile_m, ws.gu, ws.dgu, ws.act, ws.act_bf16, ws.lda_bf16,
-                              ws.copies, ws.max_rows, a.inter, a.act, a.swiglu_alpha, a.swiglu_limit);
-        break;
-      }
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
       dim3 grid(tiles, static_cast<unsigned>((width + kActLoraThreads - 1) / kActLoraThreads));
       const size_t smem = static_cast<size_t>(ls::kTileRows * s.gu_slices * R8) * sizeof(float);
@@ -1055,14 +1033,6 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       break;
     }
     case StackStep::kCombine: {
-      if (ws.dy != nullptr) {
-        const dim3 grid(static_cast<unsigned>(a.m),
-                        static_cast<unsigned>(
-                            std::min<int64_t>((a.hidden + 255) / 256, std::max<int64_t>(1, 2048 / a.m))));
-        cuda_util::launch_pdl(moe_combine_kernel, grid, 256, 0, st, ws.y, ws.dy, a.ids, a.weights, a.top_k,
-                              a.hidden, a.num_experts, a.out, a.ldo);
-        break;
-      }
       const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
       dim3 grid(static_cast<unsigned>(a.m),
                 static_cast<unsigned>((a.hidden + kActLoraThreads - 1) / kActLoraThreads));
@@ -1260,7 +1230,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       CUDA_CHECK_LAUNCH();
     }
     cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(ws.max_rows, I), 256, 0, st, ws.sorted, ws.num_tiles,
-                          tile_m, ws.gu, nullptr, (!bf16_act || lora) ? ws.act : nullptr,
+                          tile_m, ws.gu, (!bf16_act || lora) ? ws.act : nullptr,
                           bf16_act ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act,
                           a.swiglu_alpha, a.swiglu_limit);
     CUDA_CHECK_LAUNCH();
@@ -1298,38 +1268,13 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     const bool fuse = stack && gemv_shrink(a, sb) &&
                       shrink_items<Phase::kGateUp>(a, sb).items() <= 4 * cuda_util::num_sms();
     sb.shrinks_fused = fuse;
-    // Delta mode: the extra CTAs expand too (GemvTcParams::delta), one per sorted row and part of
-    // kDeltaCols output columns, while they number at most moe_lora_delta_ctas.
-    constexpr int64_t kDeltaCols = 1024;
-    const int64_t delta_cap = tuning_of(a).moe_lora_delta_ctas < 0 ? cuda_util::num_sms()
-                                                                  : tuning_of(a).moe_lora_delta_ctas;
-    const int gu_splits = static_cast<int>((2 * I + kDeltaCols - 1) / kDeltaCols);
-    const int down_splits = static_cast<int>((H + kDeltaCols - 1) / kDeltaCols);
-    const bool delta = fuse && ws.lora_dgu != nullptr && moe_detail::gemv_tc_takes_delta(a.experts_mxfp4) &&
-                       ws.max_rows * gu_splits <= delta_cap &&
-                       a.lora_stack.gu_slices * a.lora_stack.rank * 4 <= 48 * 1024;
-    if (delta) {
-      sb.dgu = ws.lora_dgu;
-      sb.dy = ws.lora_dy;
-      tp.rank = a.lora_stack.rank;
-      tp.gu_slices = a.lora_stack.gu_slices;
-      tp.interleaved = a.act == ExpertAct::kGptOssSwiglu;
-    }
-    // This phase's shrink items in extra CTAs (one warp per item, spread over the y-planes) past grid.x; in
-    // delta mode one CTA per (sorted row, column part).
-    auto with_shrink = [&](dim3& grid, const moe_detail::GemvParams& shrink, bool gate_up) {
+    // This phase's shrink items in extra CTAs (one warp per item, spread over the y-planes) past grid.x.
+    auto with_shrink = [&](dim3& grid, const moe_detail::GemvParams& shrink) {
       tp.row_tiles = static_cast<int>(grid.x);
       tp.lora_ctas = 0;
-      tp.delta = nullptr;
       if (!fuse) return;
       tp.shrink = shrink;
-      int64_t ctas = (shrink.lora.items() + 3) / 4;
-      if (delta) {
-        tp.delta = gate_up ? ws.lora_dgu : ws.lora_dy;
-        tp.delta_b = gate_up ? a.lora_stack.b_gu : a.lora_stack.b_down;
-        tp.delta_splits = gate_up ? gu_splits : down_splits;
-        ctas = ws.max_rows * tp.delta_splits;
-      }
+      const int64_t ctas = (shrink.lora.items() + 3) / 4;
       tp.lora_ctas = static_cast<int>(std::max<int64_t>((ctas + max_active - 1) / max_active, 1));
       grid.x += static_cast<unsigned>(tp.lora_ctas);
     };
@@ -1339,7 +1284,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_h;
     tp.out = ws.gu;
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    with_shrink(grid_gu, shrink_params<Phase::kGateUp>(a, sb), true);
+    with_shrink(grid_gu, shrink_params<Phase::kGateUp>(a, sb));
     moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
     gate_up_lora_and_activation();
@@ -1349,7 +1294,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda_copy = ws.lda_i;
     tp.out = ws.y;
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
-    with_shrink(grid_down, shrink_params<Phase::kDown>(a, sb), false);
+    with_shrink(grid_down, shrink_params<Phase::kDown>(a, sb));
     moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
@@ -1465,7 +1410,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // 3. gate_up LoRA, 4. activation
     if (mma_lora) {  // the gate/up LoRA is in the GEMM; the down shrink reads the bf16 activation
       cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(ws.max_rows, I), 256, 0, st, ws.sorted, ws.num_tiles,
-                            tile_m, ws.gu, nullptr, nullptr, ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I, a.act,
+                            tile_m, ws.gu, nullptr, ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I, a.act,
                             a.swiglu_alpha, a.swiglu_limit);
       CUDA_CHECK_LAUNCH();
       launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);
@@ -1502,8 +1447,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   const dim3 grid_combine(
       static_cast<unsigned>(a.m),
       static_cast<unsigned>(std::min<int64_t>((H + 255) / 256, std::max<int64_t>(1, 2048 / a.m))));
-  cuda_util::launch_pdl(moe_combine_kernel, grid_combine, 256, 0, st, ws.y, nullptr, a.ids, a.weights, a.top_k,
-                        H, E, a.out, a.ldo);
+  cuda_util::launch_pdl(moe_combine_kernel, grid_combine, 256, 0, st, ws.y, a.ids, a.weights, a.top_k, H, E,
+                        a.out, a.ldo);
   CUDA_CHECK_LAUNCH();
 }
 

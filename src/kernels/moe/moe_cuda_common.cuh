@@ -101,10 +101,6 @@ struct StackBuffers {
   float* lora_gu = nullptr;    // [gu splits][max_rows, gu_slices·rank] partial sums
   float* lora_down = nullptr;  // [down splits][pairs, rank]
   bool shrinks_fused = false;  // the path's products computed the shrinks (the steps skip them)
-  // Delta mode (GemvTcParams::delta): the products' extra CTAs wrote the expands here; the activation and
-  // the combine steps run the plain kernels adding them.
-  const float* dgu = nullptr;  // [max_rows, 2I] by sorted row
-  const float* dy = nullptr;   // [pairs, H] by pair
 };
 void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st);
 // Split-K of the two shrinks for a path with `max_rows` sorted rows, and the floats of lora_gu and

@@ -13,7 +13,6 @@
 // Must not: depend on anything above common/.
 #pragma once
 
-#include "kernels/lora/lora_stack_cuda.cuh"
 #include "kernels/moe/moe_gemm_mma.cuh"
 #include "kernels/moe/moe_gemv.cuh"
 
@@ -44,116 +43,14 @@ struct GemvTcParams {
   // activation for gate/up, the combine for down). lora_ctas 0: none.
   GemvParams shrink;
   int row_tiles = 0, lora_ctas = 0;
-  // Delta mode (delta != nullptr): the extra CTAs also expand. For each sorted row r (split over
-  // delta_splits CTAs by output columns) they compute the row's whole shrink into shared memory and write
-  // delta[row] = scale · B[key] · shrink for this phase's outputs (gate/up: by sorted row, [rows, 2I];
-  // down: by pair, [pairs, H]; zeros for a row without LoRA), which the plain activation / combine add to
-  // the product's output. The expand thus runs beside the base product, on its own CTAs, instead of in a
-  // kernel after it whose every column waits on a chain of dependent loads (sorted row -> pair -> slot ->
-  // scale -> B row): at batch 1 that chain cost the expand-fused activation and combine 6.5 and 4.0 us per
-  // layer over the plain kernels (H200 kernel timeline, session 35).
-  float* delta = nullptr;
-  const void* delta_b = nullptr;  // B of this phase: [slots·E, N, rank] in shrink.lora.dtype
-  int64_t rank = 0;
-  int delta_splits = 1, gu_slices = 1;
-  bool interleaved = false;  // gate/up rows interleaved (GPT-OSS): row 2j gate, 2j + 1 up
 };
-
-// Delta mode of the extra CTAs (GemvTcParams::delta): sorted rows × column parts over those CTAs; `smem`
-// holds the row's shrink (lora_rows floats).
-template <Phase P, int kWarps, typename TW>
-__device__ __forceinline__ void gemv_tc_lora_delta(const GemvTcParams& p, int64_t cta, int64_t ctas,
-                                                   float* smem) {
-  const GemvParams& g = p.shrink;
-  const LoraShrinkItems& l = g.lora;
-  const int64_t K = P == Phase::kGateUp ? g.hidden : g.inter;
-  const int64_t N = P == Phase::kGateUp ? 2 * g.inter : g.hidden;
-  const int64_t R = p.rank, lora_rows = l.lora_rows;
-  const int64_t rows_dev = *l.num_rows;
-  const int64_t rows = rows_dev < l.max_rows ? rows_dev : l.max_rows;
-  const int64_t chunk = ((N + p.delta_splits - 1) / p.delta_splits + 3) / 4 * 4;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t ldx = P == Phase::kGateUp ? g.ldx : g.inter;
-  const bool xvec = (reinterpret_cast<uintptr_t>(g.x) & 15) == 0 && ldx % 4 == 0 &&
-                    (reinterpret_cast<uintptr_t>(l.a) & 15) == 0 &&
-                    (K * static_cast<int64_t>(sizeof(TW))) % 16 == 0;
-  const bool bvec = (R & 7) == 0 && (reinterpret_cast<uintptr_t>(p.delta_b) & 15) == 0;
-  for (int64_t w = cta; w < l.max_rows * p.delta_splits; w += ctas) {
-    const int64_t r = w / p.delta_splits;
-    if (r >= rows) break;  // rows only grow with w
-    const int64_t n_begin = (w % p.delta_splits) * chunk;
-    const int64_t n_end = n_begin + chunk < N ? n_begin + chunk : N;
-    const int32_t pair = g.sorted[r];
-    const int32_t e = l.ids[pair];
-    const int32_t s = l.token_slots[pair / g.top_k];
-    const int64_t key = e >= 0 && e < l.E && s >= 0 && s < l.slots ? static_cast<int64_t>(s) * l.E + e : -1;
-    bool on = false;
-    if (key >= 0)
-      for (int c = l.c0; c < l.c1; ++c) on |= l.scale[key * 3 + c] != 0.0f;
-    float* out = p.delta + (P == Phase::kGateUp ? r : static_cast<int64_t>(pair)) * N;
-    if (!on) {
-      for (int64_t n = n_begin + threadIdx.x; n < n_end; n += 32 * kWarps) out[n] = 0.0f;
-      continue;
-    }
-    // The row's shrink, two rank rows per warp at a time.
-    const float* x = P == Phase::kGateUp ? g.x + (pair / g.top_k) * g.ldx : g.x + r * g.inter;
-    const float* xs[1] = {x};
-    for (int64_t j0 = 2 * warp; j0 < lora_rows; j0 += 2 * kWarps) {
-      const char* arow[kGemvR];
-#pragma unroll
-      for (int q = 0; q < kGemvR; ++q)
-        arow[q] = j0 + q < lora_rows ? static_cast<const char*>(l.a) +
-                                           ((key * lora_rows + j0 + q) * K) * static_cast<int64_t>(sizeof(TW))
-                                     : nullptr;
-      float acc[kGemvR][1] = {};
-      if (xvec) {
-        stream::dot_rows_vec<TW, kGemvR, 1, 8>(arow, K, xs, false, acc);
-      } else {
-        stream::dot_rows_scalar<kGemvR, 1>(arow, l.dtype, K, xs, false, acc);
-      }
-#pragma unroll
-      for (int q = 0; q < kGemvR; ++q) {
-        const float v = cuda_util::warp_sum(acc[q][0]);
-        if (lane == 0 && arow[q] != nullptr) smem[j0 + q] = v;
-      }
-    }
-    __syncthreads();
-    // The expand of this part's columns: B row n of the key times the row's shrink (its gate or up slice).
-    const TW* b = static_cast<const TW*>(p.delta_b) + key * N * R;
-    const int up_slice = p.gu_slices == 1 ? 0 : 1;
-    for (int64_t n = n_begin + threadIdx.x; n < n_end; n += 32 * kWarps) {
-      int c = 2;  // the scale column: down
-      if (P == Phase::kGateUp) c = (p.interleaved ? (n & 1) != 0 : n >= g.inter) ? up_slice : 0;
-      const float* t = smem + (P == Phase::kGateUp ? c * R : 0);
-      float sum = 0.0f;
-      for (int64_t k = 0; k < R; k += 8) {
-        float wv[8];
-        lora_stack::load8(b + n * R, k, R, bvec, wv);
-#pragma unroll
-        for (int q = 0; q < 8; ++q)
-          if (bvec || k + q < R) sum = fmaf(wv[q], t[k + q], sum);
-      }
-      out[n] = l.scale[key * 3 + c] * sum;
-    }
-    __syncthreads();  // smem is rewritten by the next row
-  }
-}
 
 // The CTAs past the row tiles run the shrink items, warp by warp over all such CTAs of every y-plane (planes
 // of experts that are not active included). True when this CTA was one of them.
 template <Phase P, int kWarps>
-__device__ __forceinline__ bool gemv_tc_lora_cta(const GemvTcParams& p, float* smem = nullptr) {
+__device__ __forceinline__ bool gemv_tc_lora_cta(const GemvTcParams& p) {
   if (p.lora_ctas == 0 || static_cast<int>(blockIdx.x) < p.row_tiles) return false;
   const int64_t cta = static_cast<int64_t>(blockIdx.y) * p.lora_ctas + (blockIdx.x - p.row_tiles);
-  if (p.delta != nullptr) {
-    const int64_t ctas = static_cast<int64_t>(gridDim.y) * p.lora_ctas;
-    if (p.shrink.lora.dtype == DType::kBF16) {
-      gemv_tc_lora_delta<P, kWarps, __nv_bfloat16>(p, cta, ctas, smem);
-    } else {
-      gemv_tc_lora_delta<P, kWarps, float>(p, cta, ctas, smem);
-    }
-    return true;
-  }
   const int64_t stride = static_cast<int64_t>(gridDim.y) * p.lora_ctas * kWarps;
   const int64_t items = p.shrink.lora.items();
   for (int64_t i = cta * kWarps + (threadIdx.x >> 5); i < items; i += stride)

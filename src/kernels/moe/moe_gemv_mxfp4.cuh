@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
   using Cfg = MxGemvCfg<NT, C>;
   extern __shared__ __align__(16) unsigned char mx_smem[];
   __shared__ int64_t s_off[8 * NT];  // activation row offset (elements) per routed row of the pass, −1 none
-  if (gemv_tc_lora_cta<P, kMxThreads / 32>(p, reinterpret_cast<float*>(mx_smem))) return;
+  if (gemv_tc_lora_cta<P, kMxThreads / 32>(p)) return;
   const int j = blockIdx.y;
   if (j >= *p.num_active) return;
   const int e = p.active[j];

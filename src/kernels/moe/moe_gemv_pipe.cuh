@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kPipeThreads, 2) moe_gemv_pipe_kernel(GemvTcPa
   using Cfg = PipeCfg<C>;
   extern __shared__ __align__(16) unsigned char pipe_smem[];
   __shared__ int64_t s_off[kPipeTok];  // activation row offset (elements) per routed row of the pass, −1 none
-  if (gemv_tc_lora_cta<P, kPipeWarps>(p, reinterpret_cast<float*>(pipe_smem))) return;
+  if (gemv_tc_lora_cta<P, kPipeWarps>(p)) return;
   const int j = blockIdx.y;
   if (j >= *p.num_active) return;
   const int e = p.active[j];

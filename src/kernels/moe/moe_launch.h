@@ -25,9 +25,6 @@ void launch_gemv(int64_t m, dim3 grid, const GemvParams& gp, cudaStream_t st);
 // each activation row), or the register-streaming one (POLYLORA_MOE_GEMV_PIPE=0).
 template <Phase P>
 void launch_gemv_tc(dim3 grid, const GemvTcParams& tp, bool mxfp4, int64_t m, cudaStream_t st);
-// Whether the kernel launch_gemv_tc picks runs GemvTcParams::delta (the kernels with a shared-memory
-// pipeline: MXFP4 and the pipelined one; at least 48 KiB of it).
-bool gemv_tc_takes_delta(bool mxfp4);
 
 // Their parts, defined in moe_gemv_launch.cuh and compiled one group per file (these kernels were most of
 // the MoE build time): the fp32 GEMV of one pass width (moe_gemv_tm<TM>_cuda.cu), the pipelined tensor-core
