@@ -1018,9 +1018,12 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
       dim3 grid(tiles, static_cast<unsigned>((width + kActLoraThreads - 1) / kActLoraThreads));
       const size_t smem = static_cast<size_t>(ls::kTileRows * s.gu_slices * R8) * sizeof(float);
-      cuda_util::launch_pdl(moe_act_lora_kernel<TW>, grid, kActLoraThreads, smem, st, p, ws.gu, ws.lora_gu,
-                            ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
-                            a.swiglu_limit);
+      // Launched plainly even in steps that keep PDL (POLYLORA_PDL_LORA=1): a kernel timeline of batch-1
+      // LoRA steps with PDL showed this kernel's share of the step doubling (9.07 -> 17.09 us per layer,
+      // H200, session 35) while every other kernel gained (docs/pdl.md). pdl_wait is a no-op then.
+      moe_act_lora_kernel<TW><<<grid, kActLoraThreads, smem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16,
+                                                                   ws.lda_bf16, ws.copies, a.act,
+                                                                   a.swiglu_alpha, a.swiglu_limit);
       break;
     }
     case StackStep::kShrinkDown: {
