@@ -116,8 +116,22 @@ int run_device_bench(int argc, char** argv) {
   app.add_option("--lora-rank", lora_rank, "Rank of the --loras adapters")->check(CLI::Range(1, 512));
   bool lora_no_experts = false;
   app.add_flag("--lora-no-experts", lora_no_experts, "The --loras adapters adapt q/k/v/o only");
+  int tp = 1;
+  app.add_option("--tensor-parallel-size", tp,
+                 "Ranks the model is split over (-tp, as `polylora serve`; threads of this process with "
+                 "--device cpu; --device cuda takes 1 until multi-GPU tensor parallelism exists)")
+      ->check(CLI::PositiveNumber);
+  bool ep = false;
+  app.add_flag("--enable-expert-parallel", ep,
+               "Under -tp N > 1, whole experts per rank with all-to-all dispatch (-ep, as `polylora serve`)");
   try {
-    app.parse(argc, argv);
+    // vLLM's multi-letter short flags, as `polylora serve` takes them.
+    std::vector<std::string> args;
+    for (int i = argc - 1; i >= 1; --i) {  // CLI11 takes a vector last argument first
+      const std::string a = argv[i];
+      args.push_back(a == "-tp" ? "--tensor-parallel-size" : a == "-ep" ? "--enable-expert-parallel" : a);
+    }
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
@@ -135,6 +149,8 @@ int run_device_bench(int argc, char** argv) {
   ModelLoadOptions lo;
   lo.load_format = LoadFormat::kDummy;
   if (quantization == "int8") lo.quantization = WeightQuantization::kInt8;
+  lo.tensor_parallel_size = tp;
+  lo.enable_expert_parallel = ep;
   std::shared_ptr<Model> model = Model::load(config_dir, lo, backend);
   backend->synchronize();
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -156,10 +172,14 @@ int run_device_bench(int argc, char** argv) {
       {"model", c.model_type},          {"params_billions", static_cast<double>(c.num_parameters()) / 1e9},
       {"load_seconds", load_s},         {"weight_bytes", model->weights().num_bytes},
       {"prompt_len", prompt_len},       {"decode_tokens", decode_tokens},
+      {"tensor_parallel_size", tp},     {"expert_parallel", ep && tp > 1},
       {"runs", nlohmann::json::array()}};
-  std::fprintf(stderr, "loaded %s (%s) on %s in %.1f s (%.2f GB of weights)\n", c.model_type.c_str(),
+  std::fprintf(stderr, "loaded %s (%s) on %s in %.1f s (%.2f GB of weights)%s\n", c.model_type.c_str(),
                weight_format.c_str(), backend->name().c_str(), load_s,
-               static_cast<double>(model->weights().num_bytes) / 1e9);
+               static_cast<double>(model->weights().num_bytes) / 1e9,
+               tp > 1 ? fmt::format(", {} tensor-parallel ranks{}", tp, ep ? " (experts whole per rank)" : "")
+                            .c_str()
+                      : "");
   // One engine for every batch size: no prefix caching (each run computes its prompts), a KV cache of
   // exactly what the largest batch needs, CUDA graphs of the batch sizes (recorded at start) unless
   // --enforce-eager, covering every context of the run.
