@@ -8,7 +8,8 @@
 //   python3 scripts/trace_steps.py trace.csv          # per-kernel time and gaps of the decode steps
 //
 // Columns: start_ns, end_ns, stream, graph_id, graph_node, grid (x*y*z), block (x*y*z), name (demangled,
-// without the parameter list). Timestamps are CUPTI's (ns, one clock for the whole trace). The program runs
+// without the parameter list); copies and memsets are rows named [memcpy HtoD] ... / [memset] with their
+// bytes in the grid column and block 0. Timestamps are CUPTI's (ns, one clock for the whole trace). The program runs
 // somewhat slower while traced (a record per kernel); compare its own timing with and without the hook.
 // Must not: depend on anything of polylora (it is loaded into other programs too).
 #include <cupti.h>
@@ -77,16 +78,33 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   CUpti_Activity* rec = nullptr;
   {
     std::lock_guard<std::mutex> lock(t.mu);
-    while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
-      if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
-      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-      std::string name = short_name(k->name);
+    auto name_id = [&](const std::string& name) {
       auto it = t.name_ids.find(name);
       if (it == t.name_ids.end()) {
         it = t.name_ids.emplace(name, static_cast<uint32_t>(t.names.size())).first;
         t.names.push_back(name);
       }
-      t.kernels.push_back({k->start, k->end, k->graphNodeId, k->streamId, k->graphId, it->second,
+      return it->second;
+    };
+    while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+      if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {  // a row named [memcpy KIND], its bytes as the grid
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+        static const char* const kKinds[] = {"?",    "HtoD", "DtoH", "HtoA", "AtoH", "AtoA",
+                                             "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+        const char* kind = m->copyKind < 11 ? kKinds[m->copyKind] : "?";
+        t.kernels.push_back({m->start, m->end, m->graphNodeId, m->streamId, m->graphId,
+                             name_id(std::string("[memcpy ") + kind + "]"), static_cast<int64_t>(m->bytes), 0});
+        continue;
+      }
+      if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+        t.kernels.push_back({m->start, m->end, m->graphNodeId, m->streamId, m->graphId, name_id("[memset]"),
+                             static_cast<int64_t>(m->bytes), 0});
+        continue;
+      }
+      if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+      t.kernels.push_back({k->start, k->end, k->graphNodeId, k->streamId, k->graphId, name_id(short_name(k->name)),
                            static_cast<int64_t>(k->gridX) * k->gridY * k->gridZ,
                            static_cast<int64_t>(k->blockX) * k->blockY * k->blockZ});
     }
@@ -134,6 +152,13 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   std::call_once(once, [] {
     if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "RegisterCallbacks")) return;
     if (!check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "Enable(CONCURRENT_KERNEL)")) return;
+    // Copies and memsets too (host-to-device step inputs, device-to-host sampled tokens), unless
+    // POLYLORA_TRACE_KERNELS_ONLY=1.
+    const char* only = std::getenv("POLYLORA_TRACE_KERNELS_ONLY");
+    if (only == nullptr || std::string(only) != "1") {
+      check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "Enable(MEMCPY)");
+      check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "Enable(MEMSET)");
+    }
     std::atexit(write_trace);
   });
   return 1;
