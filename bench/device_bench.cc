@@ -163,23 +163,28 @@ int run_device_bench(int argc, char** argv) {
       lo.quantization == WeightQuantization::kInt8
           ? "int8"
           : (bo.device == DeviceKind::kCuda && bo.weight_dtype == DType::kF32 ? "f32" : "bf16");
-  const bool any_mxfp4 = std::find(c.mxfp4_experts.begin(), c.mxfp4_experts.end(), true) != c.mxfp4_experts.end();
+  const bool any_mxfp4 =
+      std::find(c.mxfp4_experts.begin(), c.mxfp4_experts.end(), true) != c.mxfp4_experts.end();
   const std::string weight_format =
-      c.is_moe() ? fmt::format("dense {}, experts {}", dense_format, any_mxfp4 ? "mxfp4" : dense_format) : dense_format;
-  nlohmann::json out = {
-      {"weight_format", weight_format},
-      {"engine", "polylora"},           {"backend", backend->name()},
-      {"model", c.model_type},          {"params_billions", static_cast<double>(c.num_parameters()) / 1e9},
-      {"load_seconds", load_s},         {"weight_bytes", model->weights().num_bytes},
-      {"prompt_len", prompt_len},       {"decode_tokens", decode_tokens},
-      {"tensor_parallel_size", tp},     {"expert_parallel", ep && tp > 1},
-      {"runs", nlohmann::json::array()}};
+      c.is_moe() ? fmt::format("dense {}, experts {}", dense_format, any_mxfp4 ? "mxfp4" : dense_format)
+                 : dense_format;
+  nlohmann::json out = {{"weight_format", weight_format},
+                        {"engine", "polylora"},
+                        {"backend", backend->name()},
+                        {"model", c.model_type},
+                        {"params_billions", static_cast<double>(c.num_parameters()) / 1e9},
+                        {"load_seconds", load_s},
+                        {"weight_bytes", model->weights().num_bytes},
+                        {"prompt_len", prompt_len},
+                        {"decode_tokens", decode_tokens},
+                        {"tensor_parallel_size", tp},
+                        {"expert_parallel", ep && tp > 1},
+                        {"runs", nlohmann::json::array()}};
+  const std::string ranks =
+      tp > 1 ? fmt::format(", {} tensor-parallel ranks{}", tp, ep ? " (experts whole per rank)" : "") : "";
   std::fprintf(stderr, "loaded %s (%s) on %s in %.1f s (%.2f GB of weights)%s\n", c.model_type.c_str(),
                weight_format.c_str(), backend->name().c_str(), load_s,
-               static_cast<double>(model->weights().num_bytes) / 1e9,
-               tp > 1 ? fmt::format(", {} tensor-parallel ranks{}", tp, ep ? " (experts whole per rank)" : "")
-                            .c_str()
-                      : "");
+               static_cast<double>(model->weights().num_bytes) / 1e9, ranks.c_str());
   // One engine for every batch size: no prefix caching (each run computes its prompts), a KV cache of
   // exactly what the largest batch needs, CUDA graphs of the batch sizes (recorded at start) unless
   // --enforce-eager, covering every context of the run.

@@ -9,8 +9,9 @@ size in one mode (eager or graph, with or without LoRA kernels). For each group 
 times it prints the median span (first kernel's start to the last kernel's end), the median sum of kernel
 times, the time no kernel runs, and per kernel name: launches per step, median time summed over the step,
 and the median gap before each launch (start minus the previous kernel's end; negative when programmatic
-dependent launch overlaps them). --layer-period N (-1: the shortest that repeats) also prints the kernels of one period (a decoder layer) in
-order with their median time and gap. Times in microseconds.
+dependent launch overlaps them). --layer-period N (-1: the shortest that repeats) also prints the kernels
+of one period (a decoder layer) in order with their median time, gap and increment (end minus the latest
+end of the kernels before it: what it adds to the step, also under PDL). Times in microseconds.
 """
 import argparse
 import csv
@@ -84,12 +85,11 @@ def main():
         spans = [(st[-1][1] - st[0][0]) / 1e3 for st in sts]
         sums = [sum(e - s for s, e, _, _ in st) / 1e3 for st in sts]
         busys = [busy(st) / 1e3 for st in sts]
-        lm = sts[0]
         print(f"\n=== {len(sts)} steps of {len(sig)} kernels (first grid {sig[0][1]}, "
               f"{sum(1 for n, _ in sig if 'lora' in n.lower())} with 'lora' in the name)")
         print(f"span {med(spans):.1f} us, kernel time summed {med(sums):.1f} us, "
               f"some kernel running {med(busys):.1f} us, none {med(spans) - med(busys):.1f} us")
-        per = defaultdict(lambda: [0, [], []])  # name -> launches, per-step sums, gaps
+        per = defaultdict(lambda: ([], []))  # name -> per-step sums, gaps
         for st in sts:
             tot = defaultdict(float)
             prev_end = None
@@ -97,18 +97,18 @@ def main():
                 n = short(n)
                 tot[n] += (e - s) / 1e3
                 if prev_end is not None:
-                    per[n][2].append((s - prev_end) / 1e3)
+                    per[n][1].append((s - prev_end) / 1e3)
                 prev_end = e if prev_end is None else max(prev_end, e)
             for n, v in tot.items():
-                per[n][1].append(v)
+                per[n][0].append(v)
         counts = defaultdict(int)
         for n, _ in sig:
             counts[n] += 1
-        items = sorted(per.items(), key=lambda kv: -med(kv[1][1]))
+        items = sorted(per.items(), key=lambda kv: -med(kv[1][0]))
         if args.top:
             items = items[: args.top]
         print(f"{'kernel':70} {'n':>4} {'us/step':>9} {'gap med':>8} {'gaps/step':>9}")
-        for n, (_, sums_n, gaps) in items:
+        for n, (sums_n, gaps) in items:
             print(f"{n[:70]:70} {counts[n]:4d} {med(sums_n):9.1f} {med(gaps):8.2f} "
                   f"{med(gaps) * counts[n]:9.1f}")
         p, o = args.layer_period, args.layer_offset
@@ -120,14 +120,17 @@ def main():
             print(f"-- one period of {p} kernels from position {o} (median over the step's periods and steps)")
             nper = (len(sig) - o) // p
             for i in range(p):
-                durs, gaps = [], []
+                durs, gaps, incs = [], [], []
                 for st in sts:
+                    ends = [e for _, e, _, _ in st]
                     for k in range(nper):
                         j = o + k * p + i
+                        latest = max(ends[:j])
                         durs.append((st[j][1] - st[j][0]) / 1e3)
                         gaps.append((st[j][0] - st[j - 1][1]) / 1e3)
+                        incs.append((st[j][1] - latest) / 1e3)
                 print(f"  {i:3d} {sig[o + i][0][:64]:64} grid {sig[o + i][1]:6d} {med(durs):7.2f} us "
-                      f"gap {med(gaps):6.2f}")
+                      f"gap {med(gaps):6.2f} incr {med(incs):6.2f}")
     return 0
 
 

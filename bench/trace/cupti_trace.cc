@@ -9,9 +9,9 @@
 //
 // Columns: start_ns, end_ns, stream, graph_id, graph_node, grid (x*y*z), block (x*y*z), name (demangled,
 // without the parameter list); copies and memsets are rows named [memcpy HtoD] ... / [memset] with their
-// bytes in the grid column and block 0. Timestamps are CUPTI's (ns, one clock for the whole trace). The program runs
-// somewhat slower while traced (a record per kernel); compare its own timing with and without the hook.
-// Must not: depend on anything of polylora (it is loaded into other programs too).
+// bytes in the grid column and block 0. Timestamps are CUPTI's (ns, one clock for the whole trace). The
+// program runs somewhat slower while traced (a record per kernel); compare its own timing with and without
+// the hook. Must not: depend on anything of polylora (it is loaded into other programs too).
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -93,7 +93,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
                                              "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
         const char* kind = m->copyKind < 11 ? kKinds[m->copyKind] : "?";
         t.kernels.push_back({m->start, m->end, m->graphNodeId, m->streamId, m->graphId,
-                             name_id(std::string("[memcpy ") + kind + "]"), static_cast<int64_t>(m->bytes), 0});
+                             name_id(std::string("[memcpy ") + kind + "]"), static_cast<int64_t>(m->bytes),
+                             0});
         continue;
       }
       if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
@@ -102,10 +103,11 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
                              static_cast<int64_t>(m->bytes), 0});
         continue;
       }
-      if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
+      if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
+        continue;
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-      t.kernels.push_back({k->start, k->end, k->graphNodeId, k->streamId, k->graphId, name_id(short_name(k->name)),
-                           static_cast<int64_t>(k->gridX) * k->gridY * k->gridZ,
+      t.kernels.push_back({k->start, k->end, k->graphNodeId, k->streamId, k->graphId,
+                           name_id(short_name(k->name)), static_cast<int64_t>(k->gridX) * k->gridY * k->gridZ,
                            static_cast<int64_t>(k->blockX) * k->blockY * k->blockZ});
     }
     size_t dropped = 0;
@@ -150,8 +152,10 @@ bool check(CUptiResult r, const char* what) {
 extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "RegisterCallbacks")) return;
-    if (!check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "Enable(CONCURRENT_KERNEL)")) return;
+    if (!check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "RegisterCallbacks"))
+      return;
+    if (!check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "Enable(CONCURRENT_KERNEL)"))
+      return;
     // Copies and memsets too (host-to-device step inputs, device-to-host sampled tokens), unless
     // POLYLORA_TRACE_KERNELS_ONLY=1.
     const char* only = std::getenv("POLYLORA_TRACE_KERNELS_ONLY");
