@@ -42,6 +42,11 @@ struct KernelTuning {
   // Sorted rows up to which the expert LoRA shrinks run as weight-streaming items; env
   // POLYLORA_LORA_GEMV_SHRINK_ROWS.
   int64_t lora_gemv_shrink_rows = 256;
+  // Tensor-core weight-streaming MoE paths (BF16 and MXFP4 experts): sorted rows (token-expert pairs) up to
+  // which the expert LoRA runs in delta mode (each phase's shrink and expand as one kernel beside the base
+  // product, moe_lora_delta_kernel) instead of the expand-fused activation and combine; 0: never; env
+  // POLYLORA_MOE_LORA_DELTA_ROWS.
+  int64_t moe_lora_delta_rows = 64;
   // Dense LoRA (kernels/lora/lora_cuda.cu): tokens up to which the shrink runs per token instead of tiled;
   // env POLYLORA_LORA_GEMV_SHRINK_ROWS too.
   int64_t lora_dense_gemv_shrink_rows = 64;

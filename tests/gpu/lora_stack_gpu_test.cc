@@ -26,6 +26,7 @@
 #include "kernels/lora_stack_util.h"
 #include "kernels/norm/rms_norm.h"
 #include "kernels/rope/rope.h"
+#include "kernels/tuning.h"
 
 namespace polylora::gpu_test {
 namespace {
@@ -651,6 +652,64 @@ TEST(GpuLoraStack, MoeMxfp4Experts) {
              .slots = 8},
             true);
   }
+}
+
+// The tensor-core weight-streaming paths (BF16 and MXFP4 experts) with the expert LoRA in delta mode (each
+// phase's shrink and expand as one kernel beside the product, tuning moe_lora_delta_rows) and without (the
+// expand-fused activation and combine): both against the reference, with one and with two gate/up LoRA
+// slices, interleaved (GPT-OSS) and separate (Qwen3-MoE) gate/up rows, a rank that is not a multiple of 8,
+// output widths split over several column parts (2I = 2,304) and pairs without LoRA (slot −1, scale 0).
+TEST(GpuLoraStack, MoeLoraDeltaMode) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t rows : {int64_t{0}, int64_t{100000}}) {
+    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    t.moe_lora_delta_rows = rows;
+    k::override_kernel_tuning(t);
+    for (bool mx : {false, true}) {
+      for (int64_t m : {1, 3, 8, 40}) {
+        run_all({.m = m,
+                 .hidden = 256,
+                 .inter = 1152,
+                 .num_experts = 8,
+                 .top_k = 4,
+                 .rank = 16,
+                 .gu_slices = 2,
+                 .act = k::ExpertAct::kGptOssSwiglu,
+                 .fused = true,
+                 .biases = true,
+                 .slots = 8,
+                 .weight_scale = 0.1f,
+                 .lora_a = 0.15f,
+                 .lora_b = 0.3f},
+                mx);
+        run_all({.m = m,
+                 .hidden = 96,
+                 .inter = 64,
+                 .num_experts = 6,
+                 .top_k = 2,
+                 .rank = 5,
+                 .gu_slices = 1,
+                 .act = mx ? k::ExpertAct::kGptOssSwiglu : k::ExpertAct::kSiluGate,
+                 .fused = true,
+                 .biases = false,
+                 .slots = 5},
+                mx);
+        if (!mx)
+          run_all({.m = m,
+                   .hidden = 64,
+                   .inter = 48,
+                   .num_experts = 8,
+                   .top_k = 2,
+                   .rank = 8,
+                   .gu_slices = 2,
+                   .act = k::ExpertAct::kSiluGate,
+                   .fused = false,
+                   .biases = false,
+                   .slots = 8});
+      }
+    }
+  }
+  k::override_kernel_tuning(std::nullopt);
 }
 
 // Stack ranks 1 .. 64 (adapters of every rank up to the stack's, zero-padded).

@@ -143,6 +143,13 @@ LoraMmaSplits lora_mma_splits(const MoeExpertsArgs& a, int64_t num_kt_gu, int64_
   return {pick(num_kt_gu), pick(num_kt_down)};
 }
 
+// Delta mode of the slot-stacked expert LoRA (StackStep::kDeltaGateUp / kDeltaDown): on the tensor-core
+// weight-streaming path, up to moe_lora_delta_rows token-expert pairs.
+bool lora_delta(const MoeExpertsArgs& a, Path path) {
+  return path == Path::kGemvTc && a.token_slots != nullptr && !a.lora_stack.empty() &&
+         a.m * a.top_k <= tuning_of(a).moe_lora_delta_rows;
+}
+
 // Workspace layout of a path (each part 256-byte aligned).
 struct MoeWorkspace {
   int64_t pairs = 0, tile_m = 1, max_tiles = 0, max_rows = 0, lda_h = 0, lda_i = 0;
@@ -164,6 +171,8 @@ struct MoeWorkspace {
   __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, copies·lda_i] (tensor-core path)
   float* lora_gu = nullptr;           // [max_rows, gu_slices·rank] slot-stacked LoRA: gate/up shrink
   float* lora_down = nullptr;         // [pairs, rank] down shrink
+  float* lora_dgu = nullptr;          // [max_rows, 2I] delta mode (moe_lora_delta): gate/up LoRA by sorted row
+  float* lora_dy = nullptr;           // [pairs, H] delta mode: down LoRA by pair
   size_t bytes = 0;
 
   MoeWorkspace(const MoeExpertsArgs& a, void* base, Path path, bool bf16_split) {
@@ -236,6 +245,10 @@ struct MoeWorkspace {
       }
       lora_gu = reinterpret_cast<float*>(take(4 * gu_floats));
       lora_down = reinterpret_cast<float*>(take(4 * down_floats));
+      if (lora_delta(a, path)) {
+        lora_dgu = reinterpret_cast<float*>(take(4 * max_rows * 2 * a.inter));
+        lora_dy = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
+      }
     }
   }
 };
@@ -633,9 +646,11 @@ dim3 moe_act_grid(int64_t max_rows, int64_t I) {
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
 }
 
+// gu_delta (or nullptr): added to gu first (the expert LoRA in delta mode, same layout).
 __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, int tile_m, const float* gu,
-                               float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies,
-                               int64_t max_rows, int64_t I, ExpertAct kind, float alpha, float limit) {
+                               const float* gu_delta, float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16,
+                               int64_t copies, int64_t max_rows, int64_t I, ExpertAct kind, float alpha,
+                               float limit) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t rows_dev = static_cast<int64_t>(*num_tiles) * tile_m;
   const int64_t rows = rows_dev < max_rows ? rows_dev : max_rows;
@@ -643,6 +658,7 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     if (sorted[r] < 0) continue;
     const float* g = gu + r * 2 * I;
+    const float* d = gu_delta != nullptr ? gu_delta + r * 2 * I : nullptr;
     for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < width;
          j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
       __nv_bfloat16* brow = act_bf16 != nullptr ? act_bf16 + r * copies * lda_bf16 : nullptr;
@@ -651,9 +667,14 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
         if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
         continue;
       }
-      const float v = kind == ExpertAct::kGptOssSwiglu
-                          ? moe_detail::expert_act(kind, g[2 * j], g[2 * j + 1], alpha, limit)
-                          : moe_detail::expert_act(kind, g[j], g[I + j], alpha, limit);
+      const int64_t ng = kind == ExpertAct::kGptOssSwiglu ? 2 * j : j;
+      const int64_t nu = kind == ExpertAct::kGptOssSwiglu ? 2 * j + 1 : I + j;
+      float gv = g[ng], uv = g[nu];
+      if (d != nullptr) {
+        gv += d[ng];
+        uv += d[nu];
+      }
+      const float v = moe_detail::expert_act(kind, gv, uv, alpha, limit);
       if (act != nullptr) act[r * I + j] = v;
       if (brow != nullptr) {
         const cuda_util::Bf16Pair p = cuda_util::split_bf16(v);
@@ -666,8 +687,10 @@ __global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, 
 
 // out[t] = Σ_k weights[t, k] · y[t·top_k + k]: token t = blockIdx.x, columns over blockIdx.y and threads (a
 // single token spreads over ⌈H / 256⌉ CTAs: at batch 1 one CTA took 18 us of a 5 ms step).
-__global__ void moe_combine_kernel(const float* y, const int32_t* ids, const float* weights, int64_t top_k,
-                                   int64_t H, int64_t E, float* out, int64_t ldo) {
+// y_delta (or nullptr): added to y first (the down LoRA in delta mode, same layout).
+__global__ void moe_combine_kernel(const float* y, const float* y_delta, const int32_t* ids,
+                                   const float* weights, int64_t top_k, int64_t H, int64_t E, float* out,
+                                   int64_t ldo) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t t = blockIdx.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < H;
@@ -677,7 +700,8 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* ids, const flo
       int64_t p = t * top_k + k;
       int32_t e = ids[p];
       if (e < 0 || e >= E) continue;
-      sum += weights[p] * y[p * H + i];
+      const float v = y_delta != nullptr ? y[p * H + i] + y_delta[p * H + i] : y[p * H + i];
+      sum += weights[p] * v;
     }
     out[t * ldo + i] = sum;
   }
@@ -917,6 +941,66 @@ __global__ void __launch_bounds__(kActLoraThreads)
   }
 }
 
+// Delta mode (StackStep::kDeltaGateUp / kDeltaDown): one phase's whole LoRA for sorted row blockIdx.x and
+// output columns [blockIdx.y · chunk, + chunk): the shrink s = A[key] · in (every CTA of the row computes it
+// again: A is small and the row's CTAs read it from L2) into shared memory, then out[n] = scale · B[key][n]
+// · s; 0 where the pair has no LoRA in this phase. gate/up (down == false): in = x by token, out = dgu by
+// sorted row; down: in = the f32 activation by sorted row, out = dy by pair. The kernel triggers its
+// dependent right after its own wait: the base product launched after it (GemvTcParams::defer_wait) runs
+// beside it, so on a batch-1 step this LoRA costs about a launch instead of a chain of dependent loads in
+// the activation and combine.
+constexpr int kDeltaThreads = 256;
+
+template <typename TW>
+__global__ void __launch_bounds__(kDeltaThreads)
+    moe_lora_delta_kernel(StackParams<TW> p, const float* in, int64_t ld_in, float* out, int64_t chunk,
+                          bool down) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh); the trigger lets the product start now
+  extern __shared__ float s_mid[];  // [gu_slices · R] (down: [R])
+  const int64_t r = blockIdx.x;
+  if (r >= stack_rows(p)) return;
+  const int32_t pair = p.sorted[r];
+  if (pair < 0) return;
+  const int64_t N = down ? p.H : 2 * p.I, K = down ? p.I : p.H;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t n1 = n0 + chunk < N ? n0 + chunk : N;
+  float* o = out + (down ? static_cast<int64_t>(pair) : r) * N;
+  const int32_t key = down ? stack_key(p, pair, 2, 3) : stack_key(p, pair, 0, p.gu_slices);
+  if (key < 0) {
+    for (int64_t n = n0 + threadIdx.x; n < n1; n += blockDim.x) o[n] = 0.0f;
+    return;
+  }
+  const int64_t nr = down ? p.R : p.gu_slices * p.R;
+  const TW* A = (down ? p.a_down : p.a_gu) + static_cast<int64_t>(key) * nr * K;
+  const float* x = in + (down ? r : static_cast<int64_t>(pair / p.top_k)) * ld_in;
+  const bool vec = (K & 7) == 0 && (reinterpret_cast<uintptr_t>(A) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int64_t j = warp; j < nr; j += kDeltaThreads / 32) {
+    const TW* arow = A + j * K;
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int64_t k = lane * 8; k < K; k += 32 * 8) {
+      float w[8], xv[8];
+      ls::load8(arow, k, K, vec, w);
+      ls::load8(x, k, K, vec, xv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc = fmaf(w[e], xv[e], acc);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) s_mid[j] = acc;
+  }
+  __syncthreads();
+  const TW* B = (down ? p.b_down : p.b_gu) + static_cast<int64_t>(key) * N * p.R;
+  const bool bvec = (p.R & 7) == 0 && (reinterpret_cast<uintptr_t>(B) & 15) == 0;
+  for (int64_t n = n0 + threadIdx.x; n < n1; n += blockDim.x) {
+    const int sl = down || p.gu_slices == 1 ? 0 : (p.interleaved ? static_cast<int>(n & 1) : (n >= p.I ? 1 : 0));
+    const float sc = p.scale[key * 3 + (down ? 2 : sl)];
+    o[n] = sc == 0.0f ? 0.0f : sc * ls::dot_rank(B + n * p.R, s_mid + sl * p.R, p.R, bvec);
+  }
+}
+
 // Paths whose sorted rows are single pairs (tile_m 1: the GEMV, tensor-core GEMV and MXFP4 paths) with at
 // most this many rows take the shrinks as weight-streaming items (moe_gemv.cuh LoraShrinkItems: fused into
 // the GEMV path's products, a launch of their own on the others), without split-K. Above it (prefill
@@ -1014,7 +1098,28 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       launch_stack_shrink<TW>(grid, st, p, a.x, a.ldx, ws.lora_gu, false);
       break;
     }
+    case StackStep::kDeltaGateUp:
+    case StackStep::kDeltaDown: {
+      const bool down = step == StackStep::kDeltaDown;
+      const int64_t N = down ? a.hidden : 2 * a.inter;
+      // Column parts per row: ~2 CTAs per SM in all, at least 256 columns each.
+      const int64_t want = std::max<int64_t>(1, 2 * cuda_util::num_sms() / std::max<int64_t>(1, ws.max_rows));
+      const int64_t parts = std::clamp<int64_t>(want, 1, (N + kDeltaThreads - 1) / kDeltaThreads);
+      const int64_t chunk = (N + parts - 1) / parts;
+      const dim3 grid(static_cast<unsigned>(ws.max_rows), static_cast<unsigned>(parts));
+      const size_t smem = static_cast<size_t>((down ? 1 : s.gu_slices) * s.rank) * sizeof(float);
+      cuda_util::launch_pdl(moe_lora_delta_kernel<TW>, grid, kDeltaThreads, smem, st, p,
+                            down ? static_cast<const float*>(ws.act) : a.x, down ? a.inter : a.ldx,
+                            down ? ws.dy : ws.dgu, chunk, down);
+      break;
+    }
     case StackStep::kActivation: {
+      if (ws.dgu != nullptr) {
+        cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(ws.max_rows, a.inter), 256, 0, st, ws.sorted,
+                              ws.num_tiles, ws.tile_m, ws.gu, ws.dgu, ws.act, ws.act_bf16, ws.lda_bf16,
+                              ws.copies, ws.max_rows, a.inter, a.act, a.swiglu_alpha, a.swiglu_limit);
+        break;
+      }
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
       dim3 grid(tiles, static_cast<unsigned>((width + kActLoraThreads - 1) / kActLoraThreads));
       const size_t smem = static_cast<size_t>(ls::kTileRows * s.gu_slices * R8) * sizeof(float);
@@ -1036,6 +1141,14 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       break;
     }
     case StackStep::kCombine: {
+      if (ws.dy != nullptr) {
+        const dim3 grid(static_cast<unsigned>(a.m),
+                        static_cast<unsigned>(
+                            std::min<int64_t>((a.hidden + 255) / 256, std::max<int64_t>(1, 2048 / a.m))));
+        cuda_util::launch_pdl(moe_combine_kernel, grid, 256, 0, st, ws.y, ws.dy, a.ids, a.weights, a.top_k,
+                              a.hidden, a.num_experts, a.out, a.ldo);
+        break;
+      }
       const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
       dim3 grid(static_cast<unsigned>(a.m),
                 static_cast<unsigned>((a.hidden + kActLoraThreads - 1) / kActLoraThreads));
@@ -1233,7 +1346,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       CUDA_CHECK_LAUNCH();
     }
     cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(ws.max_rows, I), 256, 0, st, ws.sorted, ws.num_tiles,
-                          tile_m, ws.gu, (!bf16_act || lora) ? ws.act : nullptr,
+                          tile_m, ws.gu, nullptr, (!bf16_act || lora) ? ws.act : nullptr,
                           bf16_act ? ws.act_bf16 : nullptr, ws.lda_i, ws.copies, ws.max_rows, I, a.act,
                           a.swiglu_alpha, a.swiglu_limit);
     CUDA_CHECK_LAUNCH();
@@ -1268,7 +1381,14 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // Only while every item has a warp of its own (up to 4 per SM): with more, the extra CTAs hold the
     // product's shared memory and CTA slots, and at M = 64 (2,048 items) the LoRA cost 47.7 / 63.5 us per
     // layer (one CTA per 4 items / per SM) against 40.8 with the shrinks launched apart (H200, session 33).
-    const bool fuse = stack && gemv_shrink(a, sb) &&
+    // Delta mode (lora_delta): each phase's LoRA as one kernel just before the product, which runs beside it.
+    const bool delta = stack && ws.lora_dgu != nullptr;
+    if (delta) {
+      sb.dgu = ws.lora_dgu;
+      sb.dy = ws.lora_dy;
+      tp.defer_wait = true;
+    }
+    const bool fuse = stack && !delta && gemv_shrink(a, sb) &&
                       shrink_items<Phase::kGateUp>(a, sb).items() <= 4 * cuda_util::num_sms();
     sb.shrinks_fused = fuse;
     // This phase's shrink items in extra CTAs (one warp per item, spread over the y-planes) past grid.x.
@@ -1288,9 +1408,17 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.out = ws.gu;
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
     with_shrink(grid_gu, shrink_params<Phase::kGateUp>(a, sb));
+    if (delta) {
+      moe_detail::stack_lora_step(StackStep::kDeltaGateUp, a, sb, st);
+      grid_gu.x += 1;  // the CTA that waits for it (gemv_pdl_begin)
+    }
     moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
-    gate_up_lora_and_activation();
+    if (delta) {  // the activation adds the gate/up LoRA; the down LoRA reads its f32 rows
+      moe_detail::stack_lora_step(StackStep::kActivation, a, sb, st);
+    } else {
+      gate_up_lora_and_activation();
+    }
     // 5. down
     tp.a = ws.act_bf16;
     tp.lda = ws.copies * ws.lda_i;
@@ -1298,6 +1426,10 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.out = ws.y;
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
     with_shrink(grid_down, shrink_params<Phase::kDown>(a, sb));
+    if (delta) {
+      moe_detail::stack_lora_step(StackStep::kDeltaDown, a, sb, st);
+      grid_down.x += 1;
+    }
     moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
@@ -1413,7 +1545,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // 3. gate_up LoRA, 4. activation
     if (mma_lora) {  // the gate/up LoRA is in the GEMM; the down shrink reads the bf16 activation
       cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(ws.max_rows, I), 256, 0, st, ws.sorted, ws.num_tiles,
-                            tile_m, ws.gu, nullptr, ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I, a.act,
+                            tile_m, ws.gu, nullptr, nullptr, ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I,
+                            a.act,
                             a.swiglu_alpha, a.swiglu_limit);
       CUDA_CHECK_LAUNCH();
       launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);
@@ -1450,8 +1583,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   const dim3 grid_combine(
       static_cast<unsigned>(a.m),
       static_cast<unsigned>(std::min<int64_t>((H + 255) / 256, std::max<int64_t>(1, 2048 / a.m))));
-  cuda_util::launch_pdl(moe_combine_kernel, grid_combine, 256, 0, st, ws.y, a.ids, a.weights, a.top_k, H, E,
-                        a.out, a.ldo);
+  cuda_util::launch_pdl(moe_combine_kernel, grid_combine, 256, 0, st, ws.y, nullptr, a.ids, a.weights, a.top_k,
+                        H, E, a.out, a.ldo);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -43,7 +43,28 @@ struct GemvTcParams {
   // activation for gate/up, the combine for down). lora_ctas 0: none.
   GemvParams shrink;
   int row_tiles = 0, lora_ctas = 0;
+  // The expert LoRA's delta kernel (moe_lora_delta_kernel) was launched just before this product and lets
+  // it start at once (gemv_pdl_begin; the grid has one extra CTA in x).
+  bool defer_wait = false;
 };
+
+// A tensor-core product's programmatic-dependent-launch prologue (cuda_util.cuh); true when this CTA has
+// nothing else to do. Normally pdl_begin(). With defer_wait the kernel before it in the stream is the expert
+// LoRA's delta kernel, which triggers right after its own pdl_wait(): every input of this product
+// (activations, the sort) was complete when this kernel could start, so its CTAs do not wait; one extra CTA
+// (the last in x, grid.x one larger) only waits, so this kernel's completion implies the delta kernel's,
+// whose sums the kernels after this product read. (A wait at every CTA's exit cost the MXFP4 kernel two
+// registers for the flag's live range.)
+__device__ __forceinline__ bool gemv_pdl_begin(const GemvTcParams& p) {
+  if (!p.defer_wait) {
+    cuda_util::pdl_begin();
+    return false;
+  }
+  cuda_util::pdl_trigger();
+  if (blockIdx.x != gridDim.x - 1) return false;
+  if (blockIdx.y == 0) cuda_util::pdl_wait();
+  return true;
+}
 
 // The CTAs past the row tiles run the shrink items, warp by warp over all such CTAs of every y-plane (planes
 // of experts that are not active included). True when this CTA was one of them.
@@ -212,7 +233,7 @@ __device__ __forceinline__ void gemv_tc_cta(const GemvTcParams& p, int e) {
 
 template <Phase P>
 __global__ void __launch_bounds__(kTcThreads) moe_gemv_tc_kernel(GemvTcParams p) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  if (gemv_pdl_begin(p)) return;  // launched by launch_pdl (cuda_util.cuh)
   if (gemv_tc_lora_cta<P, kTcWarps>(p)) return;
   const int j = blockIdx.y;
   if (j >= *p.num_active) return;

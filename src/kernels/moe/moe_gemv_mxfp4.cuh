@@ -72,7 +72,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 
 template <Phase P, int NT, int C>
 __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcParams p) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  if (gemv_pdl_begin(p)) return;  // launched by launch_pdl (cuda_util.cuh)
   using Cfg = MxGemvCfg<NT, C>;
   extern __shared__ __align__(16) unsigned char mx_smem[];
   __shared__ int64_t s_off[8 * NT];  // activation row offset (elements) per routed row of the pass, −1 none

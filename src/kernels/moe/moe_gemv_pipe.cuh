@@ -96,7 +96,7 @@ __device__ __forceinline__ void split_k_epilogue(const GemvTcParams& p, const fl
 
 template <Phase P, int C>
 __global__ void __launch_bounds__(kPipeThreads, 2) moe_gemv_pipe_kernel(GemvTcParams p) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  if (gemv_pdl_begin(p)) return;  // launched by launch_pdl (cuda_util.cuh)
   using Cfg = PipeCfg<C>;
   extern __shared__ __align__(16) unsigned char pipe_smem[];
   __shared__ int64_t s_off[kPipeTok];  // activation row offset (elements) per routed row of the pass, −1 none
