@@ -950,6 +950,7 @@ __global__ void __launch_bounds__(kActLoraThreads)
 // beside it, so on a batch-1 step this LoRA costs about a launch instead of a chain of dependent loads in
 // the activation and combine.
 constexpr int kDeltaThreads = 256;
+constexpr int kDeltaRows = 16;  // shrink rows per pass
 
 template <typename TW>
 __global__ void __launch_bounds__(kDeltaThreads)
@@ -975,23 +976,42 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const float* x = in + (down ? r : static_cast<int64_t>(pair / p.top_k)) * ld_in;
   const bool vec = (K & 7) == 0 && (reinterpret_cast<uintptr_t>(A) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  // The shrink, kDeltaRows rows at a time: thread i takes the 8-element pieces i, i + 256, ... of K, loads
+  // each piece of x once and the rows' pieces of A together (one round trip per 2,048 elements of K instead
+  // of one per row: a warp per row, rows in turn, made this kernel take 21 us at batch 1), then the sums
+  // over lanes (shuffles) and warps (shared memory).
+  __shared__ float s_part[kDeltaThreads / 32][kDeltaRows];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int64_t j = warp; j < nr; j += kDeltaThreads / 32) {
-    const TW* arow = A + j * K;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int64_t k = lane * 8; k < K; k += 32 * 8) {
-      float w[8], xv[8];
-      ls::load8(arow, k, K, vec, w);
+  for (int64_t j0 = 0; j0 < nr; j0 += kDeltaRows) {
+    float acc[kDeltaRows];
+#pragma unroll
+    for (int u = 0; u < kDeltaRows; ++u) acc[u] = 0.0f;
+    for (int64_t k = static_cast<int64_t>(threadIdx.x) * 8; k < K; k += kDeltaThreads * 8) {
+      float xv[8];
       ls::load8(x, k, K, vec, xv);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc = fmaf(w[e], xv[e], acc);
+      for (int u = 0; u < kDeltaRows; ++u) {
+        if (j0 + u >= nr) break;
+        float w[8];
+        ls::load8(A + (j0 + u) * K, k, K, vec, w);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[u] = fmaf(w[e], xv[e], acc[u]);
+      }
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) s_mid[j] = acc;
+    for (int u = 0; u < kDeltaRows; ++u) {
+      const float v = cuda_util::warp_sum(acc[u]);
+      if (lane == 0) s_part[warp][u] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < kDeltaRows && j0 + threadIdx.x < nr) {
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDeltaThreads / 32; ++w) v += s_part[w][threadIdx.x];  // fixed order
+      s_mid[j0 + threadIdx.x] = v;
+    }
+    __syncthreads();
   }
-  __syncthreads();
   const TW* B = (down ? p.b_down : p.b_gu) + static_cast<int64_t>(key) * N * p.R;
   const bool bvec = (p.R & 7) == 0 && (reinterpret_cast<uintptr_t>(B) & 15) == 0;
   for (int64_t n = n0 + threadIdx.x; n < n1; n += blockDim.x) {
@@ -1108,6 +1128,17 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       const int64_t chunk = (N + parts - 1) / parts;
       const dim3 grid(static_cast<unsigned>(ws.max_rows), static_cast<unsigned>(parts));
       const size_t smem = static_cast<size_t>((down ? 1 : s.gu_slices) * s.rank) * sizeof(float);
+      // The SMs' shared-memory carveout as the product's (which runs beside it, 3 CTAs of 48 KiB per SM for
+      // MXFP4): with the default the driver configured the SMs holding this kernel's CTAs for a small
+      // carveout and the product's CTAs could not join them until they drained (batch 1, H200: the gate/up
+      // GEMV took 43 us beside it instead of ~22).
+      static const bool carveout = [] {
+        CUDA_CHECK(cudaFuncSetAttribute(moe_lora_delta_kernel<TW>,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+        return true;
+      }();
+      (void)carveout;
       cuda_util::launch_pdl(moe_lora_delta_kernel<TW>, grid, kDeltaThreads, smem, st, p,
                             down ? static_cast<const float*>(ws.act) : a.x, down ? a.inter : a.ldx,
                             down ? ws.dy : ws.dgu, chunk, down);
