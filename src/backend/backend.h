@@ -171,11 +171,13 @@ class Backend {
   }
   void set_split_dense_lora_max_rows(int64_t rows) { split_dense_lora_max_rows_ = rows; }
 
-  // The ops queued from here on belong to a step with LoRA kernels (true) or not (false). CUDA launches
-  // them without programmatic dependent launch (POLYLORA_PDL_LORA=1 keeps it): on the H200, batch-1 decode
-  // of GPT-OSS-20B with an adapter took 3.336 ms per step with PDL against 3.202 without, while the base
-  // model gains from it (2.580 vs 2.681 ms; docs/pdl.md). Others ignore it.
-  virtual void set_lora_step(bool lora) { (void)lora; }
+  // The ops queued from here on belong to a step of `tokens` tokens with LoRA kernels (lora true) or not.
+  // CUDA launches a LoRA step's kernels without programmatic dependent launch above the tuned
+  // lora_pdl_max_tokens (POLYLORA_PDL_LORA=1 keeps it always): on the H200, batch-1 decode of GPT-OSS-20B
+  // with an adapter took 3.336 ms per step with PDL against 3.202 without before the expert LoRA's delta
+  // mode, while the base model gains from it (2.580 vs 2.681 ms; docs/pdl.md); with delta mode, steps of 1
+  // and 4 tokens gain from it again (session 36). Others ignore it.
+  virtual void set_lora_step(bool lora, int64_t tokens) { (void)lora, (void)tokens; }
 
   virtual void embedding(const kernels::EmbeddingArgs& args) = 0;
   virtual void linear(const kernels::LinearArgs& args) = 0;

@@ -31,4 +31,14 @@ inline bool& programmatic_launch_off() {
   return off;
 }
 
+// Keeps programmatic dependent launch on for the launches queued in its scope, even in a LoRA step (the
+// expert LoRA's delta kernel and the product that runs beside it need it: moe_experts' delta mode).
+struct ProgrammaticLaunchOn {
+  bool saved = programmatic_launch_off();
+  ProgrammaticLaunchOn() { programmatic_launch_off() = false; }
+  ~ProgrammaticLaunchOn() { programmatic_launch_off() = saved; }
+  ProgrammaticLaunchOn(const ProgrammaticLaunchOn&) = delete;
+  ProgrammaticLaunchOn& operator=(const ProgrammaticLaunchOn&) = delete;
+};
+
 }  // namespace polylora::kernels

@@ -46,7 +46,10 @@ struct KernelTuning {
   // which the expert LoRA runs in delta mode (each phase's shrink and expand as one kernel beside the base
   // product, moe_lora_delta_kernel) instead of the expand-fused activation and combine; 0: never; env
   // POLYLORA_MOE_LORA_DELTA_ROWS.
-  int64_t moe_lora_delta_rows = 64;
+  int64_t moe_lora_delta_rows = 16;
+  // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
+  // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
+  int64_t lora_pdl_max_tokens = 4;
   // Dense LoRA (kernels/lora/lora_cuda.cu): tokens up to which the shrink runs per token instead of tiled;
   // env POLYLORA_LORA_GEMV_SHRINK_ROWS too.
   int64_t lora_dense_gemv_shrink_rows = 64;

@@ -465,9 +465,9 @@ void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv
   // Whether this step queues LoRA kernels (the backend may launch them differently: Backend::set_lora_step).
   struct LoraStepScope {
     Backend& be;
-    LoraStepScope(Backend& b, bool lora) : be(b) { be.set_lora_step(lora); }
-    ~LoraStepScope() { be.set_lora_step(false); }
-  } lora_scope(be, lora_ && lora_->reserved() && (si.all_lora || !si.adapters.empty()));
+    LoraStepScope(Backend& b, bool lora, int64_t tokens) : be(b) { be.set_lora_step(lora, tokens); }
+    ~LoraStepScope() { be.set_lora_step(false, 0); }
+  } lora_scope(be, lora_ && lora_->reserved() && (si.all_lora || !si.adapters.empty()), T);
   float* x = ensure<float>(be, ws.x, T * H, ws.epoch);
   float* h = ensure<float>(be, ws.h, T * H, ws.epoch);
   float* q = ensure<float>(be, ws.q, T * qs, ws.epoch);

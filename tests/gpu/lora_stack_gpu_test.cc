@@ -661,12 +661,15 @@ TEST(GpuLoraStack, MoeMxfp4Experts) {
 // output widths split over several column parts (2I = 2,304) and pairs without LoRA (slot −1, scale 0).
 TEST(GpuLoraStack, MoeLoraDeltaMode) {
   SKIP_WITHOUT_GPU();
-  for (int64_t rows : {int64_t{0}, int64_t{100000}}) {
+  // Delta mode off, on for every size, and off with the tiled shrinks for every size (beside the products on
+  // the tensor-core weight-streaming path, as the shrinks launched apart: POLYLORA_MOE_LORA_BESIDE).
+  for (int variant = 0; variant < 3; ++variant) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
-    t.moe_lora_delta_rows = rows;
+    t.moe_lora_delta_rows = variant == 1 ? 100000 : 0;
+    if (variant == 2) t.lora_gemv_shrink_rows = 0;
     k::override_kernel_tuning(t);
     for (bool mx : {false, true}) {
-      for (int64_t m : {1, 3, 8, 40}) {
+      for (int64_t m : {1, 3, 8, 40, 72}) {
         run_all({.m = m,
                  .hidden = 256,
                  .inter = 1152,

@@ -410,12 +410,13 @@ class CudaBackend final : public Backend {
     return {free_bytes, total};
   }
 
-  void set_lora_step(bool lora) override {
+  void set_lora_step(bool lora, int64_t tokens) override {
     static const bool keep = [] {
       const char* e = std::getenv("POLYLORA_PDL_LORA");
       return e != nullptr && e[0] == '1' && e[1] == '\0';
     }();
-    k::programmatic_launch_off() = lora && !keep;
+    k::programmatic_launch_off() =
+        lora && !keep && tokens > k::kernel_tuning(k::TuningShape{}).lora_pdl_max_tokens;
   }
   void embedding(const k::EmbeddingArgs& a) override {
     timed("embedding", [&] { k::cuda::embedding(a, ctx()); });

@@ -145,6 +145,18 @@ LoraMmaSplits lora_mma_splits(const MoeExpertsArgs& a, int64_t num_kt_gu, int64_
 
 // Delta mode of the slot-stacked expert LoRA (StackStep::kDeltaGateUp / kDeltaDown): on the tensor-core
 // weight-streaming path, up to moe_lora_delta_rows token-expert pairs.
+// POLYLORA_MOE_LORA_BESIDE=0: on the tensor-core weight-streaming path, the expert LoRA shrinks that do not
+// ride in the products' extra CTAs run after the gate/up product and before the down product as before,
+// instead of beside the products (launched just before each, which starts at once: GemvTcParams::
+// defer_wait), for A/B timing; on by default.
+bool lora_beside_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("POLYLORA_MOE_LORA_BESIDE");
+    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
+  }();
+  return v;
+}
+
 bool lora_delta(const MoeExpertsArgs& a, Path path) {
   return path == Path::kGemvTc && a.token_slots != nullptr && !a.lora_stack.empty() &&
          a.m * a.top_k <= tuning_of(a).moe_lora_delta_rows;
@@ -783,9 +795,23 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32)
                          static_cast<int>(blockIdx.z));
 }
 
+// The SMs' shared-memory carveout preference of a kernel that may run beside a tensor-core product (the
+// expert LoRA's delta kernel and shrinks: moe_experts), set once: the product's.
+template <typename Kernel>
+void prefer_max_shared(Kernel kernel) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared));
+}
+
 template <typename TW>
 void launch_stack_shrink(dim3 grid, cudaStream_t st, const StackParams<TW>& p, const float* in, int64_t ld_in,
                          float* out, bool down) {
+  static const bool carveout = [] {
+    prefer_max_shared(moe_stack_shrink_kernel<TW, 4>);
+    prefer_max_shared(moe_stack_shrink_kernel<TW, 8>);
+    return true;
+  }();
+  (void)carveout;
   if (ls::shrink_q() == 4) {
     cuda_util::launch_pdl(moe_stack_shrink_kernel<TW, 4>, grid, ls::kShrinkWarps * 32, 0, st, p, in, ld_in,
                           out, down);
@@ -1124,7 +1150,15 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       const int64_t N = down ? a.hidden : 2 * a.inter;
       // Column parts per row: ~2 CTAs per SM in all, at least 256 columns each.
       const int64_t want = std::max<int64_t>(1, 2 * cuda_util::num_sms() / std::max<int64_t>(1, ws.max_rows));
-      const int64_t parts = std::clamp<int64_t>(want, 1, (N + kDeltaThreads - 1) / kDeltaThreads);
+      // POLYLORA_MOE_LORA_DELTA_COLS: the least columns per part (default 1,024: every part computes the
+      // row's shrink again; batch-4 decode steps of GPT-OSS-20B with 8 adapters took 4.975 ms with 1,024
+      // against 5.204 with 256, H200, session 36; for A/B timing).
+      static const int64_t min_cols = [] {
+        const char* e = std::getenv("POLYLORA_MOE_LORA_DELTA_COLS");
+        const int64_t v = e != nullptr ? std::atoll(e) : 0;
+        return v > 0 ? v : int64_t{1024};
+      }();
+      const int64_t parts = std::clamp<int64_t>(want, 1, (N + min_cols - 1) / min_cols);
       const int64_t chunk = (N + parts - 1) / parts;
       const dim3 grid(static_cast<unsigned>(ws.max_rows), static_cast<unsigned>(parts));
       const size_t smem = static_cast<size_t>((down ? 1 : s.gu_slices) * s.rank) * sizeof(float);
@@ -1133,9 +1167,7 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       // carveout and the product's CTAs could not join them until they drained (batch 1, H200: the gate/up
       // GEMV took 43 us beside it instead of ~22).
       static const bool carveout = [] {
-        CUDA_CHECK(cudaFuncSetAttribute(moe_lora_delta_kernel<TW>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
+        prefer_max_shared(moe_lora_delta_kernel<TW>);
         return true;
       }();
       (void)carveout;
@@ -1422,6 +1454,11 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     const bool fuse = stack && !delta && gemv_shrink(a, sb) &&
                       shrink_items<Phase::kGateUp>(a, sb).items() <= 4 * cuda_util::num_sms();
     sb.shrinks_fused = fuse;
+    // The other shrinks (launches of their own) beside the products: each launched just before its product,
+    // which starts at once (defer_wait, as in delta mode); the expand-fused activation and combine after the
+    // products read their sums (a product's completion implies its shrink's).
+    const bool beside = stack && !delta && !fuse && lora_beside_enabled();
+    if (beside) tp.defer_wait = true;
     // This phase's shrink items in extra CTAs (one warp per item, spread over the y-planes) past grid.x.
     auto with_shrink = [&](dim3& grid, const moe_detail::GemvParams& shrink) {
       tp.row_tiles = static_cast<int>(grid.x);
@@ -1439,13 +1476,23 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.out = ws.gu;
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
     with_shrink(grid_gu, shrink_params<Phase::kGateUp>(a, sb));
+    // The delta kernel and the product beside it keep programmatic dependent launch even in LoRA steps,
+    // which launch the rest plainly (Backend::set_lora_step): without it they run one after the other.
     if (delta) {
+      ProgrammaticLaunchOn pdl;
       moe_detail::stack_lora_step(StackStep::kDeltaGateUp, a, sb, st);
       grid_gu.x += 1;  // the CTA that waits for it (gemv_pdl_begin)
+      moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
+    } else if (beside) {
+      ProgrammaticLaunchOn pdl;
+      moe_detail::stack_lora_step(StackStep::kShrinkGateUp, a, sb, st);
+      grid_gu.x += 1;
+      moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
+    } else {
+      moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
     }
-    moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
-    if (delta) {  // the activation adds the gate/up LoRA; the down LoRA reads its f32 rows
+    if (delta || beside) {  // delta: the activation adds the gate/up LoRA; the down LoRA reads its f32 rows
       moe_detail::stack_lora_step(StackStep::kActivation, a, sb, st);
     } else {
       gate_up_lora_and_activation();
@@ -1458,10 +1505,18 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
     with_shrink(grid_down, shrink_params<Phase::kDown>(a, sb));
     if (delta) {
+      ProgrammaticLaunchOn pdl;
       moe_detail::stack_lora_step(StackStep::kDeltaDown, a, sb, st);
       grid_down.x += 1;
+      moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
+    } else if (beside) {
+      ProgrammaticLaunchOn pdl;
+      moe_detail::stack_lora_step(StackStep::kShrinkDown, a, sb, st);
+      grid_down.x += 1;
+      moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
+    } else {
+      moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
     }
-    moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
     // Slot order where its counters fit in shared memory (expert order otherwise: still correct).

@@ -10,6 +10,17 @@ namespace polylora::kernels::cuda::moe_detail {
 
 template <Phase P, int TM>
 void launch_gemv_tm(dim3 grid, const GemvParams& gp, cudaStream_t st) {
+  if (!gp.base) {
+    // LoRA shrink items alone, which may run beside a tensor-core product (moe_experts): the SMs' carveout
+    // as that product's, so its CTAs (48 KiB of shared memory each) can join the SMs holding these (the
+    // attribute is the kernel's: base launches of this instantiation get it too; they use no shared memory).
+    static const bool carveout = [] {
+      CUDA_CHECK(cudaFuncSetAttribute(moe_gemv_kernel<P, TM>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared));
+      return true;
+    }();
+    (void)carveout;
+  }
   cuda_util::launch_pdl(moe_gemv_kernel<P, TM>, grid, kGemvThreads, 0, st, gp);
   CUDA_CHECK_LAUNCH();
 }
