@@ -674,7 +674,8 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
         // The f32 mode (the CUDA-core MXFP4 GEMV, not a tensor-core path; it takes no delta mode and no
         // shrinks beside it) is left out for MXFP4 at m = 72: there it put 2 of 18,432 outputs just outside
         // the f32 tolerance (1.5e-4 against 1.2e-4, H200, session 36) identically in all three variants, so
-        // the deviation is the base product's, not the LoRA's (an open finding in docs/multi-lora-kernels.md).
+        // the deviation is the base product's, not the LoRA's (an open finding in
+        // docs/multi-lora-kernels.md).
         run_all({.m = m,
                  .hidden = 256,
                  .inter = 1152,

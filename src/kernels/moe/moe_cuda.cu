@@ -183,8 +183,8 @@ struct MoeWorkspace {
   __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, copies·lda_i] (tensor-core path)
   float* lora_gu = nullptr;           // [max_rows, gu_slices·rank] slot-stacked LoRA: gate/up shrink
   float* lora_down = nullptr;         // [pairs, rank] down shrink
-  float* lora_dgu = nullptr;          // [max_rows, 2I] delta mode (moe_lora_delta): gate/up LoRA by sorted row
-  float* lora_dy = nullptr;           // [pairs, H] delta mode: down LoRA by pair
+  float* lora_dgu = nullptr;  // [max_rows, 2I] delta mode (moe_lora_delta): gate/up LoRA by sorted row
+  float* lora_dy = nullptr;   // [pairs, H] delta mode: down LoRA by pair
   size_t bytes = 0;
 
   MoeWorkspace(const MoeExpertsArgs& a, void* base, Path path, bool bf16_split) {
@@ -1041,7 +1041,8 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const TW* B = (down ? p.b_down : p.b_gu) + static_cast<int64_t>(key) * N * p.R;
   const bool bvec = (p.R & 7) == 0 && (reinterpret_cast<uintptr_t>(B) & 15) == 0;
   for (int64_t n = n0 + threadIdx.x; n < n1; n += blockDim.x) {
-    const int sl = down || p.gu_slices == 1 ? 0 : (p.interleaved ? static_cast<int>(n & 1) : (n >= p.I ? 1 : 0));
+    const int sl =
+        down || p.gu_slices == 1 ? 0 : (p.interleaved ? static_cast<int>(n & 1) : (n >= p.I ? 1 : 0));
     const float sc = p.scale[key * 3 + (down ? 2 : sl)];
     o[n] = sc == 0.0f ? 0.0f : sc * ls::dot_rank(B + n * p.R, s_mid + sl * p.R, p.R, bvec);
   }
@@ -1632,8 +1633,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     if (mma_lora) {  // the gate/up LoRA is in the GEMM; the down shrink reads the bf16 activation
       cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(ws.max_rows, I), 256, 0, st, ws.sorted, ws.num_tiles,
                             tile_m, ws.gu, nullptr, nullptr, ws.act_bf16, ws.lda_i, ws.copies, ws.max_rows, I,
-                            a.act,
-                            a.swiglu_alpha, a.swiglu_limit);
+                            a.act, a.swiglu_alpha, a.swiglu_limit);
       CUDA_CHECK_LAUNCH();
       launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);
     } else {
@@ -1669,8 +1669,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   const dim3 grid_combine(
       static_cast<unsigned>(a.m),
       static_cast<unsigned>(std::min<int64_t>((H + 255) / 256, std::max<int64_t>(1, 2048 / a.m))));
-  cuda_util::launch_pdl(moe_combine_kernel, grid_combine, 256, 0, st, ws.y, nullptr, a.ids, a.weights, a.top_k,
-                        H, E, a.out, a.ldo);
+  cuda_util::launch_pdl(moe_combine_kernel, grid_combine, 256, 0, st, ws.y, nullptr, a.ids, a.weights,
+                        a.top_k, H, E, a.out, a.ldo);
   CUDA_CHECK_LAUNCH();
 }
 
