@@ -49,6 +49,7 @@ const std::vector<Field>& fields() {
       {"moe_lora_mma_per_expert", &KernelTuning::moe_lora_mma_per_expert, "POLYLORA_MOE_LORA_MMA_PER_EXPERT"},
       {"lora_gemv_shrink_rows", &KernelTuning::lora_gemv_shrink_rows, "POLYLORA_LORA_GEMV_SHRINK_ROWS"},
       {"moe_lora_delta_rows", &KernelTuning::moe_lora_delta_rows, "POLYLORA_MOE_LORA_DELTA_ROWS"},
+      {"moe_lora_delta_cluster", &KernelTuning::moe_lora_delta_cluster, "POLYLORA_MOE_LORA_DELTA_CLUSTER"},
       {"lora_pdl_max_tokens", &KernelTuning::lora_pdl_max_tokens, "POLYLORA_LORA_PDL_MAX_TOKENS"},
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,
        "POLYLORA_LORA_GEMV_SHRINK_ROWS"},

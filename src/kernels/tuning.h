@@ -47,6 +47,11 @@ struct KernelTuning {
   // product, moe_lora_delta_kernel) instead of the expand-fused activation and combine; 0: never; env
   // POLYLORA_MOE_LORA_DELTA_ROWS.
   int64_t moe_lora_delta_rows = 16;
+  // Delta mode's kernel: 0, one CTA per (row, column part), each computing the row's shrink; 2..8, a
+  // cluster of that many CTAs per row splitting the shrink's K and the expand's columns
+  // (moe_lora_delta_cluster_kernel; compiled, not yet measured on a GPU, session 36); env
+  // POLYLORA_MOE_LORA_DELTA_CLUSTER.
+  int64_t moe_lora_delta_cluster = 0;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

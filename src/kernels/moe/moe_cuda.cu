@@ -23,6 +23,8 @@
 // grouped GEMM (both read the codes and row scales directly, moe_gemv.cuh / moe_gemm_mma.cuh); MXFP4 experts
 // (experts_mxfp4, GPT-OSS as shipped) the tensor-core weight-streaming kernel (moe_gemv_mxfp4.cuh), the
 // fp32 GEMV (f32 mode) or the grouped GEMM, all decoding the codes in registers (docs/mxfp4.md).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -1048,6 +1050,121 @@ __global__ void __launch_bounds__(kDeltaThreads)
   }
 }
 
+// Delta mode with the shrink split over a thread-block cluster (tuning moe_lora_delta_cluster = C > 0): the
+// C CTAs of a cluster take one sorted row (blockIdx.y); CTA c sums its K slice of every LoRA row (A[key] ·
+// in over K / C elements: each A element is read once per row, where moe_lora_delta_kernel reads the whole
+// A in every column part), the slices' sums meet through distributed shared memory (added in rank order:
+// deterministic), then CTA c expands output columns [c · N / C, (c + 1) · N / C). Each warp takes LoRA rows
+// w, w + 8, ... four at a time, its lanes the 8-element pieces of the slice, so a CTA's shrink loads are in
+// flight together instead of in a chain of passes (the chain is what makes the per-CTA kernel slow beside a
+// product that fills the memory system). Rows without a pair or without LoRA exit cluster-wide (uniform).
+constexpr int kDeltaClusterMax = 8;
+constexpr int kDeltaRowsPerWarp = 4;
+
+template <typename TW>
+__global__ void __launch_bounds__(kDeltaThreads)
+    moe_lora_delta_cluster_kernel(StackParams<TW> p, const float* in, int64_t ld_in, float* out, bool down) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cuda_util::pdl_begin();  // launched with the PDL attribute as launch_pdl does; the product starts now
+  extern __shared__ float s_delta[];  // [nr] this CTA's slice sums, then [nr] the row's sums
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = static_cast<int>(cluster.num_blocks());
+  const int c = static_cast<int>(cluster.block_rank());
+  const int64_t r = blockIdx.y;
+  if (r >= stack_rows(p)) return;  // uniform over the cluster (one row per cluster)
+  const int32_t pair = p.sorted[r];
+  if (pair < 0) return;
+  const int64_t N = down ? p.H : 2 * p.I, K = down ? p.I : p.H;
+  const int64_t cn = (N + C - 1) / C, n0 = c * cn, n1 = n0 + cn < N ? n0 + cn : N;
+  float* o = out + (down ? static_cast<int64_t>(pair) : r) * N;
+  const int32_t key = down ? stack_key(p, pair, 2, 3) : stack_key(p, pair, 0, p.gu_slices);
+  if (key < 0) {
+    for (int64_t n = n0 + threadIdx.x; n < n1; n += blockDim.x) o[n] = 0.0f;
+    return;
+  }
+  const int64_t nr = down ? p.R : p.gu_slices * p.R;
+  float* s_part = s_delta;
+  float* s_mid = s_delta + nr;
+  const TW* A = (down ? p.a_down : p.a_gu) + static_cast<int64_t>(key) * nr * K;
+  const float* x = in + (down ? r : static_cast<int64_t>(pair / p.top_k)) * ld_in;
+  const bool vec = (K & 7) == 0 && (reinterpret_cast<uintptr_t>(A) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  // This CTA's K slice: whole 8-element pieces.
+  const int64_t ck = ((K + 8 * C - 1) / (8 * C)) * 8;
+  const int64_t k0 = c * ck < K ? c * ck : K, k1 = k0 + ck < K ? k0 + ck : K;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int kWarps = kDeltaThreads / 32;
+  for (int64_t j0 = static_cast<int64_t>(warp) * kDeltaRowsPerWarp; j0 < nr; j0 += kWarps * kDeltaRowsPerWarp) {
+    float acc[kDeltaRowsPerWarp];
+#pragma unroll
+    for (int u = 0; u < kDeltaRowsPerWarp; ++u) acc[u] = 0.0f;
+    for (int64_t k = k0 + static_cast<int64_t>(lane) * 8; k < k1; k += 32 * 8) {
+      float xv[8];
+      ls::load8(x, k, K, vec, xv);
+#pragma unroll
+      for (int u = 0; u < kDeltaRowsPerWarp; ++u) {
+        if (j0 + u >= nr) break;
+        float w[8];
+        ls::load8(A + (j0 + u) * K, k, K, vec, w);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[u] = fmaf(w[e], xv[e], acc[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kDeltaRowsPerWarp; ++u) {
+      const float v = cuda_util::warp_sum(acc[u]);
+      if (lane == 0 && j0 + u < nr) s_part[j0 + u] = v;
+    }
+  }
+  cluster.sync();  // every CTA's slice sums written
+  for (int64_t j = threadIdx.x; j < nr; j += blockDim.x) {
+    float v = 0.0f;
+    for (int q = 0; q < C; ++q) v += cluster.map_shared_rank(s_part, q)[j];  // rank order
+    s_mid[j] = v;
+  }
+  __syncthreads();
+  const TW* B = (down ? p.b_down : p.b_gu) + static_cast<int64_t>(key) * N * p.R;
+  const bool bvec = (p.R & 7) == 0 && (reinterpret_cast<uintptr_t>(B) & 15) == 0;
+  for (int64_t n = n0 + threadIdx.x; n < n1; n += blockDim.x) {
+    const int sl =
+        down || p.gu_slices == 1 ? 0 : (p.interleaved ? static_cast<int>(n & 1) : (n >= p.I ? 1 : 0));
+    const float sc = p.scale[key * 3 + (down ? 2 : sl)];
+    o[n] = sc == 0.0f ? 0.0f : sc * ls::dot_rank(B + n * p.R, s_mid + sl * p.R, p.R, bvec);
+  }
+  cluster.sync();  // no CTA leaves while another still reads its slice sums
+#endif
+}
+
+// The cluster delta kernel: grid (C, rows), clusters of C CTAs along x, with the PDL attribute as
+// launch_pdl gives it (the product after it starts at once).
+template <typename TW>
+void launch_delta_cluster(int C, const StackParams<TW>& p, const StackBuffers& ws, const MoeExpertsArgs& a,
+                          const MoeLoraStack& s, bool down, cudaStream_t st) {
+  static const bool configured = [] {
+    prefer_max_shared(moe_lora_delta_cluster_kernel<TW>);
+    return true;
+  }();
+  (void)configured;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(C), static_cast<unsigned>(ws.max_rows));
+  cfg.blockDim = dim3(kDeltaThreads);
+  cfg.dynamicSmemBytes = 2 * static_cast<size_t>((down ? 1 : s.gu_slices) * s.rank) * sizeof(float);
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(C);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cuda_util::pdl_enabled() && !programmatic_launch_off() ? 2 : 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_lora_delta_cluster_kernel<TW>, p,
+                                down ? static_cast<const float*>(ws.act) : a.x, down ? a.inter : a.ldx,
+                                down ? ws.dy : ws.dgu, down));
+}
+
 // Paths whose sorted rows are single pairs (tile_m 1: the GEMV, tensor-core GEMV and MXFP4 paths) with at
 // most this many rows take the shrinks as weight-streaming items (moe_gemv.cuh LoraShrinkItems: fused into
 // the GEMV path's products, a launch of their own on the others), without split-K. Above it (prefill
@@ -1159,6 +1276,12 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         const int64_t v = e != nullptr ? std::atoll(e) : 0;
         return v > 0 ? v : int64_t{1024};
       }();
+      const int64_t cluster = tuning_of(a).moe_lora_delta_cluster;
+      if (cluster > 0) {
+        launch_delta_cluster<TW>(static_cast<int>(std::min<int64_t>(cluster, kDeltaClusterMax)), p, ws, a, s,
+                                 down, st);
+        break;
+      }
       const int64_t parts = std::clamp<int64_t>(want, 1, (N + min_cols - 1) / min_cols);
       const int64_t chunk = (N + parts - 1) / parts;
       const dim3 grid(static_cast<unsigned>(ws.max_rows), static_cast<unsigned>(parts));
