@@ -1050,16 +1050,26 @@ __global__ void __launch_bounds__(kDeltaThreads)
   }
 }
 
-// Delta mode with the shrink split over a thread-block cluster (tuning moe_lora_delta_cluster = C > 0): the
-// C CTAs of a cluster take one sorted row (blockIdx.y); CTA c sums its K slice of every LoRA row (A[key] ·
-// in over K / C elements: each A element is read once per row, where moe_lora_delta_kernel reads the whole
-// A in every column part), the slices' sums meet through distributed shared memory (added in rank order:
-// deterministic), then CTA c expands output columns [c · N / C, (c + 1) · N / C). Each warp takes LoRA rows
-// w, w + 8, ... four at a time, its lanes the 8-element pieces of the slice, so a CTA's shrink loads are in
-// flight together instead of in a chain of passes (the chain is what makes the per-CTA kernel slow beside a
-// product that fills the memory system). Rows without a pair or without LoRA exit cluster-wide (uniform).
+// Delta mode with a thread-block cluster per group of sorted rows (tuning moe_lora_delta_cluster = C > 0).
+// A group: up to kDeltaGroup consecutive sorted rows with the same (slot, expert) key, starting where the
+// key changes or at a multiple of kDeltaGroup (so every cluster decides alone whether its row blockIdx.y
+// starts one; the others exit at once). Its C CTAs read the key's A and B once for all the group's rows:
+// CTA c sums its K / C slice of every LoRA row against every row's input (each warp four LoRA rows, its
+// lanes the 8-element pieces, so the slice's loads are in flight together instead of in a chain of passes,
+// which is what makes moe_lora_delta_kernel take ~25 us beside the gate/up GEMV at batch 1), the slice sums
+// meet through distributed shared memory (added in rank order: deterministic), then CTA c expands output
+// columns [c · N / C, (c + 1) · N / C) of every row, each B row loaded once. Rows whose pairs have no LoRA
+// get zeros; exits are uniform over a cluster (they depend on the group only).
 constexpr int kDeltaClusterMax = 8;
 constexpr int kDeltaRowsPerWarp = 4;
+constexpr int kDeltaGroup = 4;
+
+template <typename TW>
+__device__ __forceinline__ int32_t delta_key(const StackParams<TW>& p, int64_t r, bool down) {
+  const int32_t pair = p.sorted[r];
+  if (pair < 0) return -2;
+  return down ? stack_key(p, pair, 2, 3) : stack_key(p, pair, 0, p.gu_slices);
+}
 
 template <typename TW>
 __global__ void __launch_bounds__(kDeltaThreads)
@@ -1067,70 +1077,115 @@ __global__ void __launch_bounds__(kDeltaThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cuda_util::pdl_begin();  // launched with the PDL attribute as launch_pdl does; the product starts now
-  extern __shared__ float s_delta[];  // [nr] this CTA's slice sums, then [nr] the row's sums
+  extern __shared__ float s_delta[];  // [kDeltaGroup][nr] this CTA's slice sums, then the group's sums
   cg::cluster_group cluster = cg::this_cluster();
   const int C = static_cast<int>(cluster.num_blocks());
   const int c = static_cast<int>(cluster.block_rank());
-  const int64_t r = blockIdx.y;
-  if (r >= stack_rows(p)) return;  // uniform over the cluster (one row per cluster)
-  const int32_t pair = p.sorted[r];
-  if (pair < 0) return;
+  const int64_t rows = stack_rows(p);
+  const int64_t r0 = blockIdx.y;
+  if (r0 >= rows) return;
+  const int32_t key = delta_key(p, r0, down);
+  if (key == -2) return;  // no pair in this row
+  if (r0 % kDeltaGroup != 0 && delta_key(p, r0 - 1, down) == key) return;  // not the first row of a group
+  int n = 1;
+  while (n < kDeltaGroup && r0 + n < rows && (r0 + n) % kDeltaGroup != 0 && delta_key(p, r0 + n, down) == key)
+    ++n;
   const int64_t N = down ? p.H : 2 * p.I, K = down ? p.I : p.H;
   const int64_t cn = (N + C - 1) / C, n0 = c * cn, n1 = n0 + cn < N ? n0 + cn : N;
-  float* o = out + (down ? static_cast<int64_t>(pair) : r) * N;
-  const int32_t key = down ? stack_key(p, pair, 2, 3) : stack_key(p, pair, 0, p.gu_slices);
-  if (key < 0) {
-    for (int64_t n = n0 + threadIdx.x; n < n1; n += blockDim.x) o[n] = 0.0f;
+  float* o[kDeltaGroup];
+  const float* x[kDeltaGroup];
+#pragma unroll
+  for (int i = 0; i < kDeltaGroup; ++i) {
+    const int64_t r = r0 + (i < n ? i : 0);
+    const int32_t pair = p.sorted[r];
+    o[i] = out + (down ? static_cast<int64_t>(pair) : r) * N;
+    x[i] = in + (down ? r : static_cast<int64_t>(pair / p.top_k)) * ld_in;
+  }
+  if (key < 0) {  // the group's pairs have no LoRA in this phase
+    for (int i = 0; i < n; ++i)
+      for (int64_t col = n0 + threadIdx.x; col < n1; col += blockDim.x) o[i][col] = 0.0f;
     return;
   }
   const int64_t nr = down ? p.R : p.gu_slices * p.R;
   float* s_part = s_delta;
-  float* s_mid = s_delta + nr;
+  float* s_mid = s_delta + kDeltaGroup * nr;
   const TW* A = (down ? p.a_down : p.a_gu) + static_cast<int64_t>(key) * nr * K;
-  const float* x = in + (down ? r : static_cast<int64_t>(pair / p.top_k)) * ld_in;
-  const bool vec = (K & 7) == 0 && (reinterpret_cast<uintptr_t>(A) & 15) == 0 &&
-                   (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  bool vec = (K & 7) == 0 && (reinterpret_cast<uintptr_t>(A) & 15) == 0;
+#pragma unroll
+  for (int i = 0; i < kDeltaGroup; ++i) vec = vec && (reinterpret_cast<uintptr_t>(x[i]) & 15) == 0;
   // This CTA's K slice: whole 8-element pieces.
   const int64_t ck = ((K + 8 * C - 1) / (8 * C)) * 8;
   const int64_t k0 = c * ck < K ? c * ck : K, k1 = k0 + ck < K ? k0 + ck : K;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int kWarps = kDeltaThreads / 32;
   for (int64_t j0 = static_cast<int64_t>(warp) * kDeltaRowsPerWarp; j0 < nr; j0 += kWarps * kDeltaRowsPerWarp) {
-    float acc[kDeltaRowsPerWarp];
+    float acc[kDeltaRowsPerWarp][kDeltaGroup];
 #pragma unroll
-    for (int u = 0; u < kDeltaRowsPerWarp; ++u) acc[u] = 0.0f;
+    for (int u = 0; u < kDeltaRowsPerWarp; ++u)
+#pragma unroll
+      for (int i = 0; i < kDeltaGroup; ++i) acc[u][i] = 0.0f;
     for (int64_t k = k0 + static_cast<int64_t>(lane) * 8; k < k1; k += 32 * 8) {
-      float xv[8];
-      ls::load8(x, k, K, vec, xv);
+      float xv[kDeltaGroup][8];
+#pragma unroll
+      for (int i = 0; i < kDeltaGroup; ++i) {
+        if (i < n) {
+          ls::load8(x[i], k, K, vec, xv[i]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) xv[i][e] = 0.0f;
+        }
+      }
 #pragma unroll
       for (int u = 0; u < kDeltaRowsPerWarp; ++u) {
         if (j0 + u >= nr) break;
         float w[8];
         ls::load8(A + (j0 + u) * K, k, K, vec, w);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[u] = fmaf(w[e], xv[e], acc[u]);
+        for (int i = 0; i < kDeltaGroup; ++i)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[u][i] = fmaf(w[e], xv[i][e], acc[u][i]);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kDeltaRowsPerWarp; ++u) {
-      const float v = cuda_util::warp_sum(acc[u]);
-      if (lane == 0 && j0 + u < nr) s_part[j0 + u] = v;
-    }
+    for (int u = 0; u < kDeltaRowsPerWarp; ++u)
+#pragma unroll
+      for (int i = 0; i < kDeltaGroup; ++i) {
+        const float v = cuda_util::warp_sum(acc[u][i]);
+        if (lane == 0 && j0 + u < nr) s_part[i * nr + j0 + u] = v;
+      }
   }
   cluster.sync();  // every CTA's slice sums written
-  for (int64_t j = threadIdx.x; j < nr; j += blockDim.x) {
+  for (int64_t idx = threadIdx.x; idx < n * nr; idx += blockDim.x) {
     float v = 0.0f;
-    for (int q = 0; q < C; ++q) v += cluster.map_shared_rank(s_part, q)[j];  // rank order
-    s_mid[j] = v;
+    for (int q = 0; q < C; ++q) v += cluster.map_shared_rank(s_part, q)[idx];  // rank order
+    s_mid[idx] = v;
   }
   __syncthreads();
   const TW* B = (down ? p.b_down : p.b_gu) + static_cast<int64_t>(key) * N * p.R;
   const bool bvec = (p.R & 7) == 0 && (reinterpret_cast<uintptr_t>(B) & 15) == 0;
-  for (int64_t n = n0 + threadIdx.x; n < n1; n += blockDim.x) {
+  for (int64_t col = n0 + threadIdx.x; col < n1; col += blockDim.x) {
     const int sl =
-        down || p.gu_slices == 1 ? 0 : (p.interleaved ? static_cast<int>(n & 1) : (n >= p.I ? 1 : 0));
+        down || p.gu_slices == 1 ? 0 : (p.interleaved ? static_cast<int>(col & 1) : (col >= p.I ? 1 : 0));
     const float sc = p.scale[key * 3 + (down ? 2 : sl)];
-    o[n] = sc == 0.0f ? 0.0f : sc * ls::dot_rank(B + n * p.R, s_mid + sl * p.R, p.R, bvec);
+    float dot[kDeltaGroup];
+#pragma unroll
+    for (int i = 0; i < kDeltaGroup; ++i) dot[i] = 0.0f;
+    const TW* b = B + col * p.R;
+    for (int64_t rr = 0; rr < p.R; rr += 8) {  // each B piece loaded once for the group's rows
+      float w[8];
+      ls::load8(b, rr, p.R, bvec, w);
+#pragma unroll
+      for (int i = 0; i < kDeltaGroup; ++i) {
+        if (i >= n) break;
+        const float* t = s_mid + i * nr + sl * p.R + rr;
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (rr + e < p.R) dot[i] = fmaf(w[e], t[e], dot[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kDeltaGroup; ++i)
+      if (i < n) o[i][col] = sc == 0.0f ? 0.0f : sc * dot[i];
   }
   cluster.sync();  // no CTA leaves while another still reads its slice sums
 #endif
@@ -1143,13 +1198,17 @@ void launch_delta_cluster(int C, const StackParams<TW>& p, const StackBuffers& w
                           const MoeLoraStack& s, bool down, cudaStream_t st) {
   static const bool configured = [] {
     prefer_max_shared(moe_lora_delta_cluster_kernel<TW>);
+    // Ranks up to 1,024 with two gate/up slices: 2 · kDeltaGroup · 2,048 floats.
+    CUDA_CHECK(cudaFuncSetAttribute(moe_lora_delta_cluster_kernel<TW>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
     return true;
   }();
   (void)configured;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(C), static_cast<unsigned>(ws.max_rows));
   cfg.blockDim = dim3(kDeltaThreads);
-  cfg.dynamicSmemBytes = 2 * static_cast<size_t>((down ? 1 : s.gu_slices) * s.rank) * sizeof(float);
+  cfg.dynamicSmemBytes =
+      2 * kDeltaGroup * static_cast<size_t>((down ? 1 : s.gu_slices) * s.rank) * sizeof(float);
   cfg.stream = st;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
