@@ -674,11 +674,10 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
     k::override_kernel_tuning(t);
     for (bool mx : {false, true}) {
       for (int64_t m : {1, 3, 8, 40, 72}) {
-        // The f32 mode (the CUDA-core MXFP4 GEMV, not a tensor-core path; it takes no delta mode and no
-        // shrinks beside it) is left out for MXFP4 at m = 72: there it put 2 of 18,432 outputs just outside
-        // the f32 tolerance (1.5e-4 against 1.2e-4, H200, session 36) identically in all three variants, so
-        // the deviation is the base product's, not the LoRA's (an open finding in
-        // docs/multi-lora-kernels.md).
+        // The f32 mode (the CUDA-core MXFP4 path, Path::kGemv: no delta mode, no shrinks beside the products;
+        // tiled shrinks above 256 rows in every variant) is left out for MXFP4 at m = 72: there it put 2 of
+        // 18,432 outputs just outside the f32 tolerance (1.5e-4 against 1.2e-4, H200, session 36), the same
+        // code in all variants (an open finding in docs/multi-lora-kernels.md).
         run_all({.m = m,
                  .hidden = 256,
                  .inter = 1152,
