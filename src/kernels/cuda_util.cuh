@@ -95,6 +95,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// Whether launches queued now get the PDL attribute (launch_pdl and launches with other attributes too).
+inline bool pdl_launch_on() {
+  return pdl_enabled() && !programmatic_launch_off();
+}
+
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                 Args&&... args) {
@@ -107,7 +112,7 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() && !programmatic_launch_off() ? 1 : 0;
+  cfg.numAttrs = pdl_launch_on() ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -664,8 +664,8 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
   SKIP_WITHOUT_GPU();
   // Delta mode off, on for every size, and off with the tiled shrinks for every size (beside the products on
   // the tensor-core weight-streaming path, as the shrinks launched apart: POLYLORA_MOE_LORA_BESIDE).
-  // Variants 3 and 4: delta mode with its cluster kernel (moe_lora_delta_cluster 8 and 2; from m = 40 groups of
-  // several rows with the same key).
+  // Variants 3 and 4: delta mode with its cluster kernel (moe_lora_delta_cluster 8 and 2; from m = 40 groups
+  // of several rows with the same key).
   for (int variant = 0; variant < 5; ++variant) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_delta_rows = variant == 1 || variant >= 3 ? 100000 : 0;

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "kernels/lora/lora_cuda.cuh"
@@ -145,8 +146,6 @@ LoraMmaSplits lora_mma_splits(const MoeExpertsArgs& a, int64_t num_kt_gu, int64_
   return {pick(num_kt_gu), pick(num_kt_down)};
 }
 
-// Delta mode of the slot-stacked expert LoRA (StackStep::kDeltaGateUp / kDeltaDown): on the tensor-core
-// weight-streaming path, up to moe_lora_delta_rows token-expert pairs.
 // POLYLORA_MOE_LORA_BESIDE=0: on the tensor-core weight-streaming path, the expert LoRA shrinks that do not
 // ride in the products' extra CTAs run after the gate/up product and before the down product as before,
 // instead of beside the products (launched just before each, which starts at once: GemvTcParams::
@@ -159,6 +158,8 @@ bool lora_beside_enabled() {
   return v;
 }
 
+// Delta mode of the slot-stacked expert LoRA (StackStep::kDeltaGateUp / kDeltaDown): on the tensor-core
+// weight-streaming path, up to moe_lora_delta_rows token-expert pairs.
 bool lora_delta(const MoeExpertsArgs& a, Path path) {
   return path == Path::kGemvTc && a.token_slots != nullptr && !a.lora_stack.empty() &&
          a.m * a.top_k <= tuning_of(a).moe_lora_delta_rows;
@@ -1085,7 +1086,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const int64_t r0 = blockIdx.y;
   if (r0 >= rows) return;
   const int32_t key = delta_key(p, r0, down);
-  if (key == -2) return;  // no pair in this row
+  if (key == -2) return;                                                   // no pair in this row
   if (r0 % kDeltaGroup != 0 && delta_key(p, r0 - 1, down) == key) return;  // not the first row of a group
   int n = 1;
   while (n < kDeltaGroup && r0 + n < rows && (r0 + n) % kDeltaGroup != 0 && delta_key(p, r0 + n, down) == key)
@@ -1118,7 +1119,8 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const int64_t k0 = c * ck < K ? c * ck : K, k1 = k0 + ck < K ? k0 + ck : K;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int kWarps = kDeltaThreads / 32;
-  for (int64_t j0 = static_cast<int64_t>(warp) * kDeltaRowsPerWarp; j0 < nr; j0 += kWarps * kDeltaRowsPerWarp) {
+  for (int64_t j0 = static_cast<int64_t>(warp) * kDeltaRowsPerWarp; j0 < nr;
+       j0 += kWarps * kDeltaRowsPerWarp) {
     float acc[kDeltaRowsPerWarp][kDeltaGroup];
 #pragma unroll
     for (int u = 0; u < kDeltaRowsPerWarp; ++u)
@@ -1218,7 +1220,7 @@ void launch_delta_cluster(int C, const StackParams<TW>& p, const StackBuffers& w
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = cuda_util::pdl_enabled() && !programmatic_launch_off() ? 2 : 1;
+  cfg.numAttrs = cuda_util::pdl_launch_on() ? 2 : 1;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_lora_delta_cluster_kernel<TW>, p,
                                 down ? static_cast<const float*>(ws.act) : a.x, down ? a.inter : a.ldx,
                                 down ? ws.dy : ws.dgu, down));
@@ -1324,8 +1326,14 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
     case StackStep::kDeltaGateUp:
     case StackStep::kDeltaDown: {
       const bool down = step == StackStep::kDeltaDown;
+      const int64_t cluster = tuning_of(a).moe_lora_delta_cluster;
+      if (cluster > 0) {
+        launch_delta_cluster<TW>(static_cast<int>(std::min<int64_t>(cluster, kDeltaClusterMax)), p, ws, a, s,
+                                 down, st);
+        break;
+      }
       const int64_t N = down ? a.hidden : 2 * a.inter;
-      // Column parts per row: ~2 CTAs per SM in all, at least 256 columns each.
+      // Column parts per row: ~2 CTAs per SM in all, each of at least min_cols columns.
       const int64_t want = std::max<int64_t>(1, 2 * cuda_util::num_sms() / std::max<int64_t>(1, ws.max_rows));
       // POLYLORA_MOE_LORA_DELTA_COLS: the least columns per part (default 1,024: every part computes the
       // row's shrink again; batch-4 decode steps of GPT-OSS-20B with 8 adapters took 4.975 ms with 1,024
@@ -1335,12 +1343,6 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         const int64_t v = e != nullptr ? std::atoll(e) : 0;
         return v > 0 ? v : int64_t{1024};
       }();
-      const int64_t cluster = tuning_of(a).moe_lora_delta_cluster;
-      if (cluster > 0) {
-        launch_delta_cluster<TW>(static_cast<int>(std::min<int64_t>(cluster, kDeltaClusterMax)), p, ws, a, s,
-                                 down, st);
-        break;
-      }
       const int64_t parts = std::clamp<int64_t>(want, 1, (N + min_cols - 1) / min_cols);
       const int64_t chunk = (N + parts - 1) / parts;
       const dim3 grid(static_cast<unsigned>(ws.max_rows), static_cast<unsigned>(parts));
@@ -1516,6 +1518,21 @@ namespace {
 // multiply them with bf16 activations, and the split doubled the activation traffic and the MMAs of the
 // tensor-core MXFP4 kernels, whose shared memory it filled (H200, session 33: decode without the split ran
 // 1.36x / 1.38x faster at batch 16 / 64). POLYLORA_MXFP4_BF16_SPLIT=1 keeps the split for them.
+// A tensor-core weight-streaming product, after the expert LoRA step `beside` (the delta kernel or a shrink)
+// when given, which runs beside it: the product starts at once (GemvTcParams::defer_wait) and its one extra
+// CTA in x waits for that step (gemv_pdl_begin), so the product's completion implies the step's. The pair
+// keeps programmatic dependent launch even in LoRA steps, which launch the rest plainly
+// (Backend::set_lora_step): without it they would run one after the other.
+template <Phase P>
+void launch_tc_product(dim3 grid, const moe_detail::GemvTcParams& tp, const MoeExpertsArgs& a,
+                       const StackBuffers& sb, std::optional<StackStep> beside, cudaStream_t st) {
+  if (!beside) return moe_detail::launch_gemv_tc<P>(grid, tp, a.experts_mxfp4, a.m, st);
+  ProgrammaticLaunchOn pdl;
+  moe_detail::stack_lora_step(*beside, a, sb, st);
+  grid.x += 1;
+  moe_detail::launch_gemv_tc<P>(grid, tp, a.experts_mxfp4, a.m, st);
+}
+
 bool moe_split(const MoeExpertsArgs& a, const CudaContext& ctx) {
   static const bool mxfp4_split = [] {
     const char* e = std::getenv("POLYLORA_MXFP4_BF16_SPLIT");
@@ -1642,6 +1659,12 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // products read their sums (a product's completion implies its shrink's).
     const bool beside = stack && !delta && !fuse && lora_beside_enabled();
     if (beside) tp.defer_wait = true;
+    // The LoRA step of a phase that runs beside its product (launch_tc_product), if any.
+    auto side_step = [&](StackStep delta_step, StackStep shrink_step) -> std::optional<StackStep> {
+      if (delta) return delta_step;
+      if (beside) return shrink_step;
+      return std::nullopt;
+    };
     // This phase's shrink items in extra CTAs (one warp per item, spread over the y-planes) past grid.x.
     auto with_shrink = [&](dim3& grid, const moe_detail::GemvParams& shrink) {
       tp.row_tiles = static_cast<int>(grid.x);
@@ -1659,21 +1682,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.out = ws.gu;
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
     with_shrink(grid_gu, shrink_params<Phase::kGateUp>(a, sb));
-    // The delta kernel and the product beside it keep programmatic dependent launch even in LoRA steps,
-    // which launch the rest plainly (Backend::set_lora_step): without it they run one after the other.
-    if (delta) {
-      ProgrammaticLaunchOn pdl;
-      moe_detail::stack_lora_step(StackStep::kDeltaGateUp, a, sb, st);
-      grid_gu.x += 1;  // the CTA that waits for it (gemv_pdl_begin)
-      moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
-    } else if (beside) {
-      ProgrammaticLaunchOn pdl;
-      moe_detail::stack_lora_step(StackStep::kShrinkGateUp, a, sb, st);
-      grid_gu.x += 1;
-      moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
-    } else {
-      moe_detail::launch_gemv_tc<Phase::kGateUp>(grid_gu, tp, a.experts_mxfp4, a.m, st);
-    }
+    launch_tc_product<Phase::kGateUp>(grid_gu, tp, a, sb,
+                                      side_step(StackStep::kDeltaGateUp, StackStep::kShrinkGateUp), st);
     // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
     if (delta || beside) {  // delta: the activation adds the gate/up LoRA; the down LoRA reads its f32 rows
       moe_detail::stack_lora_step(StackStep::kActivation, a, sb, st);
@@ -1687,19 +1697,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.out = ws.y;
     dim3 grid_down(static_cast<unsigned>((H + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
     with_shrink(grid_down, shrink_params<Phase::kDown>(a, sb));
-    if (delta) {
-      ProgrammaticLaunchOn pdl;
-      moe_detail::stack_lora_step(StackStep::kDeltaDown, a, sb, st);
-      grid_down.x += 1;
-      moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
-    } else if (beside) {
-      ProgrammaticLaunchOn pdl;
-      moe_detail::stack_lora_step(StackStep::kShrinkDown, a, sb, st);
-      grid_down.x += 1;
-      moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
-    } else {
-      moe_detail::launch_gemv_tc<Phase::kDown>(grid_down, tp, a.experts_mxfp4, a.m, st);
-    }
+    launch_tc_product<Phase::kDown>(grid_down, tp, a, sb,
+                                    side_step(StackStep::kDeltaDown, StackStep::kShrinkDown), st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
     // Slot order where its counters fit in shared memory (expert order otherwise: still correct).
