@@ -48,10 +48,13 @@ struct KernelTuning {
   // POLYLORA_MOE_LORA_DELTA_ROWS.
   int64_t moe_lora_delta_rows = 16;
   // Delta mode's kernel: 0, one CTA per (row, column part), each computing the row's shrink; 2..8, a
-  // cluster of that many CTAs per row splitting the shrink's K and the expand's columns
-  // (moe_lora_delta_cluster_kernel; compiled, not yet measured on a GPU, session 36); env
-  // POLYLORA_MOE_LORA_DELTA_CLUSTER.
-  int64_t moe_lora_delta_cluster = 0;
+  // cluster of that many CTAs per group of rows splitting the shrink's K and the expand's columns
+  // (moe_lora_delta_cluster_kernel), for calls of up to moe_lora_delta_cluster_rows sorted rows. H200,
+  // GPT-OSS-20B MXFP4 with 8 adapters (session 37): moe-lora M = 1 LoRA cost 8.5 vs 24.7 us per layer,
+  // batch-1 decode 3.057 vs 3.175 ms per step; batch 4 (16 rows) 5.085 vs 4.964 ms, so 8 rows; env
+  // POLYLORA_MOE_LORA_DELTA_CLUSTER and POLYLORA_MOE_LORA_DELTA_CLUSTER_ROWS.
+  int64_t moe_lora_delta_cluster = 8;
+  int64_t moe_lora_delta_cluster_rows = 8;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

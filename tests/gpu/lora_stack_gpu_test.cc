@@ -670,7 +670,8 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_delta_rows = variant == 1 || variant >= 3 ? 100000 : 0;
     if (variant == 2) t.lora_gemv_shrink_rows = 0;
-    if (variant >= 3) t.moe_lora_delta_cluster = variant == 3 ? 8 : 2;
+    t.moe_lora_delta_cluster = variant == 3 ? 8 : variant == 4 ? 2 : 0;
+    t.moe_lora_delta_cluster_rows = 100000;
     k::override_kernel_tuning(t);
     for (bool mx : {false, true}) {
       for (int64_t m : {1, 3, 8, 40, 72}) {

@@ -1326,8 +1326,9 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
     case StackStep::kDeltaGateUp:
     case StackStep::kDeltaDown: {
       const bool down = step == StackStep::kDeltaDown;
-      const int64_t cluster = tuning_of(a).moe_lora_delta_cluster;
-      if (cluster > 0) {
+      const KernelTuning t = tuning_of(a);
+      const int64_t cluster = t.moe_lora_delta_cluster;
+      if (cluster > 1 && a.m * a.top_k <= t.moe_lora_delta_cluster_rows) {
         launch_delta_cluster<TW>(static_cast<int>(std::min<int64_t>(cluster, kDeltaClusterMax)), p, ws, a, s,
                                  down, st);
         break;
