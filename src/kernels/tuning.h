@@ -55,6 +55,11 @@ struct KernelTuning {
   // POLYLORA_MOE_LORA_DELTA_CLUSTER and POLYLORA_MOE_LORA_DELTA_CLUSTER_ROWS.
   int64_t moe_lora_delta_cluster = 8;
   int64_t moe_lora_delta_cluster_rows = 8;
+  // Tensor-core and CUDA-core weight-streaming MoE paths (sorted rows are single pairs): 1, the expert LoRA
+  // shrinks that are not items of the products and the expand-fused activation run one CTA per sorted row
+  // (moe_lora_shrink_rows_kernel, moe_act_lora_rows_kernel); 0, the tiled shrink / item shrinks and the
+  // tiled activation (8 rows per CTA); env POLYLORA_MOE_LORA_BY_ROW.
+  int64_t moe_lora_by_row = 1;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

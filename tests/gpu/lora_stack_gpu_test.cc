@@ -665,11 +665,16 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
   // Delta mode off, on for every size, and off with the tiled shrinks for every size (beside the products on
   // the tensor-core weight-streaming path, as the shrinks launched apart: POLYLORA_MOE_LORA_BESIDE).
   // Variants 3 and 4: delta mode with its cluster kernel (moe_lora_delta_cluster 8 and 2; from m = 40 groups
-  // of several rows with the same key).
-  for (int variant = 0; variant < 5; ++variant) {
+  // of several rows with the same key). Variant 5: without the by-row shrinks and activation (moe_lora_by_row
+  // 0: the item shrinks launched apart and the tiled activation); variant 0 takes the by-row kernels.
+  for (int variant = 0; variant < 6; ++variant) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
-    t.moe_lora_delta_rows = variant == 1 || variant >= 3 ? 100000 : 0;
-    if (variant == 2) t.lora_gemv_shrink_rows = 0;
+    t.moe_lora_delta_rows = variant == 1 || variant == 3 || variant == 4 ? 100000 : 0;
+    if (variant == 2) {  // and the tiled shrinks and activation, not the by-row kernels
+      t.lora_gemv_shrink_rows = 0;
+      t.moe_lora_by_row = 0;
+    }
+    if (variant == 5) t.moe_lora_by_row = 0;
     t.moe_lora_delta_cluster = variant == 3 ? 8 : variant == 4 ? 2 : 0;
     t.moe_lora_delta_cluster_rows = 100000;
     k::override_kernel_tuning(t);

@@ -55,6 +55,42 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* w, int64_t i, int64_t
   for (int q = 0; q < 8; ++q) v[q] = i + q < end ? __bfloat162float(w[i + q]) : 0.0f;
 }
 
+// Eight consecutive weights as loaded, converted to f32 when used: F32 keeps 8 floats, BF16 the raw 16 bytes
+// (4 registers instead of 8, so tiles that hold a row's weights per tile row keep their occupancy; the
+// values and the order of the sums are the same as load8's).
+template <typename TW>
+struct Pack8;
+template <>
+struct Pack8<float> {
+  float v[8];
+  __device__ __forceinline__ void load(const float* w, int64_t i, int64_t end, bool vec) {
+    load8(w, i, end, vec, v);
+  }
+  __device__ __forceinline__ float get(int e) const { return v[e]; }
+};
+template <>
+struct Pack8<__nv_bfloat16> {
+  uint32_t u[4];
+  __device__ __forceinline__ void load(const __nv_bfloat16* w, int64_t i, int64_t end, bool vec) {
+    if (vec) {
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(w + i));
+      u[0] = q.x, u[1] = q.y, u[2] = q.z, u[3] = q.w;
+      return;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t lo = i + 2 * q < end ? __bfloat16_as_ushort(w[i + 2 * q]) : 0u;
+      const uint32_t hi = i + 2 * q + 1 < end ? __bfloat16_as_ushort(w[i + 2 * q + 1]) : 0u;
+      u[q] = lo | (hi << 16);
+    }
+  }
+  // bf16 -> f32 is the bf16 bits in the high half.
+  __device__ __forceinline__ float get(int e) const {
+    const uint32_t w = u[e >> 1];
+    return __uint_as_float((e & 1) != 0 ? (w & 0xffff0000u) : (w << 16));
+  }
+};
+
 // What a shrink row reads and writes: `key` selects the weights (−1: the row has none, skipped),
 // `in` the input row, `out` the tmp row.
 struct RowRef {
@@ -167,11 +203,18 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
     float xv[kTileRows][8];
 #pragma unroll
     for (int u = 0; u < kTileRows; ++u) load8(ins[u], k, kend, vk && xvec[u], xv[u]);
-    for (int d = 0; d < nd; ++d) {
-      const int64_t koff = static_cast<int64_t>(dkey[d]);
-      float w[Q][8];
+    // The next key's weights are loaded before this key's FMAs (which wait for this key's): the keys of a
+    // tile cost about one round of loads instead of one each.
+    Pack8<TW> w[Q], wn[Q];
 #pragma unroll
-      for (int q = 0; q < Q; ++q) load8(wrow[q] + koff * key_stride[q], k, kend, vk && wvec, w[q]);
+    for (int q = 0; q < Q; ++q)
+      w[q].load(wrow[q] + static_cast<int64_t>(dkey[0]) * key_stride[q], k, kend, vk && wvec);
+    for (int d = 0; d < nd; ++d) {
+      if (d + 1 < nd) {
+#pragma unroll
+        for (int q = 0; q < Q; ++q)
+          wn[q].load(wrow[q] + static_cast<int64_t>(dkey[d + 1]) * key_stride[q], k, kend, vk && wvec);
+      }
       const uint32_t m = dmask[d];
 #pragma unroll
       for (int u = 0; u < kTileRows; ++u) {
@@ -180,10 +223,12 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
         for (int q = 0; q < Q; ++q) {
           float s = acc[u][q];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) s = fmaf(w[q][e], xv[u][e], s);
+          for (int e = 0; e < 8; ++e) s = fmaf(w[q].get(e), xv[u][e], s);
           acc[u][q] = s;
         }
       }
+#pragma unroll
+      for (int q = 0; q < Q; ++q) w[q] = wn[q];
     }
   }
 #pragma unroll
@@ -240,14 +285,13 @@ __device__ __forceinline__ void expand_tile(const RowOf& row, int64_t R, bool ve
   bool same[kTileRows];
   tile_load_keys(keys, load_key, same);
   for (int64_t r = 0; r < R; r += 8) {
-    float w[kTileRows][8];
+    Pack8<TW> w[kTileRows];
 #pragma unroll
     for (int u = 0; u < kTileRows; ++u) {
       if (u > 0 && same[u]) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) w[u][e] = w[u - 1][e];
+        w[u] = w[u - 1];
       } else {
-        load8(static_cast<const TW*>(row(load_key[u])), r, R, vec, w[u]);
+        w[u].load(static_cast<const TW*>(row(load_key[u])), r, R, vec);
       }
     }
 #pragma unroll
@@ -256,7 +300,7 @@ __device__ __forceinline__ void expand_tile(const RowOf& row, int64_t R, bool ve
       const float* t = ts + u * lds + r;
       float s = acc[u];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s = fmaf(w[u][e], t[e], s);
+      for (int e = 0; e < 8; ++e) s = fmaf(w[u].get(e), t[e], s);
       acc[u] = s;
     }
   }
@@ -272,18 +316,15 @@ __device__ __forceinline__ void expand_tile2(const RowA& row_a, const RowB& row_
   bool same[kTileRows];
   tile_load_keys(keys, load_key, same);
   for (int64_t r = 0; r < R; r += 8) {
-    float wa[kTileRows][8], wb[kTileRows][8];
+    Pack8<TW> wa[kTileRows], wb[kTileRows];
 #pragma unroll
     for (int u = 0; u < kTileRows; ++u) {
       if (u > 0 && same[u]) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          wa[u][e] = wa[u - 1][e];
-          wb[u][e] = wb[u - 1][e];
-        }
+        wa[u] = wa[u - 1];
+        wb[u] = wb[u - 1];
       } else {
-        load8(static_cast<const TW*>(row_a(load_key[u])), r, R, vec, wa[u]);
-        load8(static_cast<const TW*>(row_b(load_key[u])), r, R, vec, wb[u]);
+        wa[u].load(static_cast<const TW*>(row_a(load_key[u])), r, R, vec);
+        wb[u].load(static_cast<const TW*>(row_b(load_key[u])), r, R, vec);
       }
     }
 #pragma unroll
@@ -294,8 +335,8 @@ __device__ __forceinline__ void expand_tile2(const RowA& row_a, const RowB& row_
       float sa = acc_a[u], sb = acc_b[u];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        sa = fmaf(wa[u][e], ta[e], sa);
-        sb = fmaf(wb[u][e], tb[e], sb);
+        sa = fmaf(wa[u].get(e), ta[e], sa);
+        sb = fmaf(wb[u].get(e), tb[e], sb);
       }
       acc_a[u] = sa;
       acc_b[u] = sb;

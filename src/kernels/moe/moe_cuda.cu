@@ -798,6 +798,72 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32)
                          static_cast<int>(blockIdx.z));
 }
 
+// Shrink by sorted row (tile_m 1 paths, where the shrinks are not items of the products; tuning
+// moe_lora_by_row, the default; 0 takes the tiled or item shrinks): row blockIdx.x, its key's rank rows
+// against its input, every thread taking 8-element pieces of K and, per chunk of kRowShrinkChunk rank
+// rows, the input piece and all of the chunk's A pieces at once: 10 independent loads per thread in
+// flight instead of the tiled kernel's chain of one round per distinct key of its tile, at 76 registers
+// (BF16 stacks) instead of ~230. Rows of one key read A again from L2. The CTA's warps' sums meet in shared memory (fixed
+// order: deterministic). gate/up (down == false): x of the row's token -> out[row · GR + j]; down: the row's
+// activation -> out[pair · R + j]. Rows without LoRA store nothing (the expands skip them).
+constexpr int kRowShrinkThreads = 256;
+constexpr int kRowShrinkChunk = 8;
+
+template <typename TW>
+__global__ void __launch_bounds__(kRowShrinkThreads)
+    moe_lora_shrink_rows_kernel(StackParams<TW> p, const float* in, int64_t ld_in, float* out, bool down) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  extern __shared__ float red[];  // [warps][GR]
+  const int64_t r = blockIdx.x;
+  if (r >= stack_rows(p)) return;
+  const int32_t pair = p.sorted[r];
+  if (pair < 0) return;
+  const int32_t key = down ? stack_key(p, pair, 2, 3) : stack_key(p, pair, 0, p.gu_slices);
+  if (key < 0) return;
+  const int64_t K = down ? p.I : p.H, GR = down ? p.R : p.gu_slices * p.R;
+  const float* x = in + (down ? r : static_cast<int64_t>(pair / p.top_k)) * ld_in;
+  const TW* A = (down ? p.a_down : p.a_gu) + static_cast<int64_t>(key) * GR * K;
+  const bool xvec = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const bool wvec = (K & 7) == 0 && (reinterpret_cast<uintptr_t>(A) & 15) == 0;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kWarps = kRowShrinkThreads / 32;
+  for (int64_t j0 = 0; j0 < GR; j0 += kRowShrinkChunk) {
+    float acc[kRowShrinkChunk];
+#pragma unroll
+    for (int q = 0; q < kRowShrinkChunk; ++q) acc[q] = 0.0f;
+    for (int64_t k = static_cast<int64_t>(threadIdx.x) * 8; k < K; k += kRowShrinkThreads * 8) {
+      const bool vk = k + 8 <= K;
+      float xv[8];
+      ls::load8(x, k, K, vk && xvec, xv);
+      ls::Pack8<TW> w[kRowShrinkChunk];
+#pragma unroll
+      for (int q = 0; q < kRowShrinkChunk; ++q)
+        if (j0 + q < GR) w[q].load(A + (j0 + q) * K, k, K, vk && wvec);
+#pragma unroll
+      for (int q = 0; q < kRowShrinkChunk; ++q) {
+        if (j0 + q >= GR) break;
+        float s = acc[q];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s = fmaf(w[q].get(e), xv[e], s);
+        acc[q] = s;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kRowShrinkChunk; ++q) {
+      const float v = cuda_util::warp_sum(acc[q]);
+      if (lane == 0 && j0 + q < GR) red[warp * GR + j0 + q] = v;
+    }
+  }
+  __syncthreads();
+  float* o = out + (down ? static_cast<int64_t>(pair) * p.R : r * GR);
+  for (int64_t j = threadIdx.x; j < GR; j += blockDim.x) {
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += red[w * GR + j];
+    o[j] = v;
+  }
+}
+
 // The SMs' shared-memory carveout preference of a kernel that may run beside a tensor-core product (the
 // expert LoRA's delta kernel and shrinks: moe_experts), set once: the product's.
 template <typename Kernel>
@@ -824,56 +890,17 @@ void launch_stack_shrink(dim3 grid, cudaStream_t st, const StackParams<TW>& p, c
   }
 }
 
-// Threads per block of the two expand-fused kernels below: columns over blocks, so few tokens (decode) still
-// spread over ~2 x more SMs than with 256 (the B loads are latency-bound there).
-constexpr int kActLoraThreads = 128;
-
-// moe_act_kernel with the gate/up LoRA expand fused in: per tile of sorted rows and column j, the B rows
-// of the gate and up outputs of j read once per distinct (slot, expert) of the tile, added (scaled) to
-// gu before the activation. ts: [kTileRows][gu_slices][R8] shared.
+// One column j of moe_act_lora_kernel's tile (keys: the rows' keys, −2 no row, −1 no LoRA; sc_g, sc_u their
+// gate and up LoRA scales).
 template <typename TW>
-__global__ void __launch_bounds__(kActLoraThreads)
-    moe_act_lora_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act,
-                        __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies, ExpertAct kind,
-                        float alpha, float limit) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  extern __shared__ float ts[];
-  __shared__ int32_t keys_s[ls::kTileRows];  // −2: no row, −1: a row without LoRA
-  const int64_t R = p.R, R8 = ls::round8(R), lds = p.gu_slices * R8, I = p.I;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
-  const int64_t rows = stack_rows(p);
-  if (r0 >= rows) return;
-  if (threadIdx.x < ls::kTileRows) {
-    const int64_t r = r0 + threadIdx.x;
-    const int32_t pair = r < rows ? p.sorted[r] : -1;
-    keys_s[threadIdx.x] = pair < 0 ? -2 : stack_key(p, pair, 0, p.gu_slices);
-  }
-  __syncthreads();
-  for (int64_t idx = threadIdx.x; idx < ls::kTileRows * lds; idx += blockDim.x) {
-    const int64_t u = idx / lds, c = idx % lds, sl = c / R8, r = c % R8;
-    float v = 0.0f;
-    if (keys_s[u] >= 0 && r < R)
-      for (int z = 0; z < p.gu_splits; ++z)
-        v += tmp[z * p.gu_stride + (r0 + u) * p.gu_slices * R + sl * R + r];
-    ts[idx] = v;
-  }
-  __syncthreads();
-  const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
-  const int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (j >= width) return;
-  int32_t keys[ls::kTileRows];
-#pragma unroll
-  for (int u = 0; u < ls::kTileRows; ++u) keys[u] = keys_s[u];
-  if (j >= I) {
-#pragma unroll
-    for (int u = 0; u < ls::kTileRows; ++u) {
-      if (keys[u] == -2) continue;
-      __nv_bfloat16* brow = act_bf16 + (r0 + u) * copies * lda_bf16;
-      brow[j] = __float2bfloat16_rn(0.0f);
-      if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
-    }
-    return;
-  }
+__device__ __forceinline__ void act_lora_column(const StackParams<TW>& p, const float* gu, float* act,
+                                                __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies,
+                                                ExpertAct kind, float alpha, float limit, const float* ts,
+                                                int64_t lds, int64_t R8, int64_t r0,
+                                                const int32_t (&keys)[ls::kTileRows],
+                                                const float (&sc_g)[ls::kTileRows],
+                                                const float (&sc_u)[ls::kTileRows], int64_t j) {
+  const int64_t R = p.R, I = p.I;
   const int64_t n_gate = p.interleaved ? 2 * j : j, n_up = p.interleaved ? 2 * j + 1 : I + j;
   const int up_slice = p.gu_slices == 1 ? 0 : 1;
   const bool vec = (R & 7) == 0;
@@ -900,13 +927,167 @@ __global__ void __launch_bounds__(kActLoraThreads)
     const int64_t r = r0 + u;
     float g = g_in[u], up = up_in[u];
     if (keys[u] >= 0) {
-      g += p.scale[keys[u] * 3] * acc_g[u];
-      up += p.scale[keys[u] * 3 + up_slice] * acc_u[u];
+      g += sc_g[u] * acc_g[u];
+      up += sc_u[u] * acc_u[u];
     }
     const float v = moe_detail::expert_act(kind, g, up, alpha, limit);
     if (act != nullptr) act[r * I + j] = v;
     if (act_bf16 != nullptr) {
       __nv_bfloat16* brow = act_bf16 + r * copies * lda_bf16;
+      const cuda_util::Bf16Pair hl = cuda_util::split_bf16(v);
+      brow[j] = hl.hi;
+      if (copies == 2) brow[lda_bf16 + j] = hl.lo;
+    }
+  }
+}
+
+// Threads per block of the two expand-fused kernels below: columns over blocks, so few tokens (decode) still
+// spread over ~2 x more SMs than with 256 (the B loads are latency-bound there).
+constexpr int kActLoraThreads = 128;
+
+// moe_act_kernel with the gate/up LoRA expand fused in: per tile of sorted rows and column j, the B rows
+// of the gate and up outputs of j read once per distinct (slot, expert) of the tile, added (scaled) to
+// gu before the activation. ts: [kTileRows][gu_slices][R8] shared.
+template <typename TW>
+__global__ void __launch_bounds__(kActLoraThreads)
+    moe_act_lora_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act,
+                        __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies, ExpertAct kind,
+                        float alpha, float limit) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  extern __shared__ float ts[];
+  __shared__ int32_t keys_s[ls::kTileRows];  // −2: no row, −1: a row without LoRA
+  __shared__ float scg_s[ls::kTileRows], scu_s[ls::kTileRows];  // gate and up LoRA scales of a row's key
+  const int64_t R = p.R, R8 = ls::round8(R), lds = p.gu_slices * R8, I = p.I;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
+  const int64_t rows = stack_rows(p);
+  if (r0 >= rows) return;
+  if (threadIdx.x < ls::kTileRows) {
+    const int64_t r = r0 + threadIdx.x;
+    const int32_t pair = r < rows ? p.sorted[r] : -1;
+    const int32_t key = pair < 0 ? -2 : stack_key(p, pair, 0, p.gu_slices);
+    keys_s[threadIdx.x] = key;
+    scg_s[threadIdx.x] = key >= 0 ? p.scale[key * 3] : 0.0f;
+    scu_s[threadIdx.x] = key >= 0 ? p.scale[key * 3 + (p.gu_slices == 1 ? 0 : 1)] : 0.0f;
+  }
+  __syncthreads();
+  for (int64_t idx = threadIdx.x; idx < ls::kTileRows * lds; idx += blockDim.x) {
+    const int64_t u = idx / lds, c = idx % lds, sl = c / R8, r = c % R8;
+    float v = 0.0f;
+    if (keys_s[u] >= 0 && r < R)
+      for (int z = 0; z < p.gu_splits; ++z)
+        v += tmp[z * p.gu_stride + (r0 + u) * p.gu_slices * R + sl * R + r];
+    ts[idx] = v;
+  }
+  __syncthreads();
+  const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
+  int32_t keys[ls::kTileRows];
+  float sc_g[ls::kTileRows], sc_u[ls::kTileRows];
+#pragma unroll
+  for (int u = 0; u < ls::kTileRows; ++u) {
+    keys[u] = keys_s[u];
+    sc_g[u] = scg_s[u];
+    sc_u[u] = scu_s[u];
+  }
+  // Columns over blockIdx.y and a loop: the tile's keys and shrink sums above are read once per CTA, not
+  // once per 128 columns (moe_act_lora_grid).
+  for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < width;
+       j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    if (j >= I) {
+#pragma unroll
+      for (int u = 0; u < ls::kTileRows; ++u) {
+        if (keys[u] == -2) continue;
+        __nv_bfloat16* brow = act_bf16 + (r0 + u) * copies * lda_bf16;
+        brow[j] = __float2bfloat16_rn(0.0f);
+        if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
+      }
+      continue;
+    }
+    act_lora_column(p, gu, act, act_bf16, lda_bf16, copies, kind, alpha, limit, ts, lds, R8, r0, keys, sc_g,
+                    sc_u, j);
+  }
+}
+
+// moe_act_lora_kernel by sorted row (tuning moe_lora_by_row, the default; 0 takes the tiled one): row
+// blockIdx.x, columns over blockIdx.y and the threads. Each (row, column) loads its own key's gate and up B
+// rows (rows of one key read them again from L2), so a thread holds one row's state, not a tile's: ~40
+// registers instead of ~210, full occupancy, and a CTA's setup (the row's key, scales and shrink sums) is
+// one short chain. The sums are the tiled kernel's, in the same order.
+constexpr int kActLoraRowThreads = 256;
+
+template <typename TW>
+__global__ void __launch_bounds__(kActLoraRowThreads)
+    moe_act_lora_rows_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act,
+                             __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies, ExpertAct kind,
+                             float alpha, float limit) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  extern __shared__ float ts[];  // [gu_slices][R8]
+  __shared__ int32_t key_s;      // −2: no pair, −1: no LoRA
+  __shared__ float sc_s[2];
+  const int64_t r = blockIdx.x;
+  if (r >= stack_rows(p)) return;
+  const int64_t R = p.R, R8 = ls::round8(R), I = p.I;
+  const int up_slice = p.gu_slices == 1 ? 0 : 1;
+  if (threadIdx.x == 0) {
+    const int32_t pair = p.sorted[r];
+    const int32_t key = pair < 0 ? -2 : stack_key(p, pair, 0, p.gu_slices);
+    key_s = key;
+    sc_s[0] = key >= 0 ? p.scale[key * 3] : 0.0f;
+    sc_s[1] = key >= 0 ? p.scale[key * 3 + up_slice] : 0.0f;
+  }
+  // The shrink sums of the row (read whether or not it has LoRA: the key is not known yet; unused then).
+  for (int64_t idx = threadIdx.x; idx < p.gu_slices * R8; idx += blockDim.x) {
+    const int64_t sl = idx / R8, k = idx % R8;
+    float v = 0.0f;
+    if (k < R)
+      for (int z = 0; z < p.gu_splits; ++z) v += tmp[z * p.gu_stride + r * p.gu_slices * R + sl * R + k];
+    ts[idx] = v;
+  }
+  __syncthreads();
+  const int32_t key = key_s;
+  if (key == -2) return;
+  const float sc_g = sc_s[0], sc_u = sc_s[1];
+  const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
+  const bool vec = (R & 7) == 0;
+  const TW* b = key >= 0 ? p.b_gu + static_cast<int64_t>(key) * 2 * I * R : nullptr;
+  const float* ts_u = ts + up_slice * R8;
+  for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < width;
+       j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    __nv_bfloat16* brow = act_bf16 != nullptr ? act_bf16 + r * copies * lda_bf16 : nullptr;
+    if (j >= I) {
+      brow[j] = __float2bfloat16_rn(0.0f);
+      if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
+      continue;
+    }
+    const int64_t n_gate = p.interleaved ? 2 * j : j, n_up = p.interleaved ? 2 * j + 1 : I + j;
+    float g = __ldg(gu + r * 2 * I + n_gate), up = __ldg(gu + r * 2 * I + n_up);
+    if (b != nullptr) {
+      float ag = 0.0f, au = 0.0f;
+      const TW* bg = b + n_gate * R;
+      const TW* bu = b + n_up * R;
+      if (vec) {
+#pragma unroll 4
+        for (int64_t k = 0; k < R; k += 8) {
+          ls::Pack8<TW> wg, wu;
+          wg.load(bg, k, R, true);
+          wu.load(bu, k, R, true);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            ag = fmaf(wg.get(e), ts[k + e], ag);
+            au = fmaf(wu.get(e), ts_u[k + e], au);
+          }
+        }
+      } else {
+        for (int64_t k = 0; k < R; ++k) {
+          ag = fmaf(ls::ld1(bg, k), ts[k], ag);
+          au = fmaf(ls::ld1(bu, k), ts_u[k], au);
+        }
+      }
+      g += sc_g * ag;
+      up += sc_u * au;
+    }
+    const float v = moe_detail::expert_act(kind, g, up, alpha, limit);
+    if (act != nullptr) act[r * I + j] = v;
+    if (brow != nullptr) {
       const cuda_util::Bf16Pair hl = cuda_util::split_bf16(v);
       brow[j] = hl.hi;
       if (copies == 2) brow[lda_bf16 + j] = hl.lo;
@@ -1226,6 +1407,17 @@ void launch_delta_cluster(int C, const StackParams<TW>& p, const StackBuffers& w
                                 down ? ws.dy : ws.dgu, down));
 }
 
+// CTAs along the columns of the expand-fused activation and combine (kActLoraThreads columns each, looping
+// over the rest): enough for about per_sm CTAs per SM with `rows` CTAs along the rows, at most one per
+// kActLoraThreads columns. Each CTA reads its rows' keys and shrink sums once (a chain of dependent loads
+// before its first column), so CTAs that take several column blocks pay it once: H200, moe-lora MXFP4
+// M = 256 (ncu, serialized): the activation with the expand in 2,944 CTAs took 128 us for 69 MB.
+unsigned expand_column_ctas(int64_t rows, int64_t width, int64_t per_sm) {
+  const int64_t blocks = (width + kActLoraThreads - 1) / kActLoraThreads;
+  const int64_t want = (per_sm * cuda_util::num_sms() + rows - 1) / std::max<int64_t>(1, rows);
+  return static_cast<unsigned>(std::clamp<int64_t>(want, 1, blocks));
+}
+
 // Paths whose sorted rows are single pairs (tile_m 1: the GEMV, tensor-core GEMV and MXFP4 paths) with at
 // most this many rows take the shrinks as weight-streaming items (moe_gemv.cuh LoraShrinkItems: fused into
 // the GEMV path's products, a launch of their own on the others), without split-K. Above it (prefill
@@ -1233,6 +1425,27 @@ void launch_delta_cluster(int C, const StackParams<TW>& p, const StackBuffers& w
 // (lora_gemv_shrink_rows; POLYLORA_LORA_GEMV_SHRINK_ROWS, 0: always tiled).
 bool gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b) {
   return b.tile_m == 1 && b.max_rows <= tuning_of(a).lora_gemv_shrink_rows;
+}
+
+// Do the shrinks run by sorted row (moe_lora_shrink_rows_kernel)? On the tile_m 1 paths whenever they are
+// not items of the products (shrinks_fused), with tuning moe_lora_by_row (0: the item or tiled shrinks).
+bool row_shrink(const MoeExpertsArgs& a, const StackBuffers& b) {
+  return tuning_of(a).moe_lora_by_row != 0 && b.tile_m == 1 && !b.shrinks_fused;
+}
+
+template <typename TW>
+void launch_row_shrink(const StackParams<TW>& p, const StackBuffers& ws, const MoeExpertsArgs& a,
+                       const MoeLoraStack& s, bool down, cudaStream_t st) {
+  static const bool carveout = [] {
+    prefer_max_shared(moe_lora_shrink_rows_kernel<TW>);
+    return true;
+  }();
+  (void)carveout;
+  const int64_t GR = down ? s.rank : s.gu_slices * s.rank;
+  const size_t smem = static_cast<size_t>(kRowShrinkThreads / 32 * GR) * sizeof(float);
+  cuda_util::launch_pdl(moe_lora_shrink_rows_kernel<TW>, dim3(static_cast<unsigned>(ws.max_rows)),
+                        kRowShrinkThreads, smem, st, p, down ? static_cast<const float*>(ws.act) : a.x,
+                        down ? a.inter : a.ldx, down ? ws.lora_down : ws.lora_gu, down);
 }
 
 // The shrink items of one phase (gate/up: x -> lora_gu by sorted row; down: act -> lora_down by pair).
@@ -1308,12 +1521,17 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
   const int64_t R8 = ls::round8(s.rank);
   const moe_detail::StackSplits sp = moe_detail::stack_splits(a, ws.max_rows);
   const bool gemv = gemv_shrink(a, ws);
-  p.gu_splits = gemv ? 1 : sp.gu;
-  p.down_splits = gemv ? 1 : sp.down;
+  const bool rows = row_shrink(a, ws);
+  p.gu_splits = gemv || rows ? 1 : sp.gu;
+  p.down_splits = gemv || rows ? 1 : sp.down;
   p.gu_stride = ws.max_rows * s.gu_slices * s.rank;
   p.down_stride = a.m * a.top_k * s.rank;
   switch (step) {
     case StackStep::kShrinkGateUp: {
+      if (rows) {
+        launch_row_shrink<TW>(p, ws, a, s, false, st);
+        break;
+      }
       if (gemv) {
         if (!ws.shrinks_fused) launch_gemv_shrink<Phase::kGateUp>(a, ws, st);
         return;
@@ -1370,7 +1588,19 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         break;
       }
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
-      dim3 grid(tiles, static_cast<unsigned>((width + kActLoraThreads - 1) / kActLoraThreads));
+      if (tuning_of(a).moe_lora_by_row != 0) {
+        // Rows over x; columns over enough CTAs for ~2 per SM in all (few rows: decode).
+        const int64_t blocks = (width + kActLoraRowThreads - 1) / kActLoraRowThreads;
+        const int64_t want = (2 * cuda_util::num_sms() + ws.max_rows - 1) / std::max<int64_t>(1, ws.max_rows);
+        const dim3 rgrid(static_cast<unsigned>(ws.max_rows),
+                         static_cast<unsigned>(std::clamp<int64_t>(want, 1, blocks)));
+        const size_t rsmem = static_cast<size_t>(s.gu_slices * R8) * sizeof(float);
+        moe_act_lora_rows_kernel<TW><<<rgrid, kActLoraRowThreads, rsmem, st>>>(
+            p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
+            a.swiglu_limit);
+        break;
+      }
+      dim3 grid(tiles, expand_column_ctas(tiles, width, 4));
       const size_t smem = static_cast<size_t>(ls::kTileRows * s.gu_slices * R8) * sizeof(float);
       // Launched plainly even in steps that keep PDL (POLYLORA_PDL_LORA=1): a kernel timeline of batch-1
       // LoRA steps with PDL showed this kernel's share of the step doubling (9.07 -> 17.09 us per layer,
@@ -1381,6 +1611,10 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       break;
     }
     case StackStep::kShrinkDown: {
+      if (rows) {
+        launch_row_shrink<TW>(p, ws, a, s, true, st);
+        break;
+      }
       if (gemv) {
         if (!ws.shrinks_fused) launch_gemv_shrink<Phase::kDown>(a, ws, st);
         return;
@@ -1399,8 +1633,7 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         break;
       }
       const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
-      dim3 grid(static_cast<unsigned>(a.m),
-                static_cast<unsigned>((a.hidden + kActLoraThreads - 1) / kActLoraThreads));
+      dim3 grid(static_cast<unsigned>(a.m), expand_column_ctas(a.m, a.hidden, 8));
       cuda_util::launch_pdl(moe_combine_lora_kernel<TW>, grid, kActLoraThreads, smem, st, p, ws.y,
                             ws.lora_down, a.weights, a.out, a.ldo);
       break;
