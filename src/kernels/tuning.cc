@@ -53,6 +53,7 @@ const std::vector<Field>& fields() {
       {"moe_lora_delta_cluster_rows", &KernelTuning::moe_lora_delta_cluster_rows,
        "POLYLORA_MOE_LORA_DELTA_CLUSTER_ROWS"},
       {"moe_lora_by_row", &KernelTuning::moe_lora_by_row, "POLYLORA_MOE_LORA_BY_ROW"},
+      {"moe_lora_shrink_group", &KernelTuning::moe_lora_shrink_group, "POLYLORA_MOE_LORA_SHRINK_GROUP"},
       {"lora_pdl_max_tokens", &KernelTuning::lora_pdl_max_tokens, "POLYLORA_LORA_PDL_MAX_TOKENS"},
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,
        "POLYLORA_LORA_GEMV_SHRINK_ROWS"},

@@ -60,6 +60,10 @@ struct KernelTuning {
   // (moe_lora_shrink_rows_kernel, moe_act_lora_rows_kernel); 0, the tiled shrink / item shrinks and the
   // tiled activation (8 rows per CTA); env POLYLORA_MOE_LORA_BY_ROW.
   int64_t moe_lora_by_row = 1;
+  // With moe_lora_by_row: G > 0 runs those shrinks by group of up to G (<= 8) same-key sorted rows through a
+  // cp.async pipeline (moe_lora_shrink_group_kernel; compiled, not yet measured on a GPU, session 37); env
+  // POLYLORA_MOE_LORA_SHRINK_GROUP.
+  int64_t moe_lora_shrink_group = 0;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

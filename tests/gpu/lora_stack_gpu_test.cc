@@ -667,7 +667,8 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
   // Variants 3 and 4: delta mode with its cluster kernel (moe_lora_delta_cluster 8 and 2; from m = 40 groups
   // of several rows with the same key). Variant 5: without the by-row shrinks and activation (moe_lora_by_row
   // 0: the item shrinks launched apart and the tiled activation); variant 0 takes the by-row kernels.
-  for (int variant = 0; variant < 6; ++variant) {
+  // Variant 6: the shrinks by groups of up to 4 same-key rows (moe_lora_shrink_group 4, cp.async pipeline).
+  for (int variant = 0; variant < 7; ++variant) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_delta_rows = variant == 1 || variant == 3 || variant == 4 ? 100000 : 0;
     if (variant == 2) {  // and the tiled shrinks and activation, not the by-row kernels
@@ -675,6 +676,7 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
       t.moe_lora_by_row = 0;
     }
     if (variant == 5) t.moe_lora_by_row = 0;
+    t.moe_lora_shrink_group = variant == 6 ? 4 : 0;
     t.moe_lora_delta_cluster = variant == 3 ? 8 : variant == 4 ? 2 : 0;
     t.moe_lora_delta_cluster_rows = 100000;
     k::override_kernel_tuning(t);
@@ -730,8 +732,7 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
 }
 
 // Stack ranks 1 .. 64 (adapters of every rank up to the stack's, zero-padded).
-TEST(GpuLoraStack, MoeRanks) {
-  SKIP_WITHOUT_GPU();
+void moe_ranks_case() {
   for (int64_t rank : {1, 5, 32, 64}) {
     run_all({.m = 64,
              .hidden = 64,
@@ -757,6 +758,19 @@ TEST(GpuLoraStack, MoeRanks) {
            .fused = true,
            .biases = true,
            .lora_b = 0.1f});
+}
+
+// With the by-row shrinks and with the shrinks by groups of 8 rows (moe_lora_shrink_group: ranks of 32 and
+// 64 take two and four blocks of rank rows).
+TEST(GpuLoraStack, MoeRanks) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t group : {0, 8}) {
+    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    t.moe_lora_shrink_group = group;
+    k::override_kernel_tuning(t);
+    moe_ranks_case();
+  }
+  k::override_kernel_tuning(std::nullopt);
 }
 
 // Awkward shapes of the paths: odd K (element loads), a partial 32-block of K (136), K past one GEMV

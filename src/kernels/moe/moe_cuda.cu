@@ -32,6 +32,7 @@
 
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/lora/lora_stack_cuda.cuh"
+#include "kernels/mma_util.cuh"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_launch.h"
 #include "kernels/tuning.h"
@@ -1427,6 +1428,172 @@ bool gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b) {
   return b.tile_m == 1 && b.max_rows <= tuning_of(a).lora_gemv_shrink_rows;
 }
 
+// The shrink by group of sorted rows through a cp.async pipeline (tuning moe_lora_shrink_group = G > 0;
+// prepared in session 37, compiled, not yet run on a GPU, so off by default). A group: up to G consecutive
+// sorted rows with the same key, starting where the key changes or at a multiple of G (delta_key, as the
+// cluster kernel's groups: every CTA decides alone whether its row starts one; the others exit at once). Its
+// CTA streams the key's A once for all the group's rows (moe_lora_shrink_rows_kernel reads it once per row:
+// at M = 256, ~4 rows per key, 188 MB of L2 reads for 45 MB of A) in stages of kSgRankRows rank rows x
+// kSgK inputs, with the rows' inputs, kSgStages deep through cp.async (the loads in flight are shared
+// memory, not registers: ~48 KB per CTA instead of the by-row kernel's ~40 B per thread). Thread t takes
+// rank row t / 8 of the stage and the 8-element pieces t % 8 + 8q (a quarter warp reads 128 contiguous
+// bytes: no bank conflicts for BF16); the 8 partial sums of a rank row meet by shuffles (fixed order).
+// Needs K % 8 == 0 and 16-byte aligned A, input rows and row stride (launch_group_shrink checks; otherwise
+// the by-row kernel runs). Same outputs as the by-row kernel (rows without LoRA store nothing).
+constexpr int kSgThreads = 256;
+constexpr int kSgRankRows = 32;
+constexpr int kSgK = 256;
+constexpr int kSgStages = 3;
+constexpr int kSgMaxGroup = 8;
+
+template <typename TW>
+constexpr int sg_stage_bytes(int G) {
+  return kSgRankRows * kSgK * static_cast<int>(sizeof(TW)) + G * kSgK * 4;
+}
+
+// 8 weights from shared memory (16-byte aligned) as f32.
+__device__ __forceinline__ void smem8(const float* w, float* v) {
+  const float4 a = *reinterpret_cast<const float4*>(w);
+  const float4 b = *reinterpret_cast<const float4*>(w + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void smem8(const __nv_bfloat16* w, float* v) {
+  const uint4 u = *reinterpret_cast<const uint4*>(w);
+  const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(q[i] << 16);
+    v[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
+  }
+}
+
+template <typename TW>
+__global__ void __launch_bounds__(kSgThreads)
+    moe_lora_shrink_group_kernel(StackParams<TW> p, const float* in, int64_t ld_in, float* out, bool down,
+                                 int G) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  extern __shared__ __align__(16) unsigned char sg_smem[];
+  __shared__ const float* s_x[kSgMaxGroup];
+  __shared__ float* s_o[kSgMaxGroup];
+  const int64_t rows = stack_rows(p);
+  const int64_t r0 = blockIdx.x;
+  if (r0 >= rows) return;
+  const int32_t key = delta_key(p, r0, down);
+  if (key < 0) return;                                            // no pair, or no LoRA in this phase
+  if (r0 % G != 0 && delta_key(p, r0 - 1, down) == key) return;  // not the first row of a group
+  int n = 1;
+  while (n < G && r0 + n < rows && (r0 + n) % G != 0 && delta_key(p, r0 + n, down) == key) ++n;
+  const int64_t K = down ? p.I : p.H, GR = down ? p.R : p.gu_slices * p.R;
+  if (threadIdx.x < n) {
+    const int64_t r = r0 + threadIdx.x;
+    const int32_t pair = p.sorted[r];
+    s_x[threadIdx.x] = in + (down ? r : static_cast<int64_t>(pair / p.top_k)) * ld_in;
+    s_o[threadIdx.x] = down ? out + static_cast<int64_t>(pair) * p.R : out + r * GR;
+  }
+  __syncthreads();
+  const TW* A = (down ? p.a_down : p.a_gu) + static_cast<int64_t>(key) * GR * K;
+  const int stage_bytes = sg_stage_bytes<TW>(G);
+  constexpr int kAChunks = kSgK * static_cast<int>(sizeof(TW)) / 16;  // 16-byte chunks per A row
+  constexpr int kElems = 16 / static_cast<int>(sizeof(TW));         // elements per chunk
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sg_smem));
+  const int tid = threadIdx.x, j = tid >> 3, sub = tid & 7;
+  const int64_t nkc = (K + kSgK - 1) / kSgK;
+  for (int64_t jb = 0; jb < GR; jb += kSgRankRows) {
+    auto load_stage = [&](int stage, int64_t kc) {
+      const uint32_t sa = base + stage * stage_bytes;
+      const uint32_t sx = sa + kSgRankRows * kSgK * static_cast<int>(sizeof(TW));
+      const int64_t k0 = kc * kSgK;
+      for (int c = tid; c < kSgRankRows * kAChunks; c += kSgThreads) {
+        const int row = c / kAChunks, ch = c % kAChunks;
+        const int64_t jr = jb + row, k = k0 + static_cast<int64_t>(ch) * kElems;
+        const bool ok = jr < GR && k < K;
+        mma::cp_async16(sa + row * (kSgK * static_cast<int>(sizeof(TW))) + ch * 16,
+                        ok ? static_cast<const void*>(A + jr * K + k) : static_cast<const void*>(A),
+                        ok ? 16 : 0);
+      }
+      for (int c = tid; c < n * (kSgK / 4); c += kSgThreads) {
+        const int g = c / (kSgK / 4), ch = c % (kSgK / 4);
+        const int64_t k = k0 + static_cast<int64_t>(ch) * 4;
+        const bool ok = k < K;
+        mma::cp_async16(sx + g * kSgK * 4 + ch * 16,
+                        ok ? static_cast<const void*>(s_x[g] + k) : static_cast<const void*>(s_x[0]),
+                        ok ? 16 : 0);
+      }
+    };
+    float acc[kSgMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kSgMaxGroup; ++g) acc[g] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < kSgStages - 1; ++st) {
+      if (st < nkc) load_stage(st, st);
+      mma::cp_async_commit();
+    }
+    for (int64_t kc = 0; kc < nkc; ++kc) {
+      mma::cp_async_wait<kSgStages - 2>();
+      __syncthreads();
+      const int64_t nk = kc + kSgStages - 1;
+      if (nk < nkc) load_stage(static_cast<int>(nk % kSgStages), nk);
+      mma::cp_async_commit();
+      const unsigned char* sa = sg_smem + static_cast<int>(kc % kSgStages) * stage_bytes;
+      const TW* as = reinterpret_cast<const TW*>(sa) + j * kSgK;
+      const float* xs = reinterpret_cast<const float*>(sa + kSgRankRows * kSgK * sizeof(TW));
+#pragma unroll
+      for (int q = 0; q < kSgK / 64; ++q) {
+        const int k = q * 64 + sub * 8;
+        float w[8];
+        smem8(as + k, w);
+#pragma unroll
+        for (int g = 0; g < kSgMaxGroup; ++g) {
+          if (g >= n) break;
+          float xv[8];
+          smem8(xs + g * kSgK + k, xv);
+          float s = acc[g];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s = fmaf(w[e], xv[e], s);
+          acc[g] = s;
+        }
+      }
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();  // the next rank block refills the stages
+#pragma unroll
+    for (int g = 0; g < kSgMaxGroup; ++g) {
+      if (g >= n) break;
+      float v = acc[g];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      if (sub == 0 && jb + j < GR) s_o[g][jb + j] = v;
+    }
+  }
+}
+
+// Launches moe_lora_shrink_group_kernel with groups of G rows when the shapes allow it (false: they do not,
+// the caller runs the by-row kernel).
+template <typename TW>
+bool launch_group_shrink(int G, const StackParams<TW>& p, const StackBuffers& ws, const MoeExpertsArgs& a,
+                         const MoeLoraStack& s, bool down, cudaStream_t st) {
+  const float* in = down ? static_cast<const float*>(ws.act) : a.x;
+  const int64_t ld_in = down ? a.inter : a.ldx, K = down ? a.inter : a.hidden;
+  const void* A = down ? s.a_down : s.a_gu;
+  if (G < 1 || K % 8 != 0 || ld_in % 4 != 0 || (reinterpret_cast<uintptr_t>(in) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(A) & 15) != 0)
+    return false;
+  G = std::min(G, kSgMaxGroup);
+  static const bool configured = [] {
+    prefer_max_shared(moe_lora_shrink_group_kernel<TW>);
+    CUDA_CHECK(cudaFuncSetAttribute(moe_lora_shrink_group_kernel<TW>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kSgStages * sg_stage_bytes<TW>(kSgMaxGroup)));
+    return true;
+  }();
+  (void)configured;
+  const size_t smem = static_cast<size_t>(kSgStages) * sg_stage_bytes<TW>(G);
+  cuda_util::launch_pdl(moe_lora_shrink_group_kernel<TW>, dim3(static_cast<unsigned>(ws.max_rows)), kSgThreads,
+                        smem, st, p, in, ld_in, down ? ws.lora_down : ws.lora_gu, down, G);
+  return true;
+}
+
 // Do the shrinks run by sorted row (moe_lora_shrink_rows_kernel)? On the tile_m 1 paths whenever they are
 // not items of the products (shrinks_fused), with tuning moe_lora_by_row (0: the item or tiled shrinks).
 bool row_shrink(const MoeExpertsArgs& a, const StackBuffers& b) {
@@ -1529,7 +1696,9 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
   switch (step) {
     case StackStep::kShrinkGateUp: {
       if (rows) {
-        launch_row_shrink<TW>(p, ws, a, s, false, st);
+        if (!launch_group_shrink<TW>(static_cast<int>(tuning_of(a).moe_lora_shrink_group), p, ws, a, s, false,
+                                     st))
+          launch_row_shrink<TW>(p, ws, a, s, false, st);
         break;
       }
       if (gemv) {
@@ -1612,7 +1781,9 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
     }
     case StackStep::kShrinkDown: {
       if (rows) {
-        launch_row_shrink<TW>(p, ws, a, s, true, st);
+        if (!launch_group_shrink<TW>(static_cast<int>(tuning_of(a).moe_lora_shrink_group), p, ws, a, s, true,
+                                     st))
+          launch_row_shrink<TW>(p, ws, a, s, true, st);
         break;
       }
       if (gemv) {
