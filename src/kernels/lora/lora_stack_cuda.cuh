@@ -1,5 +1,5 @@
 // kernels/lora/lora_stack_cuda.cuh: the CUDA building blocks of slot-stacked LoRA (lora.h LoraStack, moe.h
-// MoeLoraStack), shared by lora_cuda.cu (dense, SGMV-style) and moe_cuda.cu (expert LoRA):
+// MoeLoraStack), shared by lora_cuda.cu (dense, SGMV-style) and moe_lora_stack_cuda.cu (expert LoRA):
 // - shrink_kernel: tmp[row, j] = A[key(row)][j] · in[row] over tiles of kTileRows consecutive rows; each
 //   warp streams the tile's inputs and its rank rows' weights (no shared staging) and computes Q rank
 //   rows of the concatenated rank space of up to kMaxLoraGroup modules (q/k/v share one read of x). Rows
@@ -8,7 +8,7 @@
 //   expert segments sorted by slot read each matrix once.
 // - expand helpers: B rows for a key read once per tile, dotted with the tmp rows of every row with that
 //   key; the dense expand adds scale · B · tmp into y, the MoE ones are fused into the activation and
-//   combine kernels (moe_cuda.cu), so the LoRA sum costs no pass of its own over the outputs.
+//   combine kernels (moe_lora_stack_cuda.cu), so the LoRA sum costs no pass of its own over the outputs.
 // Weights are F32 or BF16 (TW); inputs, tmp and outputs f32. Only included from .cu files.
 // Must not: depend on anything above common/.
 #pragma once
@@ -108,7 +108,7 @@ template <typename TW>
 struct ShrinkGroup {
   int num = 1;
   const TW* a[kMaxLoraGroup] = {};
-  int64_t first[kMaxLoraGroup + 1] = {};  // concatenated rank offsets; first[num] = total rank rows
+  int64_t first[kMaxLoraGroup + 1] = {};   // concatenated rank offsets; first[num] = total rank rows
   int64_t rank_total[kMaxLoraGroup] = {};  // rows per key in module i's stack
   int64_t in = 0;
   int splits = 1;
@@ -252,8 +252,12 @@ int64_t shrink_rank_blocks(int64_t ranks);
 // blocks for about eight per SM, at most one per chunk (and 16).
 int shrink_splits(int64_t tiles, int64_t rank_blocks, int64_t in);
 
-__device__ __forceinline__ float ld1(const float* w, int64_t i) { return w[i]; }
-__device__ __forceinline__ float ld1(const __nv_bfloat16* w, int64_t i) { return __bfloat162float(w[i]); }
+__device__ __forceinline__ float ld1(const float* w, int64_t i) {
+  return w[i];
+}
+__device__ __forceinline__ float ld1(const __nv_bfloat16* w, int64_t i) {
+  return __bfloat162float(w[i]);
+}
 
 // Σ_r b[r] · t[r] for r < rank: b a row of B in global memory (vec: 16-byte aligned and rank a multiple
 // of 8), t in shared memory.
@@ -279,8 +283,8 @@ __device__ __forceinline__ float dot_rank(const TW* b, const float* t, int64_t r
 // reuse a neighbour's and add nothing). ts rows
 // (stride lds, a multiple of 8 >= R) are zero past R.
 template <typename TW, typename RowOf>
-__device__ __forceinline__ void expand_tile(const RowOf& row, int64_t R, bool vec, const float* ts, int64_t lds,
-                                            const int32_t* keys, float* acc) {
+__device__ __forceinline__ void expand_tile(const RowOf& row, int64_t R, bool vec, const float* ts,
+                                            int64_t lds, const int32_t* keys, float* acc) {
   int32_t load_key[kTileRows];
   bool same[kTileRows];
   tile_load_keys(keys, load_key, same);
@@ -344,6 +348,8 @@ __device__ __forceinline__ void expand_tile2(const RowA& row_a, const RowB& row_
   }
 }
 
-__host__ __device__ inline int64_t round8(int64_t v) { return (v + 7) / 8 * 8; }
+__host__ __device__ inline int64_t round8(int64_t v) {
+  return (v + 7) / 8 * 8;
+}
 
 }  // namespace polylora::kernels::lora_stack

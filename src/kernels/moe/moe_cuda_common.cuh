@@ -84,38 +84,4 @@ __device__ __forceinline__ float expert_act(ExpertAct kind, float gate, float up
   return (u + 1.0f) * (x * (1.0f / (1.0f + expf(-x * alpha))));
 }
 
-// Slot-stacked expert LoRA (MoeLoraStack) over a path's sorted rows, defined in moe_cuda.cu and used by
-// every expert path of moe_cuda.cu: shrink of gate/up, the activation with the gate/up
-// expand fused in, shrink of down, and the combine with the down expand fused in. Or, on the tensor-core
-// weight-streaming path at small batches (delta mode, tuning moe_lora_delta_rows), each phase's whole LoRA
-// (shrink and expand) as one kernel launched just before the base product and running beside it
-// (moe_lora_delta_kernel, GemvTcParams::defer_wait), its sums added by the plain activation and combine.
-enum class StackStep { kShrinkGateUp, kActivation, kShrinkDown, kCombine, kDeltaGateUp, kDeltaDown };
-struct StackBuffers {
-  const int32_t* sorted = nullptr;     // [max_rows] pair of each sorted row, or −1
-  const int32_t* num_tiles = nullptr;  // device: rows in use = num_tiles · tile_m (capped by max_rows)
-  int tile_m = 1;
-  int64_t max_rows = 0;
-  const float* gu = nullptr;          // [max_rows, 2I] gate/up products by sorted row
-  float* act = nullptr;               // [max_rows, I] activation (f32, written)
-  __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, copies·lda_bf16] or nullptr
-  int64_t lda_bf16 = 0, copies = 1;
-  const float* y = nullptr;    // [pairs, H] down products by pair
-  float* lora_gu = nullptr;    // [gu splits][max_rows, gu_slices·rank] partial sums
-  float* lora_down = nullptr;  // [down splits][pairs, rank]
-  bool shrinks_fused = false;  // the path's products computed the shrinks (the steps skip them)
-  // Delta mode: the phases' LoRA outputs (scale · B · A · in), written by kDeltaGateUp / kDeltaDown, added
-  // by kActivation / kCombine (which then run the plain kernels); nullptr otherwise.
-  float* dgu = nullptr;  // [max_rows, 2I] by sorted row
-  float* dy = nullptr;   // [pairs, H] by pair
-};
-void stack_lora_step(StackStep step, const MoeExpertsArgs& a, const StackBuffers& b, cudaStream_t st);
-// Split-K of the two shrinks for a path with `max_rows` sorted rows, and the floats of lora_gu and
-// lora_down it takes.
-struct StackSplits {
-  int gu = 1, down = 1;
-  size_t gu_floats = 0, down_floats = 0;
-};
-StackSplits stack_splits(const MoeExpertsArgs& a, int64_t max_rows);
-
 }  // namespace polylora::kernels::cuda::moe_detail
