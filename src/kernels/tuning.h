@@ -64,6 +64,10 @@ struct KernelTuning {
   // cp.async pipeline (moe_lora_shrink_group_kernel; compiled, not yet measured on a GPU, session 37); env
   // POLYLORA_MOE_LORA_SHRINK_GROUP.
   int64_t moe_lora_shrink_group = 0;
+  // 1: the by-row activation and the combine with the expert LoRA expands issue all of a row's / token's B
+  // loads before their sums for ranks up to 16 (compiled, not yet measured on a GPU, session 37); env
+  // POLYLORA_MOE_LORA_EXPAND_BATCHED.
+  int64_t moe_lora_expand_batched = 0;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

@@ -317,7 +317,13 @@ __global__ void __launch_bounds__(kActLoraThreads)
 // one short chain. The sums are the tiled kernel's, in the same order.
 constexpr int kActLoraRowThreads = 256;
 
-template <typename TW>
+// BATCHED (tuning moe_lora_expand_batched; prepared in session 37, compiled, not yet run on a GPU): for
+// ranks up to kBatchedRank that are multiples of 8, every rank chunk's gate and up B loads are issued before
+// the sums (the runtime-bound rank loop above issues one chunk per round: two rounds at r = 16); the same
+// sums in the same order. 62 registers instead of 38 (BF16); 32 would take 86.
+constexpr int kBatchedRank = 16;
+
+template <typename TW, bool BATCHED>
 __global__ void __launch_bounds__(kActLoraRowThreads)
     moe_act_lora_rows_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act,
                              __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies, ExpertAct kind,
@@ -367,7 +373,25 @@ __global__ void __launch_bounds__(kActLoraRowThreads)
       float ag = 0.0f, au = 0.0f;
       const TW* bg = b + n_gate * R;
       const TW* bu = b + n_up * R;
-      if (vec) {
+      if (BATCHED && vec && R <= kBatchedRank) {
+        ls::Pack8<TW> wg[kBatchedRank / 8], wu[kBatchedRank / 8];
+#pragma unroll
+        for (int c = 0; c < kBatchedRank / 8; ++c) {
+          if (8 * c < R) {
+            wg[c].load(bg, 8 * c, R, true);
+            wu[c].load(bu, 8 * c, R, true);
+          }
+        }
+#pragma unroll
+        for (int c = 0; c < kBatchedRank / 8; ++c) {
+          if (8 * c >= R) break;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            ag = fmaf(wg[c].get(e), ts[8 * c + e], ag);
+            au = fmaf(wu[c].get(e), ts_u[8 * c + e], au);
+          }
+        }
+      } else if (vec) {
 #pragma unroll 4
         for (int64_t k = 0; k < R; k += 8) {
           ls::Pack8<TW> wg, wu;
@@ -399,7 +423,10 @@ __global__ void __launch_bounds__(kActLoraRowThreads)
 }
 
 // moe_combine_kernel with the down LoRA expand fused in: out[t] = Σ_k w_k · (y_pair + scale · B · tmp_pair).
-template <typename TW>
+// BATCHED (as moe_act_lora_rows_kernel's): for ranks up to kBatchedRank that are multiples of 8, the four
+// pairs' B chunks are all loaded before any sum (dot_rank's runtime-bound loop issues one pair's chunk per
+// round); the same sums in the same order. 84 registers instead of 54 (BF16).
+template <typename TW, bool BATCHED>
 __global__ void __launch_bounds__(kActLoraThreads)
     moe_combine_lora_kernel(StackParams<TW> p, const float* y, const float* tmp, const float* weights,
                             float* out, int64_t ldo) {
@@ -432,14 +459,43 @@ __global__ void __launch_bounds__(kActLoraThreads)
     float sum = 0.0f;
     for (int64_t k0 = 0; k0 < K; k0 += 4) {  // four pairs' y values and B rows loaded together
       float yv[4], lt[4];
+      if (BATCHED && vec && R <= kBatchedRank) {
+        ls::Pack8<TW> w[4][kBatchedRank / 8];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t k = k0 + u;
-        const int32_t key = k < K ? keys[k] : -2;
-        yv[u] = key == -2 ? 0.0f : __ldg(y + (t * K + k) * H + h);
-        lt[u] = key >= 0
-                    ? ls::dot_rank(p.b_down + (static_cast<int64_t>(key) * H + h) * R, ts + k * R8, R, vec)
-                    : 0.0f;
+        for (int u = 0; u < 4; ++u) {
+          const int64_t k = k0 + u;
+          const int32_t key = k < K ? keys[k] : -2;
+          yv[u] = key == -2 ? 0.0f : __ldg(y + (t * K + k) * H + h);
+          const TW* brow = p.b_down + (static_cast<int64_t>(key >= 0 ? key : 0) * H + h) * R;
+#pragma unroll
+          for (int c = 0; c < kBatchedRank / 8; ++c)
+            if (key >= 0 && 8 * c < R) w[u][c].load(brow, 8 * c, R, true);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int64_t k = k0 + u;
+          const int32_t key = k < K ? keys[k] : -2;
+          float acc = 0.0f;
+          if (key >= 0) {
+#pragma unroll
+            for (int c = 0; c < kBatchedRank / 8; ++c) {
+              if (8 * c >= R) break;
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc = fmaf(w[u][c].get(e), ts[k * R8 + 8 * c + e], acc);
+            }
+          }
+          lt[u] = acc;
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int64_t k = k0 + u;
+          const int32_t key = k < K ? keys[k] : -2;
+          yv[u] = key == -2 ? 0.0f : __ldg(y + (t * K + k) * H + h);
+          lt[u] = key >= 0
+                      ? ls::dot_rank(p.b_down + (static_cast<int64_t>(key) * H + h) * R, ts + k * R8, R, vec)
+                      : 0.0f;
+        }
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -1019,9 +1075,11 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         const dim3 rgrid(static_cast<unsigned>(ws.max_rows),
                          static_cast<unsigned>(std::clamp<int64_t>(want, 1, blocks)));
         const size_t rsmem = static_cast<size_t>(s.gu_slices * R8) * sizeof(float);
-        moe_act_lora_rows_kernel<TW>
-            <<<rgrid, kActLoraRowThreads, rsmem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16, ws.lda_bf16,
-                                                       ws.copies, a.act, a.swiglu_alpha, a.swiglu_limit);
+        auto* kernel = tuning_of(a).moe_lora_expand_batched != 0 ? moe_act_lora_rows_kernel<TW, true>
+                                                                 : moe_act_lora_rows_kernel<TW, false>;
+        kernel<<<rgrid, kActLoraRowThreads, rsmem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16,
+                                                         ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
+                                                         a.swiglu_limit);
         break;
       }
       dim3 grid(tiles, expand_column_ctas(tiles, width, 4));
@@ -1056,8 +1114,10 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       }
       const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
       dim3 grid(static_cast<unsigned>(a.m), expand_column_ctas(a.m, a.hidden, 8));
-      cuda_util::launch_pdl(moe_combine_lora_kernel<TW>, grid, kActLoraThreads, smem, st, p, ws.y,
-                            ws.lora_down, a.weights, a.out, a.ldo);
+      auto* kernel = tuning_of(a).moe_lora_expand_batched != 0 ? moe_combine_lora_kernel<TW, true>
+                                                               : moe_combine_lora_kernel<TW, false>;
+      cuda_util::launch_pdl(kernel, grid, kActLoraThreads, smem, st, p, ws.y, ws.lora_down, a.weights, a.out,
+                            a.ldo);
       break;
     }
   }
