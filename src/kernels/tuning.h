@@ -55,11 +55,15 @@ struct KernelTuning {
   // POLYLORA_MOE_LORA_DELTA_CLUSTER and POLYLORA_MOE_LORA_DELTA_CLUSTER_ROWS.
   int64_t moe_lora_delta_cluster = 8;
   int64_t moe_lora_delta_cluster_rows = 8;
-  // Tensor-core and CUDA-core weight-streaming MoE paths (sorted rows are single pairs): 1, the expert LoRA
-  // shrinks that are not items of the products and the expand-fused activation run one CTA per sorted row
-  // (moe_lora_shrink_rows_kernel, moe_act_lora_rows_kernel); 0, the tiled shrink / item shrinks and the
-  // tiled activation (8 rows per CTA); env POLYLORA_MOE_LORA_BY_ROW.
-  int64_t moe_lora_by_row = 1;
+  // Tensor-core and CUDA-core weight-streaming MoE paths (sorted rows are single pairs): calls of up to this
+  // many sorted rows run the expert LoRA shrinks that are not items of the products and the expand-fused
+  // activation one CTA per sorted row (moe_lora_shrink_rows_kernel, moe_act_lora_rows_kernel); larger ones
+  // (and all with 0) the tiled shrink / item shrinks and the tiled activation (8 rows per CTA). H200,
+  // GPT-OSS-20B MXFP4, 8 adapters (session 37): M = 16 / 64 / 256 tokens 12.7 / 40.4 / 141 us per layer
+  // against 25.3 / 58.0 / 181, and the serving run used them at every size (the default: no bound). Each row
+  // CTA reads its key's A and B again (from L2), so prefill chunks of one sequence (an expert's rows all one
+  // key) may favour the tiled kernels: not measured yet. Env POLYLORA_MOE_LORA_BY_ROW.
+  int64_t moe_lora_by_row = int64_t{1} << 40;
   // With moe_lora_by_row: G > 0 runs those shrinks by group of up to G (<= 8) same-key sorted rows through a
   // cp.async pipeline (moe_lora_shrink_group_kernel; compiled, not yet measured on a GPU, session 37); env
   // POLYLORA_MOE_LORA_SHRINK_GROUP.

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(ls::kShrinkWarps * 32)
 }
 
 // Shrink by sorted row (tile_m 1 paths, where the shrinks are not items of the products; tuning
-// moe_lora_by_row, the default; 0 takes the tiled or item shrinks): row blockIdx.x, its key's rank rows
+// moe_lora_by_row bounds the rows; above, the tiled or item shrinks): row blockIdx.x, its key's rank rows
 // against its input, every thread taking 8-element pieces of K and, per chunk of kRowShrinkChunk rank
 // rows, the input piece and all of the chunk's A pieces at once: 10 independent loads per thread in
 // flight instead of the tiled kernel's chain of one round per distinct key of its tile, at 76 registers
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(kActLoraThreads)
   }
 }
 
-// moe_act_lora_kernel by sorted row (tuning moe_lora_by_row, the default; 0 takes the tiled one): row
+// moe_act_lora_kernel by sorted row (up to tuning moe_lora_by_row sorted rows; above, the tiled one): row
 // blockIdx.x, columns over blockIdx.y and the threads. Each (row, column) loads its own key's gate and up B
 // rows (rows of one key read them again from L2), so a thread holds one row's state, not a tile's: ~40
 // registers instead of ~210, full occupancy, and a CTA's setup (the row's key, scales and shrink sums) is
@@ -944,9 +944,12 @@ bool launch_group_shrink(int G, const StackParams<TW>& p, const StackBuffers& ws
 }
 
 // Do the shrinks run by sorted row (moe_lora_shrink_rows_kernel)? On the tile_m 1 paths whenever they are
-// not items of the products (shrinks_fused), with tuning moe_lora_by_row (0: the item or tiled shrinks).
+// not items of the products (shrinks_fused), for up to moe_lora_by_row sorted rows (above, and with 0, the
+// item or tiled shrinks), or for any number with the group kernel (moe_lora_shrink_group > 0).
 bool row_shrink(const MoeExpertsArgs& a, const StackBuffers& b) {
-  return tuning_of(a).moe_lora_by_row != 0 && b.tile_m == 1 && !b.shrinks_fused;
+  const KernelTuning t = tuning_of(a);
+  return b.tile_m == 1 && !b.shrinks_fused &&
+         (b.max_rows <= t.moe_lora_by_row || t.moe_lora_shrink_group > 0);
 }
 
 template <typename TW>
@@ -1068,7 +1071,7 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         break;
       }
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
-      if (tuning_of(a).moe_lora_by_row != 0) {
+      if (ws.max_rows <= tuning_of(a).moe_lora_by_row) {
         // Rows over x; columns over enough CTAs for ~2 per SM in all (few rows: decode).
         const int64_t blocks = (width + kActLoraRowThreads - 1) / kActLoraRowThreads;
         const int64_t want = (2 * cuda_util::num_sms() + ws.max_rows - 1) / std::max<int64_t>(1, ws.max_rows);
