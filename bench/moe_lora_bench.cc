@@ -58,7 +58,7 @@ int run_moe_lora_bench(int argc, char** argv) {
   std::string device = "cuda", dtype = "bfloat16", lora_dtype = "bfloat16", act_name = "swiglu",
               ms_text = "1,16,64,256";
   std::string json_path;
-  int64_t rank = 16, slots = 8, validate_tokens = 16;
+  int64_t rank = 16, slots = 8, validate_tokens = 16, active = 0;
   int gu_slices = 2, iters = 0;
   bool no_graphs = false, old_views = false;
   app.add_option("--device", device, "cuda | cpu")->check(CLI::IsMember({"cpu", "cuda"}));
@@ -79,6 +79,10 @@ int run_moe_lora_bench(int argc, char** argv) {
   app.add_option("--slots", slots, "Adapter slots in the stack (the harness's max_loras)")
       ->check(CLI::Range(1, 256));
   app.add_option("--m", ms_text, "Comma-separated token counts");
+  app.add_option("--active", active,
+                 "Adapters the tokens round-robin over (default: the harness's, 1 at M = 1 and min(8, slots) "
+                 "above; 1 with a large M is a prefill chunk of one sequence)")
+      ->check(CLI::Range(int64_t{1}, int64_t{256}));
   app.add_option("--iters", iters, "Timed calls per batch (default 200 on CUDA, 2 on the CPU)");
   app.add_option("--validate-tokens", validate_tokens, "Tokens checked against the CPU reference per M")
       ->check(CLI::Range(1, 100000));
@@ -220,7 +224,7 @@ int run_moe_lora_bench(int argc, char** argv) {
 
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
   for (int64_t M : ms) {
-    const int64_t nact = M == 1 ? 1 : std::min<int64_t>(8, S);
+    const int64_t nact = active > 0 ? std::min(active, S) : (M == 1 ? 1 : std::min<int64_t>(8, S));
     // Inputs: x as bf16 values (the harness's activations), routing = top-k of softmax(random logits).
     Rng rng(static_cast<uint64_t>(77 + M));
     std::vector<float> x(static_cast<size_t>(M * H)), logits(static_cast<size_t>(M * E));
