@@ -55,6 +55,7 @@ const std::vector<Field>& fields() {
       {"moe_lora_by_row", &KernelTuning::moe_lora_by_row, "POLYLORA_MOE_LORA_BY_ROW"},
       {"moe_lora_shrink_group", &KernelTuning::moe_lora_shrink_group, "POLYLORA_MOE_LORA_SHRINK_GROUP"},
       {"moe_lora_expand_batched", &KernelTuning::moe_lora_expand_batched, "POLYLORA_MOE_LORA_EXPAND_BATCHED"},
+      {"moe_lora_act_group", &KernelTuning::moe_lora_act_group, "POLYLORA_MOE_LORA_ACT_GROUP"},
       {"lora_pdl_max_tokens", &KernelTuning::lora_pdl_max_tokens, "POLYLORA_LORA_PDL_MAX_TOKENS"},
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,
        "POLYLORA_LORA_GEMV_SHRINK_ROWS"},

@@ -72,6 +72,10 @@ struct KernelTuning {
   // loads before their sums for ranks up to 16 (compiled, not yet measured on a GPU, session 37); env
   // POLYLORA_MOE_LORA_EXPAND_BATCHED.
   int64_t moe_lora_expand_batched = 0;
+  // G > 0 (<= 8): the by-row activation by groups of up to G same-key sorted rows, each column's B rows
+  // loaded once per group (moe_act_lora_group_kernel; compiled, not yet measured on a GPU, session 37); env
+  // POLYLORA_MOE_LORA_ACT_GROUP.
+  int64_t moe_lora_act_group = 0;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

@@ -668,7 +668,8 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
   // of several rows with the same key). Variant 5: without the by-row shrinks and activation (moe_lora_by_row
   // 0: the item shrinks launched apart and the tiled activation); variant 0 takes the by-row kernels.
   // Variant 6: the shrinks by groups of up to 4 same-key rows (moe_lora_shrink_group 4, cp.async pipeline)
-  // and the expands with their B loads batched (moe_lora_expand_batched).
+  // and the expands with their B loads batched (moe_lora_expand_batched), the activation by groups of 4 rows
+  // (moe_lora_act_group).
   for (int variant = 0; variant < 7; ++variant) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_delta_rows = variant == 1 || variant == 3 || variant == 4 ? 100000 : 0;
@@ -679,6 +680,7 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
     if (variant == 5) t.moe_lora_by_row = 0;
     t.moe_lora_shrink_group = variant == 6 ? 4 : 0;
     t.moe_lora_expand_batched = variant == 6 ? 1 : 0;
+    t.moe_lora_act_group = variant == 6 ? 4 : 0;
     t.moe_lora_delta_cluster = variant == 3 ? 8 : variant == 4 ? 2 : 0;
     t.moe_lora_delta_cluster_rows = 100000;
     k::override_kernel_tuning(t);
@@ -763,13 +765,15 @@ void moe_ranks_case() {
 }
 
 // With the by-row shrinks and with the shrinks by groups of 8 rows (moe_lora_shrink_group: ranks of 32 and
-// 64 take two and four blocks of rank rows) and the batched expands (moe_lora_expand_batched, ranks <= 16).
+// 64 take two and four blocks of rank rows), the batched expands (moe_lora_expand_batched, ranks <= 16) and
+// the activation by groups of 8 rows (moe_lora_act_group; ranks above 16 read B per row).
 TEST(GpuLoraStack, MoeRanks) {
   SKIP_WITHOUT_GPU();
   for (int64_t group : {0, 8}) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_shrink_group = group;
     t.moe_lora_expand_batched = group > 0 ? 1 : 0;
+    t.moe_lora_act_group = group;
     k::override_kernel_tuning(t);
     moe_ranks_case();
   }

@@ -943,6 +943,105 @@ bool launch_group_shrink(int G, const StackParams<TW>& p, const StackBuffers& ws
   return true;
 }
 
+// The expand-fused activation by group of sorted rows (tuning moe_lora_act_group = G > 0, with the by-row
+// kernels; prepared in session 37, compiled, not yet run on a GPU, so off by default): groups as
+// moe_lora_shrink_group_kernel's (up to G consecutive rows with the same key, rows without LoRA grouped by
+// their key −1 too), one CTA per group and column part; each column's gate and up B rows are loaded once for
+// the group's rows (moe_act_lora_rows_kernel loads them once per row: at M = 256, ~4 rows per key). The
+// sums per row are moe_act_lora_rows_kernel's, in the same order. ts: [G][gu_slices][R8] shared.
+template <typename TW>
+__global__ void __launch_bounds__(kActLoraRowThreads)
+    moe_act_lora_group_kernel(StackParams<TW> p, const float* gu, const float* tmp, float* act,
+                              __nv_bfloat16* act_bf16, int64_t lda_bf16, int64_t copies, ExpertAct kind,
+                              float alpha, float limit, int G) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  extern __shared__ float ts[];
+  const int64_t rows = stack_rows(p);
+  const int64_t r0 = blockIdx.x;
+  if (r0 >= rows) return;
+  const int32_t key = delta_key(p, r0, false);
+  if (key == -2) return;                                          // no pair: nothing to write
+  if (r0 % G != 0 && delta_key(p, r0 - 1, false) == key) return;  // not the first row of a group
+  int n = 1;
+  while (n < G && r0 + n < rows && (r0 + n) % G != 0 && delta_key(p, r0 + n, false) == key) ++n;
+  const int64_t R = p.R, R8 = ls::round8(R), I = p.I, lds = p.gu_slices * R8;
+  const int up_slice = p.gu_slices == 1 ? 0 : 1;
+  for (int64_t idx = threadIdx.x; idx < n * lds; idx += blockDim.x) {
+    const int64_t g = idx / lds, c = idx % lds, sl = c / R8, k = c % R8;
+    float v = 0.0f;
+    if (key >= 0 && k < R)
+      for (int z = 0; z < p.gu_splits; ++z)
+        v += tmp[z * p.gu_stride + (r0 + g) * p.gu_slices * R + sl * R + k];
+    ts[idx] = v;
+  }
+  __syncthreads();
+  const float sc_g = key >= 0 ? p.scale[key * 3] : 0.0f;
+  const float sc_u = key >= 0 ? p.scale[key * 3 + up_slice] : 0.0f;
+  const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
+  const bool vec = (R & 7) == 0;
+  const TW* b = key >= 0 ? p.b_gu + static_cast<int64_t>(key) * 2 * I * R : nullptr;
+  for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < width;
+       j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    if (j >= I) {
+      for (int g = 0; g < n; ++g) {
+        __nv_bfloat16* brow = act_bf16 + (r0 + g) * copies * lda_bf16;
+        brow[j] = __float2bfloat16_rn(0.0f);
+        if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
+      }
+      continue;
+    }
+    const int64_t n_gate = p.interleaved ? 2 * j : j, n_up = p.interleaved ? 2 * j + 1 : I + j;
+    // The column's B rows once for the group (ranks up to kBatchedRank in registers; larger ones or ranks
+    // that are not multiples of 8 are read again per row, as the by-row kernel does).
+    const bool held = b != nullptr && vec && R <= kBatchedRank;
+    ls::Pack8<TW> wg[kBatchedRank / 8], wu[kBatchedRank / 8];
+    if (held) {
+#pragma unroll
+      for (int c = 0; c < kBatchedRank / 8; ++c) {
+        if (8 * c < R) {
+          wg[c].load(b + n_gate * R, 8 * c, R, true);
+          wu[c].load(b + n_up * R, 8 * c, R, true);
+        }
+      }
+    }
+    for (int g = 0; g < n; ++g) {
+      const int64_t r = r0 + g;
+      float gv = __ldg(gu + r * 2 * I + n_gate), uv = __ldg(gu + r * 2 * I + n_up);
+      if (b != nullptr) {
+        const float* tg = ts + g * lds;
+        const float* tu = tg + up_slice * R8;
+        float ag = 0.0f, au = 0.0f;
+        if (held) {
+#pragma unroll
+          for (int c = 0; c < kBatchedRank / 8; ++c) {
+            if (8 * c >= R) break;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              ag = fmaf(wg[c].get(e), tg[8 * c + e], ag);
+              au = fmaf(wu[c].get(e), tu[8 * c + e], au);
+            }
+          }
+        } else {
+          for (int64_t k = 0; k < R; ++k) {
+            ag = fmaf(ls::ld1(b + n_gate * R, k), tg[k], ag);
+            au = fmaf(ls::ld1(b + n_up * R, k), tu[k], au);
+          }
+        }
+        gv += sc_g * ag;
+        uv += sc_u * au;
+      }
+      const float v = moe_detail::expert_act(kind, gv, uv, alpha, limit);
+      if (act != nullptr) act[r * I + j] = v;
+      if (act_bf16 != nullptr) {
+        __nv_bfloat16* brow = act_bf16 + r * copies * lda_bf16;
+        const cuda_util::Bf16Pair hl = cuda_util::split_bf16(v);
+        brow[j] = hl.hi;
+        if (copies == 2) brow[lda_bf16 + j] = hl.lo;
+      }
+    }
+  }
+}
+
 // Do the shrinks run by sorted row (moe_lora_shrink_rows_kernel)? On the tile_m 1 paths whenever they are
 // not items of the products (shrinks_fused), for up to moe_lora_by_row sorted rows (above, and with 0, the
 // item or tiled shrinks), or for any number with the group kernel (moe_lora_shrink_group > 0).
@@ -1078,6 +1177,17 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         const dim3 rgrid(static_cast<unsigned>(ws.max_rows),
                          static_cast<unsigned>(std::clamp<int64_t>(want, 1, blocks)));
         const size_t rsmem = static_cast<size_t>(s.gu_slices * R8) * sizeof(float);
+        const int64_t G = std::min<int64_t>(tuning_of(a).moe_lora_act_group, kSgMaxGroup);
+        if (G > 0) {
+          const int64_t gwant =
+              (2 * cuda_util::num_sms() * G + ws.max_rows - 1) / std::max<int64_t>(1, ws.max_rows);
+          const dim3 ggrid(static_cast<unsigned>(ws.max_rows),
+                           static_cast<unsigned>(std::clamp<int64_t>(gwant, 1, blocks)));
+          moe_act_lora_group_kernel<TW><<<ggrid, kActLoraRowThreads, G * rsmem, st>>>(
+              p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
+              a.swiglu_limit, static_cast<int>(G));
+          break;
+        }
         auto* kernel = tuning_of(a).moe_lora_expand_batched != 0 ? moe_act_lora_rows_kernel<TW, true>
                                                                  : moe_act_lora_rows_kernel<TW, false>;
         kernel<<<rgrid, kActLoraRowThreads, rsmem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16,
