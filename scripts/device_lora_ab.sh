@@ -32,7 +32,7 @@ for spec in "$@"; do
   [ "$vars" = "$spec" ] && vars=""
   echo "== $label ($vars)" | tee -a "$OUT/moelora.txt" >> "$OUT/bench.txt"
   env $vars X_POLYLORA_AB=1 "$B" moe-lora --device cuda --dtype mxfp4 --m "${MOE_M:-1,16,64,256}" --iters 100 2>&1 |
-    grep -o '"M":[0-9]*,.*"base_us":[0-9.]*,"lora_us":[0-9.]*,"lora_delta_us":[0-9.]*' |
+    grep -o '"M":[0-9]*,[^}]*"base_us":[0-9.]*,"lora_us":[0-9.]*,"lora_delta_us":[0-9.]*' |
     sed 's/,"active.*"base_us"/ base/' >> "$OUT/moelora.txt"
   env $vars X_POLYLORA_AB=1 "$B" device --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 \
     --decode-tokens 32 --loras 8 --batches "${BATCHES:-1,4,16,64}" 2>&1 >/dev/null |
