@@ -66,6 +66,13 @@ __device__ __forceinline__ int32_t stack_key(const StackParams<TW>& p, int32_t p
   return moe_detail::lora_row_key(pair, e, p.token_slots, p.top_k, p.slots, p.E, p.scale, c0, c1 - c0);
 }
 
+// The LoRA slice of output column n of a phase: 0 on down and with one gate/up slice; else the gate (0) or
+// up (1) slice, interleaved (GPT-OSS: n & 1) or gate rows then up rows.
+template <typename TW>
+__device__ __forceinline__ int lora_slice(const StackParams<TW>& p, int64_t n, bool down) {
+  return down || p.gu_slices == 1 ? 0 : (p.interleaved ? static_cast<int>(n & 1) : (n >= p.I ? 1 : 0));
+}
+
 // Shrinks over tiles of sorted rows: gate/up (down == false: x of the row's token -> lora_gu[row]) or down
 // (the row's activation -> lora_down[pair]).
 template <typename TW, int Q>
@@ -584,8 +591,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const TW* B = (down ? p.b_down : p.b_gu) + static_cast<int64_t>(key) * N * p.R;
   const bool bvec = (p.R & 7) == 0 && (reinterpret_cast<uintptr_t>(B) & 15) == 0;
   for (int64_t n = n0 + threadIdx.x; n < n1; n += blockDim.x) {
-    const int sl =
-        down || p.gu_slices == 1 ? 0 : (p.interleaved ? static_cast<int>(n & 1) : (n >= p.I ? 1 : 0));
+    const int sl = lora_slice(p, n, down);
     const float sc = p.scale[key * 3 + (down ? 2 : sl)];
     o[n] = sc == 0.0f ? 0.0f : sc * ls::dot_rank(B + n * p.R, s_mid + sl * p.R, p.R, bvec);
   }
@@ -706,8 +712,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const TW* B = (down ? p.b_down : p.b_gu) + static_cast<int64_t>(key) * N * p.R;
   const bool bvec = (p.R & 7) == 0 && (reinterpret_cast<uintptr_t>(B) & 15) == 0;
   for (int64_t col = n0 + threadIdx.x; col < n1; col += blockDim.x) {
-    const int sl =
-        down || p.gu_slices == 1 ? 0 : (p.interleaved ? static_cast<int>(col & 1) : (col >= p.I ? 1 : 0));
+    const int sl = lora_slice(p, col, down);
     const float sc = p.scale[key * 3 + (down ? 2 : sl)];
     float dot[kDeltaGroup];
 #pragma unroll
@@ -766,13 +771,13 @@ void launch_delta_cluster(int C, const StackParams<TW>& p, const StackBuffers& w
                                 down ? ws.dy : ws.dgu, down));
 }
 
-// CTAs along the columns of the expand-fused activation and combine (kActLoraThreads columns each, looping
-// over the rest): enough for about per_sm CTAs per SM with `rows` CTAs along the rows, at most one per
-// kActLoraThreads columns. Each CTA reads its rows' keys and shrink sums once (a chain of dependent loads
+// CTAs along the columns of the expand-fused activation and combine (`threads` columns each, looping over
+// the rest): enough for about per_sm CTAs per SM with `rows` CTAs along the rows, at most one per `threads`
+// columns. Each CTA reads its rows' keys and shrink sums once (a chain of dependent loads
 // before its first column), so CTAs that take several column blocks pay it once: H200, moe-lora MXFP4
 // M = 256 (ncu, serialized): the activation with the expand in 2,944 CTAs took 128 us for 69 MB.
-unsigned expand_column_ctas(int64_t rows, int64_t width, int64_t per_sm) {
-  const int64_t blocks = (width + kActLoraThreads - 1) / kActLoraThreads;
+unsigned expand_column_ctas(int64_t rows, int64_t width, int64_t per_sm, int64_t threads) {
+  const int64_t blocks = (width + threads - 1) / threads;
   const int64_t want = (per_sm * cuda_util::num_sms() + rows - 1) / std::max<int64_t>(1, rows);
   return static_cast<unsigned>(std::clamp<int64_t>(want, 1, blocks));
 }
@@ -1045,8 +1050,7 @@ __global__ void __launch_bounds__(kActLoraRowThreads)
 // Do the shrinks run by sorted row (moe_lora_shrink_rows_kernel)? On the tile_m 1 paths whenever they are
 // not items of the products (shrinks_fused), for up to moe_lora_by_row sorted rows (above, and with 0, the
 // item or tiled shrinks), or for any number with the group kernel (moe_lora_shrink_group > 0).
-bool row_shrink(const MoeExpertsArgs& a, const StackBuffers& b) {
-  const KernelTuning t = tuning_of(a);
+bool row_shrink(const KernelTuning& t, const StackBuffers& b) {
   return b.tile_m == 1 && !b.shrinks_fused &&
          (b.max_rows <= t.moe_lora_by_row || t.moe_lora_shrink_group > 0);
 }
@@ -1101,33 +1105,41 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
   const auto tiles = static_cast<unsigned>((ws.max_rows + ls::kTileRows - 1) / ls::kTileRows);
   const int64_t R8 = ls::round8(s.rank);
   const moe_detail::StackSplits sp = moe_detail::stack_splits(a, ws.max_rows);
+  const KernelTuning t = tuning_of(a);
   const bool gemv = gemv_shrink(a, ws);
-  const bool rows = row_shrink(a, ws);
+  const bool rows = row_shrink(t, ws);
   p.gu_splits = gemv || rows ? 1 : sp.gu;
   p.down_splits = gemv || rows ? 1 : sp.down;
   p.gu_stride = ws.max_rows * s.gu_slices * s.rank;
   p.down_stride = a.m * a.top_k * s.rank;
   switch (step) {
-    case StackStep::kShrinkGateUp: {
+    case StackStep::kShrinkGateUp:
+    case StackStep::kShrinkDown: {
+      const bool down = step == StackStep::kShrinkDown;
       if (rows) {
-        if (!launch_group_shrink<TW>(static_cast<int>(tuning_of(a).moe_lora_shrink_group), p, ws, a, s, false,
-                                     st))
-          launch_row_shrink<TW>(p, ws, a, s, false, st);
+        if (!launch_group_shrink<TW>(static_cast<int>(t.moe_lora_shrink_group), p, ws, a, s, down, st))
+          launch_row_shrink<TW>(p, ws, a, s, down, st);
         break;
       }
       if (gemv) {
-        if (!ws.shrinks_fused) launch_gemv_shrink<Phase::kGateUp>(a, ws, st);
+        if (ws.shrinks_fused) return;
+        if (down) {
+          launch_gemv_shrink<Phase::kDown>(a, ws, st);
+        } else {
+          launch_gemv_shrink<Phase::kGateUp>(a, ws, st);
+        }
         return;
       }
-      dim3 grid(tiles, static_cast<unsigned>(ls::shrink_rank_blocks(s.gu_slices * s.rank)),
-                static_cast<unsigned>(sp.gu));
-      launch_stack_shrink<TW>(grid, st, p, a.x, a.ldx, ws.lora_gu, false);
+      const dim3 grid(tiles,
+                      static_cast<unsigned>(ls::shrink_rank_blocks(down ? s.rank : s.gu_slices * s.rank)),
+                      static_cast<unsigned>(down ? sp.down : sp.gu));
+      launch_stack_shrink<TW>(grid, st, p, down ? static_cast<const float*>(ws.act) : a.x,
+                              down ? a.inter : a.ldx, down ? ws.lora_down : ws.lora_gu, down);
       break;
     }
     case StackStep::kDeltaGateUp:
     case StackStep::kDeltaDown: {
       const bool down = step == StackStep::kDeltaDown;
-      const KernelTuning t = tuning_of(a);
       const int64_t cluster = t.moe_lora_delta_cluster;
       if (cluster > 1 && a.m * a.top_k <= t.moe_lora_delta_cluster_rows) {
         launch_delta_cluster<TW>(static_cast<int>(std::min<int64_t>(cluster, kDeltaClusterMax)), p, ws, a, s,
@@ -1170,32 +1182,27 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         break;
       }
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
-      if (ws.max_rows <= tuning_of(a).moe_lora_by_row) {
-        // Rows over x; columns over enough CTAs for ~2 per SM in all (few rows: decode).
-        const int64_t blocks = (width + kActLoraRowThreads - 1) / kActLoraRowThreads;
-        const int64_t want = (2 * cuda_util::num_sms() + ws.max_rows - 1) / std::max<int64_t>(1, ws.max_rows);
-        const dim3 rgrid(static_cast<unsigned>(ws.max_rows),
-                         static_cast<unsigned>(std::clamp<int64_t>(want, 1, blocks)));
+      if (ws.max_rows <= t.moe_lora_by_row) {
+        // Rows over x (a group's CTA takes up to G rows); columns over enough CTAs for ~2 per SM in all.
+        const int64_t G = std::min<int64_t>(t.moe_lora_act_group, kSgMaxGroup);
+        const dim3 rgrid(
+            static_cast<unsigned>(ws.max_rows),
+            expand_column_ctas(ws.max_rows, width, 2 * std::max<int64_t>(G, 1), kActLoraRowThreads));
         const size_t rsmem = static_cast<size_t>(s.gu_slices * R8) * sizeof(float);
-        const int64_t G = std::min<int64_t>(tuning_of(a).moe_lora_act_group, kSgMaxGroup);
         if (G > 0) {
-          const int64_t gwant =
-              (2 * cuda_util::num_sms() * G + ws.max_rows - 1) / std::max<int64_t>(1, ws.max_rows);
-          const dim3 ggrid(static_cast<unsigned>(ws.max_rows),
-                           static_cast<unsigned>(std::clamp<int64_t>(gwant, 1, blocks)));
-          moe_act_lora_group_kernel<TW><<<ggrid, kActLoraRowThreads, G * rsmem, st>>>(
+          moe_act_lora_group_kernel<TW><<<rgrid, kActLoraRowThreads, G * rsmem, st>>>(
               p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
               a.swiglu_limit, static_cast<int>(G));
           break;
         }
-        auto* kernel = tuning_of(a).moe_lora_expand_batched != 0 ? moe_act_lora_rows_kernel<TW, true>
-                                                                 : moe_act_lora_rows_kernel<TW, false>;
+        auto* kernel = t.moe_lora_expand_batched != 0 ? moe_act_lora_rows_kernel<TW, true>
+                                                      : moe_act_lora_rows_kernel<TW, false>;
         kernel<<<rgrid, kActLoraRowThreads, rsmem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16,
                                                          ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
                                                          a.swiglu_limit);
         break;
       }
-      dim3 grid(tiles, expand_column_ctas(tiles, width, 4));
+      const dim3 grid(tiles, expand_column_ctas(tiles, width, 4, kActLoraThreads));
       const size_t smem = static_cast<size_t>(ls::kTileRows * s.gu_slices * R8) * sizeof(float);
       // Launched plainly even in steps that keep PDL (POLYLORA_PDL_LORA=1): a kernel timeline of batch-1
       // LoRA steps with PDL showed this kernel's share of the step doubling (9.07 -> 17.09 us per layer,
@@ -1205,30 +1212,15 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
                                                                    a.swiglu_alpha, a.swiglu_limit);
       break;
     }
-    case StackStep::kShrinkDown: {
-      if (rows) {
-        if (!launch_group_shrink<TW>(static_cast<int>(tuning_of(a).moe_lora_shrink_group), p, ws, a, s, true,
-                                     st))
-          launch_row_shrink<TW>(p, ws, a, s, true, st);
-        break;
-      }
-      if (gemv) {
-        if (!ws.shrinks_fused) launch_gemv_shrink<Phase::kDown>(a, ws, st);
-        return;
-      }
-      dim3 grid(tiles, static_cast<unsigned>(ls::shrink_rank_blocks(s.rank)), static_cast<unsigned>(sp.down));
-      launch_stack_shrink<TW>(grid, st, p, ws.act, a.inter, ws.lora_down, true);
-      break;
-    }
     case StackStep::kCombine: {
       if (ws.dy != nullptr) {
         moe_detail::launch_expert_combine(a, ws.y, ws.dy, st);
         break;
       }
       const size_t smem = static_cast<size_t>(a.top_k * R8) * sizeof(float);
-      dim3 grid(static_cast<unsigned>(a.m), expand_column_ctas(a.m, a.hidden, 8));
-      auto* kernel = tuning_of(a).moe_lora_expand_batched != 0 ? moe_combine_lora_kernel<TW, true>
-                                                               : moe_combine_lora_kernel<TW, false>;
+      const dim3 grid(static_cast<unsigned>(a.m), expand_column_ctas(a.m, a.hidden, 8, kActLoraThreads));
+      auto* kernel = t.moe_lora_expand_batched != 0 ? moe_combine_lora_kernel<TW, true>
+                                                    : moe_combine_lora_kernel<TW, false>;
       cuda_util::launch_pdl(kernel, grid, kActLoraThreads, smem, st, p, ws.y, ws.lora_down, a.weights, a.out,
                             a.ldo);
       break;
