@@ -1,11 +1,15 @@
-// bench/backend_timing.cc: time_backend_op and measure_backend_copy_gbs (see backend_timing.h).
+// bench/backend_timing.cc: time_backend_op, measure_backend_copy_gbs and measure_backend_gemm_tflops (see
+// backend_timing.h).
 #include "backend_timing.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/linear/linear.h"
 #include "machine_limits.h"
 
 namespace polylora::bench {
@@ -77,6 +81,44 @@ double measure_backend_copy_gbs(Backend& be) {
   be.free(dst);
   be.free(d_idx);
   return 2.0 * static_cast<double>(bytes) / best / 1e9;
+}
+
+double measure_backend_gemm_tflops(Backend& be, int64_t n) {
+  CHECK_MSG(n >= 64, "measure_backend_gemm_tflops: n must be >= 64, got {}", n);
+  const auto elems = static_cast<size_t>(n * n);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> w_host(elems);
+  std::vector<float> x_host(elems);
+  for (size_t i = 0; i < elems; ++i) {
+    const float v = dist(rng) * 0.05f;
+    uint32_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    w_host[i] = static_cast<uint16_t>(bits >> 16);  // truncated to bf16: any values will do
+    x_host[i] = dist(rng);
+  }
+  void* w = be.alloc(elems * sizeof(uint16_t));
+  auto* x = static_cast<float*>(be.alloc(elems * sizeof(float)));
+  auto* y = static_cast<float*>(be.alloc(elems * sizeof(float)));
+  be.copy_to_device(w, w_host.data(), elems * sizeof(uint16_t));
+  be.copy_to_device(x, x_host.data(), elems * sizeof(float));
+  kernels::LinearArgs a;
+  a.x = x;
+  a.m = n;
+  a.ldx = n;
+  a.w = kernels::WeightView{.data = w, .dtype = DType::kBF16, .rows = n, .cols = n};
+  a.y = y;
+  a.ldy = n;
+  double best = 1e30;
+  for (int pass = 0; pass < 3; ++pass) {
+    OpTiming t = time_backend_op(be, [&] { be.linear(a); }, be.kind() == DeviceKind::kCpu ? 1 : 10, true);
+    best = std::min(best, t.seconds);
+  }
+  be.synchronize();
+  be.free(w);
+  be.free(x);
+  be.free(y);
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best / 1e12;
 }
 
 }  // namespace polylora::bench

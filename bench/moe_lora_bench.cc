@@ -19,7 +19,9 @@
 //   (lora_bytes / lora_delta_us), lora_delta_fraction_of_copy (that / copy_GBps), lora_copy_roofline_us
 //   (lora_bytes / copy_GBps); base_experts (experts routed), base_bytes_MB, base_GBps,
 //   base_fraction_of_copy; copy_GBps (the backend's device copy bandwidth, read + write bytes, measured in
-//   the same run); issue_goal_lora_us (issue 15's goal for lora_delta_us at this M, null elsewhere);
+//   the same run); base_TFLOPs (the experts' product FLOPs, 2 x M x top_k x 3 x I x H, over base_us: the
+//   prefill sizes' figure), gemm_peak_TFLOPs (the backend's bf16 GEMM at 8192^3, cuBLAS, same run; null on
+//   the CPU) and base_fraction_of_gemm_peak; issue_goal_lora_us (issue 15's goal for lora_delta_us at this M, null elsewhere);
 //   with --old-views: old_views_lora_us / old_views_lora_delta_us (the same LoRA through the per-adapter
 //   ExpertLoraView table of f32 matrices, the path before the stacks) and old_views_max_rel_diff (its
 //   output vs the stacked one, over the rms).
@@ -113,6 +115,12 @@ int run_moe_lora_bench(int argc, char** argv) {
   Device dev(be);
   std::fprintf(stderr, "moe-lora on %s: measuring the copy bandwidth...\n", be.name().c_str());
   const double copy_gbs = measure_backend_copy_gbs(be);
+  // The bf16 GEMM rate of the same GPU (cuBLAS through Backend::linear), what base_TFLOPs is judged against.
+  double gemm_tflops = 0;
+  if (!on_cpu && bo.weight_dtype == DType::kBF16) {
+    std::fprintf(stderr, "moe-lora: measuring the bf16 GEMM rate (8192^3)...\n");
+    gemm_tflops = measure_backend_gemm_tflops(be);
+  }
 
   // Experts: random on the backend, copied back for the reference (the CPU backend's are host memory).
   std::fprintf(stderr, "making %ld experts (H %ld, I %ld) and the LoRA stack (%ld slots, rank %ld)...\n",
@@ -398,6 +406,12 @@ int run_moe_lora_bench(int argc, char** argv) {
     r["base_GBps"] = base_gbs;
     r["base_fraction_of_copy"] = base_gbs / copy_gbs;
     r["copy_GBps"] = copy_gbs;
+    // The experts' products (gate_up 2I x H and down H x I per token-expert pair) over base_us.
+    const double base_tflops = 2.0 * static_cast<double>(M * K) * static_cast<double>(3 * I * H) / tb.seconds / 1e12;
+    r["base_TFLOPs"] = base_tflops;
+    r["gemm_peak_TFLOPs"] = gemm_tflops > 0 ? nlohmann::ordered_json(gemm_tflops) : nlohmann::ordered_json(nullptr);
+    r["base_fraction_of_gemm_peak"] =
+        gemm_tflops > 0 ? nlohmann::ordered_json(base_tflops / gemm_tflops) : nlohmann::ordered_json(nullptr);
     r["issue_goal_lora_us"] = goal();
     if (old_views) {
       // The same LoRA through the ExpertLoraView table: checked against the stacked result, then timed.

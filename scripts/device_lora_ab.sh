@@ -4,7 +4,8 @@
 # output tail is short). Usage:
 #   scripts/device_lora_ab.sh "label1:ENV=1 ENV2=2" "label2:ENV=0" ...   (a label with no variables: defaults)
 # Env: BATCHES (device bench, default 1,4,16,64), MOE_M (moe-lora, default 1,16,64,256), TESTS (gtest filter,
-# default 'GpuLoraStack.Moe*'; empty: none).
+# default 'GpuLoraStack.Moe*'; empty: none), MOE_DTYPE (moe-lora's experts, default mxfp4; bfloat16 for the
+# bf16 grouped GEMMs), CONFIG (device bench, default tests/data/configs/gpt-oss-20b), PROMPT_LEN (default 512).
 set -uo pipefail
 OUT=${OUT:-/tmp/lora_ab}
 mkdir -p "$OUT"
@@ -31,12 +32,18 @@ for spec in "$@"; do
   vars=${spec#*:}
   [ "$vars" = "$spec" ] && vars=""
   echo "== $label ($vars)" | tee -a "$OUT/moelora.txt" >> "$OUT/bench.txt"
-  env $vars X_POLYLORA_AB=1 "$B" moe-lora --device cuda --dtype mxfp4 --m "${MOE_M:-1,16,64,256}" --iters 100 2>&1 |
-    grep -o '"M":[0-9]*,[^}]*"base_us":[0-9.]*,"lora_us":[0-9.]*,"lora_delta_us":[0-9.]*' |
-    sed 's/,"active.*"base_us"/ base/' >> "$OUT/moelora.txt"
-  env $vars X_POLYLORA_AB=1 "$B" device --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 \
-    --decode-tokens 32 --loras 8 --batches "${BATCHES:-1,4,16,64}" 2>&1 >/dev/null |
-    grep -E "adapters" | sed 's/prefill.*decode/decode/' >> "$OUT/bench.txt"
+  env $vars X_POLYLORA_AB=1 "$B" moe-lora --device cuda --dtype "${MOE_DTYPE:-mxfp4}" --m "${MOE_M:-1,16,64,256}" \
+    --iters 100 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    print("M=%d base %.1f us (%.1f TFLOP/s, GEMM peak %s) lora %.1f us delta %.1f us" % (r["M"], r["base_us"],
+          r.get("base_TFLOPs", 0), r.get("gemm_peak_TFLOPs"), r["lora_us"], r["lora_delta_us"]))' >> "$OUT/moelora.txt"
+  env $vars X_POLYLORA_AB=1 "$B" device --config "${CONFIG:-tests/data/configs/gpt-oss-20b}" --device cuda \
+    --prompt-len "${PROMPT_LEN:-512}" --decode-tokens 32 --loras 8 --batches "${BATCHES:-1,4,16,64}" 2>&1 >/dev/null |
+    grep -E "^batch" >> "$OUT/bench.txt"
   stamp "$label"
 done
 cat "$OUT/moelora.txt" "$OUT/bench.txt" 2>/dev/null

@@ -36,6 +36,15 @@ struct KernelTuning {
   // ... and from which the tensor-core grouped GEMM replaces the weight-streaming kernels; env
   // POLYLORA_MXFP4_MMA_PER_EXPERT.
   int64_t mxfp4_mma_per_expert = 64;
+  // BF16/F16 experts on the grouped-GEMM path without the LoRA epilogue, on compute capability 9.0: pairs
+  // per expert (on average) from which the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh: 128-row tiles,
+  // wgmma from 128-byte-swizzled cp.async stages) replaces the mma.sync one; 0: never (the default until it
+  // is measured: compiled, not yet run on a GPU, session 38); env POLYLORA_MOE_WGMMA_PER_EXPERT. Its output
+  // columns per CTA (128 or 256; env POLYLORA_MOE_WGMMA_BN) and row tiles per CTA group of its CTA swizzle
+  // (env POLYLORA_MOE_WGMMA_GROUP).
+  int64_t moe_wgmma_per_expert = 0;
+  int64_t moe_wgmma_bn = 256;
+  int64_t moe_wgmma_group = 8;
   // BF16 slot-stacked expert LoRA on the grouped GEMM: pairs per expert from which the shrinks run on
   // tensor cores and the expands in the GEMMs' epilogues; env POLYLORA_MOE_LORA_MMA_PER_EXPERT.
   int64_t moe_lora_mma_per_expert = 64;

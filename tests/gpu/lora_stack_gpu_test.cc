@@ -846,47 +846,55 @@ TEST(GpuLoraStack, MoeAwkwardShapes) {
 // (gu_slices 2 at rank 72: 144 rank rows), ranks not a multiple of 8 or 16 (odd ones: B pairs straddling a
 // slice), more slots than the shrink's grid.y (12: a CTA takes several runs), K not a multiple of 8 (the
 // element-wise weight loads), and the 128-row tile; every case above 512 pairs and 64 per expert (the path's
-// bounds).
+// bounds). Then all again on the warpgroup-MMA GEMM (moe_wgmma_per_expert 1).
 TEST(GpuLoraStack, MoeGroupedGemmTensorCoreLora) {
   SKIP_WITHOUT_GPU();
-  for (int64_t rank : {5, 16, 24, 72}) {
-    for (int gu : {1, 2}) {
-      run_all({.m = 400,
-               .hidden = 96,
-               .inter = 64,
-               .num_experts = 8,
-               .top_k = 2,
-               .rank = rank,
-               .gu_slices = gu,
-               .act = gu == 1 ? k::ExpertAct::kGptOssSwiglu : k::ExpertAct::kSiluGate,
-               .fused = gu == 1,
-               .biases = gu == 1,
-               .slots = 12,
-               .lora_b = 0.3f * std::sqrt(8.0f / static_cast<float>(rank))});
+  // Pass 1: the same cases on the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh, its LoRA epilogue; the
+  // mma.sync GEMM again on GPUs other than compute capability 9.0).
+  for (int wgmma : {0, 1}) {
+    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    t.moe_wgmma_per_expert = wgmma;
+    k::override_kernel_tuning(t);
+    for (int64_t rank : {5, 16, 24, 72}) {
+      for (int gu : {1, 2}) {
+        run_all({.m = 400,
+                 .hidden = 96,
+                 .inter = 64,
+                 .num_experts = 8,
+                 .top_k = 2,
+                 .rank = rank,
+                 .gu_slices = gu,
+                 .act = gu == 1 ? k::ExpertAct::kGptOssSwiglu : k::ExpertAct::kSiluGate,
+                 .fused = gu == 1,
+                 .biases = gu == 1,
+                 .slots = 12,
+                 .lora_b = 0.3f * std::sqrt(8.0f / static_cast<float>(rank))});
+      }
     }
+    run_all({.m = 700,
+             .hidden = 45,
+             .inter = 33,
+             .num_experts = 4,
+             .top_k = 2,
+             .rank = 7,
+             .gu_slices = 2,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .fused = true,
+             .biases = true,
+             .slots = 6});
+    run_all({.m = 1200,  // 2,400 pairs over 4 experts: >= 256 per expert, the 128-row tile
+             .hidden = 64,
+             .inter = 48,
+             .num_experts = 4,
+             .top_k = 2,
+             .rank = 16,
+             .gu_slices = 1,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .fused = true,
+             .biases = true,
+             .slots = 8});
   }
-  run_all({.m = 700,
-           .hidden = 45,
-           .inter = 33,
-           .num_experts = 4,
-           .top_k = 2,
-           .rank = 7,
-           .gu_slices = 2,
-           .act = k::ExpertAct::kGptOssSwiglu,
-           .fused = true,
-           .biases = true,
-           .slots = 6});
-  run_all({.m = 1200,  // 2,400 pairs over 4 experts: >= 256 per expert, the 128-row tile
-           .hidden = 64,
-           .inter = 48,
-           .num_experts = 4,
-           .top_k = 2,
-           .rank = 16,
-           .gu_slices = 1,
-           .act = k::ExpertAct::kGptOssSwiglu,
-           .fused = true,
-           .biases = true,
-           .slots = 8});
+  k::override_kernel_tuning(std::nullopt);
 }
 
 }  // namespace

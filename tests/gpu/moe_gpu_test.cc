@@ -7,10 +7,12 @@
 // bf16 weights).
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "gpu_test_util.h"
+#include "kernels/tuning.h"
 
 namespace polylora::gpu_test {
 namespace {
@@ -271,6 +273,70 @@ TEST(GpuMoe, WeightStreamingPasses) {
     run_moe({.m = 100, .hidden = 512, .inter = 384, .num_experts = 32, .top_k = 4, .mode = md, .fused = true,
              .biases = true, .act = k::ExpertAct::kGptOssSwiglu, .weight_scale = 0.1f});
   }
+}
+
+// The Hopper warpgroup-MMA grouped GEMM (moe_gemm_wgmma.cuh; tuning moe_wgmma_per_expert, off by default
+// until measured), every call sent to the grouped GEMMs (moe_small_pairs 0): both column widths (256, 128)
+// and CTA groups of 1 and 3 row tiles, both BF16 modes (hi + lo: the K loop over both copies while B's slice
+// wraps; rounded), fused and separate gate/up, both activations, biases, an expert with no token and one
+// with every token, K not a multiple of 64 (136: zero-padded columns), rows that are not 16-byte multiples
+// (130: element loads into the swizzled tiles), N not a multiple of the column width (144, 384), many
+// experts with a few rows each (a partial last CTA group), a long K (1,024: the stages reused many times),
+// and the per-adapter LoRA views (applied outside the GEMM). On GPUs other than compute capability 9.0 the
+// same cases run the mma.sync GEMM (use_wgmma).
+TEST(GpuMoe, WarpgroupMmaGroupedGemm) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t bn : {256, 128}) {
+    for (int64_t group : {1, 3}) {
+      k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+      t.moe_small_pairs = 0;
+      t.moe_wgmma_per_expert = 1;
+      t.moe_wgmma_bn = bn;
+      t.moe_wgmma_group = group;
+      k::override_kernel_tuning(t);
+      for (const Mode& md : {kBf16Mode, kBf16RoundMode}) {
+        run_moe({.m = 300,
+                 .hidden = 136,
+                 .inter = 72,
+                 .num_experts = 8,
+                 .top_k = 3,
+                 .mode = md,
+                 .fused = true,
+                 .biases = true,
+                 .lora = true,
+                 .every_token_to_expert_2 = true});
+        run_moe({.m = 150,
+                 .hidden = 130,
+                 .inter = 40,
+                 .num_experts = 5,
+                 .top_k = 2,
+                 .mode = md,
+                 .fused = false,
+                 .act = k::ExpertAct::kGptOssSwiglu,
+                 .lora = true});
+        run_moe({.m = 700,
+                 .hidden = 256,
+                 .inter = 192,
+                 .num_experts = 8,
+                 .top_k = 4,
+                 .mode = md,
+                 .fused = true,
+                 .biases = true,
+                 .act = k::ExpertAct::kGptOssSwiglu});
+        run_moe({.m = 40, .hidden = 64, .inter = 64, .num_experts = 32, .top_k = 4, .mode = md});
+        run_moe({.m = 64,
+                 .hidden = 1024,
+                 .inter = 512,
+                 .num_experts = 4,
+                 .top_k = 2,
+                 .mode = md,
+                 .fused = false,
+                 .biases = true,
+                 .weight_scale = 0.05f});
+      }
+    }
+  }
+  k::override_kernel_tuning(std::nullopt);
 }
 
 TEST(GpuMoe, RouteBothScorings) {

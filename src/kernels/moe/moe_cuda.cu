@@ -119,6 +119,16 @@ bool lora_on_mma(const MoeExpertsArgs& a, Path path) {
          a.m * a.top_k >= tuning_of(a).moe_lora_mma_per_expert * a.num_experts && lora_mma_enabled();
 }
 
+// Does the grouped-GEMM path run on the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh, with the LoRA expand
+// in its epilogue when lora_on_mma)? BF16/F16 experts (MXFP4 and INT8 weights are decoded by the mma.sync
+// GEMM only), from moe_wgmma_per_expert pairs per expert (0: never, the default until measured), on compute
+// capability 9.0.
+bool use_wgmma(const MoeExpertsArgs& a, Path path) {
+  if (path != Path::kMma || a.experts_mxfp4 || a.experts_int8) return false;
+  const int64_t per = tuning_of(a).moe_wgmma_per_expert;
+  return per > 0 && a.m * a.top_k >= per * a.num_experts && moe_detail::wgmma_supported();
+}
+
 // Split-K of the tensor-core shrinks: enough CTAs for ~3 per SM over the 64-row windows that can hold pairs
 // (each taking about two runs of one key), at most 8 and at most one per 4 BK slices of the K loop.
 struct LoraMmaSplits {
@@ -157,6 +167,7 @@ bool lora_delta(const MoeExpertsArgs& a, Path path) {
 struct MoeWorkspace {
   int64_t pairs = 0, tile_m = 1, max_tiles = 0, max_rows = 0, lda_h = 0, lda_i = 0;
   int64_t copies = 1;                 // bf16 copies per activation row: 2 (hi, lo) with the split
+  bool wgmma = false;                 // kMma: the GEMMs on moe_gemm_wgmma (use_wgmma)
   int32_t* counts = nullptr;          // [E] pairs per expert
   int32_t* fill = nullptr;            // [E·B] scatter cursors per (expert, slot bucket)
   int32_t* sub_counts = nullptr;      // [E·B] pairs per (expert, slot bucket) (GEMM paths)
@@ -195,11 +206,13 @@ struct MoeWorkspace {
         copies = bf16_split ? 2 : 1;
         break;
       case Path::kMma:
-        tile_m = mma_tile_m(a);
+        // The warpgroup-MMA GEMM: 128-row tiles, activation rows padded to its K slice of 64.
+        wgmma = use_wgmma(a, path);
+        tile_m = wgmma ? moe_detail::kWgBM : mma_tile_m(a);
         max_tiles = (pairs + tile_m - 1) / tile_m + a.num_experts;
         max_rows = max_tiles * tile_m;
-        lda_h = round_up(a.hidden, moe_detail::kMmaBK);
-        lda_i = round_up(a.inter, moe_detail::kMmaBK);
+        lda_h = round_up(a.hidden, wgmma ? moe_detail::kWgBK : moe_detail::kMmaBK);
+        lda_i = round_up(a.inter, wgmma ? moe_detail::kWgBK : moe_detail::kMmaBK);
         copies = bf16_split ? 2 : 1;
         break;
       case Path::kF32:
@@ -1079,6 +1092,30 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     dim3 grid_down(static_cast<unsigned>(ws.max_tiles), static_cast<unsigned>((H + tile_n - 1) / tile_n));
     moe_detail::MmaParams mp;
     GemmParams gp;
+    // The tensor-core GEMM of one phase (N output columns): the warpgroup-MMA kernel when the workspace was
+    // laid out for it, else the mma.sync one.
+    auto launch_grouped_gemm = [&](Phase phase, int64_t N, dim3 grid, const moe_detail::MmaParams& p) {
+      if (!ws.wgmma) {
+        if (phase == Phase::kGateUp) {
+          moe_detail::launch_mma_tile<Phase::kGateUp>(tile_m, grid, p, st);
+        } else {
+          moe_detail::launch_mma_tile<Phase::kDown>(tile_m, grid, p, st);
+        }
+        return;
+      }
+      const KernelTuning t = tuning_of(a);
+      const int bn = t.moe_wgmma_bn == 128 || p.lora.b != nullptr ? 128 : 256;
+      // (With the LoRA epilogue the launcher takes 128 columns whatever bn says.)
+      moe_detail::WgmmaParams wp{.mp = p,
+                                 .group_rows = static_cast<int>(std::clamp<int64_t>(t.moe_wgmma_group, 1, 64)),
+                                 .col_tiles = (N + bn - 1) / bn,
+                                 .max_tiles = ws.max_tiles};
+      if (phase == Phase::kGateUp) {
+        moe_detail::launch_wgmma_tile<Phase::kGateUp>(bn, wp, st);
+      } else {
+        moe_detail::launch_wgmma_tile<Phase::kDown>(bn, wp, st);
+      }
+    };
     // 2. gate_up
     if (mma) {
       cuda_util::launch_pdl(cast_x_bf16_kernel, cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0,
@@ -1100,7 +1137,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
         launch_lora_shrink_mma<Phase::kGateUp>(a, ws, lms.gu, st);
         mp.lora = lora_expand_params<Phase::kGateUp>(a, ws, lms.gu);
       }
-      moe_detail::launch_mma_tile<Phase::kGateUp>(tile_m, grid_gu, mp, st);
+      launch_grouped_gemm(Phase::kGateUp, 2 * I, grid_gu, mp);
     } else {
       gp.x = a.x;
       gp.ldx = a.ldx;
@@ -1131,7 +1168,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       mp.out = ws.y;
       mp.mx_nb = a.experts_mxfp4 ? I / kMxfp4BlockSize : 0;
       if (mma_lora) mp.lora = lora_expand_params<Phase::kDown>(a, ws, lms.down);
-      moe_detail::launch_mma_tile<Phase::kDown>(tile_m, grid_down, mp, st);
+      launch_grouped_gemm(Phase::kDown, H, grid_down, mp);
     } else {
       gp.x = ws.act;
       gp.ldx = I;

@@ -1,12 +1,14 @@
 // kernels/moe/moe_launch.h: the launchers of moe_cuda.cu's heavy kernel templates, each compiled in a file of
 // its own so they build in parallel (moe_cuda.cu alone took ~9 minutes of nvcc on the 2-core machine and
 // most of a GPU-machine build): moe_gemv_cuda.cu dispatches the small-batch products to the files below,
-// and moe_gemm_cuda.cu holds the tensor-core grouped GEMM and the expert LoRA's tensor-core shrink.
+// moe_gemm_cuda.cu holds the tensor-core grouped GEMM and the expert LoRA's tensor-core shrink, and
+// moe_gemm_wgmma_cuda.cu the Hopper warpgroup-MMA grouped GEMM.
 // moe_cuda.cu chooses the path, sorts, sizes the grids and calls these. Included from .cu files only. Must
 // not: depend on anything above common/.
 #pragma once
 
 #include "kernels/moe/moe_gemm_mma.cuh"
+#include "kernels/moe/moe_gemm_wgmma.cuh"
 #include "kernels/moe/moe_gemv.cuh"
 #include "kernels/moe/moe_gemv_mma.cuh"
 #include "kernels/moe/moe_gemv_mxfp4.cuh"
@@ -42,6 +44,12 @@ void launch_gemv_mxfp4(dim3 grid, const GemvTcParams& tp, cudaStream_t st);
 // moe_gemm_cuda.cu. The grouped GEMM of one phase with row tiles of tile_m (64 or 128).
 template <Phase P>
 void launch_mma_tile(int tile_m, dim3 grid, const MmaParams& mp, cudaStream_t st);
+// moe_gemm_wgmma_cuda.cu. The Hopper warpgroup-MMA grouped GEMM of one phase (128-row tiles, bn 128 or 256
+// output columns per CTA, 128 with the LoRA epilogue; BF16/F16 weights), and whether this device can run it
+// (compute capability 9.0: the kernels are built for sm_90a).
+template <Phase P>
+void launch_wgmma_tile(int bn, const WgmmaParams& wp, cudaStream_t st);
+bool wgmma_supported();
 // The expert LoRA's tensor-core shrink (moe_lora_mma.cuh) on kLsThreads threads.
 void launch_lora_shrink_mma_kernel(dim3 grid, const LoraShrinkMmaParams& lp, cudaStream_t st);
 

@@ -1,0 +1,215 @@
+// kernels/moe/moe_gemm_wgmma.cuh: the large-batch MoE grouped GEMM on Hopper's warpgroup MMA (sm_90a), for
+// BF16/F16 experts (moe_gemm_mma.cuh stays the path for MXFP4 and INT8 weights and for GPUs other than
+// compute capability 9.0). With BF16 LoRA stacks on that path the slot-stacked LoRA expand is fused into the
+// epilogue as in moe_gemm_mma (lora_expand_mma, LORA = true, 128 columns per CTA). Same inputs and outputs as
+// moe_gemm_mma (MmaParams): one CTA of two warpgroups (256 threads) per (128-row tile of one expert, BN
+// output columns), each warpgroup's 64 rows × BN accumulated in registers by wgmma.mma_async m64nBNk16
+// (f32 accumulation) from shared memory. A rows are gathered (gate_up: x by token; down: act by sorted row,
+// both bf16, rows padded to a multiple of 64 columns, padding rows zero-filled) and B rows (the expert's
+// weight [N, K], K-major as wgmma wants it) are copied with 16-byte cp.async into [rows][64] tiles with the
+// 128-byte swizzle (kernels/wgmma_util.cuh), kStages slices of K = 64 deep: slice kt + kStages − 2 is loaded
+// while the MMAs of slice kt run and those of kt − 1 may still be in flight (wgmma.wait_group 1), so a stage
+// is overwritten only after every warpgroup's MMAs on it completed (the barrier at the top of the next
+// iteration). Odd weight shapes (rows not 16-byte multiples, F16) are converted element by element into the
+// same tiles. With the hi + lo split the K loop runs over both copies of A while B's K slice wraps (as in
+// moe_gemm_mma). CTAs are ordered in groups of `group_rows` row tiles (row tiles fastest) taking every
+// column tile, so a group's A rows stay in L2 while its column tiles pass and each B tile is read by the
+// group's CTAs close together (CTA swizzling). Tiles past the device-side tile count exit at once.
+// Compiled to a trap outside sm_90a; moe_cuda.cu launches it only on compute capability 9.0
+// (wgmma_supported()). Only included through moe_launch.h. Must not: depend on anything above common/.
+#pragma once
+
+#include "kernels/moe/moe_gemm_mma.cuh"
+#include "kernels/wgmma_util.cuh"
+
+namespace polylora::kernels::cuda::moe_detail {
+
+constexpr int kWgThreads = 256;  // two warpgroups: rows 0-63 and 64-127 of the tile
+constexpr int kWgBM = 128;
+constexpr int kWgBK = 64;  // one 128-byte swizzled row per tile row and stage
+
+struct WgmmaParams {
+  MmaParams mp;        // as moe_gemm_mma's (mx_nb unused: BF16/F16 weights; mp.lora.b set: the LoRA epilogue)
+  int group_rows = 8;  // row tiles per CTA group (the CTA swizzle)
+  int64_t col_tiles = 0;  // column tiles: ceil(N / BN)
+  int64_t max_tiles = 0;  // row tiles of the grid (the workspace's worst case)
+};
+
+template <int BN>
+struct WgCfg {
+  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr int kABytes = kWgBM * kWgBK * 2;
+  static constexpr int kBBytes = BN * kWgBK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack for the 1024-byte alignment
+  static constexpr int kBRows = BN / 32;                           // B rows each thread copies per stage
+};
+
+template <Phase P, int BN, bool LORA>
+__global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) {
+#if POLYLORA_WGMMA
+  using C = WgCfg<BN>;
+  constexpr int S = C::kStages;
+  const MmaParams& p = wp.mp;
+  extern __shared__ unsigned char wg_smem[];
+  __shared__ int32_t s_pair[kWgBM];
+  __shared__ int64_t s_arow[kWgBM];  // A row (−1: padding, zero-filled)
+  __shared__ int32_t s_lkey[LORA ? kWgBM : 1];  // LoRA key of the row (lora_row_key), −1: none
+  // CTA → (row tile, column tile) in groups of group_rows row tiles, row tiles fastest.
+  const int64_t cta = blockIdx.x;
+  const int64_t span = static_cast<int64_t>(wp.group_rows) * wp.col_tiles;
+  const int64_t grp = cta / span, local = cta % span;
+  const int64_t rows_g = min(static_cast<int64_t>(wp.group_rows), wp.max_tiles - grp * wp.group_rows);
+  const int tile = static_cast<int>(grp * wp.group_rows + local % rows_g);
+  const int64_t n0 = (local / rows_g) * BN;
+  if (tile >= *p.num_tiles) return;
+  const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
+  const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
+  if (n0 >= N) return;
+  const ExpertView& ex = p.experts[p.tile_expert[tile]];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  if (tid < kWgBM) {
+    const int64_t r = static_cast<int64_t>(tile) * kWgBM + tid;
+    const int32_t pr = p.sorted[r];
+    s_pair[tid] = pr;
+    s_arow[tid] = pr < 0 ? -1 : (P == Phase::kGateUp ? pr / p.top_k : r);
+    if constexpr (LORA)
+      s_lkey[tid] = lora_row_key(pr, p.tile_expert[tile], p.lora.token_slots, p.top_k, p.lora.slots, p.lora.E,
+                                 p.lora.scale, p.lora.c0, p.lora.slices);
+  }
+  const DType bdt = weight_dtype<P>(ex);
+  const float* bias = weight_bias<P>(ex);
+  const bool b_fast = bdt == DType::kBF16 && weight_rows_aligned16<P>(ex, K);
+  // Each thread copies chunk ld_c (8 bf16) of rows ld_r + 32·i of the A and B tiles; those rows share
+  // r % 8, so their swizzled offsets are ld_off + 4096·i.
+  const int ld_c = tid & 7, ld_r = tid >> 3;
+  const uint32_t ld_off = wgmma::swz128(ld_r, ld_c);
+  const char* b_src[C::kBRows];
+#pragma unroll
+  for (int i = 0; i < C::kBRows; ++i) {
+    const int64_t n = n0 + ld_r + 32 * i;
+    b_src[i] = n < N ? weight_row<P>(ex, n, K, p.inter) : nullptr;
+  }
+  __syncthreads();
+  const __nv_bfloat16* a_src[kWgBM / 32];
+#pragma unroll
+  for (int i = 0; i < kWgBM / 32; ++i) {
+    const int64_t ar = s_arow[ld_r + 32 * i];
+    a_src[i] = ar < 0 ? nullptr : p.a + ar * p.lda;
+  }
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem));
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const int num_kt = static_cast<int>(p.lda / kWgBK);
+  const int kb64 = p.kb_tiles / 2;  // B's K extent in slices of 64 (the launcher makes kb_tiles even)
+
+  auto load_stage = [&](int stage, int kt) {
+    const uint32_t sa = base + stage * C::kStageBytes + ld_off;
+    const uint32_t sb = sa + C::kABytes;
+    const int64_t ka = static_cast<int64_t>(kt) * kWgBK + ld_c * 8;
+    const int64_t k = static_cast<int64_t>(kt % kb64) * kWgBK + ld_c * 8;  // B's K index
+#pragma unroll
+    for (int i = 0; i < kWgBM / 32; ++i)
+      cp_async16(sa + 4096 * i, a_src[i] != nullptr ? a_src[i] + ka : p.a, a_src[i] != nullptr ? 16 : 0);
+#pragma unroll
+    for (int i = 0; i < C::kBRows; ++i) {
+      const bool ok = b_src[i] != nullptr && k < K;
+      if (b_fast) {
+        cp_async16(sb + 4096 * i, ok ? b_src[i] + k * 2 : static_cast<const void*>(p.a), ok ? 16 : 0);
+      } else {
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t lo = 0, hi = 0;
+          if (ok && k + 2 * j < K) lo = __bfloat16_as_ushort(cuda_util::load_as_bf16(b_src[i], bdt, k + 2 * j));
+          if (ok && k + 2 * j + 1 < K)
+            hi = __bfloat16_as_ushort(cuda_util::load_as_bf16(b_src[i], bdt, k + 2 * j + 1));
+          w[j] = lo | (hi << 16);
+        }
+        mma::st_shared_v4(sb + 4096 * i, w);
+      }
+    }
+  };
+
+  // The warp's 16 rows × BN columns, as lora_expand_mma's single m16 fragment row (MI = 1).
+  float acc[1][BN / 8][4];
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[0][j][q] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < S - 2; ++s) {
+    if (s < num_kt) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < num_kt; ++kt) {
+    // Groups committed so far: S − 2 + kt; slice kt's is complete once at most S − 3 are pending.
+    cp_async_wait<S - 3>();
+    wgmma::fence_proxy_async();
+    // Slice kt is visible to both warpgroups; both waited for their MMAs of slice kt − 2 (wait<1> at the
+    // end of iteration kt − 1), whose stage the load below overwrites.
+    __syncthreads();
+    const int nk = kt + S - 2;
+    if (nk < num_kt) load_stage(nk % S, nk);
+    cp_async_commit();
+    const uint32_t st = base + (kt % S) * C::kStageBytes;
+    const uint32_t sa = st + wg * (64 * 128);
+    const uint32_t sb = st + C::kABytes;
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < kWgBK / 16; ++ks)
+      wgmma::mma_async<BN>(acc[0], wgmma::desc128(sa + 32 * ks), wgmma::desc128(sb + 32 * ks));
+    wgmma::commit();
+    wgmma::wait<1>();
+  }
+  wgmma::wait<0>();
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) wgmma::fence_operand(acc[0][j][q]);
+  cp_async_wait<0>();
+  const int row_base = wg * 64 + (warp & 3) * 16;  // the warp's first row of the tile
+  if constexpr (LORA) {
+    // The slot-stacked LoRA expand as extra mma.sync k16 steps of the same accumulators (moe_lora_mma.cuh),
+    // staging in the pipeline's buffers (every MMA and copy above has completed).
+    static_assert(lora_expand_smem_bytes(kWgBM) <= C::kSmemBytes - 1024, "the expand's staging fits");
+    lora_expand_mma<kWgBM, 1, BN / 8>(p.lora, s_lkey, wg_smem + (base - raw), row_base,
+                                       static_cast<int64_t>(tile) * kWgBM, static_cast<int>(n0),
+                                       static_cast<int>(N), static_cast<int>(p.inter), acc);
+  }
+
+  // Epilogue: the warp holds rows row_base + lane / 4 (+ 8): acc[0][j][0..1] at columns 8j + 2·(lane % 4) +
+  // {0, 1} of the first row, acc[0][j][2..3] of the second.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row_base + (lane >> 2) + h * 8;
+    const int32_t pr = s_pair[r];
+    if (pr < 0) continue;
+    float* orow = P == Phase::kGateUp ? p.out + (static_cast<int64_t>(tile) * kWgBM + r) * N
+                                      : p.out + static_cast<int64_t>(pr) * N;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int64_t n = n0 + j * 8 + (lane & 3) * 2;
+      float v0 = acc[0][j][2 * h], v1 = acc[0][j][2 * h + 1];
+      if (n + 1 < N) {
+        if (bias != nullptr) {
+          v0 += bias[n];
+          v1 += bias[n + 1];
+        }
+        if ((N & 1) == 0) {
+          *reinterpret_cast<float2*>(orow + n) = make_float2(v0, v1);
+        } else {
+          orow[n] = v0;
+          orow[n + 1] = v1;
+        }
+      } else if (n < N) {
+        orow[n] = v0 + (bias != nullptr ? bias[n] : 0.0f);
+      }
+    }
+  }
+#else
+  (void)wp;
+  __trap();  // launched only on compute capability 9.0 (wgmma_supported)
+#endif
+}
+
+}  // namespace polylora::kernels::cuda::moe_detail

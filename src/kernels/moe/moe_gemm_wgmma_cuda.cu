@@ -1,0 +1,54 @@
+// kernels/moe/moe_gemm_wgmma_cuda.cu: the launchers of the Hopper warpgroup-MMA grouped GEMM
+// (moe_gemm_wgmma.cuh; moe_launch.h), compiled apart from moe_cuda.cu and moe_gemm_cuda.cu.
+// Must not: depend on anything above common/.
+#include <climits>
+
+#include "kernels/moe/moe_launch.h"
+
+namespace polylora::kernels::cuda::moe_detail {
+namespace {
+
+template <Phase P, int BN, bool LORA>
+void launch_wg(const WgmmaParams& wp, cudaStream_t st) {
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_wgmma<P, BN, LORA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    WgCfg<BN>::kSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  const int64_t ctas = wp.max_tiles * wp.col_tiles;
+  KERNEL_CHECK(ctas > 0 && ctas <= INT_MAX, "moe_experts: grouped GEMM grid too large");
+  moe_gemm_wgmma<P, BN, LORA><<<static_cast<unsigned>(ctas), kWgThreads, WgCfg<BN>::kSmemBytes, st>>>(wp);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool wgmma_supported() {
+  static const bool v = [] {
+    int dev = 0, major = 0, minor = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+           major == 9 && minor == 0;
+  }();
+  return v;
+}
+
+template <Phase P>
+void launch_wgmma_tile(int bn, const WgmmaParams& wp, cudaStream_t st) {
+  KERNEL_CHECK(wp.mp.kb_tiles % 2 == 0 && wp.mp.lda % kWgBK == 0,
+               "moe_experts: the warpgroup-MMA GEMM needs activation rows padded to 64 columns");
+  if (wp.mp.lora.b != nullptr) {
+    launch_wg<P, 128, true>(wp, st);  // the LoRA epilogue's per-column pointers: 128 columns
+  } else if (bn == 128) {
+    launch_wg<P, 128, false>(wp, st);
+  } else {
+    launch_wg<P, 256, false>(wp, st);
+  }
+}
+
+template void launch_wgmma_tile<Phase::kGateUp>(int, const WgmmaParams&, cudaStream_t);
+template void launch_wgmma_tile<Phase::kDown>(int, const WgmmaParams&, cudaStream_t);
+
+}  // namespace polylora::kernels::cuda::moe_detail
