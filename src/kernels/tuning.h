@@ -45,6 +45,9 @@ struct KernelTuning {
   int64_t moe_wgmma_per_expert = 0;
   int64_t moe_wgmma_bn = 256;
   int64_t moe_wgmma_group = 8;
+  // 1: with it, GPT-OSS's activation (interleaved gate/up) fused into the gate/up epilogue when nothing else
+  // reads the f32 gate/up outputs (no LoRA, or BF16 stacks on tensor cores); env POLYLORA_MOE_WGMMA_FUSED_ACT.
+  int64_t moe_wgmma_fused_act = 0;
   // BF16 slot-stacked expert LoRA on the grouped GEMM: pairs per expert from which the shrinks run on
   // tensor cores and the expands in the GEMMs' epilogues; env POLYLORA_MOE_LORA_MMA_PER_EXPERT.
   int64_t moe_lora_mma_per_expert = 64;
@@ -85,6 +88,10 @@ struct KernelTuning {
   // loaded once per group (moe_act_lora_group_kernel; compiled, not yet measured on a GPU, session 37); env
   // POLYLORA_MOE_LORA_ACT_GROUP.
   int64_t moe_lora_act_group = 0;
+  // 1: on a BF16 backend, prefill attention (head_dim 64 or 128) on bf16 tensor cores
+  // (kernels/attention/attention_mma_cuda.cu; compiled, not yet run on a GPU, session 38); env
+  // POLYLORA_ATTENTION_PREFILL_MMA.
+  int64_t attention_prefill_mma = 0;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

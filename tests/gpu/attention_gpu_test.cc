@@ -2,14 +2,17 @@
 // sizes 1 and 16, ragged contexts mixing decode rows, a prefill and a chunked prefill, sequences with no
 // query rows, one head, GQA groups, head_dim 3/64/96/128/256, sliding window and sinks on and off, shuffled
 // block tables; each kernel (flash prefill, split decode, generic) over these; write_kv with padding slots.
-// Tolerance: attention 1e-5 + 1e-4·|ref| (online softmax, fp32, another order); write_kv exact.
+// Tolerance: attention 1e-5 + 1e-4·|ref| (online softmax, fp32, another order); write_kv exact. The bf16
+// tensor-core prefill (tuning attention_prefill_mma) over the prefill shapes at 2e-2 + 2e-2·|ref|.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "gpu_test_util.h"
+#include "kernels/tuning.h"
 
 namespace polylora::gpu_test {
 namespace {
@@ -23,8 +26,10 @@ struct Case {
   bool sinks;
 };
 
-void run_case(const Case& cs) {
-  Arena ar(backend());
+// weight_dtype picks the backend (the default, BF16, is also the one whose prefill may take the tensor-core
+// kernel); atol / rtol the tolerance.
+void run_case(const Case& cs, DType weight_dtype = DType::kBF16, float atol = 1e-5f, float rtol = 1e-4f) {
+  Arena ar(backend(weight_dtype));
   int64_t num_seqs = static_cast<int64_t>(cs.q_lens.size());
   int64_t bs = cs.block_size, d = cs.head_dim;
   int64_t max_ctx = *std::max_element(cs.ctx_lens.begin(), cs.ctx_lens.end());
@@ -82,7 +87,7 @@ void run_case(const Case& cs) {
   a.cache.k = ar.up(kc);
   a.cache.v = ar.up(vc);
   ar.be().attention(a);
-  k::test::expect_close(ar.down(out, init.size()), ref, 1e-5f, 1e-4f, what);
+  k::test::expect_close(ar.down(out, init.size()), ref, atol, rtol, what);
 }
 
 TEST(GpuAttention, PagedShapes) {
@@ -117,6 +122,34 @@ TEST(GpuAttention, EmptySequenceRowsLongContextAndBigHeads) {
   run_case({16, 64, 8, 64, {1, 1, 0, 1}, {3000, 2, 5, 700}, 128, true});
   run_case({16, 4, 2, 256, {1, 2}, {1500, 999}, 0, true});
   run_case({16, 6, 3, 96, {1, 1}, {777, 64}, 300, false});
+}
+
+// The prefill on bf16 tensor cores (attention_mma_cuda.cu; tuning attention_prefill_mma, off by default
+// until measured): head_dim 64 and 128, one head, GQA groups (64 / 8 as GPT-OSS), block sizes 1 and 16,
+// several query blocks per sequence and a block's rows past the sequence's end, chunked prefill (contexts
+// longer than the query rows), a decode row in the batch, sliding windows and sinks, several key tiles.
+// Tolerance: queries, keys, values and probabilities in bf16 (2e-2 + 2e-2·|ref|; a fragment layout mistake
+// is off by the values' own size). The F32 backend keeps the f32 kernel with the field set (f32 tolerance).
+TEST(GpuAttention, TensorCorePrefill) {
+  SKIP_WITHOUT_GPU();
+  k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+  t.attention_prefill_mma = 1;
+  k::override_kernel_tuning(t);
+  for (int64_t bs : {1, 16}) {
+    for (auto [h, kvh] : {std::pair<int64_t, int64_t>{1, 1}, {8, 2}, {64, 8}}) {
+      for (int64_t d : {64, 128}) {
+        for (int64_t window : {0, 5}) {
+          for (bool sinks : {false, true})
+            run_case({bs, h, kvh, d, {70, 1, 23, 130}, {70, 40, 50, 300}, window, sinks}, DType::kBF16, 2e-2f,
+                     2e-2f);
+        }
+      }
+    }
+  }
+  run_case({16, 32, 4, 128, {200, 70, 1}, {700, 70, 33}, 100, true}, DType::kBF16, 2e-2f, 2e-2f);
+  run_case({16, 8, 1, 64, {129, 64}, {129, 300}, 0, false}, DType::kBF16, 2e-2f, 2e-2f);
+  run_case({16, 8, 2, 128, {70, 1}, {70, 30}, 0, true}, DType::kF32);
+  k::override_kernel_tuning(std::nullopt);
 }
 
 TEST(GpuWriteKv, SlotsAndPadding) {

@@ -282,8 +282,9 @@ TEST(GpuMoe, WeightStreamingPasses) {
 // with every token, K not a multiple of 64 (136: zero-padded columns), rows that are not 16-byte multiples
 // (130: element loads into the swizzled tiles), N not a multiple of the column width (144, 384), many
 // experts with a few rows each (a partial last CTA group), a long K (1,024: the stages reused many times),
-// and the per-adapter LoRA views (applied outside the GEMM). On GPUs other than compute capability 9.0 the
-// same cases run the mma.sync GEMM (use_wgmma).
+// and the per-adapter LoRA views (applied outside the GEMM); with CTA groups of 3, GPT-OSS's activation fused
+// into the gate/up epilogue (moe_wgmma_fused_act: the swiglu cases without LoRA views, one with padding
+// columns). On GPUs other than compute capability 9.0 the same cases run the mma.sync GEMM (use_wgmma).
 TEST(GpuMoe, WarpgroupMmaGroupedGemm) {
   SKIP_WITHOUT_GPU();
   for (int64_t bn : {256, 128}) {
@@ -293,6 +294,7 @@ TEST(GpuMoe, WarpgroupMmaGroupedGemm) {
       t.moe_wgmma_per_expert = 1;
       t.moe_wgmma_bn = bn;
       t.moe_wgmma_group = group;
+      t.moe_wgmma_fused_act = group == 3 ? 1 : 0;  // GPT-OSS's activation in the gate/up epilogue
       k::override_kernel_tuning(t);
       for (const Mode& md : {kBf16Mode, kBf16RoundMode}) {
         run_moe({.m = 300,
@@ -324,6 +326,15 @@ TEST(GpuMoe, WarpgroupMmaGroupedGemm) {
                  .biases = true,
                  .act = k::ExpertAct::kGptOssSwiglu});
         run_moe({.m = 40, .hidden = 64, .inter = 64, .num_experts = 32, .top_k = 4, .mode = md});
+        run_moe({.m = 500,  // I = 40: the activation rows' padding columns (fused: zeroed by the epilogue)
+                 .hidden = 128,
+                 .inter = 40,
+                 .num_experts = 4,
+                 .top_k = 2,
+                 .mode = md,
+                 .fused = true,
+                 .biases = true,
+                 .act = k::ExpertAct::kGptOssSwiglu});
         run_moe({.m = 64,
                  .hidden = 1024,
                  .inter = 512,

@@ -450,7 +450,7 @@ class CudaBackend final : public Backend {
   }
   void attention(const k::AttentionArgs& a) override {
     ensure_workspace(k::cuda::attention_workspace_bytes(a));
-    timed("attention", [&] { k::cuda::attention(a, ctx()); });
+    timed("attention", [&] { k::cuda::attention(a, ctx(), weight_dtype_ != DType::kF32); });
   }
   void silu_and_mul(const k::SiluAndMulArgs& a) override {
     timed("silu_and_mul", [&] { k::cuda::silu_and_mul(a, ctx()); });

@@ -65,8 +65,11 @@ void attention(const AttentionArgs& args);
 }  // namespace cpu
 namespace cuda {
 // head_dim <= 256. attention needs attention_workspace_bytes(args) of ctx.workspace (split decode partials).
+// tensor_cores (a BF16 backend): prefill steps with head_dim 64 or 128 may run on bf16 tensor cores when the
+// tuning field attention_prefill_mma is set (queries, keys, values and probabilities rounded to bf16, as
+// Hugging Face's bf16 forward); else everything is f32 on CUDA cores.
 void write_kv(const KvWriteArgs& args, const CudaContext& ctx);
-void attention(const AttentionArgs& args, const CudaContext& ctx);
+void attention(const AttentionArgs& args, const CudaContext& ctx, bool tensor_cores = false);
 size_t attention_workspace_bytes(const AttentionArgs& args);
 }  // namespace cuda
 

@@ -9,18 +9,22 @@
 //   row, head, split of the visible keys); 8 lanes per key with 128-bit loads (4 keys per warp at a time),
 //   online softmax per lane group, merged across lanes, warps and then splits (a combine kernel, when the
 //   context is split for parallelism).
+//   On a BF16 backend with the tuning field attention_prefill_mma set, the tensor-core version instead
+//   (attention_mma_cuda.cu; compiled, not yet run on a GPU: off by default).
 // - anything else (odd head_dim): a generic kernel, one CTA of 4 warps per (query row, head), one key per
 //   warp at a time.
 #include <algorithm>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/attention_cuda_common.cuh"
 #include "kernels/cuda_util.cuh"
+#include "kernels/tuning.h"
 
 namespace polylora::kernels::cuda {
-namespace {
 
-constexpr int kWarps = 4;
-constexpr int kMaxHeadDim = 256;
+using namespace attention_detail;
+
+namespace {
 
 __global__ void write_kv_kernel(KvWriteArgs a) {
   int64_t t = blockIdx.x;
@@ -31,27 +35,6 @@ __global__ void write_kv_kernel(KvWriteArgs a) {
     a.cache.k[slot * row + i] = a.k[t * a.ldk + i];
     a.cache.v[slot * row + i] = a.v[t * a.ldv + i];
   }
-}
-
-// Sequence of query row t: the last s with query_start[s] <= t.
-__device__ __forceinline__ int seq_of_row(const AttentionArgs& a, int64_t t) {
-  int lo = 0, hi = static_cast<int>(a.num_seqs) - 1;
-  while (lo < hi) {
-    int mid = (lo + hi + 1) / 2;
-    if (a.query_start[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
-// Offset (in floats) of key j's head kvh in the cache.
-__device__ __forceinline__ int64_t kv_offset(const KvCacheView& c, const int32_t* table, int64_t j,
-                                             int64_t kvh) {
-  return (static_cast<int64_t>(table[j / c.block_size]) * c.block_size + j % c.block_size) *
-             (c.num_kv_heads * c.head_dim) +
-         kvh * c.head_dim;
 }
 
 // ---- generic: one key per warp at a time ----
@@ -132,7 +115,6 @@ __global__ void __launch_bounds__(kWarps * 32) attention_generic_kernel(Attentio
 
 // ---- prefill: flash attention ----
 
-constexpr int kFaBQ = 64;   // query rows per CTA (16 per warp)
 constexpr int kFaBKV = 32;  // keys per tile
 constexpr int kFaThreads = kWarps * 32;
 
@@ -146,32 +128,6 @@ struct FaCfg {
   static constexpr int kSmemBytes = 4 * (kQFloats + kKFloats + kVFloats + kPFloats);
   static constexpr int kNV = D / 32;  // float4 output columns per lane
 };
-
-// Which (sequence, block of kFaBQ query rows) is CTA `b`? Blocks are numbered sequence by sequence.
-// Warp 0 scans ceil(q_len / kFaBQ) over the sequences, 32 at a time; s_seq = −1 past the last block.
-__device__ __forceinline__ void fa_find_block(const AttentionArgs& a, int b, int* s_seq, int* s_blk) {
-  const int lane = threadIdx.x & 31;
-  if (threadIdx.x >= 32) return;
-  int run = 0;
-  if (lane == 0) *s_seq = -1;
-  __syncwarp();
-  for (int base = 0; base < a.num_seqs; base += 32) {
-    const int s = base + lane;
-    int nb = 0;
-    if (s < a.num_seqs) nb = (a.query_start[s + 1] - a.query_start[s] + kFaBQ - 1) / kFaBQ;
-    int incl = nb;
-    for (int o = 1; o < 32; o <<= 1) {
-      int v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    if (nb > 0 && b >= run + incl - nb && b < run + incl) {
-      *s_seq = s;
-      *s_blk = b - (run + incl - nb);
-    }
-    run += __shfl_sync(0xffffffffu, incl, 31);
-    if (b < run) break;
-  }
-}
 
 template <int D>
 __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(AttentionArgs a, bool vec4) {
@@ -586,7 +542,7 @@ void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
   }
 }
 
-void attention(const AttentionArgs& a, const CudaContext& ctx) {
+void attention(const AttentionArgs& a, const CudaContext& ctx, bool tensor_cores) {
   if (a.num_seqs == 0) return;
   KERNEL_CHECK(a.num_tokens > 0, "attention: AttentionArgs::num_tokens (query_start[num_seqs]) must be set");
   KERNEL_CHECK(a.cache.head_dim >= 1 && a.cache.head_dim <= kMaxHeadDim,
@@ -597,6 +553,10 @@ void attention(const AttentionArgs& a, const CudaContext& ctx) {
   cudaStream_t st = cuda_util::stream(ctx);
   switch (choose_path(a)) {
     case AttnPath::kPrefill:
+      if (tensor_cores && kernel_tuning(TuningShape{}).attention_prefill_mma != 0) {
+        launch_prefill_mma(a, st);
+        return;
+      }
       if (a.cache.head_dim == 64) {
         launch_prefill<64>(a, st);
       } else {

@@ -1092,6 +1092,10 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     dim3 grid_down(static_cast<unsigned>(ws.max_tiles), static_cast<unsigned>((H + tile_n - 1) / tile_n));
     moe_detail::MmaParams mp;
     GemmParams gp;
+    // The warpgroup-MMA gate/up writes GPT-OSS's bf16 activation itself (no f32 gu, no activation kernel)
+    // when nothing else reads gu: no per-adapter LoRA views, no stack LoRA outside the GEMMs.
+    const bool fused_act = ws.wgmma && a.act == ExpertAct::kGptOssSwiglu && !lora && (!stack || mma_lora) &&
+                           tuning_of(a).moe_wgmma_fused_act != 0;
     // The tensor-core GEMM of one phase (N output columns): the warpgroup-MMA kernel when the workspace was
     // laid out for it, else the mma.sync one.
     auto launch_grouped_gemm = [&](Phase phase, int64_t N, dim3 grid, const moe_detail::MmaParams& p) {
@@ -1110,6 +1114,13 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                                  .group_rows = static_cast<int>(std::clamp<int64_t>(t.moe_wgmma_group, 1, 64)),
                                  .col_tiles = (N + bn - 1) / bn,
                                  .max_tiles = ws.max_tiles};
+      if (phase == Phase::kGateUp && fused_act) {
+        wp.act_out = ws.act_bf16;
+        wp.act_lda = ws.lda_i;
+        wp.act_copies = static_cast<int>(ws.copies);
+        wp.swiglu_alpha = a.swiglu_alpha;
+        wp.swiglu_limit = a.swiglu_limit;
+      }
       if (phase == Phase::kGateUp) {
         moe_detail::launch_wgmma_tile<Phase::kGateUp>(bn, wp, st);
       } else {
@@ -1154,10 +1165,11 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     }
     // 3. gate_up LoRA, 4. activation
     if (mma_lora) {  // the gate/up LoRA is in the GEMM; the down shrink reads the bf16 activation
-      moe_detail::launch_expert_act(ws.sorted, ws.num_tiles, tile_m, ws.max_rows, ws.gu, nullptr, nullptr,
-                                    ws.act_bf16, ws.lda_i, ws.copies, a, st);
+      if (!fused_act)
+        moe_detail::launch_expert_act(ws.sorted, ws.num_tiles, tile_m, ws.max_rows, ws.gu, nullptr, nullptr,
+                                      ws.act_bf16, ws.lda_i, ws.copies, a, st);
       launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);
-    } else {
+    } else if (!fused_act) {
       gate_up_lora_and_activation();
     }
     // 5. down

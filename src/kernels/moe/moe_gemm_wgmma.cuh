@@ -12,7 +12,8 @@
 // is overwritten only after every warpgroup's MMAs on it completed (the barrier at the top of the next
 // iteration). Odd weight shapes (rows not 16-byte multiples, F16) are converted element by element into the
 // same tiles. With the hi + lo split the K loop runs over both copies of A while B's K slice wraps (as in
-// moe_gemm_mma). CTAs are ordered in groups of `group_rows` row tiles (row tiles fastest) taking every
+// moe_gemm_mma). For GPT-OSS's interleaved gate/up the activation can be fused into the gate/up epilogue
+// (WgmmaParams::act_out: the bf16 activation rows the down product reads, no f32 gu). CTAs are ordered in groups of `group_rows` row tiles (row tiles fastest) taking every
 // column tile, so a group's A rows stay in L2 while its column tiles pass and each B tile is read by the
 // group's CTAs close together (CTA swizzling). Tiles past the device-side tile count exit at once.
 // Compiled to a trap outside sm_90a; moe_cuda.cu launches it only on compute capability 9.0
@@ -33,6 +34,14 @@ struct WgmmaParams {
   int group_rows = 8;  // row tiles per CTA group (the CTA swizzle)
   int64_t col_tiles = 0;  // column tiles: ceil(N / BN)
   int64_t max_tiles = 0;  // row tiles of the grid (the workspace's worst case)
+  // Gate/up of GPT-OSS's interleaved gate/up rows (ExpertAct::kGptOssSwiglu) with act_out set: the activation
+  // fused into the epilogue instead of writing gu: act_out[sorted row][i] = act(gate 2i + bias, up 2i + 1 +
+  // bias) as bf16 (the hi part; with act_copies 2 the lo part at + act_lda), as moe_act_kernel writes it
+  // (bit for bit); the CTAs of the last column tile zero columns [I, act_lda) of their rows.
+  __nv_bfloat16* act_out = nullptr;
+  int64_t act_lda = 0;
+  int act_copies = 1;
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
 };
 
 template <int BN>
@@ -177,6 +186,42 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
                                        static_cast<int>(N), static_cast<int>(p.inter), acc);
   }
 
+  if constexpr (P == Phase::kGateUp) {
+    if (wp.act_out != nullptr) {  // gate 2i and up 2i + 1 are one thread's accumulator pair
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_base + (lane >> 2) + h * 8;
+        if (s_pair[r] < 0) continue;
+        __nv_bfloat16* arow = wp.act_out + (static_cast<int64_t>(tile) * kWgBM + r) * wp.act_copies * wp.act_lda;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int64_t n = n0 + j * 8 + (lane & 3) * 2;  // even; N = 2I is even
+          if (n >= N) continue;
+          float g = acc[0][j][2 * h], u = acc[0][j][2 * h + 1];
+          if (bias != nullptr) {
+            g += bias[n];
+            u += bias[n + 1];
+          }
+          const float v = expert_act(ExpertAct::kGptOssSwiglu, g, u, wp.swiglu_alpha, wp.swiglu_limit);
+          const cuda_util::Bf16Pair q = cuda_util::split_bf16(v);
+          arow[n >> 1] = q.hi;
+          if (wp.act_copies == 2) arow[wp.act_lda + (n >> 1)] = q.lo;
+        }
+      }
+      const int64_t I = p.inter, pad = wp.act_lda - I;
+      if (n0 + BN >= N && pad > 0) {  // the rows' padding columns, read as zeros by the down product
+        for (int64_t idx = tid; idx < kWgBM * pad; idx += kWgThreads) {
+          const int r = static_cast<int>(idx / pad);
+          if (s_pair[r] < 0) continue;
+          __nv_bfloat16* arow =
+              wp.act_out + (static_cast<int64_t>(tile) * kWgBM + r) * wp.act_copies * wp.act_lda + I + idx % pad;
+          arow[0] = __float2bfloat16_rn(0.0f);
+          if (wp.act_copies == 2) arow[wp.act_lda] = __float2bfloat16_rn(0.0f);
+        }
+      }
+      return;
+    }
+  }
   // Epilogue: the warp holds rows row_base + lane / 4 (+ 8): acc[0][j][0..1] at columns 8j + 2·(lane % 4) +
   // {0, 1} of the first row, acc[0][j][2..3] of the second.
 #pragma unroll

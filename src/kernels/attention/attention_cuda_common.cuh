@@ -1,0 +1,68 @@
+// kernels/attention/attention_cuda_common.cuh: what the CUDA attention kernels share (attention_cuda.cu's
+// CUDA-core kernels, attention_mma_cuda.cu's tensor-core prefill): the CTA shape constants, a query row's
+// sequence, a key's offset in the paged cache, the prefill grid's (sequence, query block) of a CTA, and the
+// tensor-core prefill's launcher. Only included from .cu files. Must not: depend on anything above common/.
+#pragma once
+
+#include "kernels/attention/attention.h"
+#include "kernels/cuda_util.cuh"
+
+namespace polylora::kernels::cuda::attention_detail {
+
+constexpr int kWarps = 4;
+constexpr int kMaxHeadDim = 256;
+
+constexpr int kFaBQ = 64;  // prefill: query rows per CTA (16 per warp)
+
+// Sequence of query row t: the last s with query_start[s] <= t.
+__device__ __forceinline__ int seq_of_row(const AttentionArgs& a, int64_t t) {
+  int lo = 0, hi = static_cast<int>(a.num_seqs) - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (a.query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// Offset (in floats) of key j's head kvh in the cache.
+__device__ __forceinline__ int64_t kv_offset(const KvCacheView& c, const int32_t* table, int64_t j,
+                                             int64_t kvh) {
+  return (static_cast<int64_t>(table[j / c.block_size]) * c.block_size + j % c.block_size) *
+             (c.num_kv_heads * c.head_dim) +
+         kvh * c.head_dim;
+}
+
+// Which (sequence, block of kFaBQ query rows) is CTA `b`? Blocks are numbered sequence by sequence.
+// Warp 0 scans ceil(q_len / kFaBQ) over the sequences, 32 at a time; s_seq = −1 past the last block.
+__device__ __forceinline__ void fa_find_block(const AttentionArgs& a, int b, int* s_seq, int* s_blk) {
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x >= 32) return;
+  int run = 0;
+  if (lane == 0) *s_seq = -1;
+  __syncwarp();
+  for (int base = 0; base < a.num_seqs; base += 32) {
+    const int s = base + lane;
+    int nb = 0;
+    if (s < a.num_seqs) nb = (a.query_start[s + 1] - a.query_start[s] + kFaBQ - 1) / kFaBQ;
+    int incl = nb;
+    for (int o = 1; o < 32; o <<= 1) {
+      int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (nb > 0 && b >= run + incl - nb && b < run + incl) {
+      *s_seq = s;
+      *s_blk = b - (run + incl - nb);
+    }
+    run += __shfl_sync(0xffffffffu, incl, 31);
+    if (b < run) break;
+  }
+}
+
+// attention_mma_cuda.cu: the prefill on bf16 tensor cores (head_dim 64 or 128), same grid as the CUDA-core
+// prefill (blocks of kFaBQ query rows of one sequence × heads).
+void launch_prefill_mma(const AttentionArgs& a, cudaStream_t st);
+
+}  // namespace polylora::kernels::cuda::attention_detail
