@@ -13,7 +13,10 @@
 //                            tensor-core kernel wins everywhere);
 //   mxfp4_mma_per_expert     MXFP4: tensor-core GEMV below, grouped GEMM from it;
 //   moe_lora_mma_per_expert  BF16 experts with 8 slot-stacked r16 adapters on the grouped GEMM: CUDA-core
-//                            LoRA below, tensor-core shrink + epilogue expand from it.
+//                            LoRA below, tensor-core shrink + epilogue expand from it;
+//   moe_wgmma_per_expert     BF16 experts on the grouped GEMM: mma.sync below, Hopper warpgroup MMA from it
+//                            (moe_gemm_wgmma.cuh; the same on GPUs other than compute capability 9.0, where
+//                            it is never taken).
 // One JSON line per measured point on stdout, then the file. Takes about a minute on an H200.
 // Must not: run on the CPU backend (the bounds are CUDA's; it says so and exits 2).
 #include <CLI/CLI.hpp>
@@ -277,12 +280,24 @@ int run_tune(int argc, char** argv) {
   const auto lora = sweep(be, dev, s, bf16, tokens_for({8, 16, 32, 64, 128, 256}), below, above, &stack,
                           iters, "moe_lora_mma_per_expert");
 
+  // BF16 on the grouped GEMM: mma.sync vs warpgroup MMA (0: never; 1: from one pair per expert).
+  below = above = KernelTuning{};
+  below.moe_small_pairs = above.moe_small_pairs = 0;
+  below.moe_wgmma_per_expert = 0;
+  above.moe_wgmma_per_expert = 1;
+  const auto wgmma = sweep(be, dev, s, bf16, tokens_for({16, 32, 64, 128, 256, 512}), below, above, nullptr,
+                           iters, "moe_wgmma_per_expert");
+
   TuningEntry entry{.shape = {.hidden = s.hidden, .inter = s.inter, .experts = s.experts}, .values = {}};
   entry.values.emplace_back("moe_tc_min_per_expert", crossover(tc_min, kNever, true));
   entry.values.emplace_back("moe_tc_max_per_expert", std::max<int64_t>(0, crossover(tc_max, kNever) - 1));
   entry.values.emplace_back("mxfp4_tc_min_per_expert", crossover(mxfp4_tc, kNever, true));
   entry.values.emplace_back("mxfp4_mma_per_expert", crossover(mxfp4, kNever));
   entry.values.emplace_back("moe_lora_mma_per_expert", crossover(lora, kNever));
+  {
+    const int64_t w = crossover(wgmma, kNever);
+    entry.values.emplace_back("moe_wgmma_per_expert", w >= kNever ? 0 : w);  // 0: never
+  }
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));

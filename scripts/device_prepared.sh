@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# On the GPU machine (docs/gpu-machine.md; run with carry [".device-carry"]): one run that checks and times
+# the kernels prepared without a GPU (off by default, each behind a tuning field), so that a session can
+# decide which to turn on. Builds, runs each prepared kernel's GPU tests, and for each whose tests pass,
+# times it against the default path:
+#   wgmma   the MoE grouped GEMM on warpgroup MMA (POLYLORA_MOE_WGMMA_PER_EXPERT, _BN, _FUSED_ACT):
+#           polylora_bench moe-lora on bf16 experts at prefill sizes (base_us, base_TFLOPs vs the GEMM peak)
+#   attn    prefill attention on bf16 tensor cores (POLYLORA_ATTENTION_PREFILL_MMA): polylora_bench kernels
+#           --device cuda (its attention entries) and the device bench's prefill at 2,048-token prompts
+#   lora    the expert-LoRA group kernels of session 37 (POLYLORA_MOE_LORA_SHRINK_GROUP, _EXPAND_BATCHED,
+#           _ACT_GROUP): moe-lora on MXFP4 experts at M = 16 / 64 / 256
+# Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
+# tool returns a limited number). About 8 minutes on a fresh H200 machine. Env: SKIP (space-separated
+# parts to leave out: wgmma attn lora).
+set -uo pipefail
+OUT=${OUT:-/tmp/prepared}
+mkdir -p "$OUT"
+export PKG_CONFIG_PATH=$PWD/.device-carry/lib/pkgconfig LD_LIBRARY_PATH=$PWD/.device-carry/lib
+if [ ! -d /usr/include/boost ] && [ -f .device-carry/boost-headers.tar.xz ]; then
+  tar -C .device-carry/include -xJf .device-carry/boost-headers.tar.xz
+  export BOOST_INCLUDEDIR=$PWD/.device-carry/include
+fi
+T0=$(date +%s)
+S="$OUT/summary.txt"
+stamp() { echo "$1 $(($(date +%s) - T0)) s" | tee -a "$OUT/times.txt"; }
+skip() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/build.txt" 2>&1
+ninja -C build-gpu -j16 test_gpu polylora_bench >> "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
+stamp build
+B=build-gpu/bench/polylora_bench
+TG=$(find build-gpu -name test_gpu -type f | head -1)
+# One gtest filter per part; a part is timed only when its tests pass.
+declare -A FILTER=(
+  [wgmma]='GpuMoe.WarpgroupMmaGroupedGemm:GpuLoraStack.MoeGroupedGemmTensorCoreLora'
+  [attn]='GpuAttention.*'
+  [lora]='GpuLoraStack.MoeLoraDeltaMode:GpuLoraStack.MoeRanks'
+)
+declare -A OK
+for part in wgmma attn lora; do
+  skip "$part" && continue
+  timeout 240 "$TG" --gtest_filter="${FILTER[$part]}" >> "$OUT/tests.txt" 2>&1
+  rc=$?
+  OK[$part]=$([ $rc -eq 0 ] && echo 1 || echo 0)
+  echo "tests $part (${FILTER[$part]}): rc $rc" | tee -a "$S"
+  grep -E "^\[  FAILED  \]|Failure|expected" "$OUT/tests.txt" | head -5 >> "$S"
+  stamp "tests $part"
+done
+# The golden tests with the tensor-core attention (the bf16 closeness rule).
+if [ "${OK[attn]:-0}" = 1 ]; then
+  POLYLORA_ATTENTION_PREFILL_MMA=1 timeout 240 "$TG" --gtest_filter='GpuGolden*' >> "$OUT/tests.txt" 2>&1
+  echo "golden tests with POLYLORA_ATTENTION_PREFILL_MMA=1: rc $?" | tee -a "$S"
+  stamp "golden attn"
+fi
+moelora() {  # label, dtype, M list, env...
+  local label=$1 dtype=$2 ms=$3
+  shift 3
+  echo "== moe-lora $dtype $label ($*)" >> "$S"
+  env "$@" "$B" moe-lora --device cuda --dtype "$dtype" --m "$ms" --iters 50 2>>"$OUT/tests.txt" |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    print("M=%d base %.1f us (%.1f TFLOP/s of GEMM peak %s) lora %.1f us, LoRA cost %.1f us" % (r["M"],
+          r["base_us"], r.get("base_TFLOPs", 0), r.get("gemm_peak_TFLOPs"), r["lora_us"], r["lora_delta_us"]))' >> "$S"
+  stamp "moe-lora $label"
+}
+if [ "${OK[wgmma]:-0}" = 1 ]; then
+  M=256,1024,4096,8192
+  moelora default bfloat16 $M
+  moelora wg bfloat16 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64
+  moelora wg_act bfloat16 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64 POLYLORA_MOE_WGMMA_FUSED_ACT=1
+  moelora wg128 bfloat16 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64 POLYLORA_MOE_WGMMA_BN=128
+fi
+if [ "${OK[attn]:-0}" = 1 ]; then
+  echo "== kernels --device cuda" >> "$S"
+  timeout 240 "$B" kernels --device cuda 2>>"$OUT/tests.txt" | grep -E "^device|^attention" >> "$S"
+  stamp kernels
+  for v in 0 1; do
+    echo "== device bench, prompt 2048, POLYLORA_ATTENTION_PREFILL_MMA=$v" >> "$S"
+    POLYLORA_ATTENTION_PREFILL_MMA=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b-bf16 \
+      --device cuda --prompt-len 2048 --decode-tokens 4 --batches 8 2>&1 >/dev/null | grep -E "^batch" >> "$S"
+    stamp "device attn $v"
+  done
+fi
+if [ "${OK[lora]:-0}" = 1 ]; then
+  M=16,64,256
+  moelora default mxfp4 $M
+  moelora g8 mxfp4 $M POLYLORA_MOE_LORA_SHRINK_GROUP=8
+  moelora g8b mxfp4 $M POLYLORA_MOE_LORA_SHRINK_GROUP=8 POLYLORA_MOE_LORA_EXPAND_BATCHED=1
+  moelora g8ba mxfp4 $M POLYLORA_MOE_LORA_SHRINK_GROUP=8 POLYLORA_MOE_LORA_EXPAND_BATCHED=1 \
+    POLYLORA_MOE_LORA_ACT_GROUP=8
+fi
+cat "$S"
