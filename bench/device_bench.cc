@@ -114,6 +114,9 @@ int run_device_bench(int argc, char** argv) {
                  "base model runs beside it in the same engine")
       ->check(CLI::Range(int64_t{0}, int64_t{1024}));
   app.add_option("--lora-rank", lora_rank, "Rank of the --loras adapters")->check(CLI::Range(1, 512));
+  std::string kv_cache_dtype = "auto";
+  app.add_option("--kv-cache-dtype", kv_cache_dtype, "auto (float32) | bfloat16 (CUDA), as `polylora serve`")
+      ->check(CLI::IsMember({"auto", "bfloat16"}));
   bool lora_no_experts = false;
   app.add_flag("--lora-no-experts", lora_no_experts, "The --loras adapters adapt q/k/v/o only");
   int tp = 1;
@@ -178,6 +181,7 @@ int run_device_bench(int argc, char** argv) {
                         {"prompt_len", prompt_len},
                         {"decode_tokens", decode_tokens},
                         {"tensor_parallel_size", tp},
+                        {"kv_cache_dtype", kv_cache_dtype == "bfloat16" ? "bfloat16" : "float32"},
                         {"expert_parallel", ep && tp > 1},
                         {"runs", nlohmann::json::array()}};
   const std::string ranks =
@@ -194,6 +198,7 @@ int run_device_bench(int argc, char** argv) {
   EngineConfig ec;
   ec.cache.block_size = 16;
   ec.cache.enable_prefix_caching = false;
+  ec.cache.kv_cache_dtype = kv_cache_dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
   ec.scheduler.max_model_len = prompt_len + max_tokens;
   ec.cache.num_kv_blocks = max_batch * ((ec.scheduler.max_model_len + 15) / 16);
   ec.scheduler.max_num_seqs = max_batch;

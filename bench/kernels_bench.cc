@@ -473,8 +473,8 @@ Result bench_rope_kv_write_device(Backend& be, int64_t m, bool qwen3, double cop
   h.cache.v = cv_ref.data();
   ref::rope_kv_write(h);
   const double worst = std::max({worst_tolerance_ratio(buf.down(d.q, q_ref.size()), q_ref),
-                                 worst_tolerance_ratio(buf.down(d.cache.k, ck_ref.size()), ck_ref),
-                                 worst_tolerance_ratio(buf.down(d.cache.v, cv_ref.size()), cv_ref)});
+                                 worst_tolerance_ratio(buf.down(d.cache.kf(), ck_ref.size()), ck_ref),
+                                 worst_tolerance_ratio(buf.down(d.cache.vf(), cv_ref.size()), cv_ref)});
   const char* name = qwen3 ? "rope_kv_write qwen3" : "rope_kv_write gpt-oss";
   if (!(worst <= 1.0))
     fail("{} m={}: off the reference by {:.3g} times the tolerance 1e-5 + 1e-5·|ref|; not timing", name, m,
@@ -546,11 +546,14 @@ Result bench_rope_kv_write_device(Backend& be, int64_t m, bool qwen3, double cop
 // an error), then timed. Prefill: TFLOP/s of the causal products (4 · heads · head_dim per visible (query,
 // key) pair) against the bf16 GEMM rate measured in the same run; `mma` times the bf16 tensor-core kernel
 // (tuning attention_prefill_mma) with the CUDA-core f32 kernel's time in the speedup column, else the f32
-// kernel alone. Decode: GB/s of the K and V bytes read against the copy bandwidth.
-Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs, int64_t len, double limit) {
+// kernel alone. Decode: GB/s of the K and V bytes read against the copy bandwidth, with an f32 or a bf16
+// cache (kv; the reference reads the bf16 values widened).
+Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs, int64_t len, double limit,
+                              DType kv = DType::kF32) {
   constexpr int64_t kHeads = 64, kKvHeads = 8, kDim = 64, kBlock = 16;
   struct Problem {
     std::vector<float> q, kc, vc, sinks;
+    std::vector<uint16_t> kc16, vc16;  // BF16 cache
     std::vector<int32_t> qs, ctx, tables;
     int64_t tokens = 0, max_blocks = 0, num_blocks = 0;
   };
@@ -566,9 +569,13 @@ Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs,
     p.ctx.assign(static_cast<size_t>(n_seqs), static_cast<int32_t>(n_len));
     for (int64_t i = 0; i < n_seqs; ++i) p.qs[i + 1] = p.qs[i] + static_cast<int32_t>(prefill ? n_len : 1);
     p.tokens = p.qs[n_seqs];
-    const size_t kv = static_cast<size_t>(p.num_blocks * kBlock * kKvHeads * kDim);
-    p.kc = random_floats(kv, 81);
-    p.vc = random_floats(kv, 82);
+    const size_t kv_elems = static_cast<size_t>(p.num_blocks * kBlock * kKvHeads * kDim);
+    p.kc = random_floats(kv_elems, 81);
+    p.vc = random_floats(kv_elems, 82);
+    if (kv == DType::kBF16) {  // the cache's values, as the reference reads them
+      for (float& x : p.kc) p.kc16.push_back(f32_to_bf16(x)), x = bf16_to_f32(p.kc16.back());
+      for (float& x : p.vc) p.vc16.push_back(f32_to_bf16(x)), x = bf16_to_f32(p.vc16.back());
+    }
     p.q = random_floats(static_cast<size_t>(p.tokens * kHeads * kDim), 83);
     p.sinks = random_floats(static_cast<size_t>(kHeads), 84);
     return p;
@@ -602,8 +609,14 @@ Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs,
     a.context_lens = buf.up(p.ctx);
     a.block_tables = buf.up(p.tables);
     a.sinks = buf.up(p.sinks);
-    a.cache.k = buf.up(p.kc);
-    a.cache.v = buf.up(p.vc);
+    if (kv == DType::kBF16) {
+      a.cache.k = buf.up(p.kc16);
+      a.cache.v = buf.up(p.vc16);
+      a.cache.dtype = DType::kBF16;
+    } else {
+      a.cache.k = buf.up(p.kc);
+      a.cache.v = buf.up(p.vc);
+    }
   };
   KernelTuning tuning = kernel_tuning(TuningShape{});
   auto set_mma = [&](bool on) {
@@ -611,7 +624,8 @@ Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs,
     t.attention_prefill_mma = on ? 1 : 0;
     override_kernel_tuning(t);
   };
-  const char* name = prefill ? (mma ? "attention prefill (bf16 mma)" : "attention prefill (f32)") : "attention decode";
+  const char* name = prefill ? (mma ? "attention prefill (bf16 mma)" : "attention prefill (f32)")
+                              : (kv == DType::kBF16 ? "attention decode (bf16 cache)" : "attention decode");
   set_mma(mma);
   {  // validation on a smaller instance of the same path
     const int64_t vs = prefill ? 2 : 8, vl = prefill ? 320 : 900;
@@ -658,11 +672,12 @@ Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs,
     return {name, shape, t.seconds * 1e3, tflops, "TFLOP/s", limit > 0 ? 100.0 * tflops / limit : -1.0,
             other > 0 ? other / t.seconds : -1.0};
   }
-  const double bytes = 2.0 * static_cast<double>(seqs * len * kKvHeads * kDim) * sizeof(float);
+  const double bytes = 2.0 * static_cast<double>(seqs * len * kKvHeads * kDim) * static_cast<double>(dtype_size(kv));
   const double gbs = bytes / t.seconds / 1e9;
-  std::snprintf(shape, sizeof shape, "%ld rows x %ld context, %ld/%ld heads x %ld, f32 cache%s",
+  std::snprintf(shape, sizeof shape, "%ld rows x %ld context, %ld/%ld heads x %ld, %s cache%s",
                 static_cast<long>(seqs), static_cast<long>(len), static_cast<long>(kHeads),
-                static_cast<long>(kKvHeads), static_cast<long>(kDim), t.graph ? "" : " (no graph)");
+                static_cast<long>(kKvHeads), static_cast<long>(kDim), kv == DType::kBF16 ? "bf16" : "f32",
+                t.graph ? "" : " (no graph)");
   return {name, shape, t.seconds * 1e3, gbs, "GB/s", 100.0 * gbs / limit, -1.0};
 }
 
@@ -678,6 +693,7 @@ int run_device_kernels(bool json) {
   const double gemm_tflops = measure_backend_gemm_tflops(*be);
   rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs));
   rs.push_back(bench_attention_device(*be, false, false, 1, 8192, copy_gbs));
+  rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs, DType::kBF16));
   rs.push_back(bench_attention_device(*be, true, false, 4, 2048, gemm_tflops));
   // The tensor-core prefill last: a failed validation ends the run.
   rs.push_back(bench_attention_device(*be, true, true, 4, 2048, gemm_tflops));

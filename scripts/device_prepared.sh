@@ -7,11 +7,13 @@
 #           polylora_bench moe-lora on bf16 experts at prefill sizes (base_us, base_TFLOPs vs the GEMM peak)
 #   attn    prefill attention on bf16 tensor cores (POLYLORA_ATTENTION_PREFILL_MMA): polylora_bench kernels
 #           --device cuda (its attention entries) and the device bench's prefill at 2,048-token prompts
+#   kv      the BF16 KV cache (--kv-cache-dtype bfloat16): its GPU tests and golden tests, the decode entry of
+#           polylora_bench kernels, the device bench at 2,048-token prompts with and without it
 #   lora    the expert-LoRA group kernels of session 37 (POLYLORA_MOE_LORA_SHRINK_GROUP, _EXPAND_BATCHED,
 #           _ACT_GROUP): moe-lora on MXFP4 experts at M = 16 / 64 / 256
 # Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
-# tool returns a limited number). About 8 minutes on a fresh H200 machine. Env: SKIP (space-separated
-# parts to leave out: wgmma attn lora).
+# tool returns a limited number). About 9 minutes on a fresh H200 machine. Env: SKIP (space-separated
+# parts to leave out: wgmma attn kv lora).
 set -uo pipefail
 OUT=${OUT:-/tmp/prepared}
 mkdir -p "$OUT"
@@ -32,11 +34,12 @@ TG=$(find build-gpu -name test_gpu -type f | head -1)
 # One gtest filter per part; a part is timed only when its tests pass.
 declare -A FILTER=(
   [wgmma]='GpuMoe.WarpgroupMmaGroupedGemm:GpuLoraStack.MoeGroupedGemmTensorCoreLora'
-  [attn]='GpuAttention.*'
+  [attn]='GpuAttention.TensorCorePrefill'
+  [kv]='GpuAttention.Bf16Cache:GpuWriteKv.*:GpuFusedOps.RopeKvWriteBf16Cache:GoldenGpuTest.Bfloat16CacheCloseLogprobs/*'
   [lora]='GpuLoraStack.MoeLoraDeltaMode:GpuLoraStack.MoeRanks'
 )
 declare -A OK
-for part in wgmma attn lora; do
+for part in wgmma attn kv lora; do
   skip "$part" && continue
   timeout 240 "$TG" --gtest_filter="${FILTER[$part]}" >> "$OUT/tests.txt" 2>&1
   rc=$?
@@ -82,6 +85,16 @@ if [ "${OK[attn]:-0}" = 1 ]; then
     POLYLORA_ATTENTION_PREFILL_MMA=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b-bf16 \
       --device cuda --prompt-len 2048 --decode-tokens 4 --batches 8 2>&1 >/dev/null | grep -E "^batch" >> "$S"
     stamp "device attn $v"
+  done
+fi
+if [ "${OK[kv]:-0}" = 1 ]; then
+  # (kernels --device cuda ran above when attn passed; its decode entries include the bf16 cache.)
+  [ "${OK[attn]:-0}" = 1 ] || timeout 240 "$B" kernels --device cuda 2>>"$OUT/tests.txt" | grep -E "^device|^attention" >> "$S"
+  for v in auto bfloat16; do
+    echo "== device bench, prompt 2048, batch 8 and 64, --kv-cache-dtype $v" >> "$S"
+    timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b-bf16 --device cuda --prompt-len 2048 \
+      --decode-tokens 16 --batches 8,64 --kv-cache-dtype $v 2>&1 >/dev/null | grep -E "^batch" >> "$S"
+    stamp "device kv $v"
   done
 fi
 if [ "${OK[lora]:-0}" = 1 ]; then

@@ -42,6 +42,10 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool model_required) {
                  "expert matrices, bf16/f32 activations) | mxfp4 (the checkpoint's own, GPT-OSS; read from "
                  "config.json either way); -q is the same")
       ->capture_default_str();
+  app.add_option("--kv-cache-dtype", f.kv_cache_dtype,
+                 "auto | bfloat16: the KV cache's element type (auto: float32 for now; bfloat16 halves its "
+                 "bytes, CUDA only; no fp8 KV cache)")
+      ->capture_default_str();
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size,
                  "Ranks the model is split over (-tp; threads of this process with --device cpu; multi-GPU "
                  "tensor parallelism is not implemented yet, so --device cuda takes 1)")
@@ -202,6 +206,20 @@ WeightQuantization quantization_from_flag(const std::string& value, const std::s
       value);
 }
 
+DType kv_cache_dtype_from_flag(const std::string& value, bool cuda) {
+  if (value == "auto") return DType::kF32;
+  if (value == "bfloat16") {
+    if (!cuda)
+      fail(
+          "--kv-cache-dtype bfloat16: polylora cannot honour this value on the CPU backend: its kernels keep "
+          "the KV cache in float32 (use --device cuda, or auto)");
+    return DType::kBF16;
+  }
+  fail("--kv-cache-dtype {}: polylora cannot honour this value: there is no fp8 KV cache (accepted: auto, "
+       "bfloat16)",
+       value);
+}
+
 LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   namespace fs = std::filesystem;
   LoadedEngine le;
@@ -239,6 +257,7 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
     spdlog::warn("no tokenizer.json in {}: text prompts, detokenized output and stop strings are unavailable",
                  tok_dir);
   EngineConfig ec = config;
+  ec.cache.kv_cache_dtype = kv_cache_dtype_from_flag(f.kv_cache_dtype, backend->kind() == DeviceKind::kCuda);
   ec.lora.reserve_on_device = ec.lora.reserve_on_device || f.enable_lora || !f.loras.empty();
   le.engine = std::make_unique<Engine>(le.model, ec, le.tokenizer);
   // --lora-modules: read in parallel (each read converts the whole file), registered in the given order;

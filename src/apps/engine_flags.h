@@ -23,6 +23,7 @@ struct ModelFlags {
   std::string dtype = "auto";
   std::string load_format = "auto";
   std::string quantization = "none";  // --quantization / -q: none | int8 | mxfp4 (docs/quantization.md)
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype: auto | bfloat16 (docs/vllm-flags.md)
   int tensor_parallel_size = 1;       // --tensor-parallel-size / -tp (docs/tensor-parallel.md)
   bool enable_expert_parallel = false;  // --enable-expert-parallel / -ep: whole experts per rank under -tp
   bool fully_sharded_loras = false;  // --fully-sharded-loras: LoRA A of column-parallel modules sharded too
@@ -43,6 +44,9 @@ struct LoraModuleSpec {
   std::string path;  // a directory or a hub id
   std::string base_model_name;
 };
+// --kv-cache-dtype's value as the cache's element type (auto: F32; bfloat16: BF16 on CUDA backends); any
+// other value (fp8, ...), or bfloat16 on the CPU, throws polylora::Error naming the flag.
+DType kv_cache_dtype_from_flag(const std::string& value, bool cuda);
 // Parses `name=path` or vLLM's JSON form; throws polylora::Error naming the flag.
 LoraModuleSpec parse_lora_module(const std::string& spec);
 // The flag values that need the parsed command line (sizes, defaults depending on other flags, hub ids)

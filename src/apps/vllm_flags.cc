@@ -74,7 +74,6 @@ const std::vector<Ignored>& ignored_table() {
       {"--disable-chunked-mm-input", false, {}, "text-only models"},
       // Cache and memory.
       {"--swap-space", true, {}, "preempted requests are recomputed, never swapped to CPU memory"},
-      {"--kv-cache-dtype", true, {"auto"}, "the KV cache is stored in the compute dtype (no fp8 KV cache)"},
       {"--calculate-kv-scales", false, {}, "there is no fp8 KV cache to scale"},
       {"--cpu-offload-gb", true, {"0"}, "weights are not offloaded to CPU memory"},
       {"--kv-offloading-size", true, {}, "the KV cache is not offloaded to CPU memory", true},

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace polylora {
 
 enum class SchedulingPolicy { kFcfs, kPriority, kFair };
@@ -17,6 +19,8 @@ struct CacheConfig {
   int64_t num_kv_blocks = 0;                   // --num-kv-blocks (0: from memory)
   int64_t kv_cache_memory = int64_t{2} << 30;  // --kv-cache-memory (CPU backend, bytes)
   double gpu_memory_utilization = 0.9;         // --gpu-memory-utilization (CUDA backend)
+  // --kv-cache-dtype: the KV cache's element type, F32 (auto, for now) or BF16 (bfloat16; CUDA backends).
+  DType kv_cache_dtype = DType::kF32;
 };
 
 struct SchedulerConfig {

@@ -55,9 +55,13 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
                  mc.max_position_embeddings);
   int64_t bs = config_.cache.block_size;
   // Every tensor-parallel rank holds the blocks for its KV heads (host memory on the CPU: counted together).
-  int64_t per_block = KvStorage::bytes_per_block(model_->kv_config(), bs) * model_->tensor_parallel_size();
+  const DType kv_dtype = config_.cache.kv_cache_dtype;
+  int64_t per_block =
+      KvStorage::bytes_per_block(model_->kv_config(), bs, kv_dtype) * model_->tensor_parallel_size();
   Backend& be = model_->backend();
   const bool gpu = be.kind() == DeviceKind::kCuda;
+  if (kv_dtype == DType::kBF16 && !gpu)
+    fail("--kv-cache-dtype bfloat16 needs a CUDA backend: the CPU kernels keep the KV cache in float32");
   const int64_t warmup_tokens = std::min(config_.scheduler.max_num_batched_tokens, max_model_len_);
   // On the GPU, a profiling prefill of the largest step sizes every workspace first (as vLLM's profile
   // run), so the KV cache gets what is really left.
@@ -72,7 +76,7 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
     model_->reserve_adapters(config_.lora.max_loras, config_.lora.max_lora_rank);
   const size_t adapter_bytes = model_->adapter_bytes();
   if (gpu) {
-    KvStorage probe(model_->kv_config(), be, 1, bs);
+    KvStorage probe(model_->kv_config(), be, 1, bs, kv_dtype);
     model_->warm_up(probe.views(), warmup_tokens, config_.scheduler.max_num_seqs);
   }
   const size_t workspace_bytes = be.allocated_bytes() - weight_bytes - adapter_bytes;
@@ -107,8 +111,10 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
         "--kv-cache-memory / --gpu-memory-utilization or lower --max-model-len",
         num_kv_blocks_, bs, max_model_len_);
   spdlog::info(
-      "KV cache: {} blocks of {} tokens ({:.1f} MiB); maximum concurrency for {} tokens per request: {:.2f}x",
-      num_kv_blocks_, bs, static_cast<double>(num_kv_blocks_ * per_block) / (1 << 20), max_model_len_,
+      "KV cache: {} blocks of {} tokens ({:.1f} MiB, {}); maximum concurrency for {} tokens per request: {:.2f}x",
+      num_kv_blocks_, bs, static_cast<double>(num_kv_blocks_ * per_block) / (1 << 20),
+      kv_dtype == DType::kBF16 ? "bfloat16" : "float32",
+      max_model_len_,
       static_cast<double>(num_kv_blocks_) / static_cast<double>(blocks_per_seq));
   auto kv = std::make_unique<KvCacheManager>(num_kv_blocks_, bs, config_.cache.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, config_.lora, std::move(kv));
@@ -127,7 +133,7 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
                                     : AdapterReadiness::kNotReady;
   });
   runner_ = std::make_unique<ModelRunner>(*model_, num_kv_blocks_, bs, config_.scheduler.max_num_batched_tokens,
-                                          std::move(device_sampler));
+                                          std::move(device_sampler), kv_dtype);
   async_ = config_.execution.async_scheduling.value_or(gpu);
   size_t graph_bytes = 0;
   if (model_->backend().supports_graphs() && !config_.execution.enforce_eager) {

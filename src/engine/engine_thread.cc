@@ -70,7 +70,7 @@ EngineThread::EngineThread(std::unique_ptr<Engine> engine, EngineThreadOptions o
   };
   cache_config_ = {
       {"block_size", std::to_string(cc.block_size)},
-      {"cache_dtype", "auto"},
+      {"cache_dtype", cc.kv_cache_dtype == DType::kBF16 ? "bfloat16" : "auto"},
       {"enable_prefix_caching", cc.enable_prefix_caching ? "True" : "False"},
       {"gpu_memory_utilization", fmt_double(cc.gpu_memory_utilization)},
       {"num_cpu_blocks", "None"},

@@ -84,7 +84,7 @@ struct Model::StepInputs {
 struct Model::Graph {
   void* exec = nullptr;
   uint64_t ws_epoch = 0, backend_epoch = 0;
-  const float* kv_key = nullptr;  // the KV cache it was captured with
+  const void* kv_key = nullptr;   // the KV cache it was captured with
 };
 
 namespace {
@@ -810,7 +810,7 @@ void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> 
             ws.staging.size(), ws.graph_inputs.cap);
   auto* inputs = static_cast<std::byte*>(ws.graph_inputs.ptr);
   Graph& g = graphs_[{size, with_lora}];
-  const float* kv_key = kv.empty() ? nullptr : kv[0].k;
+  const void* kv_key = kv.empty() ? nullptr : kv[0].k;
   bool valid =
       g.exec && g.ws_epoch == ws.epoch && g.backend_epoch == be.workspace_epoch() && g.kv_key == kv_key;
   upload_inputs(inputs, si, feed);

@@ -69,7 +69,7 @@ void Model::launch_tensor_parallel(const ForwardBatch& b, std::span<const k::KvC
 
 std::span<const k::KvCacheView> Model::mirror_kv(std::span<const k::KvCacheView> like) {
   const k::KvCacheView key = like.empty() ? k::KvCacheView{} : like.front();
-  if (kv_mirror_.size() == like.size() && kv_mirror_of_.k == key.k &&
+  if (kv_mirror_.size() == like.size() && kv_mirror_of_.k == key.k && kv_mirror_of_.dtype == key.dtype &&
       kv_mirror_of_.num_blocks == key.num_blocks && kv_mirror_of_.block_size == key.block_size)
     return kv_mirror_;
   for (const k::KvCacheView& v : kv_mirror_) {
@@ -79,10 +79,14 @@ std::span<const k::KvCacheView> Model::mirror_kv(std::span<const k::KvCacheView>
   kv_mirror_.clear();
   for (const k::KvCacheView& l : like) {
     const auto bytes =
-        static_cast<size_t>(l.num_blocks * l.block_size * l.num_kv_heads * l.head_dim) * sizeof(float);
-    kv_mirror_.push_back({static_cast<float*>(backend_->alloc(bytes)),
-                          static_cast<float*>(backend_->alloc(bytes)), l.num_blocks, l.block_size,
-                          l.num_kv_heads, l.head_dim});
+        static_cast<size_t>(l.num_blocks * l.block_size * l.num_kv_heads * l.head_dim) * l.elem_bytes();
+    kv_mirror_.push_back({.k = backend_->alloc(bytes),
+                          .v = backend_->alloc(bytes),
+                          .num_blocks = l.num_blocks,
+                          .block_size = l.block_size,
+                          .num_kv_heads = l.num_kv_heads,
+                          .head_dim = l.head_dim,
+                          .dtype = l.dtype});
   }
   kv_mirror_of_ = key;
   return kv_mirror_;

@@ -73,9 +73,9 @@ class ModelRunner::MaskWorker {
 };
 
 ModelRunner::ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, int64_t max_step_tokens,
-                         std::unique_ptr<DeviceSampler> device_sampler)
+                         std::unique_ptr<DeviceSampler> device_sampler, DType kv_dtype)
     : model_(model),
-      kv_(model.kv_config(), model.backend(), num_blocks, block_size),
+      kv_(model.kv_config(), model.backend(), num_blocks, block_size, kv_dtype),
       sampler_(model.config().vocab_size),
       builder_(block_size),
       max_rows_(std::max<int64_t>(1, max_step_tokens)) {

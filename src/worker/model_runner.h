@@ -46,8 +46,9 @@ class ModelRunner {
   // max_step_tokens: the most tokens one step computes (--max-num-batched-tokens). With a device sampler
   // every step it can take is sampled there (the sampled ids also feed the next step); without one only
   // plain greedy steps are (an argmax on the backend) and the rest use the CPU sampler.
+  // kv_dtype: the KV cache's element type (F32, or BF16 on CUDA backends: --kv-cache-dtype bfloat16).
   ModelRunner(Model& model, int64_t num_blocks, int64_t block_size, int64_t max_step_tokens = 8192,
-              std::unique_ptr<DeviceSampler> device_sampler = nullptr);
+              std::unique_ptr<DeviceSampler> device_sampler = nullptr, DType kv_dtype = DType::kF32);
   ~ModelRunner();
 
   // One step, synchronously: launch() then collect().

@@ -48,6 +48,7 @@ struct Fixture {
   std::shared_ptr<Model> model;
   std::vector<std::shared_ptr<LoraAdapter>> adapters;
   std::vector<std::string> variants;  // "base" or an adapter name
+  DType kv_cache_dtype = DType::kF32;  // the engine's KV cache (BF16: CUDA backends), set before engine()
 
   explicit Fixture(const std::string& name, std::shared_ptr<Backend> backend = nullptr,
                    const ModelLoadOptions& options = {})
@@ -92,7 +93,9 @@ struct Fixture {
   // since a model's CUDA graphs are recorded against one KV cache).
   Engine& engine() {
     if (!engine_) {
-      engine_ = std::make_unique<Engine>(model, testing_util::test_engine_config(), nullptr);
+      EngineConfig config = testing_util::test_engine_config();
+      config.cache.kv_cache_dtype = kv_cache_dtype;
+      engine_ = std::make_unique<Engine>(model, config, nullptr);
       for (const auto& a : adapters) engine_->add_adapter(a);
     }
     return *engine_;

@@ -3,7 +3,8 @@
 // query rows, one head, GQA groups, head_dim 3/64/96/128/256, sliding window and sinks on and off, shuffled
 // block tables; each kernel (flash prefill, split decode, generic) over these; write_kv with padding slots.
 // Tolerance: attention 1e-5 + 1e-4·|ref| (online softmax, fp32, another order); write_kv exact. The bf16
-// tensor-core prefill (tuning attention_prefill_mma) over the prefill shapes at 2e-2 + 2e-2·|ref|.
+// tensor-core prefill (tuning attention_prefill_mma) over the prefill shapes at 2e-2 + 2e-2·|ref|. A BF16
+// cache (--kv-cache-dtype bfloat16) through every kernel and write_kv.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -27,8 +28,10 @@ struct Case {
 };
 
 // weight_dtype picks the backend (the default, BF16, is also the one whose prefill may take the tensor-core
-// kernel); atol / rtol the tolerance.
-void run_case(const Case& cs, DType weight_dtype = DType::kBF16, float atol = 1e-5f, float rtol = 1e-4f) {
+// kernel); atol / rtol the tolerance; kv_dtype the cache's element type (BF16: the reference reads the same
+// values, rounded to bf16, as f32).
+void run_case(const Case& cs, DType weight_dtype = DType::kBF16, float atol = 1e-5f, float rtol = 1e-4f,
+              DType kv_dtype = DType::kF32) {
   Arena ar(backend(weight_dtype));
   int64_t num_seqs = static_cast<int64_t>(cs.q_lens.size());
   int64_t bs = cs.block_size, d = cs.head_dim;
@@ -43,6 +46,11 @@ void run_case(const Case& cs, DType weight_dtype = DType::kBF16, float atol = 1e
   int64_t kv_row = cs.num_kv_heads * d;
   std::vector<float> kc = k::test::random_vec(static_cast<size_t>(num_blocks * bs * kv_row), 1);
   std::vector<float> vc = k::test::random_vec(static_cast<size_t>(num_blocks * bs * kv_row), 2);
+  std::vector<uint16_t> kc16, vc16;
+  if (kv_dtype == DType::kBF16) {
+    for (float& x : kc) kc16.push_back(f32_to_bf16(x)), x = bf16_to_f32(kc16.back());
+    for (float& x : vc) vc16.push_back(f32_to_bf16(x)), x = bf16_to_f32(vc16.back());
+  }
   std::vector<int32_t> qs(static_cast<size_t>(num_seqs + 1), 0);
   for (int64_t s = 0; s < num_seqs; ++s) qs[s + 1] = qs[s] + cs.q_lens[s];
   int64_t tokens = qs[num_seqs];
@@ -75,7 +83,8 @@ void run_case(const Case& cs, DType weight_dtype = DType::kBF16, float atol = 1e
   k::ref::attention(a);
   std::string what = "bs=" + std::to_string(bs) + " heads=" + std::to_string(cs.num_heads) + "/" +
                      std::to_string(cs.num_kv_heads) + " d=" + std::to_string(d) +
-                     " window=" + std::to_string(cs.window) + (cs.sinks ? " sinks" : "");
+                     " window=" + std::to_string(cs.window) + (cs.sinks ? " sinks" : "") +
+                     (kv_dtype == DType::kBF16 ? " bf16 cache" : "");
   std::vector<float> init(q.size(), 9.0f);
   float* out = ar.up(init);
   a.q = ar.up(q);
@@ -84,8 +93,14 @@ void run_case(const Case& cs, DType weight_dtype = DType::kBF16, float atol = 1e
   a.context_lens = ar.up(cs.ctx_lens);
   a.block_tables = ar.up(tables);
   a.sinks = cs.sinks ? ar.up(sinks) : nullptr;
-  a.cache.k = ar.up(kc);
-  a.cache.v = ar.up(vc);
+  if (kv_dtype == DType::kBF16) {
+    a.cache.k = ar.up(kc16);
+    a.cache.v = ar.up(vc16);
+    a.cache.dtype = DType::kBF16;
+  } else {
+    a.cache.k = ar.up(kc);
+    a.cache.v = ar.up(vc);
+  }
   ar.be().attention(a);
   k::test::expect_close(ar.down(out, init.size()), ref, atol, rtol, what);
 }
@@ -149,7 +164,32 @@ TEST(GpuAttention, TensorCorePrefill) {
   run_case({16, 32, 4, 128, {200, 70, 1}, {700, 70, 33}, 100, true}, DType::kBF16, 2e-2f, 2e-2f);
   run_case({16, 8, 1, 64, {129, 64}, {129, 300}, 0, false}, DType::kBF16, 2e-2f, 2e-2f);
   run_case({16, 8, 2, 128, {70, 1}, {70, 30}, 0, true}, DType::kF32);
+  // A BF16 cache (its values widened exactly as the tiles are rounded again: the same products).
+  run_case({16, 64, 8, 64, {70, 1, 23, 130}, {70, 40, 50, 300}, 5, true}, DType::kBF16, 2e-2f, 2e-2f, DType::kBF16);
+  run_case({1, 8, 2, 128, {129, 64}, {129, 300}, 0, false}, DType::kBF16, 2e-2f, 2e-2f, DType::kBF16);
   k::override_kernel_tuning(std::nullopt);
+}
+
+// A BF16 KV cache (--kv-cache-dtype bfloat16) through every f32 kernel (flash prefill, split decode,
+// generic head_dim): the reference reads the same bf16 values widened to f32, so the f32 tolerance holds.
+TEST(GpuAttention, Bf16Cache) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t bs : {1, 16}) {
+    for (auto [h, kvh] : {std::pair<int64_t, int64_t>{4, 4}, {8, 2}}) {
+      for (int64_t d : {3, 64, 128}) {
+        run_case({bs, h, kvh, d, {1, 1, 23, 7, 1}, {1, 40, 23, 30, 17}, 5, true}, DType::kBF16, 1e-5f, 1e-4f,
+                 DType::kBF16);
+        run_case({bs, h, kvh, d, {1, 1, 1, 0, 1}, {1, 40, 23, 30, 17}, 0, false}, DType::kBF16, 1e-5f, 1e-4f,
+                 DType::kBF16);
+      }
+    }
+  }
+  run_case({16, 32, 4, 128, {200, 70, 1}, {700, 70, 33}, 100, true}, DType::kBF16, 1e-5f, 1e-4f, DType::kBF16);
+  run_case({16, 32, 4, 128, {1, 1, 1}, {3000, 129, 4097}, 0, false}, DType::kBF16, 1e-5f, 1e-4f, DType::kBF16);
+  run_case({16, 64, 8, 64, {1, 1, 0, 1}, {3000, 2, 5, 700}, 128, true}, DType::kBF16, 1e-5f, 1e-4f,
+           DType::kBF16);
+  run_case({16, 4, 2, 256, {1, 2}, {1500, 999}, 0, true}, DType::kBF16, 1e-5f, 1e-4f, DType::kBF16);
+  run_case({16, 6, 3, 96, {1, 1}, {777, 64}, 300, false}, DType::kBF16, 1e-5f, 1e-4f, DType::kBF16);
 }
 
 TEST(GpuWriteKv, SlotsAndPadding) {
@@ -184,6 +224,18 @@ TEST(GpuWriteKv, SlotsAndPadding) {
   ar.be().write_kv(a);
   EXPECT_EQ(ar.down(dk, init.size()), kc_ref);
   EXPECT_EQ(ar.down(dv, init.size()), vc_ref);
+  // A BF16 cache: each written element rounded to nearest even, the rest untouched.
+  std::vector<uint16_t> init16(init.size(), f32_to_bf16(0.5f)), kc16_ref, vc16_ref;
+  for (float x : kc_ref) kc16_ref.push_back(f32_to_bf16(x));
+  for (float x : vc_ref) vc16_ref.push_back(f32_to_bf16(x));
+  uint16_t* dk16 = ar.up(init16);
+  uint16_t* dv16 = ar.up(init16);
+  a.cache.k = dk16;
+  a.cache.v = dv16;
+  a.cache.dtype = DType::kBF16;
+  ar.be().write_kv(a);
+  EXPECT_EQ(ar.down(dk16, init16.size()), kc16_ref);
+  EXPECT_EQ(ar.down(dv16, init16.size()), vc16_ref);
 }
 
 }  // namespace

@@ -136,6 +136,56 @@ void run_rope_kv_write(Arena& ar, const k::test::RopeKvCase& c) {
   expect_bitwise(ar.down(dk, d.k.size()), d.k, "k input left as it was " + what);
 }
 
+// The same into a BF16 cache (--kv-cache-dtype bfloat16): q as with an f32 cache; every cached element the
+// f32 reference's value rounded to bf16 (k within one bf16 step of it: the f32 sums may differ in the last
+// bits, which can move a rounding; v exactly), untouched slots unchanged.
+void run_rope_kv_write_bf16(Arena& ar, const k::test::RopeKvCase& c) {
+  const k::test::RopeKvData d(c);
+  const std::string what = "rope_kv_write bf16 cache " + c.name();
+  std::vector<float> q_ref = d.q, ck_ref = d.cache_k, cv_ref = d.cache_v;
+  k::ref::rope_kv_write(d.args(c, q_ref.data(), ck_ref.data(), cv_ref.data()));
+  auto to16 = [](const std::vector<float>& x) {
+    std::vector<uint16_t> r;
+    r.reserve(x.size());
+    for (float f : x) r.push_back(f32_to_bf16(f));
+    return r;
+  };
+  float* dq = ar.up(d.q);
+  uint16_t* dck = ar.up(to16(d.cache_k));
+  uint16_t* dcv = ar.up(to16(d.cache_v));
+  k::RopeKvWriteArgs a = d.args(c, dq, nullptr, nullptr);
+  a.cache.k = dck;
+  a.cache.v = dcv;
+  a.cache.dtype = DType::kBF16;
+  a.k = ar.up(d.k);
+  a.v = ar.up(d.v);
+  a.positions = ar.up(d.pos);
+  a.inv_freq = ar.up(d.inv_freq);
+  if (c.qk_norm) {
+    a.q_norm = ar.up(d.q_norm);
+    a.k_norm = ar.up(d.k_norm);
+  }
+  a.slot_mapping = ar.up(d.slots);
+  ar.be().rope_kv_write(a);
+  expect_close(ar.down(dq, d.q.size()), q_ref, 1e-5f, 1e-5f, "q " + what);
+  std::vector<float> ck, cv;
+  for (uint16_t h : ar.down(dck, d.cache_k.size())) ck.push_back(bf16_to_f32(h));
+  for (uint16_t h : ar.down(dcv, d.cache_v.size())) cv.push_back(bf16_to_f32(h));
+  std::vector<float> ck_round, cv_round;
+  for (float f : ck_ref) ck_round.push_back(bf16_to_f32(f32_to_bf16(f)));
+  for (float f : cv_ref) cv_round.push_back(bf16_to_f32(f32_to_bf16(f)));
+  expect_close(ck, ck_round, 1e-5f, 8e-3f, "cache k " + what);
+  expect_bitwise(cv, cv_round, "cache v " + what);
+}
+
+TEST(GpuFusedOps, RopeKvWriteBf16Cache) {
+  SKIP_WITHOUT_GPU();
+  Arena ar(backend());
+  run_rope_kv_write_bf16(ar, {5, 64, 8, 64, false, 1.3f});   // GPT-OSS-20B
+  run_rope_kv_write_bf16(ar, {300, 32, 4, 128, true, 1.0f});  // Qwen3-30B-A3B, qk_norm
+  run_rope_kv_write_bf16(ar, {5, 6, 3, 7, true, 1.0f});       // odd head_dim
+}
+
 TEST(GpuFusedOps, RopeKvWrite) {
   SKIP_WITHOUT_GPU();
   Arena ar(backend());

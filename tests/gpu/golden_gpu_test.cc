@@ -43,9 +43,11 @@ TEST_P(GoldenGpuTest, Float32MatchesReference) {
     check_against_reference(f, owner[j].first, owner[j].second, mixed[j], 2e-3, 2e-3);
 }
 
-TEST_P(GoldenGpuTest, Bfloat16CloseLogprobs) {
-  Fixture cpu(GetParam());
-  Fixture f(GetParam(), cuda_backend(DType::kBF16));
+// bf16 weights, the KV cache in kv_dtype: vLLM's close-logprobs rule against the CPU engine's top-5.
+void check_bf16_close_logprobs(const std::string& model, DType kv_dtype) {
+  Fixture cpu(model);
+  Fixture f(model, cuda_backend(DType::kBF16));
+  f.kv_cache_dtype = kv_dtype;
   std::vector<EngineRequest> reqs;
   std::vector<std::pair<std::string, size_t>> owner;
   for (const std::string& variant : f.variants)
@@ -59,8 +61,8 @@ TEST_P(GoldenGpuTest, Bfloat16CloseLogprobs) {
     r.sampling.max_tokens = 1;  // prompt log-probs (and the first token's) only
     worst = std::max(worst, max_prompt_logprob_diff(f, owner[j].first, owner[j].second, f.run(std::move(r))));
   }
-  std::printf("[golden-gpu bf16] %s: max |Δ prompt logprob| over all variants = %.2e\n", GetParam().c_str(),
-              worst);
+  std::printf("[golden-gpu bf16%s] %s: max |Δ prompt logprob| over all variants = %.2e\n",
+              kv_dtype == DType::kBF16 ? ", bf16 KV cache" : "", model.c_str(), worst);
   auto alone_and_mixed = [&](bool mixed) {
     std::vector<EngineRun> out;
     if (mixed) return f.run(reqs);
@@ -87,11 +89,20 @@ TEST_P(GoldenGpuTest, Bfloat16CloseLogprobs) {
         for (const auto& t : e->top) ids.push_back(t.id);
         ref_top.push_back(std::move(ids));
       }
-      check_close_logprobs(
-          GetParam() + " " + variant + " prompt " + std::to_string(i) + (mixed ? " (mixed)" : ""), ref_tokens,
-          ref_top, results[j], f.ref_margins(variant, i));
+      check_close_logprobs(model + " " + variant + " prompt " + std::to_string(i) + (mixed ? " (mixed)" : "") +
+                               (kv_dtype == DType::kBF16 ? " (bf16 KV cache)" : ""),
+                           ref_tokens, ref_top, results[j], f.ref_margins(variant, i));
     }
   }
+}
+
+TEST_P(GoldenGpuTest, Bfloat16CloseLogprobs) {
+  check_bf16_close_logprobs(GetParam(), DType::kF32);
+}
+
+// --kv-cache-dtype bfloat16: the same rule with the KV cache stored in bf16.
+TEST_P(GoldenGpuTest, Bfloat16CacheCloseLogprobs) {
+  check_bf16_close_logprobs(GetParam(), DType::kBF16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenGpuTest, ::testing::ValuesIn(fixture_models()), [](const auto& info) {

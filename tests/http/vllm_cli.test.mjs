@@ -91,13 +91,15 @@ describe('the long vLLM-style command line of docs/vllm-flags.md', () => {
 
   test('flags without a use here are logged once, the dtype mapping is explained', () => {
     const log = server.log();
-    for (const flag of ['--trust-remote-code', '--swap-space 4', '--kv-cache-dtype auto',
+    for (const flag of ['--trust-remote-code', '--swap-space 4',
       '--download-dir /tmp/models', '--distributed-executor-backend mp']) {
       const lines = log.split('\n').filter((l) => l.includes(`${flag}: accepted for vLLM compatibility, not needed here`));
       assert.equal(lines.length, 1, `${flag} logged once:\n${log}`);
     }
     assert.match(log, /--dtype half: polylora computes in bfloat16 or float32, not float16; using bfloat16/);
     assert.match(log, /--enable-lora: accepted; LoRA is always enabled/);
+    // --kv-cache-dtype auto: a real setting (float32 for now), named in the KV cache's start-up line.
+    assert.match(log, /KV cache: \d+ blocks of \d+ tokens \([\d.]+ MiB, float32\)/);
   });
 });
 
@@ -160,6 +162,8 @@ describe('values polylora cannot honour stop the start, naming the flag', () => 
     [['--tensor-parallel-size=8'], /--tensor-parallel-size 8: (the model's 4 attention heads|multi-GPU)/],
     [['-pp', '2'], /--pipeline-parallel-size 2/],
     [['--kv-cache-dtype', 'fp8'], /--kv-cache-dtype fp8: polylora cannot honour this value.*fp8/],
+    [['--kv-cache-dtype', 'bfloat16', '--device', 'cpu'],
+      /--kv-cache-dtype bfloat16: polylora cannot honour this value on the CPU backend/],
     [['--quantization', 'awq'], /--quantization awq: polylora cannot honour/],
     [['-q', 'fp8'], /--quantization fp8: polylora cannot honour this value.*\(accepted: none, int8, mxfp4\)/],
     [['--quantization', 'mxfp4'], /--quantization mxfp4: .*qwen3-moe-tiny is not an MXFP4 checkpoint/],

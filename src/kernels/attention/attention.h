@@ -9,18 +9,28 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "kernels/cuda_context.h"
 
 namespace polylora::kernels {
 
+// The cache's element type: F32 (every backend) or BF16 (CUDA, --kv-cache-dtype bfloat16: half the bytes;
+// the kernels write it rounded to nearest and compute with the values widened to f32).
 struct KvCacheView {
-  float* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim]
-  float* v = nullptr;  // same shape
+  void* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim] of `dtype`
+  void* v = nullptr;  // same shape
   int64_t num_blocks = 0;
   int64_t block_size = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  DType dtype = DType::kF32;
+  // The F32 cache's arrays (the CPU kernels: their callers check dtype first, check_f32_cache).
+  float* kf() const { return static_cast<float*>(k); }
+  float* vf() const { return static_cast<float*>(v); }
+  size_t elem_bytes() const { return dtype_size(dtype); }
 };
+// The CPU kernels keep an f32 cache: a BF16 one is a polylora::Error naming `op`.
+void check_f32_cache(const KvCacheView& c, const char* op);
 
 // Writes k[t], v[t] ([m, num_kv_heads·head_dim], row strides ldk/ldv) to slot slot_mapping[t]
 // (block_id·block_size + offset); a negative slot is skipped (padding).

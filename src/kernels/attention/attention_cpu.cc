@@ -31,7 +31,7 @@ void attend(const AttentionArgs& a, int64_t s, int64_t t, int64_t kvh, std::vect
   scores.resize(static_cast<size_t>(group * len));
   const float* q = a.q + t * a.ldq + kvh * group * d;
   for (int64_t j = first; j <= pos; ++j) {
-    const float* k = c.k + (table[j / bs] * bs + j % bs) * kv_row + kvh * d;
+    const float* k = c.kf() + (table[j / bs] * bs + j % bs) * kv_row + kvh * d;
     for (int64_t g = 0; g < group; ++g) scores[g * len + (j - first)] = simd::dot(q + g * d, k, d) * a.scale;
   }
   for (int64_t g = 0; g < group; ++g) {
@@ -46,7 +46,7 @@ void attend(const AttentionArgs& a, int64_t s, int64_t t, int64_t kvh, std::vect
   }
   float* o = a.out + t * a.ldo + kvh * group * d;
   for (int64_t j = first; j <= pos; ++j) {
-    const float* v = c.v + (table[j / bs] * bs + j % bs) * kv_row + kvh * d;
+    const float* v = c.vf() + (table[j / bs] * bs + j % bs) * kv_row + kvh * d;
     for (int64_t g = 0; g < group; ++g) simd::axpy(scores[g * len + (j - first)], v, o + g * d, d);
   }
 }
@@ -54,19 +54,21 @@ void attend(const AttentionArgs& a, int64_t s, int64_t t, int64_t kvh, std::vect
 }  // namespace
 
 void write_kv(const KvWriteArgs& a) {
+  check_f32_cache(a.cache, "write_kv");
   int64_t row = a.cache.num_kv_heads * a.cache.head_dim;
   bool parallel = a.m > 1 && a.m * row >= simd::kMinParallelWork && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t t = 0; t < a.m; ++t) {
     int64_t slot = a.slot_mapping[t];
     if (slot < 0) continue;
-    std::memcpy(a.cache.k + slot * row, a.k + t * a.ldk, static_cast<size_t>(row) * sizeof(float));
-    std::memcpy(a.cache.v + slot * row, a.v + t * a.ldv, static_cast<size_t>(row) * sizeof(float));
+    std::memcpy(a.cache.kf() + slot * row, a.k + t * a.ldk, static_cast<size_t>(row) * sizeof(float));
+    std::memcpy(a.cache.vf() + slot * row, a.v + t * a.ldv, static_cast<size_t>(row) * sizeof(float));
   }
 }
 
 void attention(const AttentionArgs& a) {
   if (a.num_seqs <= 0) return;
+  check_f32_cache(a.cache, "attention");
   int64_t num_tokens = a.query_start[a.num_seqs];
   int64_t num_kv = a.cache.num_kv_heads;
   int64_t num_tasks = num_tokens * num_kv;

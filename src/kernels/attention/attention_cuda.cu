@@ -1,4 +1,5 @@
-// kernels/attention/attention_cuda.cu: CUDA KV-cache write and paged attention (f32 queries and cache).
+// kernels/attention/attention_cuda.cu: CUDA KV-cache write and paged attention (f32 queries; the cache F32 or
+// BF16, KvCacheView::dtype, read through kv_load/kv_load4 and computed with in f32).
 // Three kernels, chosen on the host from the shape (no sync):
 // - prefill (num_tokens > 4·num_seqs, head_dim 64 or 128): flash attention. A CTA of 4 warps per (block of
 //   64 query rows of one sequence, head); K/V tiles of 32 keys gathered through the block table into
@@ -32,8 +33,8 @@ __global__ void write_kv_kernel(KvWriteArgs a) {
   if (slot < 0) return;
   int64_t row = a.cache.num_kv_heads * a.cache.head_dim;
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    a.cache.k[slot * row + i] = a.k[t * a.ldk + i];
-    a.cache.v[slot * row + i] = a.v[t * a.ldv + i];
+    kv_store(a.cache.k, a.cache.dtype, slot * row + i, a.k[t * a.ldk + i]);
+    kv_store(a.cache.v, a.cache.dtype, slot * row + i, a.v[t * a.ldv + i]);
   }
 }
 
@@ -63,14 +64,12 @@ __global__ void __launch_bounds__(kWarps * 32) attention_generic_kernel(Attentio
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = first + warp; j <= pos; j += kWarps) {
     const int64_t off = kv_offset(c, table, j, kvh);
-    const float* k = c.k + off;
-    const float* v = c.v + off;
     float kr[R], vr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       int64_t i = lane + 32 * r;
-      kr[r] = i < d ? k[i] : 0.0f;
-      vr[r] = i < d ? v[i] : 0.0f;
+      kr[r] = i < d ? kv_load(c.k, c.dtype, off + i) : 0.0f;
+      vr[r] = i < d ? kv_load(c.v, c.dtype, off + i) : 0.0f;
     }
     float dot = 0.0f;
 #pragma unroll
@@ -193,8 +192,8 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
         float4 kv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv4 = kv4;
         if (j <= klast) {
           const int64_t off = kv_offset(c, table, j, kvh) + d4 * 4;
-          kv4 = *reinterpret_cast<const float4*>(c.k + off);
-          vv4 = *reinterpret_cast<const float4*>(c.v + off);
+          kv4 = kv_load4(c.k, c.dtype, off);
+          vv4 = kv_load4(c.v, c.dtype, off);
         }
         *reinterpret_cast<float4*>(Ks + kk * C::kQS + d4 * 4) = kv4;
         *reinterpret_cast<float4*>(Vs + kk * D + d4 * 4) = vv4;
@@ -206,8 +205,8 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
         float kv = 0.0f, vv = 0.0f;
         if (j <= klast) {
           const int64_t off = kv_offset(c, table, j, kvh) + d;
-          kv = c.k[off];
-          vv = c.v[off];
+          kv = kv_load(c.k, c.dtype, off);
+          vv = kv_load(c.v, c.dtype, off);
         }
         Ks[kk * C::kQS + d] = kv;
         Vs[kk * D + d] = vv;
@@ -350,12 +349,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_kernel(Attention
     float4 kr[NV], vr[NV];
     if (ok) {
       const int64_t off = kv_offset(c, table, j, kvh);
-      const float4* k4 = reinterpret_cast<const float4*>(c.k + off);
-      const float4* v4 = reinterpret_cast<const float4*>(c.v + off);
 #pragma unroll
       for (int jj = 0; jj < NV; ++jj) {
-        kr[jj] = k4[sub + 8 * jj];
-        vr[jj] = v4[sub + 8 * jj];
+        kr[jj] = kv_load4(c.k, c.dtype, off + 4 * (sub + 8 * jj));
+        vr[jj] = kv_load4(c.v, c.dtype, off + 4 * (sub + 8 * jj));
       }
     } else {
 #pragma unroll

@@ -1,7 +1,8 @@
 // kernels/attention/attention_cuda_common.cuh: what the CUDA attention kernels share (attention_cuda.cu's
-// CUDA-core kernels, attention_mma_cuda.cu's tensor-core prefill): the CTA shape constants, a query row's
-// sequence, a key's offset in the paged cache, the prefill grid's (sequence, query block) of a CTA, and the
-// tensor-core prefill's launcher. Only included from .cu files. Must not: depend on anything above common/.
+// CUDA-core kernels, attention_mma_cuda.cu's tensor-core prefill; rope_cuda.cu's cache writes): the CTA shape
+// constants, a query row's sequence, a key's offset in the paged cache, loads and stores of the cache's
+// elements (F32 or BF16), the prefill grid's (sequence, query block) of a CTA, and the tensor-core
+// prefill's launcher. Only included from .cu files. Must not: depend on anything above common/.
 #pragma once
 
 #include "kernels/attention/attention.h"
@@ -27,12 +28,35 @@ __device__ __forceinline__ int seq_of_row(const AttentionArgs& a, int64_t t) {
   return lo;
 }
 
-// Offset (in floats) of key j's head kvh in the cache.
+// Offset (in elements) of key j's head kvh in the cache.
 __device__ __forceinline__ int64_t kv_offset(const KvCacheView& c, const int32_t* table, int64_t j,
                                              int64_t kvh) {
   return (static_cast<int64_t>(table[j / c.block_size]) * c.block_size + j % c.block_size) *
              (c.num_kv_heads * c.head_dim) +
          kvh * c.head_dim;
+}
+
+// Element `off` of a KV-cache array of dtype dt (KvCacheView::dtype: F32 or BF16) as f32 (BF16 widened
+// exactly); kv_load4: elements off .. off + 3 (off a multiple of 4, the array 16-byte aligned); kv_store: v
+// into element off (BF16: rounded to nearest even).
+__device__ __forceinline__ float kv_load(const void* p, DType dt, int64_t off) {
+  if (dt == DType::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+  return static_cast<const float*>(p)[off];
+}
+__device__ __forceinline__ float4 kv_load4(const void* p, DType dt, int64_t off) {
+  if (dt == DType::kBF16) {
+    const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p) + off);
+    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
+                       __uint_as_float(w.y & 0xffff0000u));
+  }
+  return *reinterpret_cast<const float4*>(static_cast<const float*>(p) + off);
+}
+__device__ __forceinline__ void kv_store(void* p, DType dt, int64_t off, float v) {
+  if (dt == DType::kBF16) {
+    static_cast<__nv_bfloat16*>(p)[off] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(p)[off] = v;
+  }
 }
 
 // Which (sequence, block of kFaBQ query rows) is CTA `b`? Blocks are numbered sequence by sequence.

@@ -121,11 +121,13 @@ __global__ void __launch_bounds__(kFmThreads) attention_prefill_mma_kernel(Atten
       if (j <= klast) {
         const int64_t off = kv_offset(c, table, j, kvh) + d;
         if (vec4) {
-          kv = *reinterpret_cast<const float4*>(c.k + off);
-          vv = *reinterpret_cast<const float4*>(c.v + off);
+          kv = kv_load4(c.k, c.dtype, off);
+          vv = kv_load4(c.v, c.dtype, off);
         } else {
-          kv = make_float4(c.k[off], c.k[off + 1], c.k[off + 2], c.k[off + 3]);
-          vv = make_float4(c.v[off], c.v[off + 1], c.v[off + 2], c.v[off + 3]);
+          kv = make_float4(kv_load(c.k, c.dtype, off), kv_load(c.k, c.dtype, off + 1), kv_load(c.k, c.dtype, off + 2),
+                           kv_load(c.k, c.dtype, off + 3));
+          vv = make_float4(kv_load(c.v, c.dtype, off), kv_load(c.v, c.dtype, off + 1), kv_load(c.v, c.dtype, off + 2),
+                           kv_load(c.v, c.dtype, off + 3));
         }
       }
       *reinterpret_cast<uint2*>(Ks + kk * C::kStride + d) = make_uint2(pack_bf16(kv.x, kv.y), pack_bf16(kv.z, kv.w));

@@ -5,21 +5,34 @@
 #include <limits>
 #include <vector>
 
+#include "common/error.h"
 #include "kernels/attention/attention.h"
+
+namespace polylora::kernels {
+
+void check_f32_cache(const KvCacheView& c, const char* op) {
+  if (c.dtype != DType::kF32)
+    fail("{}: the CPU kernels keep an f32 KV cache, not {} (--kv-cache-dtype bfloat16 needs --device cuda)", op,
+         dtype_name(c.dtype));
+}
+
+}  // namespace polylora::kernels
 
 namespace polylora::kernels::ref {
 
 void write_kv(const KvWriteArgs& a) {
+  check_f32_cache(a.cache, "write_kv");
   int64_t row = a.cache.num_kv_heads * a.cache.head_dim;
   for (int64_t t = 0; t < a.m; ++t) {
     int64_t slot = a.slot_mapping[t];
     if (slot < 0) continue;
-    std::memcpy(a.cache.k + slot * row, a.k + t * a.ldk, static_cast<size_t>(row) * sizeof(float));
-    std::memcpy(a.cache.v + slot * row, a.v + t * a.ldv, static_cast<size_t>(row) * sizeof(float));
+    std::memcpy(a.cache.kf() + slot * row, a.k + t * a.ldk, static_cast<size_t>(row) * sizeof(float));
+    std::memcpy(a.cache.vf() + slot * row, a.v + t * a.ldv, static_cast<size_t>(row) * sizeof(float));
   }
 }
 
 void attention(const AttentionArgs& a) {
+  check_f32_cache(a.cache, "attention");
   const KvCacheView& c = a.cache;
   int64_t d = c.head_dim;
   int64_t group = a.num_heads / c.num_kv_heads;
@@ -40,7 +53,7 @@ void attention(const AttentionArgs& a) {
         float max_score = a.sinks ? a.sinks[h] : -std::numeric_limits<float>::infinity();
         for (int64_t j = first; j <= pos; ++j) {
           const float* k =
-              c.k + (table[j / c.block_size] * c.block_size + j % c.block_size) * kv_row + kvh * d;
+              c.kf() + (table[j / c.block_size] * c.block_size + j % c.block_size) * kv_row + kvh * d;
           float dot = 0.0f;
           for (int64_t i = 0; i < d; ++i) dot += q[i] * k[i];
           scores[j - first] = dot * a.scale;
@@ -55,7 +68,7 @@ void attention(const AttentionArgs& a) {
         std::fill(o, o + d, 0.0f);
         for (int64_t j = first; j <= pos; ++j) {
           const float* v =
-              c.v + (table[j / c.block_size] * c.block_size + j % c.block_size) * kv_row + kvh * d;
+              c.vf() + (table[j / c.block_size] * c.block_size + j % c.block_size) * kv_row + kvh * d;
           float p = scores[j - first] / denom;
           for (int64_t i = 0; i < d; ++i) o[i] += p * v[i];
         }

@@ -84,14 +84,14 @@ void rope_kv_token(const RopeKvWriteArgs& a, int64_t t, std::vector<float>& cs) 
   if (slot < 0) return;
   for (int64_t h = 0; h < a.num_kv_heads; ++h) {
     const float* kh = a.k + t * a.ldk + h * d;
-    float* dst = a.cache.k + slot * kv_row + h * d;
+    float* dst = a.cache.kf() + slot * kv_row + h * d;
     if (a.k_norm)
       cpu::rms_norm_row(kh, dst, a.k_norm, d, a.eps);
     else
       std::memcpy(dst, kh, static_cast<size_t>(d) * sizeof(float));
     rotate(dst, c, s, half);
   }
-  std::memcpy(a.cache.v + slot * kv_row, a.v + t * a.ldv, static_cast<size_t>(kv_row) * sizeof(float));
+  std::memcpy(a.cache.vf() + slot * kv_row, a.v + t * a.ldv, static_cast<size_t>(kv_row) * sizeof(float));
 }
 
 }  // namespace
@@ -110,6 +110,7 @@ void rope(const RopeArgs& a) {
 void rope_kv_write(const RopeKvWriteArgs& a) {
   if (a.lora_q.active() || a.lora_k.active() || a.lora_v.active())
     return rope_kv_write(ref::apply_lora_terms(a).args);
+  check_f32_cache(a.cache, "rope_kv_write");
   CHECK_MSG(a.cache.num_kv_heads == a.num_kv_heads && a.cache.head_dim == a.head_dim,
             "rope_kv_write: cache of {} heads x {} for k/v of {} heads x {}", a.cache.num_kv_heads,
             a.cache.head_dim, a.num_kv_heads, a.head_dim);

@@ -5,16 +5,19 @@
 // rope_kv_write (one launch for what took rope twice, write_kv and, with qk_norm, rms_norm twice): token =
 // blockIdx.x, one warp per head of q or of k (kRkvWarps heads per CTA over blockIdx.y); the CTA first puts
 // its token's cos/sin table in shared memory; a warp sums its head's squares (q/k norm), then rotates the
-// pairs (j, j + half) its lanes own and stores them (q in place, k to its cache slot); the k warps also copy
-// their head of v to the slot. Must not: allocate; synchronize the stream.
+// pairs (j, j + half) its lanes own and stores them (q in place, k to its cache slot, F32 or BF16); the k
+// warps also copy their head of v to the slot. k's LoRA term is added where k is read (twice with q/k norm). Must not: allocate; synchronize the stream.
 #include <algorithm>
 
+#include "kernels/attention/attention_cuda_common.cuh"
 #include "kernels/cuda_util.cuh"
 #include "kernels/lora/lora_fused_cuda.cuh"
 #include "kernels/rope/rope.h"
 
 namespace polylora::kernels::cuda {
 namespace {
+
+using attention_detail::kv_store;
 
 __global__ void rope_kernel(float* x, int64_t ldx, int64_t num_heads, int64_t head_dim,
                             const int32_t* positions, const float* inv_freq, float scaling) {
@@ -54,60 +57,82 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
   const int64_t head = static_cast<int64_t>(blockIdx.y) * kRkvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (head >= a.num_heads + a.num_kv_heads) return;  // whole warps leave, after the barrier
-  const float* src;
-  float* dst;
+  const float* src;          // q: its row, rotated in place; k: its input row
+  float* qdst = nullptr;     // q's row
+  void* kc = nullptr;        // k: the cache's K array (F32 or BF16) ...
+  int64_t koff = 0, kh = 0;  // ... and the head's first element there; k's head
   const float* norm_w;
+  bool klora = false;  // k + its LoRA term (computed where read: nothing is staged in the cache)
+  const DType cdt = a.cache.dtype;
   if (head < a.num_heads) {
-    dst = a.q + t * a.ldq + head * d;
-    src = dst;
+    qdst = a.q + t * a.ldq + head * d;
+    src = qdst;
     norm_w = a.q_norm;
     if (a.lora_q.active()) {  // q += its LoRA term, in place (each lane its own elements)
-      for (int64_t j = lane; j < d; j += 32) dst[j] += lora_fused::expand_value(a.lora_q, t, head * d + j);
+      for (int64_t j = lane; j < d; j += 32) qdst[j] += lora_fused::expand_value(a.lora_q, t, head * d + j);
       __syncwarp();
     }
   } else {
     const int64_t slot = a.slot_mapping[t];
     if (slot < 0) return;  // padding: nothing of k or v is stored
-    const int64_t kh = head - a.num_heads, kv_row = a.num_kv_heads * d;
+    kh = head - a.num_heads;
+    const int64_t kv_row = a.num_kv_heads * d;
     src = a.k + t * a.ldk + kh * d;
-    dst = a.cache.k + slot * kv_row + kh * d;
+    kc = a.cache.k;
+    koff = slot * kv_row + kh * d;
     norm_w = a.k_norm;
     const float* vs = a.v + t * a.ldv + kh * d;
-    float* vd = a.cache.v + slot * kv_row + kh * d;
     if (a.lora_v.active()) {
       for (int64_t j = lane; j < d; j += 32)
-        vd[j] = vs[j] + lora_fused::expand_value(a.lora_v, t, kh * d + j);
+        kv_store(a.cache.v, cdt, koff + j, vs[j] + lora_fused::expand_value(a.lora_v, t, kh * d + j));
     } else {
-      for (int64_t j = lane; j < d; j += 32) vd[j] = vs[j];
+      for (int64_t j = lane; j < d; j += 32) kv_store(a.cache.v, cdt, koff + j, vs[j]);
     }
-    if (a.lora_k.active()) {  // k + its LoRA term staged in the cache row, then normed and rotated there
-      for (int64_t j = lane; j < d; j += 32)
-        dst[j] = src[j] + lora_fused::expand_value(a.lora_k, t, kh * d + j);
-      __syncwarp();
-      src = dst;
-    }
+    klora = a.lora_k.active();
   }
+  // Element j of the head before the norm and rotation.
+  auto x_of = [&](int64_t j) {
+    float x = src[j];
+    if (klora) x += lora_fused::expand_value(a.lora_k, t, kh * d + j);
+    return x;
+  };
+  auto put = [&](int64_t j, float v) {
+    if (qdst != nullptr) {
+      qdst[j] = v;
+    } else {
+      kv_store(kc, cdt, koff + j, v);
+    }
+  };
   const bool odd = (d & 1) != 0;  // the last element of an odd head is normed, never rotated
   float inv = 1.0f;
   if (norm_w) {
     float sum = 0.0f;
-    for (int64_t j = lane; j < half; j += 32) sum += src[j] * src[j] + src[j + half] * src[j + half];
-    if (odd && lane == 0) sum += src[d - 1] * src[d - 1];
+    for (int64_t j = lane; j < half; j += 32) {
+      const float x1 = x_of(j), x2 = x_of(j + half);
+      sum += x1 * x1 + x2 * x2;
+    }
+    if (odd && lane == 0) {
+      const float x = x_of(d - 1);
+      sum += x * x;
+    }
     sum = cuda_util::warp_sum(sum);
     inv = 1.0f / sqrtf(sum / static_cast<float>(d) + a.eps);
   }
-  // Every lane reads its own elements before it writes them, so q in place (src == dst) is safe.
+  // Every lane reads its own elements before it writes them, so q in place (src == qdst) is safe.
   for (int64_t j = lane; j < half; j += 32) {
-    float x1 = src[j], x2 = src[j + half];
+    float x1 = x_of(j), x2 = x_of(j + half);
     if (norm_w) {
       x1 = norm_w[j] * (x1 * inv);
       x2 = norm_w[j + half] * (x2 * inv);
     }
     const float c = cs[j], s = cs[half + j];
-    dst[j] = x1 * c - x2 * s;
-    dst[j + half] = x2 * c + x1 * s;
+    put(j, x1 * c - x2 * s);
+    put(j + half, x2 * c + x1 * s);
   }
-  if (odd && lane == 0) dst[d - 1] = norm_w ? norm_w[d - 1] * (src[d - 1] * inv) : src[d - 1];
+  if (odd && lane == 0) {
+    const float x = x_of(d - 1);
+    put(d - 1, norm_w ? norm_w[d - 1] * (x * inv) : x);
+  }
 }
 
 }  // namespace
