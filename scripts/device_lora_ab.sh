@@ -8,17 +8,9 @@
 # bf16 grouped GEMMs), CONFIG (device bench, default tests/data/configs/gpt-oss-20b), PROMPT_LEN (default 512).
 set -uo pipefail
 OUT=${OUT:-/tmp/lora_ab}
-mkdir -p "$OUT"
-export PKG_CONFIG_PATH=$PWD/.device-carry/lib/pkgconfig LD_LIBRARY_PATH=$PWD/.device-carry/lib
-if [ ! -d /usr/include/boost ] && [ -f .device-carry/boost-headers.tar.xz ]; then
-  tar -C .device-carry/include -xJf .device-carry/boost-headers.tar.xz
-  export BOOST_INCLUDEDIR=$PWD/.device-carry/include
-fi
-T0=$(date +%s)
-stamp() { echo "$1 $(( $(date +%s) - T0 )) s" | tee -a "$OUT/times.txt"; }
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.txt" 2>&1
-ninja -C build-gpu -j16 test_gpu polylora_bench > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
-stamp build
+# shellcheck source=scripts/device_env.sh
+source scripts/device_env.sh
+build_gpu
 B=build-gpu/bench/polylora_bench
 TESTS=${TESTS-GpuLoraStack.Moe*}
 if [ -n "$TESTS" ]; then
@@ -32,6 +24,7 @@ for spec in "$@"; do
   vars=${spec#*:}
   [ "$vars" = "$spec" ] && vars=""
   echo "== $label ($vars)" | tee -a "$OUT/moelora.txt" >> "$OUT/bench.txt"
+  # shellcheck disable=SC2086 # $vars: VAR=value words
   env $vars X_POLYLORA_AB=1 "$B" moe-lora --device cuda --dtype "${MOE_DTYPE:-mxfp4}" --m "${MOE_M:-1,16,64,256}" \
     --iters 100 2>/dev/null | python3 -c '
 import json, sys
@@ -41,6 +34,7 @@ for line in sys.stdin:
     r = json.loads(line)
     print("M=%d base %.1f us (%.1f TFLOP/s, GEMM peak %s) lora %.1f us delta %.1f us" % (r["M"], r["base_us"],
           r.get("base_TFLOPs", 0), r.get("gemm_peak_TFLOPs"), r["lora_us"], r["lora_delta_us"]))' >> "$OUT/moelora.txt"
+  # shellcheck disable=SC2086
   env $vars X_POLYLORA_AB=1 "$B" device --config "${CONFIG:-tests/data/configs/gpt-oss-20b}" --device cuda \
     --prompt-len "${PROMPT_LEN:-512}" --decode-tokens 32 --loras 8 --batches "${BATCHES:-1,4,16,64}" 2>&1 >/dev/null |
     grep -E "^batch" >> "$OUT/bench.txt"

@@ -16,19 +16,11 @@
 # parts to leave out: wgmma attn kv lora).
 set -uo pipefail
 OUT=${OUT:-/tmp/prepared}
-mkdir -p "$OUT"
-export PKG_CONFIG_PATH=$PWD/.device-carry/lib/pkgconfig LD_LIBRARY_PATH=$PWD/.device-carry/lib
-if [ ! -d /usr/include/boost ] && [ -f .device-carry/boost-headers.tar.xz ]; then
-  tar -C .device-carry/include -xJf .device-carry/boost-headers.tar.xz
-  export BOOST_INCLUDEDIR=$PWD/.device-carry/include
-fi
-T0=$(date +%s)
+# shellcheck source=scripts/device_env.sh
+source scripts/device_env.sh
 S="$OUT/summary.txt"
-stamp() { echo "$1 $(($(date +%s) - T0)) s" | tee -a "$OUT/times.txt"; }
 skip() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/build.txt" 2>&1
-ninja -C build-gpu -j16 test_gpu polylora_bench >> "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
-stamp build
+build_gpu
 B=build-gpu/bench/polylora_bench
 TG=$(find build-gpu -name test_gpu -type f | head -1)
 # One gtest filter per part; a part is timed only when its tests pass.

@@ -141,15 +141,11 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
   __syncthreads();
   if (s_seq < 0) return;
   const KvCacheView& c = a.cache;
-  const int s = s_seq, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t h = blockIdx.y, kvh = h / (a.num_heads / c.num_kv_heads);
-  const int64_t q_begin = a.query_start[s], q_len = a.query_start[s + 1] - q_begin, ctx = a.context_lens[s];
-  const int row0 = s_blk * kFaBQ;
-  const int nrows = static_cast<int>(q_len - row0 < kFaBQ ? q_len - row0 : kFaBQ);
-  const int64_t pos0 = ctx - q_len + row0;  // position of the block's first row
-  const int64_t klast = pos0 + nrows - 1;
-  const int64_t kfirst = a.window > 0 ? max(static_cast<int64_t>(0), pos0 - a.window + 1) : 0;
-  const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const FaBlock fb = fa_block(a, s_seq, s_blk, blockIdx.y);
+  const int64_t h = fb.h, kvh = fb.kvh, q_begin = fb.q_begin, pos0 = fb.pos0, klast = fb.klast, kfirst = fb.kfirst;
+  const int row0 = fb.row0, nrows = fb.nrows;
+  const int32_t* table = fb.table;
 
   for (int idx = tid; idx < kFaBQ * D; idx += kFaThreads) {
     const int r = idx / D, d = idx % D;
@@ -166,9 +162,8 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
     valid[i] = r < nrows;
     pos[i] = pos0 + r;
   }
-  const int64_t warp_pos_last = pos0 + min(warp * 16 + 15, nrows - 1);
-  const int64_t warp_first = a.window > 0 ? max(static_cast<int64_t>(0), pos0 + warp * 16 - a.window + 1) : 0;
-  const bool warp_active = warp * 16 < nrows;
+  const int64_t warp_pos_last = fb.warp_last(warp), warp_first = fb.warp_first(a, warp);
+  const bool warp_active = fb.warp_active(warp);
   const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
   float m[4], l[4], o[4][C::kNV][4];
 #pragma unroll

@@ -85,6 +85,35 @@ __device__ __forceinline__ void fa_find_block(const AttentionArgs& a, int b, int
   }
 }
 
+// A prefill CTA's block of query rows (fa_find_block's sequence s, block blk) and head: its rows' place in
+// the sequence and the keys they can see, [kfirst, klast]; and the first key and the last row position of
+// warp w's 16 rows (warp_first, warp_last; a warp with no row is inactive).
+struct FaBlock {
+  int s = 0, row0 = 0, nrows = 0;
+  int64_t h = 0, kvh = 0, q_begin = 0, pos0 = 0, klast = 0, kfirst = 0;
+  const int32_t* table = nullptr;
+  __device__ bool warp_active(int w) const { return w * 16 < nrows; }
+  __device__ int64_t warp_last(int w) const { return pos0 + min(w * 16 + 15, nrows - 1); }
+  __device__ int64_t warp_first(const AttentionArgs& a, int w) const {
+    return a.window > 0 ? max(static_cast<int64_t>(0), pos0 + w * 16 - a.window + 1) : 0;
+  }
+};
+__device__ __forceinline__ FaBlock fa_block(const AttentionArgs& a, int s, int blk, int64_t h) {
+  FaBlock b;
+  b.s = s;
+  b.h = h;
+  b.kvh = h / (a.num_heads / a.cache.num_kv_heads);
+  b.q_begin = a.query_start[s];
+  const int64_t q_len = a.query_start[s + 1] - b.q_begin, ctx = a.context_lens[s];
+  b.row0 = blk * kFaBQ;
+  b.nrows = static_cast<int>(q_len - b.row0 < kFaBQ ? q_len - b.row0 : kFaBQ);
+  b.pos0 = ctx - q_len + b.row0;  // position of the block's first row
+  b.klast = b.pos0 + b.nrows - 1;
+  b.kfirst = a.window > 0 ? max(static_cast<int64_t>(0), b.pos0 - a.window + 1) : 0;
+  b.table = a.block_tables + s * a.max_blocks_per_seq;
+  return b;
+}
+
 // attention_mma_cuda.cu: the prefill on bf16 tensor cores (head_dim 64 or 128), same grid as the CUDA-core
 // prefill (blocks of kFaBQ query rows of one sequence × heads).
 void launch_prefill_mma(const AttentionArgs& a, cudaStream_t st);

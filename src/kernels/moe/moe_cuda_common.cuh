@@ -75,6 +75,26 @@ __device__ __forceinline__ bool weight_rows_aligned16(const ExpertView& ex, int6
   return ok(ex.gate_up) && ok(ex.gate) && ok(ex.up);
 }
 
+// Columns n and n + 1 (n even) of an f32 output row of N columns, plus the bias when there is one (only n
+// when n + 1 == N; a float2 store when N is even).
+__device__ __forceinline__ void store_out_pair(float* orow, int64_t n, int64_t N, float v0, float v1,
+                                               const float* bias) {
+  if (n + 1 < N) {
+    if (bias != nullptr) {
+      v0 += bias[n];
+      v1 += bias[n + 1];
+    }
+    if ((N & 1) == 0) {
+      *reinterpret_cast<float2*>(orow + n) = make_float2(v0, v1);
+    } else {
+      orow[n] = v0;
+      orow[n + 1] = v1;
+    }
+  } else if (n < N) {
+    orow[n] = v0 + (bias != nullptr ? bias[n] : 0.0f);
+  }
+}
+
 // The expert activation of one output from its gate and up values (gate/up rows are interleaved for
 // GPT-OSS's clamped SwiGLU, gate rows then up rows otherwise: the caller picks them).
 __device__ __forceinline__ float expert_act(ExpertAct kind, float gate, float up, float alpha, float limit) {

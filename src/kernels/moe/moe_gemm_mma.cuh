@@ -315,21 +315,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
 #pragma unroll
       for (int ni = 0; ni < C::kNI; ++ni) {
         const int64_t n = n0 + wn * 32 + ni * 8 + (lane & 3) * 2;
-        float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
-        if (n + 1 < N) {
-          if (bias != nullptr) {
-            v0 += bias[n];
-            v1 += bias[n + 1];
-          }
-          if ((N & 1) == 0) {
-            *reinterpret_cast<float2*>(orow + n) = make_float2(v0, v1);
-          } else {
-            orow[n] = v0;
-            orow[n + 1] = v1;
-          }
-        } else if (n < N) {
-          orow[n] = v0 + (bias != nullptr ? bias[n] : 0.0f);
-        }
+        store_out_pair(orow, n, N, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], bias);
       }
     }
   }

@@ -233,22 +233,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
                                       : p.out + static_cast<int64_t>(pr) * N;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
-      const int64_t n = n0 + j * 8 + (lane & 3) * 2;
-      float v0 = acc[0][j][2 * h], v1 = acc[0][j][2 * h + 1];
-      if (n + 1 < N) {
-        if (bias != nullptr) {
-          v0 += bias[n];
-          v1 += bias[n + 1];
-        }
-        if ((N & 1) == 0) {
-          *reinterpret_cast<float2*>(orow + n) = make_float2(v0, v1);
-        } else {
-          orow[n] = v0;
-          orow[n + 1] = v1;
-        }
-      } else if (n < N) {
-        orow[n] = v0 + (bias != nullptr ? bias[n] : 0.0f);
-      }
+      store_out_pair(orow, n0 + j * 8 + (lane & 3) * 2, N, acc[0][j][2 * h], acc[0][j][2 * h + 1], bias);
     }
   }
 #else
