@@ -111,7 +111,8 @@ double measure_backend_gemm_tflops(Backend& be, int64_t n) {
   a.ldy = n;
   double best = 1e30;
   for (int pass = 0; pass < 3; ++pass) {
-    OpTiming t = time_backend_op(be, [&] { be.linear(a); }, be.kind() == DeviceKind::kCpu ? 1 : 10, true);
+    OpTiming t = time_backend_op(
+        be, [&] { be.linear(a); }, be.kind() == DeviceKind::kCpu ? 1 : 10, true);
     best = std::min(best, t.seconds);
   }
   be.synchronize();

@@ -625,7 +625,7 @@ Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs,
     override_kernel_tuning(t);
   };
   const char* name = prefill ? (mma ? "attention prefill (bf16 mma)" : "attention prefill (f32)")
-                              : (kv == DType::kBF16 ? "attention decode (bf16 cache)" : "attention decode");
+                             : (kv == DType::kBF16 ? "attention decode (bf16 cache)" : "attention decode");
   set_mma(mma);
   {  // validation on a smaller instance of the same path
     const int64_t vs = prefill ? 2 : 8, vl = prefill ? 320 : 900;
@@ -654,25 +654,35 @@ Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs,
   DeviceBuffers buf(be);
   AttentionArgs d = args(p, seqs);
   upload(buf, p, d);
-  const OpTiming t = time_backend_op(be, [&] { be.attention(d); }, prefill ? 20 : 200, true);
+  const OpTiming t = time_backend_op(
+      be, [&] { be.attention(d); }, prefill ? 20 : 200, true);
   double other = -1.0;
   if (prefill && mma) {
     set_mma(false);
-    other = time_backend_op(be, [&] { be.attention(d); }, 20, true).seconds;
+    other = time_backend_op(
+                be, [&] { be.attention(d); }, 20, true)
+                .seconds;
   }
   override_kernel_tuning(std::nullopt);
   char shape[128];
   if (prefill) {
-    const double pairs = static_cast<double>(seqs) * static_cast<double>(len) * static_cast<double>(len + 1) / 2;
+    const double pairs =
+        static_cast<double>(seqs) * static_cast<double>(len) * static_cast<double>(len + 1) / 2;
     const double tflops = 4.0 * kHeads * kDim * pairs / t.seconds / 1e12;
     std::snprintf(shape, sizeof shape, "%ld x %ld tokens, %ld/%ld heads x %ld, sinks%s%s",
                   static_cast<long>(seqs), static_cast<long>(len), static_cast<long>(kHeads),
                   static_cast<long>(kKvHeads), static_cast<long>(kDim), t.graph ? "" : " (no graph)",
                   other > 0 ? " (speedup: vs the f32 kernel)" : "");
-    return {name, shape, t.seconds * 1e3, tflops, "TFLOP/s", limit > 0 ? 100.0 * tflops / limit : -1.0,
+    return {name,
+            shape,
+            t.seconds * 1e3,
+            tflops,
+            "TFLOP/s",
+            limit > 0 ? 100.0 * tflops / limit : -1.0,
             other > 0 ? other / t.seconds : -1.0};
   }
-  const double bytes = 2.0 * static_cast<double>(seqs * len * kKvHeads * kDim) * static_cast<double>(dtype_size(kv));
+  const double bytes =
+      2.0 * static_cast<double>(seqs * len * kKvHeads * kDim) * static_cast<double>(dtype_size(kv));
   const double gbs = bytes / t.seconds / 1e9;
   std::snprintf(shape, sizeof shape, "%ld rows x %ld context, %ld/%ld heads x %ld, %s cache%s",
                 static_cast<long>(seqs), static_cast<long>(len), static_cast<long>(kHeads),
@@ -714,8 +724,9 @@ int run_device_kernels(bool json) {
     std::printf("  ]\n}\n");
     return 0;
   }
-  std::printf("device: %s, copy bandwidth %.1f GB/s (read + write), bf16 GEMM %.1f TFLOP/s (cuBLAS, 8192^3)\n\n",
-              be->name().c_str(), copy_gbs, gemm_tflops);
+  std::printf(
+      "device: %s, copy bandwidth %.1f GB/s (read + write), bf16 GEMM %.1f TFLOP/s (cuBLAS, 8192^3)\n\n",
+      be->name().c_str(), copy_gbs, gemm_tflops);
   std::printf("%-22s %-68s %10s %12s %8s %10s %11s\n", "kernel", "shape", "ms/call", "throughput", "unit",
               "% of limit", "vs unfused");
   for (const Result& r : rs) {

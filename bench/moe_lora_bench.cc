@@ -21,10 +21,10 @@
 //   base_fraction_of_copy; copy_GBps (the backend's device copy bandwidth, read + write bytes, measured in
 //   the same run); base_TFLOPs (the experts' product FLOPs, 2 x M x top_k x 3 x I x H, over base_us: the
 //   prefill sizes' figure), gemm_peak_TFLOPs (the backend's bf16 GEMM at 8192^3, cuBLAS, same run; null on
-//   the CPU) and base_fraction_of_gemm_peak; issue_goal_lora_us (issue 15's goal for lora_delta_us at this M, null elsewhere);
-//   with --old-views: old_views_lora_us / old_views_lora_delta_us (the same LoRA through the per-adapter
-//   ExpertLoraView table of f32 matrices, the path before the stacks) and old_views_max_rel_diff (its
-//   output vs the stacked one, over the rms).
+//   the CPU) and base_fraction_of_gemm_peak; issue_goal_lora_us (issue 15's goal for lora_delta_us at this M,
+//   null elsewhere); with --old-views: old_views_lora_us / old_views_lora_delta_us (the same LoRA through the
+//   per-adapter ExpertLoraView table of f32 matrices, the path before the stacks) and old_views_max_rel_diff
+//   (its output vs the stacked one, over the rms).
 // --dtype mxfp4: the experts as GPT-OSS ships them (random codes, block scales 2^-7), bf16 compute; the
 // reference decodes the same codes.
 // Must not: run the vLLM harness (scripts do, in the same device run).
@@ -407,9 +407,11 @@ int run_moe_lora_bench(int argc, char** argv) {
     r["base_fraction_of_copy"] = base_gbs / copy_gbs;
     r["copy_GBps"] = copy_gbs;
     // The experts' products (gate_up 2I x H and down H x I per token-expert pair) over base_us.
-    const double base_tflops = 2.0 * static_cast<double>(M * K) * static_cast<double>(3 * I * H) / tb.seconds / 1e12;
+    const double base_tflops =
+        2.0 * static_cast<double>(M * K) * static_cast<double>(3 * I * H) / tb.seconds / 1e12;
     r["base_TFLOPs"] = base_tflops;
-    r["gemm_peak_TFLOPs"] = gemm_tflops > 0 ? nlohmann::ordered_json(gemm_tflops) : nlohmann::ordered_json(nullptr);
+    r["gemm_peak_TFLOPs"] =
+        gemm_tflops > 0 ? nlohmann::ordered_json(gemm_tflops) : nlohmann::ordered_json(nullptr);
     r["base_fraction_of_gemm_peak"] =
         gemm_tflops > 0 ? nlohmann::ordered_json(base_tflops / gemm_tflops) : nlohmann::ordered_json(nullptr);
     r["issue_goal_lora_us"] = goal();

@@ -3,8 +3,9 @@
 # the kernels prepared without a GPU (off by default, each behind a tuning field), so that a session can
 # decide which to turn on. Builds, runs each prepared kernel's GPU tests, and for each whose tests pass,
 # times it against the default path:
-#   wgmma   the MoE grouped GEMM on warpgroup MMA (POLYLORA_MOE_WGMMA_PER_EXPERT, _BN, _FUSED_ACT):
-#           polylora_bench moe-lora on bf16 experts at prefill sizes (base_us, base_TFLOPs vs the GEMM peak)
+#   wgmma   the MoE grouped GEMM on warpgroup MMA (POLYLORA_MOE_WGMMA_PER_EXPERT, _BN, _FUSED_ACT, _MXFP4):
+#           polylora_bench moe-lora on bf16 and MXFP4 experts at prefill sizes (base_us, base_TFLOPs vs the
+#           GEMM peak)
 #   attn    prefill attention on bf16 tensor cores (POLYLORA_ATTENTION_PREFILL_MMA): polylora_bench kernels
 #           --device cuda (its attention entries) and the device bench's prefill at 2,048-token prompts
 #   kv      the BF16 KV cache (--kv-cache-dtype bfloat16): its GPU tests and golden tests, the decode entry of
@@ -25,7 +26,7 @@ B=build-gpu/bench/polylora_bench
 TG=$(find build-gpu -name test_gpu -type f | head -1)
 # One gtest filter per part; a part is timed only when its tests pass.
 declare -A FILTER=(
-  [wgmma]='GpuMoe.WarpgroupMmaGroupedGemm:GpuLoraStack.MoeGroupedGemmTensorCoreLora'
+  [wgmma]='GpuMoe.WarpgroupMmaGroupedGemm:GpuLoraStack.MoeGroupedGemmTensorCoreLora:GpuMoeMxfp4.WarpgroupMmaGroupedGemm'
   [attn]='GpuAttention.TensorCorePrefill'
   [kv]='GpuAttention.Bf16Cache:GpuWriteKv.*:GpuFusedOps.RopeKvWriteBf16Cache:GoldenGpuTest.Bfloat16CacheCloseLogprobs/*'
   [lora]='GpuLoraStack.MoeLoraDeltaMode:GpuLoraStack.MoeRanks'
@@ -67,6 +68,8 @@ if [ "${OK[wgmma]:-0}" = 1 ]; then
   moelora wg bfloat16 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64
   moelora wg_act bfloat16 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64 POLYLORA_MOE_WGMMA_FUSED_ACT=1
   moelora wg128 bfloat16 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64 POLYLORA_MOE_WGMMA_BN=128
+  moelora default mxfp4 $M
+  moelora wg_mx mxfp4 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64 POLYLORA_MOE_WGMMA_MXFP4=1
 fi
 if [ "${OK[attn]:-0}" = 1 ]; then
   echo "== kernels --device cuda" >> "$S"

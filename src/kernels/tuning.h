@@ -46,8 +46,12 @@ struct KernelTuning {
   int64_t moe_wgmma_bn = 256;
   int64_t moe_wgmma_group = 8;
   // 1: with it, GPT-OSS's activation (interleaved gate/up) fused into the gate/up epilogue when nothing else
-  // reads the f32 gate/up outputs (no LoRA, or BF16 stacks on tensor cores); env POLYLORA_MOE_WGMMA_FUSED_ACT.
+  // reads the f32 gate/up outputs (no LoRA, or BF16 stacks on tensor cores); env
+  // POLYLORA_MOE_WGMMA_FUSED_ACT.
   int64_t moe_wgmma_fused_act = 0;
+  // 1: with it, MXFP4 experts take the warpgroup-MMA GEMM too (their codes decoded into its B tiles; 128
+  // columns per CTA); env POLYLORA_MOE_WGMMA_MXFP4.
+  int64_t moe_wgmma_mxfp4 = 0;
   // BF16 slot-stacked expert LoRA on the grouped GEMM: pairs per expert from which the shrinks run on
   // tensor cores and the expands in the GEMMs' epilogues; env POLYLORA_MOE_LORA_MMA_PER_EXPERT.
   int64_t moe_lora_mma_per_expert = 64;

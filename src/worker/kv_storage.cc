@@ -8,10 +8,12 @@ namespace polylora {
 KvStorage::KvStorage(const ModelConfig& cfg, Backend& backend, int64_t num_blocks, int64_t block_size,
                      DType dtype)
     : backend_(backend), num_blocks_(num_blocks), block_size_(block_size) {
-  if (dtype != DType::kF32 && dtype != DType::kBF16) fail("the KV cache is F32 or BF16, not {}", dtype_name(dtype));
+  if (dtype != DType::kF32 && dtype != DType::kBF16)
+    fail("the KV cache is F32 or BF16, not {}", dtype_name(dtype));
   if (dtype == DType::kBF16 && backend.kind() != DeviceKind::kCuda)
     fail("a BF16 KV cache (--kv-cache-dtype bfloat16) needs a CUDA backend (the CPU kernels keep it in f32)");
-  size_t bytes = static_cast<size_t>(num_blocks * block_size * cfg.num_kv_heads * cfg.head_dim) * dtype_size(dtype);
+  size_t bytes =
+      static_cast<size_t>(num_blocks * block_size * cfg.num_kv_heads * cfg.head_dim) * dtype_size(dtype);
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     void* k = backend.alloc(bytes);
     void* v = backend.alloc(bytes);
@@ -33,7 +35,8 @@ KvStorage::~KvStorage() {
 }
 
 int64_t KvStorage::bytes_per_block(const ModelConfig& cfg, int64_t block_size, DType dtype) {
-  return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * static_cast<int64_t>(dtype_size(dtype));
+  return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim *
+         static_cast<int64_t>(dtype_size(dtype));
 }
 
 }  // namespace polylora

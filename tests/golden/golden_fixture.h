@@ -47,7 +47,7 @@ struct Fixture {
   std::unique_ptr<SafetensorsFile> ref;
   std::shared_ptr<Model> model;
   std::vector<std::shared_ptr<LoraAdapter>> adapters;
-  std::vector<std::string> variants;  // "base" or an adapter name
+  std::vector<std::string> variants;   // "base" or an adapter name
   DType kv_cache_dtype = DType::kF32;  // the engine's KV cache (BF16: CUDA backends), set before engine()
 
   explicit Fixture(const std::string& name, std::shared_ptr<Backend> backend = nullptr,

@@ -165,7 +165,8 @@ TEST(GpuAttention, TensorCorePrefill) {
   run_case({16, 8, 1, 64, {129, 64}, {129, 300}, 0, false}, DType::kBF16, 2e-2f, 2e-2f);
   run_case({16, 8, 2, 128, {70, 1}, {70, 30}, 0, true}, DType::kF32);
   // A BF16 cache (its values widened exactly as the tiles are rounded again: the same products).
-  run_case({16, 64, 8, 64, {70, 1, 23, 130}, {70, 40, 50, 300}, 5, true}, DType::kBF16, 2e-2f, 2e-2f, DType::kBF16);
+  run_case({16, 64, 8, 64, {70, 1, 23, 130}, {70, 40, 50, 300}, 5, true}, DType::kBF16, 2e-2f, 2e-2f,
+           DType::kBF16);
   run_case({1, 8, 2, 128, {129, 64}, {129, 300}, 0, false}, DType::kBF16, 2e-2f, 2e-2f, DType::kBF16);
   k::override_kernel_tuning(std::nullopt);
 }
@@ -184,8 +185,10 @@ TEST(GpuAttention, Bf16Cache) {
       }
     }
   }
-  run_case({16, 32, 4, 128, {200, 70, 1}, {700, 70, 33}, 100, true}, DType::kBF16, 1e-5f, 1e-4f, DType::kBF16);
-  run_case({16, 32, 4, 128, {1, 1, 1}, {3000, 129, 4097}, 0, false}, DType::kBF16, 1e-5f, 1e-4f, DType::kBF16);
+  run_case({16, 32, 4, 128, {200, 70, 1}, {700, 70, 33}, 100, true}, DType::kBF16, 1e-5f, 1e-4f,
+           DType::kBF16);
+  run_case({16, 32, 4, 128, {1, 1, 1}, {3000, 129, 4097}, 0, false}, DType::kBF16, 1e-5f, 1e-4f,
+           DType::kBF16);
   run_case({16, 64, 8, 64, {1, 1, 0, 1}, {3000, 2, 5, 700}, 128, true}, DType::kBF16, 1e-5f, 1e-4f,
            DType::kBF16);
   run_case({16, 4, 2, 256, {1, 2}, {1500, 999}, 0, true}, DType::kBF16, 1e-5f, 1e-4f, DType::kBF16);

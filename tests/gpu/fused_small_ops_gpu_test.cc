@@ -181,7 +181,7 @@ void run_rope_kv_write_bf16(Arena& ar, const k::test::RopeKvCase& c) {
 TEST(GpuFusedOps, RopeKvWriteBf16Cache) {
   SKIP_WITHOUT_GPU();
   Arena ar(backend());
-  run_rope_kv_write_bf16(ar, {5, 64, 8, 64, false, 1.3f});   // GPT-OSS-20B
+  run_rope_kv_write_bf16(ar, {5, 64, 8, 64, false, 1.3f});    // GPT-OSS-20B
   run_rope_kv_write_bf16(ar, {300, 32, 4, 128, true, 1.0f});  // Qwen3-30B-A3B, qk_norm
   run_rope_kv_write_bf16(ar, {5, 6, 3, 7, true, 1.0f});       // odd head_dim
 }

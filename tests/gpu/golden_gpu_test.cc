@@ -89,7 +89,8 @@ void check_bf16_close_logprobs(const std::string& model, DType kv_dtype) {
         for (const auto& t : e->top) ids.push_back(t.id);
         ref_top.push_back(std::move(ids));
       }
-      check_close_logprobs(model + " " + variant + " prompt " + std::to_string(i) + (mixed ? " (mixed)" : "") +
+      check_close_logprobs(model + " " + variant + " prompt " + std::to_string(i) +
+                               (mixed ? " (mixed)" : "") +
                                (kv_dtype == DType::kBF16 ? " (bf16 KV cache)" : ""),
                            ref_tokens, ref_top, results[j], f.ref_margins(variant, i));
     }

@@ -10,10 +10,12 @@
 // above 2^1 take the decoder's two-multiply branch).
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "gpu_test_util.h"
+#include "kernels/tuning.h"
 
 namespace polylora::gpu_test {
 namespace {
@@ -202,6 +204,33 @@ TEST(GpuMoeMxfp4, GroupedGemmPathMatchesReference) {
                    .x_range = 0.002f,
                    .scale_lo = 118,
                    .scale_span = 14});
+}
+
+// The same cases on the warpgroup-MMA grouped GEMM with MXFP4 B tiles (moe_wgmma_per_expert 1,
+// moe_wgmma_mxfp4 1; off by default until measured): K = 160 and 96 pad to slices of 64 whose last blocks are
+// past K (zero codes); the mma.sync GEMM again on GPUs other than compute capability 9.0.
+TEST(GpuMoeMxfp4, WarpgroupMmaGroupedGemm) {
+  SKIP_WITHOUT_GPU();
+  k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+  t.moe_wgmma_per_expert = 1;
+  t.moe_wgmma_mxfp4 = 1;
+  k::override_kernel_tuning(t);
+  for (const Mode& md : {kBf16Mode, kBf16RoundMode})
+    for (bool lora : {false, true})
+      for (k::ExpertAct act : {k::ExpertAct::kSiluGate, k::ExpertAct::kGptOssSwiglu})
+        run_mxfp4({.m = 200,
+                   .hidden = 160,
+                   .inter = 96,
+                   .num_experts = 5,
+                   .top_k = 3,
+                   .mode = md,
+                   .act = act,
+                   .lora = lora,
+                   .every_token_to_expert_2 = true,
+                   .x_range = 0.002f,
+                   .scale_lo = 118,
+                   .scale_span = 14});
+  k::override_kernel_tuning(std::nullopt);
 }
 
 // Few pairs per expert in the bf16 modes: the tensor-core weight-streaming kernel (moe_gemv_mxfp4.cuh; the

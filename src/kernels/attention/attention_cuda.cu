@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
   const KvCacheView& c = a.cache;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const FaBlock fb = fa_block(a, s_seq, s_blk, blockIdx.y);
-  const int64_t h = fb.h, kvh = fb.kvh, q_begin = fb.q_begin, pos0 = fb.pos0, klast = fb.klast, kfirst = fb.kfirst;
+  const int64_t h = fb.h, kvh = fb.kvh, q_begin = fb.q_begin, pos0 = fb.pos0, klast = fb.klast,
+                kfirst = fb.kfirst;
   const int row0 = fb.row0, nrows = fb.nrows;
   const int32_t* table = fb.table;
 

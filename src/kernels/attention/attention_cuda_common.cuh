@@ -46,8 +46,8 @@ __device__ __forceinline__ float kv_load(const void* p, DType dt, int64_t off) {
 __device__ __forceinline__ float4 kv_load4(const void* p, DType dt, int64_t off) {
   if (dt == DType::kBF16) {
     const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p) + off);
-    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u), __uint_as_float(w.y << 16),
-                       __uint_as_float(w.y & 0xffff0000u));
+    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                       __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
   }
   return *reinterpret_cast<const float4*>(static_cast<const float*>(p) + off);
 }

@@ -28,9 +28,9 @@ struct FmCfg {
   static constexpr int kStride = D + 8;  // bf16 per shared-memory row: an odd number of 16-byte chunks
   static constexpr int kTileElems = kFaBQ * kStride;
   static constexpr int kSmemBytes = 3 * kTileElems * 2;  // Q, K and V tiles
-  static constexpr int kDK = D / 16;                      // k16 steps over the head dimension
-  static constexpr int kNS = kFmBKV / 8;                  // n8 score fragments per row tile
-  static constexpr int kNO = D / 8;                       // n8 output fragments
+  static constexpr int kDK = D / 16;                     // k16 steps over the head dimension
+  static constexpr int kNS = kFmBKV / 8;                 // n8 score fragments per row tile
+  static constexpr int kNO = D / 8;                      // n8 output fragments
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(kFmThreads) attention_prefill_mma_kernel(Atten
   const KvCacheView& c = a.cache;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const FaBlock fb = fa_block(a, s_seq, s_blk, blockIdx.y);
-  const int64_t h = fb.h, kvh = fb.kvh, q_begin = fb.q_begin, pos0 = fb.pos0, klast = fb.klast, kfirst = fb.kfirst;
+  const int64_t h = fb.h, kvh = fb.kvh, q_begin = fb.q_begin, pos0 = fb.pos0, klast = fb.klast,
+                kfirst = fb.kfirst;
   const int row0 = fb.row0, nrows = fb.nrows;
   const int32_t* table = fb.table;
 
@@ -80,7 +81,8 @@ __global__ void __launch_bounds__(kFmThreads) attention_prefill_mma_kernel(Atten
   uint32_t qf[C::kDK][4];  // the warp's 16 rows as A fragments, one per k16 step
 #pragma unroll
   for (int kk = 0; kk < C::kDK; ++kk)
-    mma::ldmatrix_x4(qf[kk], q_base + 2 * ((warp * 16 + (lane & 15)) * C::kStride + kk * 16 + (lane >> 4) * 8));
+    mma::ldmatrix_x4(qf[kk],
+                     q_base + 2 * ((warp * 16 + (lane & 15)) * C::kStride + kk * 16 + (lane >> 4) * 8));
 
   // This thread's rows: warp·16 + g (hh 0) and + 8 (hh 1); accumulator pairs [2hh], [2hh + 1].
   int64_t pos[2];
@@ -119,14 +121,16 @@ __global__ void __launch_bounds__(kFmThreads) attention_prefill_mma_kernel(Atten
           kv = kv_load4(c.k, c.dtype, off);
           vv = kv_load4(c.v, c.dtype, off);
         } else {
-          kv = make_float4(kv_load(c.k, c.dtype, off), kv_load(c.k, c.dtype, off + 1), kv_load(c.k, c.dtype, off + 2),
-                           kv_load(c.k, c.dtype, off + 3));
-          vv = make_float4(kv_load(c.v, c.dtype, off), kv_load(c.v, c.dtype, off + 1), kv_load(c.v, c.dtype, off + 2),
-                           kv_load(c.v, c.dtype, off + 3));
+          kv = make_float4(kv_load(c.k, c.dtype, off), kv_load(c.k, c.dtype, off + 1),
+                           kv_load(c.k, c.dtype, off + 2), kv_load(c.k, c.dtype, off + 3));
+          vv = make_float4(kv_load(c.v, c.dtype, off), kv_load(c.v, c.dtype, off + 1),
+                           kv_load(c.v, c.dtype, off + 2), kv_load(c.v, c.dtype, off + 3));
         }
       }
-      *reinterpret_cast<uint2*>(Ks + kk * C::kStride + d) = make_uint2(pack_bf16(kv.x, kv.y), pack_bf16(kv.z, kv.w));
-      *reinterpret_cast<uint2*>(Vs + kk * C::kStride + d) = make_uint2(pack_bf16(vv.x, vv.y), pack_bf16(vv.z, vv.w));
+      *reinterpret_cast<uint2*>(Ks + kk * C::kStride + d) =
+          make_uint2(pack_bf16(kv.x, kv.y), pack_bf16(kv.z, kv.w));
+      *reinterpret_cast<uint2*>(Vs + kk * C::kStride + d) =
+          make_uint2(pack_bf16(vv.x, vv.y), pack_bf16(vv.z, vv.w));
     }
     __syncthreads();
     if (!warp_active || kt0 > warp_pos_last || kt0 + kFmBKV - 1 < warp_first) continue;
@@ -188,7 +192,8 @@ __global__ void __launch_bounds__(kFmThreads) attention_prefill_mma_kernel(Atten
     // O += P·V: the score fragments of keys 16·kk2 .. + 15 are the A fragment of that k16 step.
 #pragma unroll
     for (int kk2 = 0; kk2 < kFmBKV / 16; ++kk2) {
-      const uint32_t pa[4] = {pack_bf16(sc[2 * kk2][0], sc[2 * kk2][1]), pack_bf16(sc[2 * kk2][2], sc[2 * kk2][3]),
+      const uint32_t pa[4] = {pack_bf16(sc[2 * kk2][0], sc[2 * kk2][1]),
+                              pack_bf16(sc[2 * kk2][2], sc[2 * kk2][3]),
                               pack_bf16(sc[2 * kk2 + 1][0], sc[2 * kk2 + 1][1]),
                               pack_bf16(sc[2 * kk2 + 1][2], sc[2 * kk2 + 1][3])};
 #pragma unroll

@@ -12,8 +12,8 @@ namespace polylora::kernels {
 
 void check_f32_cache(const KvCacheView& c, const char* op) {
   if (c.dtype != DType::kF32)
-    fail("{}: the CPU kernels keep an f32 KV cache, not {} (--kv-cache-dtype bfloat16 needs --device cuda)", op,
-         dtype_name(c.dtype));
+    fail("{}: the CPU kernels keep an f32 KV cache, not {} (--kv-cache-dtype bfloat16 needs --device cuda)",
+         op, dtype_name(c.dtype));
 }
 
 }  // namespace polylora::kernels

@@ -120,11 +120,12 @@ bool lora_on_mma(const MoeExpertsArgs& a, Path path) {
 }
 
 // Does the grouped-GEMM path run on the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh, with the LoRA expand
-// in its epilogue when lora_on_mma)? BF16/F16 experts (MXFP4 and INT8 weights are decoded by the mma.sync
-// GEMM only), from moe_wgmma_per_expert pairs per expert (0: never, the default until measured), on compute
-// capability 9.0.
+// in its epilogue when lora_on_mma)? BF16/F16 experts, and MXFP4 ones with moe_wgmma_mxfp4 (INT8 weights are
+// decoded by the mma.sync GEMM only), from moe_wgmma_per_expert pairs per expert (0: never, the default until
+// measured), on compute capability 9.0.
 bool use_wgmma(const MoeExpertsArgs& a, Path path) {
-  if (path != Path::kMma || a.experts_mxfp4 || a.experts_int8) return false;
+  if (path != Path::kMma || a.experts_int8) return false;
+  if (a.experts_mxfp4 && tuning_of(a).moe_wgmma_mxfp4 == 0) return false;
   const int64_t per = tuning_of(a).moe_wgmma_per_expert;
   return per > 0 && a.m * a.top_k >= per * a.num_experts && moe_detail::wgmma_supported();
 }
@@ -1110,10 +1111,11 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       const KernelTuning t = tuning_of(a);
       const int bn = t.moe_wgmma_bn == 128 || p.lora.b != nullptr ? 128 : 256;
       // (With the LoRA epilogue the launcher takes 128 columns whatever bn says.)
-      moe_detail::WgmmaParams wp{.mp = p,
-                                 .group_rows = static_cast<int>(std::clamp<int64_t>(t.moe_wgmma_group, 1, 64)),
-                                 .col_tiles = (N + bn - 1) / bn,
-                                 .max_tiles = ws.max_tiles};
+      moe_detail::WgmmaParams wp{
+          .mp = p,
+          .group_rows = static_cast<int>(std::clamp<int64_t>(t.moe_wgmma_group, 1, 64)),
+          .col_tiles = (N + bn - 1) / bn,
+          .max_tiles = ws.max_tiles};
       if (phase == Phase::kGateUp && fused_act) {
         wp.act_out = ws.act_bf16;
         wp.act_lda = ws.lda_i;

@@ -1,23 +1,26 @@
 // kernels/moe/moe_gemm_wgmma.cuh: the large-batch MoE grouped GEMM on Hopper's warpgroup MMA (sm_90a), for
-// BF16/F16 experts (moe_gemm_mma.cuh stays the path for MXFP4 and INT8 weights and for GPUs other than
-// compute capability 9.0). With BF16 LoRA stacks on that path the slot-stacked LoRA expand is fused into the
-// epilogue as in moe_gemm_mma (lora_expand_mma, LORA = true, 128 columns per CTA). Same inputs and outputs as
-// moe_gemm_mma (MmaParams): one CTA of two warpgroups (256 threads) per (128-row tile of one expert, BN
-// output columns), each warpgroup's 64 rows × BN accumulated in registers by wgmma.mma_async m64nBNk16
-// (f32 accumulation) from shared memory. A rows are gathered (gate_up: x by token; down: act by sorted row,
-// both bf16, rows padded to a multiple of 64 columns, padding rows zero-filled) and B rows (the expert's
-// weight [N, K], K-major as wgmma wants it) are copied with 16-byte cp.async into [rows][64] tiles with the
-// 128-byte swizzle (kernels/wgmma_util.cuh), kStages slices of K = 64 deep: slice kt + kStages − 2 is loaded
-// while the MMAs of slice kt run and those of kt − 1 may still be in flight (wgmma.wait_group 1), so a stage
-// is overwritten only after every warpgroup's MMAs on it completed (the barrier at the top of the next
-// iteration). Odd weight shapes (rows not 16-byte multiples, F16) are converted element by element into the
-// same tiles. With the hi + lo split the K loop runs over both copies of A while B's K slice wraps (as in
-// moe_gemm_mma). For GPT-OSS's interleaved gate/up the activation can be fused into the gate/up epilogue
-// (WgmmaParams::act_out: the bf16 activation rows the down product reads, no f32 gu). CTAs are ordered in groups of `group_rows` row tiles (row tiles fastest) taking every
-// column tile, so a group's A rows stay in L2 while its column tiles pass and each B tile is read by the
-// group's CTAs close together (CTA swizzling). Tiles past the device-side tile count exit at once.
-// Compiled to a trap outside sm_90a; moe_cuda.cu launches it only on compute capability 9.0
-// (wgmma_supported()). Only included through moe_launch.h. Must not: depend on anything above common/.
+// BF16/F16 experts and MXFP4 ones (MX: each stage's codes through a raw ring, decoded into the bf16 B tile by
+// the threads that copied them while the previous slice's MMAs run; no bf16 copy of the experts exists)
+// (moe_gemm_mma.cuh stays the path for INT8 weights and for GPUs other than compute capability 9.0). With
+// BF16 LoRA stacks on that path the slot-stacked LoRA expand is fused into the epilogue as in moe_gemm_mma
+// (lora_expand_mma, LORA = true, 128 columns per CTA). Same inputs and outputs as moe_gemm_mma (MmaParams):
+// one CTA of two warpgroups (256 threads) per (128-row tile of one expert, BN output columns), each
+// warpgroup's 64 rows × BN accumulated in registers by wgmma.mma_async m64nBNk16 (f32 accumulation) from
+// shared memory. A rows are gathered (gate_up: x by token; down: act by sorted row, both bf16, rows padded to
+// a multiple of 64 columns, padding rows zero-filled) and B rows (the expert's weight [N, K], K-major as
+// wgmma wants it) are copied with 16-byte cp.async into [rows][64] tiles with the 128-byte swizzle
+// (kernels/wgmma_util.cuh), kStages slices of K = 64 deep: slice kt + kStages − 2 is loaded while the MMAs of
+// slice kt run and those of kt − 1 may still be in flight (wgmma.wait_group 1), so a stage is overwritten
+// only after every warpgroup's MMAs on it completed (the barrier at the top of the next iteration). Odd
+// weight shapes (rows not 16-byte multiples, F16) are converted element by element into the same tiles. With
+// the hi + lo split the K loop runs over both copies of A while B's K slice wraps (as in moe_gemm_mma). For
+// GPT-OSS's interleaved gate/up the activation can be fused into the gate/up epilogue (WgmmaParams::act_out:
+// the bf16 activation rows the down product reads, no f32 gu). CTAs are ordered in groups of `group_rows` row
+// tiles (row tiles fastest) taking every column tile, so a group's A rows stay in L2 while its column tiles
+// pass and each B tile is read by the group's CTAs close together (CTA swizzling). Tiles past the device-side
+// tile count exit at once. Compiled to a trap outside sm_90a; moe_cuda.cu launches it only on compute
+// capability 9.0 (wgmma_supported()). Only included through moe_launch.h. Must not: depend on anything above
+// common/.
 #pragma once
 
 #include "kernels/moe/moe_gemm_mma.cuh"
@@ -44,25 +47,30 @@ struct WgmmaParams {
   float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
 };
 
-template <int BN>
+// MX: MXFP4 weights (BN 128): each stage's B codes (32 bytes per row and slice of 64) travel through a raw
+// ring after the stages and are decoded into the swizzled bf16 B tile by the threads that copied them.
+template <int BN, bool MX = false>
 struct WgCfg {
-  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static_assert(!MX || BN == 128, "MXFP4 B tiles: 128 rows (one 16-byte code chunk per thread)");
+  static constexpr int kStages = MX || BN == 256 ? 4 : 6;
   static constexpr int kABytes = kWgBM * kWgBK * 2;
   static constexpr int kBBytes = BN * kWgBK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + slack for the 1024-byte alignment
-  static constexpr int kBRows = BN / 32;                           // B rows each thread copies per stage
+  static constexpr int kRawBytes = MX ? BN * (kWgBK / 2) : 0;  // one stage's codes
+  // + slack for the 1024-byte alignment
+  static constexpr int kSmemBytes = kStages * (kStageBytes + kRawBytes) + 1024;
+  static constexpr int kBRows = BN / 32;  // B rows each thread copies per stage (BF16 / F16 weights)
 };
 
-template <Phase P, int BN, bool LORA>
+template <Phase P, int BN, bool LORA, bool MX>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) {
 #if POLYLORA_WGMMA
-  using C = WgCfg<BN>;
+  using C = WgCfg<BN, MX>;
   constexpr int S = C::kStages;
   const MmaParams& p = wp.mp;
   extern __shared__ unsigned char wg_smem[];
   __shared__ int32_t s_pair[kWgBM];
-  __shared__ int64_t s_arow[kWgBM];  // A row (−1: padding, zero-filled)
+  __shared__ int64_t s_arow[kWgBM];             // A row (−1: padding, zero-filled)
   __shared__ int32_t s_lkey[LORA ? kWgBM : 1];  // LoRA key of the row (lora_row_key), −1: none
   // CTA → (row tile, column tile) in groups of group_rows row tiles, row tiles fastest.
   const int64_t cta = blockIdx.x;
@@ -93,11 +101,20 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   // r % 8, so their swizzled offsets are ld_off + 4096·i.
   const int ld_c = tid & 7, ld_r = tid >> 3;
   const uint32_t ld_off = wgmma::swz128(ld_r, ld_c);
-  const char* b_src[C::kBRows];
+  const char* b_src[MX ? 1 : C::kBRows];
+  // MXFP4: thread tid copies and decodes half mx_half (one 16-byte chunk: a block of 32 codes) of B row
+  // mx_row's slice of 64, its block's scale read from global memory (L1 / L2).
+  const int mx_row = tid >> 1, mx_half = tid & 1;
+  const uint8_t* mx_codes = nullptr;
+  const uint8_t* mx_scales = nullptr;
+  if constexpr (MX) {
+    if (n0 + mx_row < N) mxfp4_row<P>(ex, n0 + mx_row, K, p.inter, mx_codes, mx_scales);
+  } else {
 #pragma unroll
-  for (int i = 0; i < C::kBRows; ++i) {
-    const int64_t n = n0 + ld_r + 32 * i;
-    b_src[i] = n < N ? weight_row<P>(ex, n, K, p.inter) : nullptr;
+    for (int i = 0; i < C::kBRows; ++i) {
+      const int64_t n = n0 + ld_r + 32 * i;
+      b_src[i] = n < N ? weight_row<P>(ex, n, K, p.inter) : nullptr;
+    }
   }
   __syncthreads();
   const __nv_bfloat16* a_src[kWgBM / 32];
@@ -111,6 +128,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   const int num_kt = static_cast<int>(p.lda / kWgBK);
   const int kb64 = p.kb_tiles / 2;  // B's K extent in slices of 64 (the launcher makes kb_tiles even)
 
+  const uint32_t raw_base = base + C::kStages * C::kStageBytes;  // MXFP4: the codes' ring
   auto load_stage = [&](int stage, int kt) {
     const uint32_t sa = base + stage * C::kStageBytes + ld_off;
     const uint32_t sb = sa + C::kABytes;
@@ -119,23 +137,53 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
 #pragma unroll
     for (int i = 0; i < kWgBM / 32; ++i)
       cp_async16(sa + 4096 * i, a_src[i] != nullptr ? a_src[i] + ka : p.a, a_src[i] != nullptr ? 16 : 0);
+    if constexpr (MX) {
+      const int64_t blk = static_cast<int64_t>(kt % kb64) * 2 + mx_half;  // the chunk's block of 32 values
+      const bool ok = mx_codes != nullptr && blk < p.mx_nb;
+      cp_async16(raw_base + stage * C::kRawBytes + mx_row * 32 + mx_half * 16,
+                 ok ? static_cast<const void*>(mx_codes + blk * 16) : static_cast<const void*>(p.a),
+                 ok ? 16 : 0);
+    } else {
 #pragma unroll
-    for (int i = 0; i < C::kBRows; ++i) {
-      const bool ok = b_src[i] != nullptr && k < K;
-      if (b_fast) {
-        cp_async16(sb + 4096 * i, ok ? b_src[i] + k * 2 : static_cast<const void*>(p.a), ok ? 16 : 0);
-      } else {
-        uint32_t w[4];
+      for (int i = 0; i < C::kBRows; ++i) {
+        const bool ok = b_src[i] != nullptr && k < K;
+        if (b_fast) {
+          cp_async16(sb + 4096 * i, ok ? b_src[i] + k * 2 : static_cast<const void*>(p.a), ok ? 16 : 0);
+        } else {
+          uint32_t w[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t lo = 0, hi = 0;
-          if (ok && k + 2 * j < K) lo = __bfloat16_as_ushort(cuda_util::load_as_bf16(b_src[i], bdt, k + 2 * j));
-          if (ok && k + 2 * j + 1 < K)
-            hi = __bfloat16_as_ushort(cuda_util::load_as_bf16(b_src[i], bdt, k + 2 * j + 1));
-          w[j] = lo | (hi << 16);
+          for (int j = 0; j < 4; ++j) {
+            uint32_t lo = 0, hi = 0;
+            if (ok && k + 2 * j < K)
+              lo = __bfloat16_as_ushort(cuda_util::load_as_bf16(b_src[i], bdt, k + 2 * j));
+            if (ok && k + 2 * j + 1 < K)
+              hi = __bfloat16_as_ushort(cuda_util::load_as_bf16(b_src[i], bdt, k + 2 * j + 1));
+            w[j] = lo | (hi << 16);
+          }
+          mma::st_shared_v4(sb + 4096 * i, w);
         }
-        mma::st_shared_v4(sb + 4096 * i, w);
       }
+    }
+  };
+
+  // MXFP4: the thread's own codes of slice kt (its cp.async group complete) as bf16 into that stage's B tile,
+  // chunks 4·half .. 4·half + 3 of its row (the swizzled layout), then made visible to the async proxy.
+  auto decode_mx = [&](int kt) {
+    if constexpr (MX) {
+      const int stage = kt % C::kStages;
+      const uint4 c = *reinterpret_cast<const uint4*>(wg_smem + (raw_base - raw) + stage * C::kRawBytes +
+                                                      mx_row * 32 + mx_half * 16);
+      const int64_t blk = static_cast<int64_t>(kt % kb64) * 2 + mx_half;
+      const uint32_t sc = mx_codes != nullptr && blk < p.mx_nb ? __ldg(mx_scales + blk) : 0u;
+      const uint32_t sb = base + stage * C::kStageBytes + C::kABytes;
+      const uint32_t words[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t out[4];
+        mma::mxfp4x8_to_bf16x8(words[w], sc, out);
+        mma::st_shared_v4(sb + wgmma::swz128(mx_row, 4 * mx_half + w), out);
+      }
+      wgmma::fence_proxy_async();
     }
   };
 
@@ -149,6 +197,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   for (int s = 0; s < S - 2; ++s) {
     if (s < num_kt) load_stage(s, s);
     cp_async_commit();
+  }
+  if constexpr (MX) {  // slice 0's codes (its group complete once at most S − 3 are pending)
+    cp_async_wait<S - 3>();
+    decode_mx(0);
   }
   for (int kt = 0; kt < num_kt; ++kt) {
     // Groups committed so far: S − 2 + kt; slice kt's is complete once at most S − 3 are pending.
@@ -168,6 +220,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     for (int ks = 0; ks < kWgBK / 16; ++ks)
       wgmma::mma_async<BN>(acc[0], wgmma::desc128(sa + 32 * ks), wgmma::desc128(sb + 32 * ks));
     wgmma::commit();
+    if constexpr (MX) {
+      // Slice kt + 1's codes while slice kt's MMAs run: its group is complete once at most S − 3 are
+      // pending; its B tile was last read by the MMAs of slice kt + 1 − S, long complete.
+      if (kt + 1 < num_kt) {
+        cp_async_wait<S - 3>();
+        decode_mx(kt + 1);
+      }
+    }
     wgmma::wait<1>();
   }
   wgmma::wait<0>();
@@ -182,8 +242,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     // staging in the pipeline's buffers (every MMA and copy above has completed).
     static_assert(lora_expand_smem_bytes(kWgBM) <= C::kSmemBytes - 1024, "the expand's staging fits");
     lora_expand_mma<kWgBM, 1, BN / 8>(p.lora, s_lkey, wg_smem + (base - raw), row_base,
-                                       static_cast<int64_t>(tile) * kWgBM, static_cast<int>(n0),
-                                       static_cast<int>(N), static_cast<int>(p.inter), acc);
+                                      static_cast<int64_t>(tile) * kWgBM, static_cast<int>(n0),
+                                      static_cast<int>(N), static_cast<int>(p.inter), acc);
   }
 
   if constexpr (P == Phase::kGateUp) {
@@ -192,7 +252,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
       for (int h = 0; h < 2; ++h) {
         const int r = row_base + (lane >> 2) + h * 8;
         if (s_pair[r] < 0) continue;
-        __nv_bfloat16* arow = wp.act_out + (static_cast<int64_t>(tile) * kWgBM + r) * wp.act_copies * wp.act_lda;
+        __nv_bfloat16* arow =
+            wp.act_out + (static_cast<int64_t>(tile) * kWgBM + r) * wp.act_copies * wp.act_lda;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
           const int64_t n = n0 + j * 8 + (lane & 3) * 2;  // even; N = 2I is even
@@ -213,8 +274,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
         for (int64_t idx = tid; idx < kWgBM * pad; idx += kWgThreads) {
           const int r = static_cast<int>(idx / pad);
           if (s_pair[r] < 0) continue;
-          __nv_bfloat16* arow =
-              wp.act_out + (static_cast<int64_t>(tile) * kWgBM + r) * wp.act_copies * wp.act_lda + I + idx % pad;
+          __nv_bfloat16* arow = wp.act_out +
+                                (static_cast<int64_t>(tile) * kWgBM + r) * wp.act_copies * wp.act_lda + I +
+                                idx % pad;
           arow[0] = __float2bfloat16_rn(0.0f);
           if (wp.act_copies == 2) arow[wp.act_lda] = __float2bfloat16_rn(0.0f);
         }

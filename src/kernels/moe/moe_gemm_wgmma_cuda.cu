@@ -8,17 +8,18 @@
 namespace polylora::kernels::cuda::moe_detail {
 namespace {
 
-template <Phase P, int BN, bool LORA>
+template <Phase P, int BN, bool LORA, bool MX = false>
 void launch_wg(const WgmmaParams& wp, cudaStream_t st) {
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_wgmma<P, BN, LORA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    WgCfg<BN>::kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_wgmma<P, BN, LORA, MX>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, WgCfg<BN, MX>::kSmemBytes));
     return true;
   }();
   (void)configured;
   const int64_t ctas = wp.max_tiles * wp.col_tiles;
   KERNEL_CHECK(ctas > 0 && ctas <= INT_MAX, "moe_experts: grouped GEMM grid too large");
-  moe_gemm_wgmma<P, BN, LORA><<<static_cast<unsigned>(ctas), kWgThreads, WgCfg<BN>::kSmemBytes, st>>>(wp);
+  moe_gemm_wgmma<P, BN, LORA, MX>
+      <<<static_cast<unsigned>(ctas), kWgThreads, WgCfg<BN, MX>::kSmemBytes, st>>>(wp);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -39,7 +40,13 @@ template <Phase P>
 void launch_wgmma_tile(int bn, const WgmmaParams& wp, cudaStream_t st) {
   KERNEL_CHECK(wp.mp.kb_tiles % 2 == 0 && wp.mp.lda % kWgBK == 0,
                "moe_experts: the warpgroup-MMA GEMM needs activation rows padded to 64 columns");
-  if (wp.mp.lora.b != nullptr) {
+  if (wp.mp.mx_nb > 0) {  // MXFP4 weights: 128 columns
+    if (wp.mp.lora.b != nullptr) {
+      launch_wg<P, 128, true, true>(wp, st);
+    } else {
+      launch_wg<P, 128, false, true>(wp, st);
+    }
+  } else if (wp.mp.lora.b != nullptr) {
     launch_wg<P, 128, true>(wp, st);  // the LoRA epilogue's per-column pointers: 128 columns
   } else if (bn == 128) {
     launch_wg<P, 128, false>(wp, st);

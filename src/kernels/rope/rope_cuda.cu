@@ -6,7 +6,8 @@
 // blockIdx.x, one warp per head of q or of k (kRkvWarps heads per CTA over blockIdx.y); the CTA first puts
 // its token's cos/sin table in shared memory; a warp sums its head's squares (q/k norm), then rotates the
 // pairs (j, j + half) its lanes own and stores them (q in place, k to its cache slot, F32 or BF16); the k
-// warps also copy their head of v to the slot. k's LoRA term is added where k is read (twice with q/k norm). Must not: allocate; synchronize the stream.
+// warps also copy their head of v to the slot. k's LoRA term is added where k is read (twice with q/k norm).
+// Must not: allocate; synchronize the stream.
 #include <algorithm>
 
 #include "kernels/attention/attention_cuda_common.cuh"
@@ -57,10 +58,10 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
   const int64_t head = static_cast<int64_t>(blockIdx.y) * kRkvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (head >= a.num_heads + a.num_kv_heads) return;  // whole warps leave, after the barrier
-  const float* src;          // q: its row, rotated in place; k: its input row
-  float* qdst = nullptr;     // q's row
-  void* kc = nullptr;        // k: the cache's K array (F32 or BF16) ...
-  int64_t koff = 0, kh = 0;  // ... and the head's first element there; k's head
+  const float* src;                                  // q: its row, rotated in place; k: its input row
+  float* qdst = nullptr;                             // q's row
+  void* kc = nullptr;                                // k: the cache's K array (F32 or BF16) ...
+  int64_t koff = 0, kh = 0;                          // ... and the head's first element there; k's head
   const float* norm_w;
   bool klora = false;  // k + its LoRA term (computed where read: nothing is staged in the cache)
   const DType cdt = a.cache.dtype;
