@@ -27,21 +27,22 @@ using namespace attention_detail;
 
 namespace {
 
+template <bool B16>
 __global__ void write_kv_kernel(KvWriteArgs a) {
   int64_t t = blockIdx.x;
   int64_t slot = a.slot_mapping[t];
   if (slot < 0) return;
   int64_t row = a.cache.num_kv_heads * a.cache.head_dim;
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    kv_store(a.cache.k, a.cache.dtype, slot * row + i, a.k[t * a.ldk + i]);
-    kv_store(a.cache.v, a.cache.dtype, slot * row + i, a.v[t * a.ldv + i]);
+    kv_store<B16>(a.cache.k, slot * row + i, a.k[t * a.ldk + i]);
+    kv_store<B16>(a.cache.v, slot * row + i, a.v[t * a.ldv + i]);
   }
 }
 
 // ---- generic: one key per warp at a time ----
 
 // R = ceil(head_dim / 32) elements per lane.
-template <int R>
+template <int R, bool B16>
 __global__ void __launch_bounds__(kWarps * 32) attention_generic_kernel(AttentionArgs a) {
   const KvCacheView& c = a.cache;
   const int64_t d = c.head_dim, t = blockIdx.x, h = blockIdx.y;
@@ -68,8 +69,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_generic_kernel(Attentio
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       int64_t i = lane + 32 * r;
-      kr[r] = i < d ? kv_load(c.k, c.dtype, off + i) : 0.0f;
-      vr[r] = i < d ? kv_load(c.v, c.dtype, off + i) : 0.0f;
+      kr[r] = i < d ? kv_load<B16>(c.k, off + i) : 0.0f;
+      vr[r] = i < d ? kv_load<B16>(c.v, off + i) : 0.0f;
     }
     float dot = 0.0f;
 #pragma unroll
@@ -128,7 +129,7 @@ struct FaCfg {
   static constexpr int kNV = D / 32;  // float4 output columns per lane
 };
 
-template <int D>
+template <int D, bool B16>
 __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(AttentionArgs a, bool vec4) {
   using C = FaCfg<D>;
   extern __shared__ __align__(16) float fa_smem[];
@@ -141,12 +142,17 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
   __syncthreads();
   if (s_seq < 0) return;
   const KvCacheView& c = a.cache;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const FaBlock fb = fa_block(a, s_seq, s_blk, blockIdx.y);
-  const int64_t h = fb.h, kvh = fb.kvh, q_begin = fb.q_begin, pos0 = fb.pos0, klast = fb.klast,
-                kfirst = fb.kfirst;
-  const int row0 = fb.row0, nrows = fb.nrows;
-  const int32_t* table = fb.table;
+  // The block's set-up as fa_block's, written out: through FaBlock this kernel took 196 registers at
+  // head_dim 128 instead of 168 (ptxas, sm_90a), two CTAs per SM instead of three.
+  const int s = s_seq, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t h = blockIdx.y, kvh = h / (a.num_heads / c.num_kv_heads);
+  const int64_t q_begin = a.query_start[s], q_len = a.query_start[s + 1] - q_begin, ctx = a.context_lens[s];
+  const int row0 = s_blk * kFaBQ;
+  const int nrows = static_cast<int>(q_len - row0 < kFaBQ ? q_len - row0 : kFaBQ);
+  const int64_t pos0 = ctx - q_len + row0;  // position of the block's first row
+  const int64_t klast = pos0 + nrows - 1;
+  const int64_t kfirst = a.window > 0 ? max(static_cast<int64_t>(0), pos0 - a.window + 1) : 0;
+  const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
 
   for (int idx = tid; idx < kFaBQ * D; idx += kFaThreads) {
     const int r = idx / D, d = idx % D;
@@ -163,8 +169,9 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
     valid[i] = r < nrows;
     pos[i] = pos0 + r;
   }
-  const int64_t warp_pos_last = fb.warp_last(warp), warp_first = fb.warp_first(a, warp);
-  const bool warp_active = fb.warp_active(warp);
+  const int64_t warp_pos_last = pos0 + min(warp * 16 + 15, nrows - 1);
+  const int64_t warp_first = a.window > 0 ? max(static_cast<int64_t>(0), pos0 + warp * 16 - a.window + 1) : 0;
+  const bool warp_active = warp * 16 < nrows;
   const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
   float m[4], l[4], o[4][C::kNV][4];
 #pragma unroll
@@ -188,8 +195,8 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
         float4 kv4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv4 = kv4;
         if (j <= klast) {
           const int64_t off = kv_offset(c, table, j, kvh) + d4 * 4;
-          kv4 = kv_load4(c.k, c.dtype, off);
-          vv4 = kv_load4(c.v, c.dtype, off);
+          kv4 = kv_load4<B16>(c.k, off);
+          vv4 = kv_load4<B16>(c.v, off);
         }
         *reinterpret_cast<float4*>(Ks + kk * C::kQS + d4 * 4) = kv4;
         *reinterpret_cast<float4*>(Vs + kk * D + d4 * 4) = vv4;
@@ -201,8 +208,8 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
         float kv = 0.0f, vv = 0.0f;
         if (j <= klast) {
           const int64_t off = kv_offset(c, table, j, kvh) + d;
-          kv = kv_load(c.k, c.dtype, off);
-          vv = kv_load(c.v, c.dtype, off);
+          kv = kv_load<B16>(c.k, off);
+          vv = kv_load<B16>(c.v, off);
         }
         Ks[kk * C::kQS + d] = kv;
         Vs[kk * D + d] = vv;
@@ -311,7 +318,7 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
 // longest possible context (a CUDA graph's shape), the work is spread over the context there is. part ==
 // nullptr: one split, the output is written; else the split's (unnormalised acc [D], m, l) go to
 // part[((t·num_heads + h)·splits + split)·(D + 2)].
-template <int NV>
+template <int NV, bool B16>
 __global__ void __launch_bounds__(kWarps * 32) attention_decode_kernel(AttentionArgs a, float* part) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   constexpr int D = NV * 32;
@@ -347,8 +354,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_kernel(Attention
       const int64_t off = kv_offset(c, table, j, kvh);
 #pragma unroll
       for (int jj = 0; jj < NV; ++jj) {
-        kr[jj] = kv_load4(c.k, c.dtype, off + 4 * (sub + 8 * jj));
-        vr[jj] = kv_load4(c.v, c.dtype, off + 4 * (sub + 8 * jj));
+        kr[jj] = kv_load4<B16>(c.k, off + 4 * (sub + 8 * jj));
+        vr[jj] = kv_load4<B16>(c.v, off + 4 * (sub + 8 * jj));
       }
     } else {
 #pragma unroll
@@ -493,15 +500,17 @@ size_t attention_workspace_bytes(const AttentionArgs& a) {
 
 void write_kv(const KvWriteArgs& a, const CudaContext& ctx) {
   if (a.m == 0) return;
-  write_kv_kernel<<<static_cast<unsigned>(a.m), 128, 0, cuda_util::stream(ctx)>>>(a);
+  with_cache_type(a.cache, [&](auto b16) {
+    write_kv_kernel<decltype(b16)::value><<<static_cast<unsigned>(a.m), 128, 0, cuda_util::stream(ctx)>>>(a);
+  });
   CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
+template <int D, bool B16>
 void launch_prefill(const AttentionArgs& a, cudaStream_t st) {
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    FaCfg<D>::kSmemBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel<D, B16>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, FaCfg<D>::kSmemBytes));
     return true;
   }();
   (void)configured;
@@ -511,11 +520,11 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t st) {
   const int64_t blocks = (a.num_tokens + kFaBQ - 1) / kFaBQ + a.num_seqs;
   KERNEL_CHECK(blocks < (1LL << 31), "attention: too many query blocks");
   dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.num_heads));
-  attention_prefill_kernel<D><<<grid, kFaThreads, FaCfg<D>::kSmemBytes, st>>>(a, vec4);
+  attention_prefill_kernel<D, B16><<<grid, kFaThreads, FaCfg<D>::kSmemBytes, st>>>(a, vec4);
   CUDA_CHECK_LAUNCH();
 }
 
-template <int NV>
+template <int NV, bool B16>
 void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
   cudaStream_t st = cuda_util::stream(ctx);
   const DecodeSplit ds = decode_split(a);
@@ -526,7 +535,7 @@ void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
   }
   dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads),
             static_cast<unsigned>(ds.splits));
-  cuda_util::launch_pdl(attention_decode_kernel<NV>, grid, kWarps * 32, 0, st, a, part);
+  cuda_util::launch_pdl(attention_decode_kernel<NV, B16>, grid, kWarps * 32, 0, st, a, part);
   CUDA_CHECK_LAUNCH();
   if (part != nullptr) {
     dim3 cgrid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
@@ -535,14 +544,11 @@ void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
   }
 }
 
-void attention(const AttentionArgs& a, const CudaContext& ctx, bool tensor_cores) {
-  if (a.num_seqs == 0) return;
-  KERNEL_CHECK(a.num_tokens > 0, "attention: AttentionArgs::num_tokens (query_start[num_seqs]) must be set");
-  KERNEL_CHECK(a.cache.head_dim >= 1 && a.cache.head_dim <= kMaxHeadDim,
-               "attention: head_dim must be in 1..256");
-  KERNEL_CHECK(a.num_heads % a.cache.num_kv_heads == 0,
-               "attention: num_heads must be a multiple of num_kv_heads");
-  KERNEL_CHECK(a.num_heads <= 65535, "attention: too many heads");
+namespace {
+
+// The path and kernel of one call, for a cache of BF16 (B16) or F32 elements.
+template <bool B16>
+void attention_t(const AttentionArgs& a, const CudaContext& ctx, bool tensor_cores) {
   cudaStream_t st = cuda_util::stream(ctx);
   switch (choose_path(a)) {
     case AttnPath::kPrefill:
@@ -551,9 +557,9 @@ void attention(const AttentionArgs& a, const CudaContext& ctx, bool tensor_cores
         return;
       }
       if (a.cache.head_dim == 64) {
-        launch_prefill<64>(a, st);
+        launch_prefill<64, B16>(a, st);
       } else {
-        launch_prefill<128>(a, st);
+        launch_prefill<128, B16>(a, st);
       }
       return;
     case AttnPath::kDecode: {
@@ -565,28 +571,28 @@ void attention(const AttentionArgs& a, const CudaContext& ctx, bool tensor_cores
       if (aligned) {
         switch (a.cache.head_dim / 32) {
           case 1:
-            launch_decode<1>(a, ctx);
+            launch_decode<1, B16>(a, ctx);
             return;
           case 2:
-            launch_decode<2>(a, ctx);
+            launch_decode<2, B16>(a, ctx);
             return;
           case 3:
-            launch_decode<3>(a, ctx);
+            launch_decode<3, B16>(a, ctx);
             return;
           case 4:
-            launch_decode<4>(a, ctx);
+            launch_decode<4, B16>(a, ctx);
             return;
           case 5:
-            launch_decode<5>(a, ctx);
+            launch_decode<5, B16>(a, ctx);
             return;
           case 6:
-            launch_decode<6>(a, ctx);
+            launch_decode<6, B16>(a, ctx);
             return;
           case 7:
-            launch_decode<7>(a, ctx);
+            launch_decode<7, B16>(a, ctx);
             return;
           case 8:
-            launch_decode<8>(a, ctx);
+            launch_decode<8, B16>(a, ctx);
             return;
         }
       }
@@ -598,31 +604,44 @@ void attention(const AttentionArgs& a, const CudaContext& ctx, bool tensor_cores
   dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
   switch ((a.cache.head_dim + 31) / 32) {
     case 1:
-      attention_generic_kernel<1><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<1, B16><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 2:
-      attention_generic_kernel<2><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<2, B16><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 3:
-      attention_generic_kernel<3><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<3, B16><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 4:
-      attention_generic_kernel<4><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<4, B16><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 5:
-      attention_generic_kernel<5><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<5, B16><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 6:
-      attention_generic_kernel<6><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<6, B16><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 7:
-      attention_generic_kernel<7><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<7, B16><<<grid, kWarps * 32, 0, st>>>(a);
       break;
     case 8:
-      attention_generic_kernel<8><<<grid, kWarps * 32, 0, st>>>(a);
+      attention_generic_kernel<8, B16><<<grid, kWarps * 32, 0, st>>>(a);
       break;
   }
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a, const CudaContext& ctx, bool tensor_cores) {
+  if (a.num_seqs == 0) return;
+  KERNEL_CHECK(a.num_tokens > 0, "attention: AttentionArgs::num_tokens (query_start[num_seqs]) must be set");
+  KERNEL_CHECK(a.cache.head_dim >= 1 && a.cache.head_dim <= kMaxHeadDim,
+               "attention: head_dim must be in 1..256");
+  KERNEL_CHECK(a.num_heads % a.cache.num_kv_heads == 0,
+               "attention: num_heads must be a multiple of num_kv_heads");
+  KERNEL_CHECK(a.num_heads <= 65535, "attention: too many heads");
+  with_cache_type(a.cache, [&](auto b16) { attention_t<decltype(b16)::value>(a, ctx, tensor_cores); });
 }
 
 }  // namespace polylora::kernels::cuda

@@ -5,6 +5,8 @@
 // prefill's launcher. Only included from .cu files. Must not: depend on anything above common/.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/attention/attention.h"
 #include "kernels/cuda_util.cuh"
 
@@ -36,26 +38,44 @@ __device__ __forceinline__ int64_t kv_offset(const KvCacheView& c, const int32_t
          kvh * c.head_dim;
 }
 
-// Element `off` of a KV-cache array of dtype dt (KvCacheView::dtype: F32 or BF16) as f32 (BF16 widened
-// exactly); kv_load4: elements off .. off + 3 (off a multiple of 4, the array 16-byte aligned); kv_store: v
-// into element off (BF16: rounded to nearest even).
-__device__ __forceinline__ float kv_load(const void* p, DType dt, int64_t off) {
-  if (dt == DType::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
-  return static_cast<const float*>(p)[off];
+// Element `off` of a KV-cache array (B16: BF16, else F32; the kernels take it as a template argument, so
+// their F32 instantiations are the f32 kernels as they were) as f32 (BF16 widened exactly); kv_load4:
+// elements off .. off + 3 (off a multiple of 4, the array 16-byte aligned); kv_store: v into element off
+// (BF16: rounded to nearest even). with_cache_type calls fn with std::true_type for a BF16 cache, else
+// std::false_type.
+template <bool B16>
+__device__ __forceinline__ float kv_load(const void* p, int64_t off) {
+  if constexpr (B16) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+  } else {
+    return static_cast<const float*>(p)[off];
+  }
 }
-__device__ __forceinline__ float4 kv_load4(const void* p, DType dt, int64_t off) {
-  if (dt == DType::kBF16) {
+template <bool B16>
+__device__ __forceinline__ float4 kv_load4(const void* p, int64_t off) {
+  if constexpr (B16) {
     const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p) + off);
     return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
                        __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+  } else {
+    return *reinterpret_cast<const float4*>(static_cast<const float*>(p) + off);
   }
-  return *reinterpret_cast<const float4*>(static_cast<const float*>(p) + off);
 }
-__device__ __forceinline__ void kv_store(void* p, DType dt, int64_t off, float v) {
-  if (dt == DType::kBF16) {
+template <bool B16>
+__device__ __forceinline__ void kv_store(void* p, int64_t off, float v) {
+  if constexpr (B16) {
     static_cast<__nv_bfloat16*>(p)[off] = __float2bfloat16_rn(v);
   } else {
     static_cast<float*>(p)[off] = v;
+  }
+}
+template <typename Fn>
+void with_cache_type(const KvCacheView& c, Fn&& fn) {
+  KERNEL_CHECK(c.dtype == DType::kF32 || c.dtype == DType::kBF16, "the KV cache is F32 or BF16");
+  if (c.dtype == DType::kBF16) {
+    fn(std::true_type{});
+  } else {
+    fn(std::false_type{});
   }
 }
 

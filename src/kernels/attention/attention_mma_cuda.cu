@@ -44,7 +44,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-template <int D>
+template <int D, bool B16>
 __global__ void __launch_bounds__(kFmThreads) attention_prefill_mma_kernel(AttentionArgs a, bool vec4) {
   using C = FmCfg<D>;
   extern __shared__ __align__(16) unsigned char fm_smem[];
@@ -118,13 +118,13 @@ __global__ void __launch_bounds__(kFmThreads) attention_prefill_mma_kernel(Atten
       if (j <= klast) {
         const int64_t off = kv_offset(c, table, j, kvh) + d;
         if (vec4) {
-          kv = kv_load4(c.k, c.dtype, off);
-          vv = kv_load4(c.v, c.dtype, off);
+          kv = kv_load4<B16>(c.k, off);
+          vv = kv_load4<B16>(c.v, off);
         } else {
-          kv = make_float4(kv_load(c.k, c.dtype, off), kv_load(c.k, c.dtype, off + 1),
-                           kv_load(c.k, c.dtype, off + 2), kv_load(c.k, c.dtype, off + 3));
-          vv = make_float4(kv_load(c.v, c.dtype, off), kv_load(c.v, c.dtype, off + 1),
-                           kv_load(c.v, c.dtype, off + 2), kv_load(c.v, c.dtype, off + 3));
+          kv = make_float4(kv_load<B16>(c.k, off), kv_load<B16>(c.k, off + 1), kv_load<B16>(c.k, off + 2),
+                           kv_load<B16>(c.k, off + 3));
+          vv = make_float4(kv_load<B16>(c.v, off), kv_load<B16>(c.v, off + 1), kv_load<B16>(c.v, off + 2),
+                           kv_load<B16>(c.v, off + 3));
         }
       }
       *reinterpret_cast<uint2*>(Ks + kk * C::kStride + d) =
@@ -219,10 +219,10 @@ __global__ void __launch_bounds__(kFmThreads) attention_prefill_mma_kernel(Atten
   }
 }
 
-template <int D>
+template <int D, bool B16>
 void launch(const AttentionArgs& a, cudaStream_t st) {
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_mma_kernel<D>,
+    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_mma_kernel<D, B16>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, FmCfg<D>::kSmemBytes));
     return true;
   }();
@@ -233,7 +233,7 @@ void launch(const AttentionArgs& a, cudaStream_t st) {
   const int64_t blocks = (a.num_tokens + kFaBQ - 1) / kFaBQ + a.num_seqs;
   KERNEL_CHECK(blocks < (1LL << 31), "attention: too many query blocks");
   dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.num_heads));
-  attention_prefill_mma_kernel<D><<<grid, kFmThreads, FmCfg<D>::kSmemBytes, st>>>(a, vec4);
+  attention_prefill_mma_kernel<D, B16><<<grid, kFmThreads, FmCfg<D>::kSmemBytes, st>>>(a, vec4);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -242,11 +242,13 @@ void launch(const AttentionArgs& a, cudaStream_t st) {
 void launch_prefill_mma(const AttentionArgs& a, cudaStream_t st) {
   KERNEL_CHECK(a.cache.head_dim == 64 || a.cache.head_dim == 128,
                "attention: the tensor-core prefill takes head_dim 64 or 128");
-  if (a.cache.head_dim == 64) {
-    launch<64>(a, st);
-  } else {
-    launch<128>(a, st);
-  }
+  with_cache_type(a.cache, [&](auto b16) {
+    if (a.cache.head_dim == 64) {
+      launch<64, decltype(b16)::value>(a, st);
+    } else {
+      launch<128, decltype(b16)::value>(a, st);
+    }
+  });
 }
 
 }  // namespace polylora::kernels::cuda::attention_detail

@@ -43,6 +43,7 @@ constexpr int kRkvWarps = 4;  // heads per CTA
 
 // Grid (m, ⌈(num_heads + num_kv_heads) / kRkvWarps⌉), kRkvWarps·32 threads, 2·(head_dim / 2) floats of
 // dynamic shared memory. Heads [0, num_heads) are q's, the rest k's (and v's).
+template <bool B16>
 __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
   cuda_util::pdl_begin();        // launched by launch_pdl (cuda_util.cuh)
   extern __shared__ float cs[];  // cos [half], then sin [half]
@@ -64,7 +65,6 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
   int64_t koff = 0, kh = 0;                          // ... and the head's first element there; k's head
   const float* norm_w;
   bool klora = false;  // k + its LoRA term (computed where read: nothing is staged in the cache)
-  const DType cdt = a.cache.dtype;
   if (head < a.num_heads) {
     qdst = a.q + t * a.ldq + head * d;
     src = qdst;
@@ -85,9 +85,9 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     const float* vs = a.v + t * a.ldv + kh * d;
     if (a.lora_v.active()) {
       for (int64_t j = lane; j < d; j += 32)
-        kv_store(a.cache.v, cdt, koff + j, vs[j] + lora_fused::expand_value(a.lora_v, t, kh * d + j));
+        kv_store<B16>(a.cache.v, koff + j, vs[j] + lora_fused::expand_value(a.lora_v, t, kh * d + j));
     } else {
-      for (int64_t j = lane; j < d; j += 32) kv_store(a.cache.v, cdt, koff + j, vs[j]);
+      for (int64_t j = lane; j < d; j += 32) kv_store<B16>(a.cache.v, koff + j, vs[j]);
     }
     klora = a.lora_k.active();
   }
@@ -101,7 +101,7 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     if (qdst != nullptr) {
       qdst[j] = v;
     } else {
-      kv_store(kc, cdt, koff + j, v);
+      kv_store<B16>(kc, koff + j, v);
     }
   };
   const bool odd = (d & 1) != 0;  // the last element of an odd head is normed, never rotated
@@ -148,7 +148,10 @@ void rope_kv_write(const RopeKvWriteArgs& a, const CudaContext& ctx) {
   const int64_t heads = a.num_heads + a.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>((heads + kRkvWarps - 1) / kRkvWarps));
   const size_t smem = static_cast<size_t>(2 * (a.head_dim / 2)) * sizeof(float);
-  cuda_util::launch_pdl(rope_kv_write_kernel, grid, kRkvWarps * 32, smem, cuda_util::stream(ctx), a);
+  attention_detail::with_cache_type(a.cache, [&](auto b16) {
+    cuda_util::launch_pdl(rope_kv_write_kernel<decltype(b16)::value>, grid, kRkvWarps * 32, smem,
+                          cuda_util::stream(ctx), a);
+  });
   CUDA_CHECK_LAUNCH();
 }
 
