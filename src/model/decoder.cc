@@ -1,62 +1,28 @@
-// model/decoder.cc: loading and the one forward pass shared by all architectures and backends:
-// embedding -> per layer [RMSNorm -> q/k/v (+LoRA) -> (q/k norm) -> RoPE -> KV-cache write -> paged
-// attention -> o (+LoRA) -> residual -> RMSNorm -> dense SwiGLU MLP (+LoRA) or MoE (router, experts, expert
-// LoRA) -> residual] -> final RMSNorm -> LM head on the rows whose logits are wanted. Each residual add runs
-// fused with the norm after it (add_rms_norm) and q/k norm, RoPE and the cache write are one op
-// (rope_kv_write).
-// A step's inputs (ids, positions, block tables, slots, adapter rows and expert-LoRA tables) are packed
-// on the host and copied to the backend once per forward; nothing is read back until the logits.
+// model/decoder.cc: loading, and everything around the one forward pass (forward.cc, Model::run_layers):
+// a step's inputs (ids, positions, block tables, slots, adapter rows and expert-LoRA tables) packed on the
+// host and copied to the backend once per forward (nothing is read back until the logits), eager and
+// CUDA-graph launches (capture per batch-size bucket, replay), the warm-up, the output read-back, and the
+// adapter slots' uploads.
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <initializer_list>
 #include <map>
-#include <tuple>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "lora/adapter_batch.h"
 #include "model/arch/arch.h"
 #include "model/model.h"
+#include "model/model_step.h"
 #include "model/quantize.h"
 #include "runtime/rank_threads.h"
 
 namespace polylora {
 
 namespace k = kernels;
-
-namespace {
-struct Buffer {
-  void* ptr = nullptr;
-  size_t cap = 0;
-};
-}  // namespace
-
-struct Model::Workspace {
-  Buffer x, h, q, kk, v, attn, tmp, gate, up, act, router, route_w, route_ids, logits_in, logits, inputs;
-  Buffer lora_tmp;      // dense LoRA split over other ops: the q/k/v and o shrinks' sums [rows, ranks]
-  Buffer graph_inputs;  // fixed once graphs are prepared: every graph reads its inputs here
-  Buffer ids;           // argmax ids of the output rows (forward_argmax)
-  std::vector<std::byte> staging;  // where a step's inputs are packed
-  std::vector<int32_t> shard_ids;  // tensor parallelism: the step's token ids as rows of this rank's table
-  Buffer logits_shard, logits_all;  // tensor parallelism: this rank's logits columns, every rank's
-  // Two page-locked buffers the packed inputs are copied from, alternately: a step is staged while the
-  // copy of the previous one may still be queued. `consumed` marks when the copy out of it has run.
-  struct Pinned {
-    void* ptr = nullptr;
-    size_t cap = 0;
-    void* consumed = nullptr;
-    bool in_use = false;
-  };
-  std::array<Pinned, 2> pinned;
-  int next_pinned = 0;
-  int64_t output_rows = 0;  // logits rows of the last launch
-  uint64_t epoch = 0;       // moves when any buffer above is reallocated
-};
 
 // Events around each step (when timing is on): a ring, since a step is launched before the previous
 // one has completed.
@@ -72,15 +38,6 @@ struct Model::StepTimer {
   bool ended_last = true;  // end_step() was called for the most recent launch
 };
 
-// A step's inputs packed in host staging: offsets of each array, and the step's adapter batch.
-struct Model::StepInputs {
-  size_t o_ids = 0, o_pos = 0, o_qs = 0, o_ctx = 0, o_bt = 0, o_slot = 0, o_rows = 0, o_tslots = 0, o_feed = 0;
-  AdapterBatch adapters;
-  // Launch the LoRA kernels of every module the stacks hold, whatever the step's adapters (graphs with
-  // LoRA: any mix of slots replays them; the kernels skip tokens and slots without LoRA).
-  bool all_lora = false;
-};
-
 struct Model::Graph {
   void* exec = nullptr;
   uint64_t ws_epoch = 0, backend_epoch = 0;
@@ -88,20 +45,6 @@ struct Model::Graph {
 };
 
 namespace {
-
-// Grows `b` to at least `bytes` (contents are not kept) and returns it. Every reallocation moves
-// `epoch` (captured graphs hold the old pointers).
-template <typename T>
-T* ensure(Backend& be, Buffer& b, size_t count, uint64_t& epoch) {
-  size_t bytes = count * sizeof(T);
-  if (b.cap < bytes) {
-    ++epoch;
-    if (b.ptr) be.free(b.ptr);
-    b.cap = std::max(bytes, b.cap + b.cap / 2);
-    b.ptr = be.alloc(b.cap);
-  }
-  return static_cast<T*>(b.ptr);
-}
 
 // Host staging of the step's inputs: append arrays at 256-byte aligned offsets, then one copy.
 class Staging {
@@ -297,7 +240,7 @@ void Model::read_output(int64_t rows, float* logits, int32_t* ids) {
     return;
   }
   uint64_t unused_epoch = 0;  // no graph reads this buffer
-  auto* d_ids = ensure<int32_t>(be, ws.ids, static_cast<size_t>(rows), unused_epoch);
+  auto* d_ids = ensure_buffer<int32_t>(be, ws.ids, static_cast<size_t>(rows), unused_epoch);
   be.argmax_rows(static_cast<const float*>(ws.logits.ptr), rows, V, d_ids);
   be.copy_to_host(ids, d_ids, static_cast<size_t>(rows) * sizeof(int32_t));
 }
@@ -352,7 +295,7 @@ void Model::run_eager(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
                       std::span<const LoraAdapter* const> adapters, const TokenFeed& feed) {
   Workspace& ws = *ws_;
   StepInputs si = stage(b, adapters, feed.pairs);
-  auto* inputs = ensure<std::byte>(*backend_, ws.inputs, ws.staging.size(), ws.epoch);
+  auto* inputs = ensure_buffer<std::byte>(*backend_, ws.inputs, ws.staging.size(), ws.epoch);
   upload_inputs(inputs, si, feed);
   run_layers(b, kv, si, inputs);
 }
@@ -442,301 +385,6 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
   return si;
 }
 
-void Model::run_layers(const ForwardBatch& b, std::span<const k::KvCacheView> kv, const StepInputs& si,
-                       std::byte* inputs) {
-  const ModelConfig& c = shard_cfg_;
-  Backend& be = *backend_;
-  Workspace& ws = *ws_;
-  const int64_t T = b.num_tokens(), H = c.hidden_size, S = b.num_seqs();
-  const int64_t qs = c.q_size(), kvs = c.kv_size(), D = c.head_dim;
-  // E: the router's experts (all of them); shard_cfg_ counts this rank's (expert parallelism: E / N).
-  const int64_t E = config_.num_experts, K = c.num_experts_per_tok;
-  const int64_t R = static_cast<int64_t>(b.logits_rows.size());
-  auto at = [&](size_t off) { return inputs + off; };
-  const auto* d_ids = reinterpret_cast<const int32_t*>(at(si.o_ids));
-  const auto* d_pos = reinterpret_cast<const int32_t*>(at(si.o_pos));
-  const auto* d_qs = reinterpret_cast<const int32_t*>(at(si.o_qs));
-  const auto* d_ctx = reinterpret_cast<const int32_t*>(at(si.o_ctx));
-  const auto* d_bt = reinterpret_cast<const int32_t*>(at(si.o_bt));
-  const auto* d_slot = reinterpret_cast<const int64_t*>(at(si.o_slot));
-  const auto* d_rows = reinterpret_cast<const int32_t*>(at(si.o_rows));
-  const auto* d_tslots = reinterpret_cast<const int32_t*>(at(si.o_tslots));
-
-  // Whether this step queues LoRA kernels (the backend may launch them differently: Backend::set_lora_step).
-  struct LoraStepScope {
-    Backend& be;
-    LoraStepScope(Backend& b, bool lora, int64_t tokens) : be(b) { be.set_lora_step(lora, tokens); }
-    ~LoraStepScope() { be.set_lora_step(false, 0); }
-  } lora_scope(be, lora_ && lora_->reserved() && (si.all_lora || !si.adapters.empty()), T);
-  float* x = ensure<float>(be, ws.x, T * H, ws.epoch);
-  float* h = ensure<float>(be, ws.h, T * H, ws.epoch);
-  float* q = ensure<float>(be, ws.q, T * qs, ws.epoch);
-  float* kk = ensure<float>(be, ws.kk, T * kvs, ws.epoch);
-  float* v = ensure<float>(be, ws.v, T * kvs, ws.epoch);
-  float* attn = ensure<float>(be, ws.attn, T * qs, ws.epoch);
-  float* tmp = ensure<float>(be, ws.tmp, T * H, ws.epoch);
-  const float eps = static_cast<float>(c.rms_norm_eps);
-
-  // LoRA of a group of modules sharing one input (q/k/v, dense gate/up) or of one module: the batched
-  // kernels over every token's slot, where some adapter of the step has the module (or, for graphs with
-  // LoRA, wherever the stacks hold it).
-  auto lora_active = [&](int64_t layer, LoraModule m) {
-    if (!lora_ || !lora_->reserved() || lora_->dense(layer, m).empty()) return false;
-    return si.all_lora || (!si.adapters.empty() && si.adapters.dense[static_cast<size_t>(layer)][static_cast<size_t>(m)]);
-  };
-  auto lora_group = [&](int64_t layer, const float* in, int64_t ldx,
-                        std::initializer_list<std::tuple<LoraModule, float*, int64_t>> modules) {
-    k::LoraBatchArgs a{.x = in, .ldx = ldx, .m = T, .token_slots = d_tslots, .num = 0};
-    for (const auto& [m, y, ldy] : modules) {
-      if (!lora_active(layer, m)) continue;
-      a.w[a.num] = lora_->dense(layer, m);
-      a.y[a.num] = y;
-      a.ldy[a.num] = ldy;
-      ++a.num;
-    }
-    if (a.num > 0) be.lora_batch(a);
-    if (tp_.fully_sharded_loras && !si.adapters.empty())  // --fully-sharded-loras: not in the stacks
-      for (const auto& [m, y, ldy] : modules)
-        if (si.adapters.dense[static_cast<size_t>(layer)][static_cast<size_t>(m)])
-          fully_sharded_lora(layer, m, in, ldx, T, y, ldy, si.adapters);
-  };
-  auto linear = [&](const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
-                    const k::LoraBatchArgs* shrink = nullptr, float* shrink_tmp = nullptr,
-                    int64_t ld_tmp = 0) {
-    be.linear({.x = in,
-               .m = T,
-               .ldx = ldx,
-               .w = lw.w,
-               .bias = lw.bias,
-               .y = y,
-               .ldy = ldy,
-               .lora_shrink = shrink,
-               .lora_tmp = shrink_tmp,
-               .lora_ld_tmp = ld_tmp});
-  };
-  // Decode-sized steps (Backend::split_dense_lora_max_rows) split the q/k/v and o LoRA over other ops: the
-  // shrinks run with the q and o projections, the expands inside rope_kv_write and add_rms_norm. Not with
-  // tensor parallelism (o's partial LoRA sums belong before the all_reduce). The shrinks' sums live in
-  // lora_tmp, sized for the largest such step whenever the stacks exist (no allocation inside a capture).
-  const bool split_lora = lora_ && lora_->reserved() && !comm_ && T <= be.split_dense_lora_max_rows();
-  float* lora_tmp = nullptr;
-  if (lora_ && lora_->reserved() && be.split_dense_lora_max_rows() > 0)
-    lora_tmp = ensure<float>(
-        be, ws.lora_tmp, static_cast<size_t>(be.split_dense_lora_max_rows() * 4 * lora_->rank()), ws.epoch);
-  // The split shrink of the active modules among `modules` (their sums side by side in lora_tmp, then
-  // `expand` gets each module's LoraExpandIn, empty where the module has no LoRA this step).
-  auto split_group = [&](int64_t layer, const float* in, int64_t ldx,
-                         std::initializer_list<LoraModule> modules, k::LoraBatchArgs& a,
-                         k::LoraExpandIn* expand) {
-    a = {.x = in, .ldx = ldx, .m = T, .token_slots = d_tslots, .num = 0};
-    int64_t first = 0, i = 0;
-    for (LoraModule m : modules) {
-      expand[i] = {};
-      if (lora_active(layer, m)) {
-        a.w[a.num++] = lora_->dense(layer, m);
-        expand[i] = {.token_slots = d_tslots, .tmp = lora_tmp, .first = first, .w = lora_->dense(layer, m)};
-        first += lora_->dense(layer, m).rank;
-      }
-      ++i;
-    }
-    for (int64_t j = 0; j < i; ++j) expand[j].ld_tmp = first;
-    return first;
-  };
-
-  be.embedding({.ids = d_ids, .m = T, .table = weights_.embed, .out = x, .ld_out = H});
-  all_reduce_sum(x, T * H);  // tensor parallelism: each rank has its vocabulary rows, zeros elsewhere
-  // The first layer's input norm; every later norm (post-attention, the next layer's input, the final one)
-  // is fused with the residual add before it (add_rms_norm).
-  be.rms_norm({.x = x,
-               .ldx = H,
-               .y = h,
-               .ldy = H,
-               .m = T,
-               .n = H,
-               .w = c.num_layers > 0 ? weights_.layers[0].input_norm : weights_.final_norm,
-               .eps = eps});
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& lw = weights_.layers[l];
-    const AttentionWeights& aw = lw.attn;
-    k::LoraBatchArgs qkv_shrink;
-    k::LoraExpandIn qkv_lora[3];
-    const int64_t qkv_ranks =
-        split_lora
-            ? split_group(l, h, H, {LoraModule::kQ, LoraModule::kK, LoraModule::kV}, qkv_shrink, qkv_lora)
-            : 0;
-    // q, k and v read the same h: one launch where the backend can (CUDA at decode sizes).
-    const k::LinearArgs qkv[3] = {
-        {.x = h,
-         .m = T,
-         .ldx = H,
-         .w = aw.q.w,
-         .bias = aw.q.bias,
-         .y = q,
-         .ldy = qs,
-         .lora_shrink = qkv_ranks > 0 ? &qkv_shrink : nullptr,
-         .lora_tmp = lora_tmp,
-         .lora_ld_tmp = qkv_ranks},
-        {.x = h, .m = T, .ldx = H, .w = aw.k.w, .bias = aw.k.bias, .y = kk, .ldy = kvs},
-        {.x = h, .m = T, .ldx = H, .w = aw.v.w, .bias = aw.v.bias, .y = v, .ldy = kvs}};
-    be.linear_group(qkv);
-    if (!split_lora)
-      lora_group(l, h, H, {{LoraModule::kQ, q, qs}, {LoraModule::kK, kk, kvs}, {LoraModule::kV, v, kvs}});
-    // Qwen3's per-head q/k norms, RoPE on q and k, k and v into the paged cache: one op (with the q/k/v
-    // LoRA expands when split).
-    be.rope_kv_write({.q = q,
-                      .ldq = qs,
-                      .k = kk,
-                      .ldk = kvs,
-                      .v = v,
-                      .ldv = kvs,
-                      .m = T,
-                      .num_heads = c.num_heads,
-                      .num_kv_heads = c.num_kv_heads,
-                      .head_dim = D,
-                      .positions = d_pos,
-                      .inv_freq = inv_freq_,
-                      .attention_scaling = rope_.attention_scaling,
-                      .q_norm = c.qk_norm ? aw.q_norm : nullptr,
-                      .k_norm = c.qk_norm ? aw.k_norm : nullptr,
-                      .eps = eps,
-                      .slot_mapping = d_slot,
-                      .cache = kv[l],
-                      .lora_q = qkv_lora[0],
-                      .lora_k = qkv_lora[1],
-                      .lora_v = qkv_lora[2]});
-    be.attention({.q = q,
-                  .ldq = qs,
-                  .out = attn,
-                  .ldo = qs,
-                  .num_seqs = S,
-                  .num_tokens = T,
-                  .query_start = d_qs,
-                  .context_lens = d_ctx,
-                  .block_tables = d_bt,
-                  .max_blocks_per_seq = b.max_blocks_per_seq,
-                  .num_heads = c.num_heads,
-                  .scale = 1.0f / std::sqrt(static_cast<float>(D)),
-                  .window = c.layer_window(l),
-                  .sinks = aw.sinks,
-                  .cache = kv[l]});
-    k::LoraBatchArgs o_shrink;
-    k::LoraExpandIn o_lora[1];
-    const int64_t o_ranks = split_lora ? split_group(l, attn, qs, {LoraModule::kO}, o_shrink, o_lora) : 0;
-    // Its sums after q/k/v's in lora_tmp (rope_kv_write has read those).
-    for (k::LoraExpandIn& e : o_lora) e.tmp = lora_tmp + T * qkv_ranks;
-    linear(aw.o, attn, qs, tmp, H, o_ranks > 0 ? &o_shrink : nullptr, lora_tmp + T * qkv_ranks, o_ranks);
-    if (!split_lora) lora_group(l, attn, qs, {{LoraModule::kO, tmp, H}});
-    all_reduce_sum(tmp, T * H);  // row-parallel o_proj: the ranks' heads
-    be.add_rms_norm({.x = x,
-                     .ldx = H,
-                     .delta = tmp,
-                     .ld_delta = H,
-                     .y = h,
-                     .ldy = H,
-                     .m = T,
-                     .n = H,
-                     .w = lw.post_attention_norm,
-                     .eps = eps,
-                     .lora_delta = o_lora[0]});
-    if (!lw.is_moe) {
-      int64_t I = c.intermediate_size;
-      float* gate = ensure<float>(be, ws.gate, T * I, ws.epoch);
-      float* up = ensure<float>(be, ws.up, T * I, ws.epoch);
-      float* act = ensure<float>(be, ws.act, T * I, ws.epoch);
-      linear(lw.mlp.gate, h, H, gate, I);
-      linear(lw.mlp.up, h, H, up, I);
-      lora_group(l, h, H, {{LoraModule::kGate, gate, I}, {LoraModule::kUp, up, I}});
-      be.silu_and_mul(
-          {.gate = gate, .ld_gate = I, .up = up, .ld_up = I, .out = act, .ld_out = I, .m = T, .n = I});
-      linear(lw.mlp.down, act, I, tmp, H);
-      lora_group(l, act, I, {{LoraModule::kDown, tmp, H}});
-    } else {
-      float* router = ensure<float>(be, ws.router, T * E, ws.epoch);
-      float* route_w = ensure<float>(be, ws.route_w, T * K, ws.epoch);
-      int32_t* route_ids = ensure<int32_t>(be, ws.route_ids, T * K, ws.epoch);
-      be.linear({.x = h,
-                 .m = T,
-                 .ldx = H,
-                 .w = lw.moe.router.w,
-                 .bias = lw.moe.router.bias,
-                 .y = router,
-                 .ldy = E});
-      be.route({.logits = router,
-                .m = T,
-                .num_experts = E,
-                .top_k = K,
-                .scoring = c.router == RouterKind::kTopKSoftmax ? k::RouterScoring::kTopKSoftmax
-                                                                : k::RouterScoring::kSoftmaxTopK,
-                .renormalize = c.norm_topk_prob,
-                .ids = route_ids,
-                .weights = route_w});
-      // The stacks are passed whenever they exist (the workspace is sized with them), the token slots
-      // only where LoRA runs in this layer.
-      const k::MoeLoraStack expert_lora = lora_ ? lora_->experts(l) : k::MoeLoraStack{};
-      const bool layer_lora =
-          !expert_lora.empty() && (si.all_lora || (!si.adapters.empty() && si.adapters.experts[static_cast<size_t>(l)]));
-      const k::MoeExpertsArgs moe{.x = h,
-                                  .ldx = H,
-                                  .m = T,
-                                  .hidden = H,
-                                  .inter = c.moe_intermediate_size,
-                                  .num_experts = c.num_experts,
-                                  .top_k = K,
-                                  .ids = route_ids,
-                                  .weights = route_w,
-                                  .experts = lw.moe.experts_on_device,
-                                  .experts_mxfp4 = lw.moe.experts.front().gate_up.mxfp4(),
-                                  .experts_int8 = lw.moe.experts.front().down.int8(),
-                                  .act = c.expert_activation == ExpertActivation::kGptOssClampedSwiglu
-                                             ? k::ExpertAct::kGptOssSwiglu
-                                             : k::ExpertAct::kSiluGate,
-                                  .swiglu_alpha = static_cast<float>(c.swiglu_alpha),
-                                  .swiglu_limit = static_cast<float>(c.swiglu_limit),
-                                  .token_slots = layer_lora ? d_tslots : nullptr,
-                                  .lora_stack = expert_lora,
-                                  .out = tmp,
-                                  .ldo = H};
-      if (tp_.expert_parallel)
-        moe_expert_parallel(moe, si.adapters.token_slots);  // dispatch, local experts, combine
-      else
-        be.moe_experts(moe);
-    }
-    all_reduce_sum(tmp, T * H);  // row-parallel down / experts' down: the ranks' intermediate columns
-    // The residual add with the next norm: the next layer's input norm or, after the last layer, the final
-    // norm (of every row: the LM head's rows are gathered from h); the add alone when no logits are wanted.
-    const float* next_norm =
-        l + 1 < c.num_layers ? weights_.layers[l + 1].input_norm : (R > 0 ? weights_.final_norm : nullptr);
-    if (next_norm)
-      be.add_rms_norm({.x = x,
-                       .ldx = H,
-                       .delta = tmp,
-                       .ld_delta = H,
-                       .y = h,
-                       .ldy = H,
-                       .m = T,
-                       .n = H,
-                       .w = next_norm,
-                       .eps = eps});
-    else
-      be.add_inplace(x, tmp, T * H);
-  }
-
-  // LM head on the wanted rows only (h holds every row after the final norm).
-  if (R == 0) return;
-  float* logits_in = ensure<float>(be, ws.logits_in, R * H, ws.epoch);
-  float* d_logits = ensure<float>(be, ws.logits, R * c.vocab_size, ws.epoch);
-  be.gather_rows(h, d_rows, R, H, logits_in);
-  if (comm_) return lm_head_parallel(logits_in, R, d_logits);
-  be.linear({.x = logits_in,
-             .m = R,
-             .ldx = H,
-             .w = weights_.lm_head,
-             .bias = nullptr,
-             .y = d_logits,
-             .ldy = c.vocab_size});
-  (void)S;
-}
-
 // The LM head over the vocabulary shards (tensor parallelism, CPU): this rank's logits columns
 // [rows, vocab_stride] from its rows of the head, gathered from every rank; rank 0 lays them out as
 // logits [rows, vocab].
@@ -744,8 +392,8 @@ void Model::lm_head_parallel(const float* in, int64_t rows, float* logits) {
   Backend& be = *backend_;
   Workspace& ws = *ws_;
   const int64_t V = config_.vocab_size, W = tp_.vocab_stride, N = tp_.size;
-  float* mine = ensure<float>(be, ws.logits_shard, rows * W, ws.epoch);
-  float* all = ensure<float>(be, ws.logits_all, N * rows * W, ws.epoch);
+  float* mine = ensure_buffer<float>(be, ws.logits_shard, rows * W, ws.epoch);
+  float* all = ensure_buffer<float>(be, ws.logits_all, N * rows * W, ws.epoch);
   be.linear({.x = in, .m = rows, .ldx = config_.hidden_size, .w = weights_.lm_head, .bias = nullptr, .y = mine, .ldy = W});
   comm_->all_gather(mine, all, static_cast<size_t>(rows * W), DType::kF32);
   if (tp_.rank != 0) return;
@@ -883,7 +531,7 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
   // (The feed pairs, staged last, take at most two ids per sequence.)
   const std::vector<int32_t> max_feed(static_cast<size_t>(2 * graph_sizes_.back()), 0);
   stage(pad_for_graph(ForwardBatch{}, graph_sizes_.back()), {}, max_feed);
-  ensure<std::byte>(*backend_, ws.graph_inputs, ws.staging.size(), ws.epoch);
+  ensure_buffer<std::byte>(*backend_, ws.graph_inputs, ws.staging.size(), ws.epoch);
   // Largest first: smaller shapes then fit the buffers the larger ones sized. Without a KV cache the
   // graphs are recorded at their first use instead.
   // With reserved adapter stacks, each size is also recorded with the LoRA kernels.

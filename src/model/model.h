@@ -167,6 +167,7 @@ class Model : public AdapterDevice {
   struct Workspace;
   struct StepInputs;
   struct Graph;
+  class ForwardPass;  // forward.cc: run_layers' block builders
   // Makes sure slot `slot` of this rank's stacks holds (its share of) `adapter` (growing them when needed).
   void ensure_uploaded(int32_t slot, const LoraAdapter& adapter);
   // Grows the stacks when `slot` or the adapter's rank does not fit them.
