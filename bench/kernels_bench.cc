@@ -549,7 +549,7 @@ Result bench_rope_kv_write_device(Backend& be, int64_t m, bool qwen3, double cop
 // kernel alone. Decode: GB/s of the K and V bytes read against the copy bandwidth, with an f32 or a bf16
 // cache (kv; the reference reads the bf16 values widened).
 Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs, int64_t len, double limit,
-                              DType kv = DType::kF32) {
+                              DType kv = DType::kF32, bool gqa = false) {
   constexpr int64_t kHeads = 64, kKvHeads = 8, kDim = 64, kBlock = 16;
   struct Problem {
     std::vector<float> q, kc, vc, sinks;
@@ -622,10 +622,13 @@ Result bench_attention_device(Backend& be, bool prefill, bool mma, int64_t seqs,
   auto set_mma = [&](bool on) {
     KernelTuning t = tuning;
     t.attention_prefill_mma = on ? 1 : 0;
+    t.attention_decode_gqa = gqa ? 1 : 0;
     override_kernel_tuning(t);
   };
   const char* name = prefill ? (mma ? "attention prefill (bf16 mma)" : "attention prefill (f32)")
-                             : (kv == DType::kBF16 ? "attention decode (bf16 cache)" : "attention decode");
+                     : kv == DType::kBF16
+                         ? (gqa ? "attention decode gqa (bf16 cache)" : "attention decode (bf16 cache)")
+                         : (gqa ? "attention decode gqa" : "attention decode");
   set_mma(mma);
   {  // validation on a smaller instance of the same path
     const int64_t vs = prefill ? 2 : 8, vl = prefill ? 320 : 900;
@@ -704,6 +707,9 @@ int run_device_kernels(bool json) {
   rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs));
   rs.push_back(bench_attention_device(*be, false, false, 1, 8192, copy_gbs));
   rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs, DType::kBF16));
+  // The GQA decode kernel (attention_decode_gqa): K and V read once per 8 query heads.
+  rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs, DType::kF32, true));
+  rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs, DType::kBF16, true));
   rs.push_back(bench_attention_device(*be, true, false, 4, 2048, gemm_tflops));
   // The tensor-core prefill last: a failed validation ends the run.
   rs.push_back(bench_attention_device(*be, true, true, 4, 2048, gemm_tflops));

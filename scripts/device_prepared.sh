@@ -8,13 +8,16 @@
 #           GEMM peak)
 #   attn    prefill attention on bf16 tensor cores (POLYLORA_ATTENTION_PREFILL_MMA): polylora_bench kernels
 #           --device cuda (its attention entries) and the device bench's prefill at 2,048-token prompts
+#   gqa     the GQA decode kernel (POLYLORA_ATTENTION_DECODE_GQA): the kernels bench's decode entries and the
+#           device bench's decode at batch 64 after 1,024-token prompts (GPT-OSS-20B MXFP4)
 #   kv      the BF16 KV cache (--kv-cache-dtype bfloat16): its GPU tests and golden tests, the decode entry of
 #           polylora_bench kernels, the device bench at 2,048-token prompts with and without it
 #   lora    the expert-LoRA group kernels of session 37 (POLYLORA_MOE_LORA_SHRINK_GROUP, _EXPAND_BATCHED,
 #           _ACT_GROUP): moe-lora on MXFP4 experts at M = 16 / 64 / 256
 # Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
-# tool returns a limited number). About 9 minutes on a fresh H200 machine. Env: SKIP (space-separated
-# parts to leave out: wgmma attn kv lora).
+# tool returns a limited number). All parts take about 15 minutes, more than one device call's 10: run it
+# twice, SKIP='gqa kv lora' and then SKIP='wgmma attn' (the second call finds build-gpu in place on the
+# warm machine). Env: SKIP (space-separated parts to leave out: wgmma attn gqa kv lora).
 set -uo pipefail
 OUT=${OUT:-/tmp/prepared}
 # shellcheck source=scripts/device_env.sh
@@ -28,11 +31,12 @@ TG=$(find build-gpu -name test_gpu -type f | head -1)
 declare -A FILTER=(
   [wgmma]='GpuMoe.WarpgroupMmaGroupedGemm:GpuLoraStack.MoeGroupedGemmTensorCoreLora:GpuMoeMxfp4.WarpgroupMmaGroupedGemm'
   [attn]='GpuAttention.TensorCorePrefill'
+  [gqa]='GpuAttention.DecodeGqa'
   [kv]='GpuAttention.Bf16Cache:GpuWriteKv.*:GpuFusedOps.RopeKvWriteBf16Cache:GoldenGpuTest.Bfloat16CacheCloseLogprobs/*'
   [lora]='GpuLoraStack.MoeLoraDeltaMode:GpuLoraStack.MoeRanks'
 )
 declare -A OK
-for part in wgmma attn kv lora; do
+for part in wgmma attn gqa kv lora; do
   skip "$part" && continue
   timeout 240 "$TG" --gtest_filter="${FILTER[$part]}" >> "$OUT/tests.txt" 2>&1
   rc=$?
@@ -62,6 +66,15 @@ for line in sys.stdin:
           r["base_us"], r.get("base_TFLOPs", 0), r.get("gemm_peak_TFLOPs"), r["lora_us"], r["lora_delta_us"]))' >> "$S"
   stamp "moe-lora $label"
 }
+# The kernels bench's attention entries (decode f32 / bf16 cache / GQA, prefill f32 / tensor cores), once.
+KB_DONE=0
+kernels_bench() {
+  [ "$KB_DONE" = 1 ] && return
+  KB_DONE=1
+  echo "== kernels --device cuda" >> "$S"
+  timeout 240 "$B" kernels --device cuda 2>>"$OUT/tests.txt" | grep -E "^device|^attention" >> "$S"
+  stamp kernels
+}
 if [ "${OK[wgmma]:-0}" = 1 ]; then
   M=256,1024,4096,8192
   moelora default bfloat16 $M
@@ -72,9 +85,7 @@ if [ "${OK[wgmma]:-0}" = 1 ]; then
   moelora wg_mx mxfp4 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64 POLYLORA_MOE_WGMMA_MXFP4=1
 fi
 if [ "${OK[attn]:-0}" = 1 ]; then
-  echo "== kernels --device cuda" >> "$S"
-  timeout 240 "$B" kernels --device cuda 2>>"$OUT/tests.txt" | grep -E "^device|^attention" >> "$S"
-  stamp kernels
+  kernels_bench
   for v in 0 1; do
     echo "== device bench, prompt 2048, POLYLORA_ATTENTION_PREFILL_MMA=$v" >> "$S"
     POLYLORA_ATTENTION_PREFILL_MMA=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b-bf16 \
@@ -82,9 +93,17 @@ if [ "${OK[attn]:-0}" = 1 ]; then
     stamp "device attn $v"
   done
 fi
+if [ "${OK[gqa]:-0}" = 1 ]; then
+  kernels_bench
+  for v in 0 1; do
+    echo "== device bench, prompt 1024, batch 64, POLYLORA_ATTENTION_DECODE_GQA=$v" >> "$S"
+    POLYLORA_ATTENTION_DECODE_GQA=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b \
+      --device cuda --prompt-len 1024 --decode-tokens 32 --batches 64 2>&1 >/dev/null | grep -E "^batch" >> "$S"
+    stamp "device gqa $v"
+  done
+fi
 if [ "${OK[kv]:-0}" = 1 ]; then
-  # (kernels --device cuda ran above when attn passed; its decode entries include the bf16 cache.)
-  [ "${OK[attn]:-0}" = 1 ] || timeout 240 "$B" kernels --device cuda 2>>"$OUT/tests.txt" | grep -E "^device|^attention" >> "$S"
+  kernels_bench
   for v in auto bfloat16; do
     echo "== device bench, prompt 2048, batch 8 and 64, --kv-cache-dtype $v" >> "$S"
     timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b-bf16 --device cuda --prompt-len 2048 \

@@ -62,6 +62,7 @@ const std::vector<Field>& fields() {
       {"moe_lora_expand_batched", &KernelTuning::moe_lora_expand_batched, "POLYLORA_MOE_LORA_EXPAND_BATCHED"},
       {"moe_lora_act_group", &KernelTuning::moe_lora_act_group, "POLYLORA_MOE_LORA_ACT_GROUP"},
       {"attention_prefill_mma", &KernelTuning::attention_prefill_mma, "POLYLORA_ATTENTION_PREFILL_MMA"},
+      {"attention_decode_gqa", &KernelTuning::attention_decode_gqa, "POLYLORA_ATTENTION_DECODE_GQA"},
       {"lora_pdl_max_tokens", &KernelTuning::lora_pdl_max_tokens, "POLYLORA_LORA_PDL_MAX_TOKENS"},
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,
        "POLYLORA_LORA_GEMV_SHRINK_ROWS"},

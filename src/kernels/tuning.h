@@ -96,6 +96,10 @@ struct KernelTuning {
   // (kernels/attention/attention_mma_cuda.cu; compiled, not yet run on a GPU, session 38); env
   // POLYLORA_ATTENTION_PREFILL_MMA.
   int64_t attention_prefill_mma = 0;
+  // 1: decode attention (head_dim 64 or 128, GQA groups of 2+ heads) with the query heads of a KV head
+  // sharing each K/V read (attention_decode_gqa_kernel; compiled, not yet run on a GPU, session 38); env
+  // POLYLORA_ATTENTION_DECODE_GQA.
+  int64_t attention_decode_gqa = 0;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

@@ -195,6 +195,30 @@ TEST(GpuAttention, Bf16Cache) {
   run_case({16, 6, 3, 96, {1, 1}, {777, 64}, 300, false}, DType::kBF16, 1e-5f, 1e-4f, DType::kBF16);
 }
 
+// The GQA decode kernel (attention_decode_gqa_kernel; tuning attention_decode_gqa, off by default until
+// measured): groups of 8 (GPT-OSS's 64 / 8), 4 and 2 query heads per KV head (8 / 2, 6 / 3), head_dim 64
+// and 128, one split and several (long contexts), a sliding window, sinks, a sequence with no query row,
+// block sizes 1 and 16, both cache dtypes; the f32 tolerance (the same f32 sums in another order).
+TEST(GpuAttention, DecodeGqa) {
+  SKIP_WITHOUT_GPU();
+  k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+  t.attention_decode_gqa = 1;
+  k::override_kernel_tuning(t);
+  for (DType kv : {DType::kF32, DType::kBF16}) {
+    for (int64_t bs : {1, 16}) {
+      for (auto [h, kvh] : {std::pair<int64_t, int64_t>{64, 8}, {8, 2}, {6, 3}}) {
+        for (int64_t d : {64, 128}) {
+          run_case({bs, h, kvh, d, {1, 1, 1, 0, 1}, {1, 40, 23, 30, 17}, 0, true}, DType::kBF16, 1e-5f, 1e-4f,
+                   kv);
+          run_case({bs, h, kvh, d, {1, 1, 1}, {3000, 129, 700}, 128, false}, DType::kBF16, 1e-5f, 1e-4f, kv);
+        }
+      }
+    }
+    run_case({16, 32, 4, 128, {1, 1, 1}, {3000, 129, 4097}, 0, true}, DType::kBF16, 1e-5f, 1e-4f, kv);
+  }
+  k::override_kernel_tuning(std::nullopt);
+}
+
 TEST(GpuWriteKv, SlotsAndPadding) {
   SKIP_WITHOUT_GPU();
   Arena ar(backend());

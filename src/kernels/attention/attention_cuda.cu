@@ -440,6 +440,139 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_kernel(Attention
   }
 }
 
+// ---- decode, GQA: the query heads of one KV head share each K/V read ----
+
+// GC query heads of one KV head per CTA (GQA groups of G heads take G / GC CTAs), NV = head_dim / 32. Each
+// warp takes chunks of 32 keys (warp w the chunks w, w + 4, ...) of the CTA's split as the decode kernel's;
+// lane i scores key chunk + i against the GC queries (kept scaled in shared memory, read as broadcasts),
+// the chunk's online-softmax update per head is a warp reduction, then the lanes own output dimensions
+// lane + 32·i and accumulate P·V over the chunk's keys (each V row read once, coalesced, for all GC heads;
+// the probabilities through shared memory). K and V are read once per GC heads instead of once per head.
+// Partial states and the final merge as attention_decode_kernel's (same part layout, so the same combine).
+template <int NV, int GC, bool B16>
+__global__ void __launch_bounds__(kWarps * 32) attention_decode_gqa_kernel(AttentionArgs a, float* part) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  constexpr int D = NV * 32;
+  const KvCacheView& c = a.cache;
+  const int64_t G = a.num_heads / c.num_kv_heads, chunks = G / GC;
+  const int64_t t = blockIdx.x, kvh = blockIdx.y / chunks, h0 = kvh * G + (blockIdx.y % chunks) * GC;
+  const int split = blockIdx.z, splits = gridDim.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int s = seq_of_row(a, t);
+  const int64_t q_begin = a.query_start[s], q_len = a.query_start[s + 1] - q_begin, ctx = a.context_lens[s];
+  const int64_t pos = ctx - q_len + (t - q_begin);
+  const int64_t first = a.window > 0 ? max(static_cast<int64_t>(0), pos - a.window + 1) : 0;
+  const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
+  const int64_t split_len = (pos + 1 - first + splits - 1) / splits;
+  const int64_t j_begin = first + split * split_len;
+  const int64_t j_end = min(pos + 1, j_begin + split_len);  // exclusive
+
+  __shared__ __align__(16) float s_q[GC][D];  // the heads' queries times the scale
+  __shared__ float s_p[kWarps][GC][32];       // a chunk's probabilities
+  __shared__ int64_t s_off[kWarps][32];       // a chunk's keys' offsets in the cache
+  for (int i = threadIdx.x; i < GC * D; i += blockDim.x)
+    s_q[i / D][i % D] = a.q[t * a.ldq + (h0 + i / D) * D + i % D] * a.scale;
+  __syncthreads();
+  float m[GC], l[GC], acc[GC][NV];
+#pragma unroll
+  for (int g = 0; g < GC; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) acc[g][i] = 0.0f;
+  }
+  for (int64_t jc = j_begin + 32 * warp; jc < j_end; jc += 32 * kWarps) {
+    const int64_t j = jc + lane;
+    const bool ok = j < j_end;
+    const int n = static_cast<int>(min(static_cast<int64_t>(32), j_end - jc));  // valid keys of the chunk
+    float sc[GC];
+#pragma unroll
+    for (int g = 0; g < GC; ++g) sc[g] = 0.0f;
+    if (ok) {
+      const int64_t off = kv_offset(c, table, j, kvh);
+      s_off[warp][lane] = off;
+#pragma unroll 4
+      for (int d = 0; d < D; d += 4) {
+        const float4 kr = kv_load4<B16>(c.k, off + d);
+#pragma unroll
+        for (int g = 0; g < GC; ++g) {
+          const float4 qv = *reinterpret_cast<const float4*>(&s_q[g][d]);
+          sc[g] += qv.x * kr.x + qv.y * kr.y + qv.z * kr.z + qv.w * kr.w;
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+      float mx = ok ? sc[g] : -INFINITY;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_new = fmaxf(m[g], mx);  // finite: the chunk has a valid key
+      const float p = ok ? expf(sc[g] - m_new) : 0.0f;
+      float sum = p;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float corr = m[g] == -INFINITY ? 0.0f : expf(m[g] - m_new);
+      l[g] = l[g] * corr + sum;
+      m[g] = m_new;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) acc[g][i] *= corr;
+      s_p[warp][g][lane] = p;
+    }
+    __syncwarp();
+    for (int kk = 0; kk < n; ++kk) {
+      const int64_t off = s_off[warp][kk];
+      float vv[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) vv[i] = kv_load<B16>(c.v, off + lane + 32 * i);
+#pragma unroll
+      for (int g = 0; g < GC; ++g) {
+        const float p = s_p[warp][g][kk];
+#pragma unroll
+        for (int i = 0; i < NV; ++i) acc[g][i] += p * vv[i];
+      }
+    }
+    __syncwarp();  // s_p and s_off are rewritten by the next chunk
+  }
+  // Merge the warps per head (as the decode kernel), then write the output or the split's partial state.
+  __shared__ float s_m[kWarps][GC], s_l[kWarps][GC];
+  __shared__ float s_acc[kWarps][GC][D];
+#pragma unroll
+  for (int g = 0; g < GC; ++g) {
+    if (lane == 0) {
+      s_m[warp][g] = m[g];
+      s_l[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < NV; ++i) s_acc[warp][g][lane + 32 * i] = acc[g][i];
+  }
+  __syncthreads();
+  for (int g = 0; g < GC; ++g) {
+    const int64_t h = h0 + g;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
+    const bool with_sink = part == nullptr && a.sinks != nullptr;
+    if (with_sink) mx = fmaxf(mx, a.sinks[h]);
+    float scale_w[kWarps];
+    float denom = with_sink ? expf(a.sinks[h] - mx) : 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      scale_w[w] = s_m[w][g] == -INFINITY ? 0.0f : expf(s_m[w][g] - mx);
+      denom += s_l[w][g] * scale_w[w];
+    }
+    float* dst = part == nullptr ? a.out + t * a.ldo + h * D
+                                 : part + ((t * a.num_heads + h) * splits + split) * (D + 2);
+    const float inv = part == nullptr ? 1.0f / denom : 1.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float sum = 0.0f;
+      for (int w = 0; w < kWarps; ++w) sum += s_acc[w][g][d] * scale_w[w];
+      dst[d] = sum * inv;
+    }
+    if (part != nullptr && threadIdx.x == 0) {
+      dst[D] = mx;
+      dst[D + 1] = denom;
+    }
+  }
+}
+
 // One CTA per (row, head): merges the splits' partial states with the sink logit.
 __global__ void attention_combine_kernel(AttentionArgs a, int splits, const float* part) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
@@ -478,10 +611,19 @@ AttnPath choose_path(const AttentionArgs& a) {
 struct DecodeSplit {
   int splits = 1;
 };
+// The GQA decode kernel's heads per CTA for this call: 0 when it does not run (tuning attention_decode_gqa
+// off, head_dim not 64 or 128, groups of one head), else 8, 4 or 2 (the largest dividing the group).
+int decode_gqa_heads(const AttentionArgs& a) {
+  const int64_t d = a.cache.head_dim, G = a.num_heads / a.cache.num_kv_heads;
+  if (kernel_tuning(TuningShape{}).attention_decode_gqa == 0 || (d != 64 && d != 128) || G < 2) return 0;
+  return G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 0;
+}
+
 DecodeSplit decode_split(const AttentionArgs& a) {
   const int64_t max_ctx = std::max<int64_t>(1, a.max_blocks_per_seq * a.cache.block_size);
   const int64_t visible = a.window > 0 ? std::min<int64_t>(max_ctx, a.window) : max_ctx;
-  const int64_t rows = a.num_tokens * a.num_heads;
+  const int gc = decode_gqa_heads(a);  // the GQA kernel's CTAs: one per GC heads
+  const int64_t rows = a.num_tokens * (gc > 0 ? a.num_heads / gc : a.num_heads);
   const int64_t want = (2 * cuda_util::num_sms() + rows - 1) / rows;
   const int64_t most = (visible + 63) / 64;
   DecodeSplit ds;
@@ -533,9 +675,21 @@ void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
     KERNEL_CHECK(attention_workspace_bytes(a) <= ctx.workspace_bytes, "attention: workspace too small");
     part = static_cast<float*>(ctx.workspace);
   }
-  dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads),
-            static_cast<unsigned>(ds.splits));
-  cuda_util::launch_pdl(attention_decode_kernel<NV, B16>, grid, kWarps * 32, 0, st, a, part);
+  const int gc = decode_gqa_heads(a);
+  if (gc > 0 && (NV == 2 || NV == 4)) {  // the query heads of a KV head share its K/V reads
+    dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads / gc),
+              static_cast<unsigned>(ds.splits));
+    if constexpr (NV == 2 || NV == 4) {
+      auto kernel = gc == 8   ? attention_decode_gqa_kernel<NV, 8, B16>
+                    : gc == 4 ? attention_decode_gqa_kernel<NV, 4, B16>
+                              : attention_decode_gqa_kernel<NV, 2, B16>;
+      cuda_util::launch_pdl(kernel, grid, kWarps * 32, 0, st, a, part);
+    }
+  } else {
+    dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads),
+              static_cast<unsigned>(ds.splits));
+    cuda_util::launch_pdl(attention_decode_kernel<NV, B16>, grid, kWarps * 32, 0, st, a, part);
+  }
   CUDA_CHECK_LAUNCH();
   if (part != nullptr) {
     dim3 cgrid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
