@@ -491,7 +491,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_gqa_kernel(Atten
     if (ok) {
       const int64_t off = kv_offset(c, table, j, kvh);
       s_off[warp][lane] = off;
-#pragma unroll 4
+#pragma unroll 8
       for (int d = 0; d < D; d += 4) {
         const float4 kr = kv_load4<B16>(c.k, off + d);
 #pragma unroll
@@ -519,6 +519,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_gqa_kernel(Atten
       s_p[warp][g][lane] = p;
     }
     __syncwarp();
+    // Unrolled so that several keys' V loads are in flight at once (they do not depend on each other).
+#pragma unroll 4
     for (int kk = 0; kk < n; ++kk) {
       const int64_t off = s_off[warp][kk];
       float vv[NV];
