@@ -32,7 +32,7 @@ declare -A FILTER=(
   [wgmma]='GpuMoe.WarpgroupMmaGroupedGemm:GpuLoraStack.MoeGroupedGemmTensorCoreLora:GpuMoeMxfp4.WarpgroupMmaGroupedGemm'
   [attn]='GpuAttention.TensorCorePrefill'
   [gqa]='GpuAttention.DecodeGqa'
-  [kv]='GpuAttention.Bf16Cache:GpuWriteKv.*:GpuFusedOps.RopeKvWriteBf16Cache:GoldenGpuTest.Bfloat16CacheCloseLogprobs/*'
+  [kv]='GpuAttention.Bf16Cache:GpuWriteKv.*:GpuFusedOps.RopeKvWriteBf16Cache:*GoldenGpuTest.Bfloat16CacheCloseLogprobs*'
   [lora]='GpuLoraStack.MoeLoraDeltaMode:GpuLoraStack.MoeRanks'
 )
 declare -A OK
@@ -47,7 +47,7 @@ for part in wgmma attn gqa kv lora; do
 done
 # The golden tests with the tensor-core attention (the bf16 closeness rule).
 if [ "${OK[attn]:-0}" = 1 ]; then
-  POLYLORA_ATTENTION_PREFILL_MMA=1 timeout 240 "$TG" --gtest_filter='GpuGolden*' >> "$OUT/tests.txt" 2>&1
+  POLYLORA_ATTENTION_PREFILL_MMA=1 timeout 240 "$TG" --gtest_filter='*GoldenGpuTest.Bfloat16CloseLogprobs*' >> "$OUT/tests.txt" 2>&1
   echo "golden tests with POLYLORA_ATTENTION_PREFILL_MMA=1: rc $?" | tee -a "$S"
   stamp "golden attn"
 fi
