@@ -1,5 +1,6 @@
 // kernels/attention/attention.h: paged causal grouped-query attention and the KV-cache write.
-// The KV cache of one layer is two arrays [num_blocks, block_size, num_kv_heads, head_dim] (f32 on the CPU).
+// The KV cache of one layer is two arrays [num_blocks, block_size, num_kv_heads, head_dim] (F32; BF16 on CUDA
+// backends with --kv-cache-dtype bfloat16, KvCacheView::dtype).
 // A sequence's keys are found through its block table; token j of a sequence lives in block
 // block_table[j / block_size] at offset j % block_size. Supports sliding windows (a query at position p
 // sees keys j with p − j < window) and GPT-OSS attention sinks (one learned logit per head that joins

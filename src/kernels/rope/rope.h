@@ -35,7 +35,8 @@ struct RopeArgs {
 //   2. RoPE (as RopeArgs: rotate half, angle = positions[t]·inv_freq[i], cos/sin · attention_scaling) on
 //      every head of q and of k;
 //   3. k (normed and rotated) and v (as given) stored to cache slot slot_mapping[t] ([num_kv_heads·head_dim]
-//      each), as KvWriteArgs does; a negative slot writes nothing (padding); q is rotated all the same.
+//      each, in the cache's element type: F32, or BF16 rounded to nearest on CUDA), as KvWriteArgs does; a
+//      negative slot writes nothing (padding); q is rotated all the same.
 // q is updated in place; k and v are only read (the rotated k exists only in the cache). The cache's
 // num_kv_heads and head_dim must be the args' own. Results equal the op sequence rms_norm (q, k), rope (q),
 // rope (k), write_kv; the CPU fast path is bit-identical to that sequence of CPU kernels.
