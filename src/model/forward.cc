@@ -43,6 +43,8 @@ class Model::ForwardPass {
   // The residual add with the next norm: the next layer's input norm or, after the last layer, the final
   // norm (of every row: the LM head's rows are gathered from h); the add alone when no logits are wanted.
   void residual_and_next_norm(int64_t l);
+  // x += tmp_, then h_ = RMSNorm(x) with weights w (one fused op), with o's split LoRA term in the add.
+  void add_norm(const float* w, const k::LoraExpandIn& lora_delta = {});
   void lm_head();
 
   Model& m_;
@@ -222,6 +224,10 @@ void Model::ForwardPass::attention_block(int64_t l) {
   linear(aw.o, attn_, qs_, tmp_, H_, o_ranks > 0 ? &o_shrink : nullptr, lora_tmp_ + T_ * qkv_ranks, o_ranks);
   if (!split_lora_) lora_group(l, attn_, qs_, {{LoraModule::kO, tmp_, H_}});
   m_.all_reduce_sum(tmp_, T_ * H_);  // row-parallel o_proj: the ranks' heads
+  add_norm(lw.post_attention_norm, o_lora[0]);
+}
+
+void Model::ForwardPass::add_norm(const float* w, const k::LoraExpandIn& lora_delta) {
   be_.add_rms_norm({.x = x_,
                     .ldx = H_,
                     .delta = tmp_,
@@ -230,9 +236,9 @@ void Model::ForwardPass::attention_block(int64_t l) {
                     .ldy = H_,
                     .m = T_,
                     .n = H_,
-                    .w = lw.post_attention_norm,
+                    .w = w,
                     .eps = eps_,
-                    .lora_delta = o_lora[0]});
+                    .lora_delta = lora_delta});
 }
 
 void Model::ForwardPass::dense_mlp_block(int64_t l) {
@@ -309,16 +315,7 @@ void Model::ForwardPass::residual_and_next_norm(int64_t l) {
   const float* next_norm = l + 1 < c_.num_layers ? m_.weights_.layers[l + 1].input_norm
                                                  : (R_ > 0 ? m_.weights_.final_norm : nullptr);
   if (next_norm)
-    be_.add_rms_norm({.x = x_,
-                      .ldx = H_,
-                      .delta = tmp_,
-                      .ld_delta = H_,
-                      .y = h_,
-                      .ldy = H_,
-                      .m = T_,
-                      .n = H_,
-                      .w = next_norm,
-                      .eps = eps_});
+    add_norm(next_norm);
   else
     be_.add_inplace(x_, tmp_, T_ * H_);
 }

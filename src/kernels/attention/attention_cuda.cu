@@ -658,13 +658,8 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t st) {
     return true;
   }();
   (void)configured;
-  const KvCacheView& c = a.cache;
-  const bool vec4 = (c.num_kv_heads * c.head_dim) % 4 == 0 && (reinterpret_cast<uintptr_t>(c.k) & 15) == 0 &&
-                    (reinterpret_cast<uintptr_t>(c.v) & 15) == 0;
-  const int64_t blocks = (a.num_tokens + kFaBQ - 1) / kFaBQ + a.num_seqs;
-  KERNEL_CHECK(blocks < (1LL << 31), "attention: too many query blocks");
-  dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.num_heads));
-  attention_prefill_kernel<D, B16><<<grid, kFaThreads, FaCfg<D>::kSmemBytes, st>>>(a, vec4);
+  attention_prefill_kernel<D, B16>
+      <<<prefill_grid(a), kFaThreads, FaCfg<D>::kSmemBytes, st>>>(a, cache_vec4(a.cache));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -720,11 +715,7 @@ void attention_t(const AttentionArgs& a, const CudaContext& ctx, bool tensor_cor
       return;
     case AttnPath::kDecode: {
       // 128-bit loads need 16-byte aligned rows.
-      const KvCacheView& c = a.cache;
-      const bool aligned = (c.num_kv_heads * c.head_dim) % 4 == 0 &&
-                           (reinterpret_cast<uintptr_t>(c.k) & 15) == 0 &&
-                           (reinterpret_cast<uintptr_t>(c.v) & 15) == 0;
-      if (aligned) {
+      if (cache_vec4(a.cache)) {
         switch (a.cache.head_dim / 32) {
           case 1:
             launch_decode<1, B16>(a, ctx);

@@ -134,6 +134,21 @@ __device__ __forceinline__ FaBlock fa_block(const AttentionArgs& a, int s, int b
   return b;
 }
 
+// Can the kernels read the cache 4 elements at a time (kv_load4: rows of a multiple of 4 elements, both
+// arrays 16-byte aligned)?
+inline bool cache_vec4(const KvCacheView& c) {
+  return (c.num_kv_heads * c.head_dim) % 4 == 0 && (reinterpret_cast<uintptr_t>(c.k) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(c.v) & 15) == 0;
+}
+
+// The flash prefill kernels' grid: a CTA per (block of kFaBQ query rows of one sequence, head), the blocks
+// counted generously (ceil(tokens / kFaBQ) + one partial block per sequence; fa_find_block retires the rest).
+inline dim3 prefill_grid(const AttentionArgs& a) {
+  const int64_t blocks = (a.num_tokens + kFaBQ - 1) / kFaBQ + a.num_seqs;
+  KERNEL_CHECK(blocks < (1LL << 31), "attention: too many query blocks");
+  return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.num_heads));
+}
+
 // attention_mma_cuda.cu: the prefill on bf16 tensor cores (head_dim 64 or 128), same grid as the CUDA-core
 // prefill (blocks of kFaBQ query rows of one sequence × heads).
 void launch_prefill_mma(const AttentionArgs& a, cudaStream_t st);

@@ -227,13 +227,8 @@ void launch(const AttentionArgs& a, cudaStream_t st) {
     return true;
   }();
   (void)configured;
-  const KvCacheView& c = a.cache;
-  const bool vec4 = (c.num_kv_heads * c.head_dim) % 4 == 0 && (reinterpret_cast<uintptr_t>(c.k) & 15) == 0 &&
-                    (reinterpret_cast<uintptr_t>(c.v) & 15) == 0;
-  const int64_t blocks = (a.num_tokens + kFaBQ - 1) / kFaBQ + a.num_seqs;
-  KERNEL_CHECK(blocks < (1LL << 31), "attention: too many query blocks");
-  dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.num_heads));
-  attention_prefill_mma_kernel<D, B16><<<grid, kFmThreads, FmCfg<D>::kSmemBytes, st>>>(a, vec4);
+  attention_prefill_mma_kernel<D, B16>
+      <<<prefill_grid(a), kFmThreads, FmCfg<D>::kSmemBytes, st>>>(a, cache_vec4(a.cache));
   CUDA_CHECK_LAUNCH();
 }
 
