@@ -121,8 +121,8 @@ int run_device_bench(int argc, char** argv) {
   app.add_flag("--lora-no-experts", lora_no_experts, "The --loras adapters adapt q/k/v/o only");
   int tp = 1;
   app.add_option("--tensor-parallel-size", tp,
-                 "Ranks the model is split over (-tp, as `polylora serve`; threads of this process with "
-                 "--device cpu; --device cuda takes 1 until multi-GPU tensor parallelism exists)")
+                 "Ranks the model is split over (-tp, as `polylora serve`; threads of this process; with "
+                 "--device cuda one GPU per rank, collectives over NCCL)")
       ->check(CLI::PositiveNumber);
   bool ep = false;
   app.add_flag("--enable-expert-parallel", ep,

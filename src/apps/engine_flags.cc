@@ -47,8 +47,8 @@ void add_model_flags(CLI::App& app, ModelFlags& f, bool model_required) {
                  "bytes, CUDA only; no fp8 KV cache)")
       ->capture_default_str();
   app.add_option("--tensor-parallel-size", f.tensor_parallel_size,
-                 "Ranks the model is split over (-tp; threads of this process with --device cpu; multi-GPU "
-                 "tensor parallelism is not implemented yet, so --device cuda takes 1)")
+                 "Ranks the model is split over (-tp; threads of this process; with --device cuda one GPU "
+                 "per rank, collectives over NCCL)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag(

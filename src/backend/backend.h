@@ -81,6 +81,14 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "cpu" or "cuda:0 (NVIDIA H200)"
   virtual DeviceKind kind() const = 0;
+  // The GPU this backend runs on (-1: none, the CPU), and its queue (a cudaStream_t on CUDA: where a
+  // communicator of tensor parallelism queues its collectives so they are ordered with the ops; nullptr
+  // on the CPU).
+  virtual int device_index() const { return -1; }
+  virtual void* queue_handle() const { return nullptr; }
+  // Another backend like this one (same weight dtype and options) on GPU `device` (tensor parallelism: a
+  // rank's backend); the CPU backend makes another CPU backend and ignores `device`.
+  virtual std::unique_ptr<Backend> make_peer(int device) const = 0;
   // Weight matrices handed to matrix_from_host() are stored in this dtype (kCpu: as given).
   virtual DType weight_dtype() const = 0;
 
@@ -122,6 +130,10 @@ class Backend {
   // CPU): plain buffers, each upload done at once on the calling thread.
   virtual std::unique_ptr<UploadStaging> make_upload_staging(int num_buffers, size_t buffer_bytes);
 
+  // Backend memory -> backend memory, queued like an op: `rows` rows of `width` bytes from src (rows
+  // `src_pitch` bytes apart) to dst (rows `dst_pitch` bytes apart). Default (host memory): memcpy per row.
+  virtual void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                       size_t rows);
   // Asynchronous host -> backend copy, queued before the ops that follow; the host buffer may be reused
   // as soon as it returns (pageable source). Default: the synchronous copy.
   virtual void copy_to_device_async(void* dst, const void* src, size_t bytes) {

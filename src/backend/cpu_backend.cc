@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   DType weight_dtype() const override { return DType::kBF16; }
+  std::unique_ptr<Backend> make_peer(int) const override { return std::make_unique<CpuBackend>(); }
 
   void* alloc(size_t bytes) override {
     size_t rounded = (bytes + 255) / 256 * 256;
@@ -152,6 +153,13 @@ void* Backend::alloc_host(size_t bytes) {
 
 void Backend::free_host(void* ptr) {
   std::free(ptr);
+}
+
+void Backend::copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                      size_t rows) {
+  for (size_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<std::byte*>(dst) + r * dst_pitch, static_cast<const std::byte*>(src) + r * src_pitch,
+                width);
 }
 
 kernels::WeightView Backend::random_mxfp4(int64_t rows, int64_t cols, uint8_t scale, uint64_t seed) {

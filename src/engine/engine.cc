@@ -54,10 +54,11 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
     spdlog::warn("--max-model-len {} exceeds the model's max_position_embeddings {}", max_model_len_,
                  mc.max_position_embeddings);
   int64_t bs = config_.cache.block_size;
-  // Every tensor-parallel rank holds the blocks for its KV heads (host memory on the CPU: counted together).
+  // Every tensor-parallel rank holds the blocks for its KV heads: counted together where they share memory
+  // (the host on the CPU; ranks on one GPU), once per GPU where each rank has its own.
   const DType kv_dtype = config_.cache.kv_cache_dtype;
   int64_t per_block =
-      KvStorage::bytes_per_block(model_->kv_config(), bs, kv_dtype) * model_->tensor_parallel_size();
+      KvStorage::bytes_per_block(model_->kv_config(), bs, kv_dtype) * model_->ranks_sharing_memory();
   Backend& be = model_->backend();
   const bool gpu = be.kind() == DeviceKind::kCuda;
   if (kv_dtype == DType::kBF16 && !gpu)

@@ -97,25 +97,33 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
   m->shard_cfg_ = config;
   m->backend_ = backend ? std::move(backend) : std::shared_ptr<Backend>(make_cpu_backend());
   const int tp = options.tensor_parallel_size;
-  if (tp != 1 && m->backend_->kind() != DeviceKind::kCpu)
+  const bool gpu_ranks = tp > 1 && m->backend_->kind() != DeviceKind::kCpu;
+  if (gpu_ranks && options.enable_expert_parallel)
     fail(
-        "--tensor-parallel-size {}: multi-GPU tensor parallelism is not implemented yet (the NCCL "
-        "communicator exists, but the model does not run its ranks on GPUs); use --tensor-parallel-size 1 "
-        "on --device cuda (--device cpu runs any size the model's heads allow)",
+        "--enable-expert-parallel with --device cuda is not implemented yet (its expert dispatch lays the rows "
+        "out in host memory: --device cpu runs it); leave it out to split every expert over the {} GPUs",
         tp);
+  if (gpu_ranks && options.fully_sharded_loras)
+    fail(
+        "--fully-sharded-loras with --device cuda is not implemented yet (its shrinks are laid out in host "
+        "memory: --device cpu runs it); leave it out for vLLM's default LoRA sharding");
   const TpLayout layout{.size = tp,
                         .expert_parallel = options.enable_expert_parallel,
                         .fully_sharded_loras = options.fully_sharded_loras};
   check_tensor_parallel(config, layout);
-  WeightLoader loader(checkpoint, *m->backend_, m->weights_, options.seed, options.upload);
+  // Tensor parallelism on GPUs: the whole model is loaded into host memory first (zero-copy views of the
+  // checkpoint where it can be, as on the CPU), and each rank's shard is then copied to its GPU.
+  std::shared_ptr<Backend> host = gpu_ranks ? std::shared_ptr<Backend>(make_cpu_backend()) : nullptr;
+  Backend& load_be = host ? *host : *m->backend_;
+  WeightLoader loader(checkpoint, load_be, m->weights_, options.seed,
+                      host ? WeightUploadOptions{} : options.upload);
   arch::bind(config, loader, m->weights_);
   loader.finish();  // the staged path reads and uploads everything here
-  if (options.quantization == WeightQuantization::kInt8)
-    quantize_weights_int8(m->weights_, loader, *m->backend_);
+  if (options.quantization == WeightQuantization::kInt8) quantize_weights_int8(m->weights_, loader, load_be);
   m->rope_ = RopeTable::from_config(config);
   m->inv_freq_ = m->backend_->vector_from_host(m->rope_.inv_freq.data(), m->rope_.inv_freq.size());
   m->init_workspace();
-  if (tp > 1) m->split_tensor_parallel(layout);
+  if (tp > 1) m->split_tensor_parallel(layout, std::move(host));
   m->backend_->synchronize();
   return m;
 }
@@ -126,6 +134,15 @@ void Model::init_workspace() { ws_ = std::make_unique<Workspace>(); }
 
 Model::~Model() {
   tp_threads_.reset();  // the other ranks' threads, then the ranks (their views point into full_weights_)
+  if (tp_devices_) {  // the GPU ranks' queues drained, then their communicators, before their backends go
+    for_each_rank([](Model& m) {
+      try {
+        m.backend_->synchronize();
+      } catch (...) {  // a failed group: nothing more to wait for
+      }
+    });
+    tp_devices_.reset();
+  }
   tp_ranks_.clear();
   if (!backend_) return;
   backend_->synchronize();
@@ -286,8 +303,8 @@ void Model::launch(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
     t.ended_last = false;
   }
   ws.output_rows = static_cast<int64_t>(b.logits_rows.size());
-  if (graphs_enabled_ && graph_eligible(b, adapters)) return launch_graph(b, kv, adapters, feed);
   if (tp_threads_) return launch_tensor_parallel(b, kv, adapters, feed);
+  if (graphs_enabled_ && graph_eligible(b, adapters)) return launch_graph(b, kv, adapters, feed);
   run_eager(b, kv, adapters, feed);
 }
 
@@ -372,8 +389,7 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
 
   // Pack every step input into one host buffer and copy it once.
   Staging st(ws.staging);
-  if (comm_) shard_token_ids(b.token_ids, tp_, ws.shard_ids);
-  si.o_ids = st.add(comm_ ? ws.shard_ids : b.token_ids);
+  si.o_ids = st.add(b.token_ids);  // whole-vocabulary ids (a rank's embedding reads zeros outside its rows)
   si.o_pos = st.add(b.positions);
   si.o_qs = st.add(b.query_start);
   si.o_ctx = st.add(b.context_lens);
@@ -385,9 +401,9 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
   return si;
 }
 
-// The LM head over the vocabulary shards (tensor parallelism, CPU): this rank's logits columns
+// The LM head over the vocabulary shards (tensor parallelism): this rank's logits columns
 // [rows, vocab_stride] from its rows of the head, gathered from every rank; rank 0 lays them out as
-// logits [rows, vocab].
+// logits [rows, vocab] (in backend memory, queued: one strided copy per rank).
 void Model::lm_head_parallel(const float* in, int64_t rows, float* logits) {
   Backend& be = *backend_;
   Workspace& ws = *ws_;
@@ -399,8 +415,10 @@ void Model::lm_head_parallel(const float* in, int64_t rows, float* logits) {
   if (tp_.rank != 0) return;
   for (int64_t r = 0; r < N; ++r) {
     const int64_t begin = std::min(V, r * W), n = std::min(W, V - begin);
-    for (int64_t i = 0; i < rows; ++i)
-      std::memcpy(logits + i * V + begin, all + (r * rows + i) * W, static_cast<size_t>(n) * sizeof(float));
+    if (n > 0)
+      be.copy_2d(logits + begin, static_cast<size_t>(V) * sizeof(float), all + r * rows * W,
+                 static_cast<size_t>(W) * sizeof(float), static_cast<size_t>(n) * sizeof(float),
+                 static_cast<size_t>(rows));
   }
 }
 
@@ -511,21 +529,50 @@ void Model::warm_up(std::span<const k::KvCacheView> kv, int64_t tokens, int64_t 
 }
 
 void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOptions& options) {
-  for (auto& [size, g] : graphs_) backend_->destroy_graph(g.exec);
-  graphs_.clear();
-  graph_sizes_.clear();
-  graphs_enabled_ = options.enabled && backend_->supports_graphs() && !options.sizes.empty();
-  if (!graphs_enabled_) return;
+  for_each_rank([](Model& m) {
+    for (auto& [size, g] : m.graphs_) m.backend_->destroy_graph(g.exec);
+    m.graphs_.clear();
+    m.graph_sizes_.clear();
+    m.graphs_enabled_ = false;
+  });
+  bool enabled = options.enabled && backend_->supports_graphs() && !options.sizes.empty();
+  if (enabled && tp_devices_ && !tp_collectives_capturable()) {
+    spdlog::info(
+        "CUDA graphs: off (tensor-parallel collectives through host memory cannot be recorded); every step "
+        "runs eagerly");
+    enabled = false;
+  }
+  if (!enabled) return;
+  auto t0 = std::chrono::steady_clock::now();
+  // Warm-up: the largest prefill the engine will run, so that its buffers are in place before any capture
+  // (a later growth would invalidate the graphs, which are then recorded again at their next use). Under
+  // tensor parallelism it runs on every rank (rank 0 drives the step).
+  if (options.warmup_tokens > 0 && !kv.empty())
+    warm_up(kv, options.warmup_tokens, options.warmup_logits_rows);
+  if (!tp_threads_) {
+    prepare_graphs_local(kv, options);
+  } else {  // every rank records its graphs at once: the eager runs before each capture hold collectives
+    tp_threads_->run([&](int rank) {
+      Model& m = rank == 0 ? *this : *tp_ranks_[static_cast<size_t>(rank - 1)];
+      m.prepare_graphs_local(rank == 0 ? kv : m.mirror_kv(kv), options);
+    });
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (graphs_enabled_)
+    spdlog::info("CUDA graphs: captured {} decode shapes ({} to {} sequences{}) in {:.2f} s{}{}",
+                 graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(),
+                 lora_ && lora_->reserved() ? ", each without and with LoRA" : "", seconds,
+                 options.warmup_tokens > 0 ? " (warm-up included)" : "",
+                 tp_threads_ ? fmt::format(", on each of {} ranks", tp_.size) : "");
+}
+
+void Model::prepare_graphs_local(std::span<const k::KvCacheView> kv, const GraphOptions& options) {
+  graphs_enabled_ = true;
   graph_sizes_ = options.sizes;
   std::sort(graph_sizes_.begin(), graph_sizes_.end());
   graph_sizes_.erase(std::unique(graph_sizes_.begin(), graph_sizes_.end()), graph_sizes_.end());
   graph_max_blocks_ = std::max<int64_t>(1, options.max_blocks_per_seq);
-  auto t0 = std::chrono::steady_clock::now();
   Workspace& ws = *ws_;
-  // Warm-up: the largest prefill the engine will run, so that its buffers are in place before any capture
-  // (a later growth would invalidate the graphs, which are then recorded again at their next use).
-  if (options.warmup_tokens > 0 && !kv.empty())
-    warm_up(kv, options.warmup_tokens, options.warmup_logits_rows);
   // The inputs every graph reads: sized for the largest one, never moved.
   // (An empty batch padded to a size is that size's dummy decode step: no KV written.)
   // (The feed pairs, staged last, take at most two ids per sequence.)
@@ -534,20 +581,17 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
   ensure_buffer<std::byte>(*backend_, ws.graph_inputs, ws.staging.size(), ws.epoch);
   // Largest first: smaller shapes then fit the buffers the larger ones sized. Without a KV cache the
   // graphs are recorded at their first use instead.
-  // With reserved adapter stacks, each size is also recorded with the LoRA kernels.
+  // With reserved adapter stacks, each size is also recorded with the LoRA kernels. Under tensor
+  // parallelism a rank whose capture failed goes on with the others (each recording runs the step, with
+  // its collectives, first), so every rank runs the same steps.
   const bool lora = lora_ && lora_->reserved();
   for (const bool with_lora : {false, true}) {
     if (with_lora && !lora) break;
-    for (auto it = graph_sizes_.rbegin(); it != graph_sizes_.rend() && graphs_enabled_ && !kv.empty(); ++it)
+    for (auto it = graph_sizes_.rbegin();
+         it != graph_sizes_.rend() && (graphs_enabled_ || comm_ != nullptr) && !kv.empty(); ++it)
       launch_graph(pad_for_graph(ForwardBatch{}, *it), kv, {}, {}, with_lora);
   }
   backend_->synchronize();
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (graphs_enabled_)
-    spdlog::info("CUDA graphs: captured {} decode shapes ({} to {} sequences{}) in {:.2f} s{}",
-                 graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(),
-                 lora ? ", each without and with LoRA" : "", seconds,
-                 options.warmup_tokens > 0 ? " (warm-up included)" : "");
 }
 
 std::vector<int64_t> default_graph_sizes(int64_t max_num_seqs) {

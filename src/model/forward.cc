@@ -357,7 +357,14 @@ void Model::ForwardPass::run() {
         be_, ws_.lora_tmp, static_cast<size_t>(be_.split_dense_lora_max_rows() * 4 * m_.lora_->rank()),
         ws_.epoch);
 
-  be_.embedding({.ids = d_ids_, .m = T_, .table = m_.weights_.embed, .out = x_, .ld_out = H_});
+  // Tensor parallelism: this rank's vocabulary rows; the others' ids read zeros.
+  be_.embedding({.ids = d_ids_,
+                 .m = T_,
+                 .table = m_.weights_.embed,
+                 .out = x_,
+                 .ld_out = H_,
+                 .id_begin = m_.comm_ ? m_.tp_.vocab_begin : 0,
+                 .id_rows = m_.comm_ ? m_.tp_.vocab_rows : 0});
   m_.all_reduce_sum(x_, T_ * H_);  // tensor parallelism: each rank has its vocabulary rows, zeros elsewhere
   // The first layer's input norm; every later norm (post-attention, the next layer's input, the final one)
   // is fused with the residual add before it (add_rms_norm).

@@ -2,11 +2,11 @@
 // Owns: the weights (weights.h) in backend memory, RoPE tables, the slot-stacked copies of the adapters
 // in its slots (lora_stacks.h), and a workspace reused across calls (grown when a larger batch arrives).
 // The forward pass is written once for all architectures (decoder.cc) with calls into Backend.
-// Tensor parallelism (--tensor-parallel-size N > 1, CPU backend; model_tp.cc, docs/tensor-parallel.md):
-// this Model is rank 0 of N and owns the other ranks (Models of their own shards on their own CPU backends,
-// each with a worker thread) and their communicators; every forward pass runs on all ranks at once with the
-// same batch, and rank 0 gathers the logits. The ranks' KV caches mirror the views the caller passes (its
-// blocks, this rank's heads: kv_config()).
+// Tensor parallelism (--tensor-parallel-size N > 1; model_tp.cc, docs/tensor-parallel.md): this Model is
+// rank 0 of N and owns the other ranks (Models of their own shards on their own backends: CPU backends, or
+// one GPU each on CUDA, each rank with a worker thread) and their communicators (the CPU group; NCCL on
+// GPUs); every forward pass runs on all ranks at once with the same batch, and rank 0 gathers the logits.
+// The ranks' KV caches mirror the views the caller passes (its blocks, this rank's heads: kv_config()).
 // Must not: own request state or KV-cache block allocation (the caller passes the cache views).
 #pragma once
 
@@ -37,8 +37,10 @@ struct ModelLoadOptions {
   uint64_t seed = 0;                           // dummy weights
   WeightUploadOptions upload;                  // how checkpoint bytes reach the backend (weight_upload.h)
   WeightQuantization quantization = WeightQuantization::kNone;  // --quantization (model/quantize.h)
-  // --tensor-parallel-size: ranks the model is split over (threads of this process, CPU backend only;
-  // model/tp_shard.h says how). A split the model's heads or sizes do not allow is an Error.
+  // --tensor-parallel-size: ranks the model is split over (threads of this process; on CUDA one GPU each,
+  // from the backend's GPU on; model/tp_shard.h says how). A split the model's heads or sizes do not
+  // allow is an Error, and so is a GPU count that does not cover the ranks (POLYLORA_TP_DEVICES=0,0,...
+  // chooses each rank's GPU, several ranks on one GPU for tests: collectives through host memory).
   int tensor_parallel_size = 1;
   // --enable-expert-parallel: with tensor_parallel_size N > 1, each rank owns E / N whole experts of every
   // MoE layer (and their LoRA) instead of a slice of every expert; the token-expert pairs travel to the
@@ -96,6 +98,9 @@ class Model : public AdapterDevice {
   // The layout the KV-cache views passed to forward() must have: this rank's KV heads (config() at -tp 1).
   const ModelConfig& kv_config() const { return shard_cfg_; }
   int tensor_parallel_size() const { return tp_.size; }
+  // Ranks whose KV caches share the memory of this rank's (the KV budget is split between them): every
+  // rank on the CPU, the ranks on this rank's GPU on CUDA (1 with one GPU per rank).
+  int ranks_sharing_memory() const;
   bool expert_parallel() const { return tp_.expert_parallel; }
   bool fully_sharded_loras() const { return tp_.fully_sharded_loras; }
   const std::string& source() const { return source_; }
@@ -182,7 +187,11 @@ class Model : public AdapterDevice {
   void for_each_rank(const F& f);
   // Tensor parallelism (model_tp.cc): splits the loaded weights over `size` ranks; one step on every rank;
   // a rank's KV cache for the caller's views; a sum over the ranks; the LM head over the vocabulary shards.
-  void split_tensor_parallel(const TpLayout& layout);
+  // On GPUs (backend_ not the CPU), `host` holds the loaded model: each rank's shard is copied to its GPU and
+  // the host copy is dropped.
+  void split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backend> host = nullptr);
+  // This rank's part of prepare_graphs (the warm-up done).
+  void prepare_graphs_local(std::span<const kernels::KvCacheView> kv, const GraphOptions& options);
   void launch_tensor_parallel(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
                               std::span<const LoraAdapter* const> adapters, const TokenFeed& feed);
   std::span<const kernels::KvCacheView> mirror_kv(std::span<const kernels::KvCacheView> like);
@@ -263,6 +272,10 @@ class Model : public AdapterDevice {
   std::unique_ptr<ModelWeights> full_weights_;
   std::vector<std::unique_ptr<Model>> tp_ranks_;
   std::unique_ptr<RankThreads> tp_threads_;
+  // Rank 0 on GPUs: the ranks' GPUs and device communicators (model_tp.cc); destroyed before the ranks.
+  struct TpDevices;
+  std::shared_ptr<TpDevices> tp_devices_;
+  bool tp_collectives_capturable() const;  // NCCL: CUDA graphs can hold the collectives
 };
 
 template <typename F>

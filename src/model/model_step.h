@@ -26,8 +26,8 @@ struct Model::Workspace {
   ModelBuffer graph_inputs;  // fixed once graphs are prepared: every graph reads its inputs here
   ModelBuffer ids;           // argmax ids of the output rows (forward_argmax)
   std::vector<std::byte> staging;  // where a step's inputs are packed
-  std::vector<int32_t> shard_ids;  // tensor parallelism: the step's token ids as rows of this rank's table
   ModelBuffer logits_shard, logits_all;  // tensor parallelism: this rank's logits columns, every rank's
+  ModelBuffer feed_src;  // tensor parallelism on GPUs: rank 0's fed token ids, broadcast to this rank
   // Two page-locked buffers the packed inputs are copied from, alternately: a step is staged while the
   // copy of the previous one may still be queued. `consumed` marks when the copy out of it has run.
   struct Pinned {

@@ -1,38 +1,156 @@
-// model/model_tp.cc: tensor parallelism of a Model on the CPU backend (model.h, docs/tensor-parallel.md):
+// model/model_tp.cc: tensor parallelism of a Model (model.h, docs/tensor-parallel.md):
 // splitting the loaded model over the ranks, running one step on every rank at once, the ranks' KV caches
 // and adapter shards, and the sum over the ranks. The forward pass itself (decoder.cc) is the same on
 // every rank; it calls all_reduce_sum and lm_head_parallel, which do nothing special at -tp 1.
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+#include <string>
 #include <tuple>
+
+#include <fmt/ranges.h>
 
 #include "common/error.h"
 #include "common/log.h"
 #include "model/model.h"
+#include "model/model_step.h"
+#include "model/staged_communicator.h"
 #include "runtime/rank_threads.h"
+#ifdef POLYLORA_HAVE_NCCL
+#include "runtime/cuda/nccl_communicator.h"
+#endif
 
 namespace polylora {
 
 namespace k = kernels;
 
-void Model::split_tensor_parallel(const TpLayout& layout) {
+// Rank 0's GPU-side state of tensor parallelism: each rank's GPU and its communicator over device memory
+// (NCCL where every rank has a GPU of its own and NCCL is built; else collectives staged through host
+// memory on the CPU group of the rank threads).
+struct Model::TpDevices {
+  std::vector<int> devices;  // [rank]
+  bool capturable = false;   // the collectives can be recorded in CUDA graphs (NCCL)
+#ifdef POLYLORA_HAVE_NCCL
+  std::unique_ptr<NcclCommunicatorGroup> nccl;
+#endif
+  std::vector<std::unique_ptr<StagedCommunicator>> staged;  // [rank], without NCCL
+};
+
+namespace {
+
+// The GPU of each rank: POLYLORA_TP_DEVICES (a comma-separated list, one per rank) or first + r.
+std::vector<int> rank_devices(int size, int first) {
+  const int visible = cuda_device_count();
+  std::vector<int> devices;
+  if (const char* env = std::getenv("POLYLORA_TP_DEVICES"); env && *env) {
+    std::stringstream in(env);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      char* end = nullptr;
+      const long d = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || d < 0 || d >= visible)
+        fail("POLYLORA_TP_DEVICES={}: '{}' is not a GPU index (0 to {})", env, item, visible - 1);
+      devices.push_back(static_cast<int>(d));
+    }
+    if (static_cast<int>(devices.size()) != size)
+      fail("POLYLORA_TP_DEVICES={} names {} GPUs for --tensor-parallel-size {} (one per rank)", env,
+           devices.size(), size);
+    return devices;
+  }
+  if (first + size > visible)
+    fail(
+        "--tensor-parallel-size {} on --device cuda needs {} GPUs (one per rank, from GPU {} on); {} visible "
+        "(POLYLORA_TP_DEVICES=0,0,... puts ranks on GPUs of your choice, several on one GPU for tests)",
+        size, size, first, visible);
+  for (int r = 0; r < size; ++r) devices.push_back(first + r);
+  return devices;
+}
+
+}  // namespace
+
+void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backend> host) {
   const int size = layout.size;
-  CHECK(backend_->kind() == DeviceKind::kCpu);
+  const bool gpu = backend_->kind() != DeviceKind::kCpu;
+  CHECK(gpu == (host != nullptr));
   tp_threads_ = std::make_unique<RankThreads>(size);
   full_weights_ = std::make_unique<ModelWeights>(std::move(weights_));
-  for (int r = 0; r < size; ++r) {
-    Model* m = this;
-    if (r > 0) {
-      tp_ranks_.push_back(std::unique_ptr<Model>(new Model()));
-      m = tp_ranks_.back().get();
-      m->config_ = config_;
-      m->backend_ = std::shared_ptr<Backend>(make_cpu_backend());
-      m->rope_ = rope_;
-      m->inv_freq_ = m->backend_->vector_from_host(rope_.inv_freq.data(), rope_.inv_freq.size());
-      m->init_workspace();
-    }
+  if (gpu) {
+    tp_devices_ = std::make_shared<TpDevices>();
+    tp_devices_->devices = rank_devices(size, backend_->device_index());
+    if (tp_devices_->devices[0] != backend_->device_index())
+      fail("POLYLORA_TP_DEVICES: rank 0 must be on the backend's GPU {} (--device cuda's), not {}",
+           backend_->device_index(), tp_devices_->devices[0]);
+  }
+  for (int r = 1; r < size; ++r) {
+    tp_ranks_.push_back(std::unique_ptr<Model>(new Model()));
+    Model* m = tp_ranks_.back().get();
+    m->config_ = config_;
+    m->backend_ = std::shared_ptr<Backend>(backend_->make_peer(gpu ? tp_devices_->devices[static_cast<size_t>(r)] : 0));
+    m->rope_ = rope_;
+    m->inv_freq_ = m->backend_->vector_from_host(rope_.inv_freq.data(), rope_.inv_freq.size());
+    m->init_workspace();
+  }
+  // Every rank's shard at once: views into the loaded weights on the CPU; on GPUs the shard is made in host
+  // memory (views, and copies where it takes columns) and copied to the rank's GPU.
+  tp_threads_->run([&](int r) {
+    Model* m = r == 0 ? this : tp_ranks_[static_cast<size_t>(r - 1)].get();
     m->tp_ = make_tp_shard(config_, r, layout);
     m->shard_cfg_ = shard_config(config_, m->tp_);
-    m->weights_ = shard_weights(*full_weights_, config_, m->tp_, *m->backend_);
-    m->comm_ = &tp_threads_->communicator(r);
+    if (!gpu) {
+      m->weights_ = shard_weights(*full_weights_, config_, m->tp_, *m->backend_);
+      return;
+    }
+    std::unique_ptr<Backend> scratch = make_cpu_backend();  // the shard's host copies, freed after the upload
+    const ModelWeights shard = shard_weights(*full_weights_, config_, m->tp_, *scratch);
+    m->weights_ = copy_weights(shard, m->shard_cfg_, *m->backend_);
+    m->backend_->synchronize();
+  });
+  if (gpu) {
+    size_t bytes = 0;
+    for_each_rank([&](Model& m) { bytes += m.weights_.num_bytes; });
+    full_weights_.reset();  // the GPUs hold the shards; the host model (and its checkpoint mapping) goes
+    host.reset();
+    weights_.num_bytes = bytes;  // weights() is rank 0's shard now; its size counts every rank's
+    TpDevices& d = *tp_devices_;
+    std::vector<int> sorted = d.devices;
+    std::sort(sorted.begin(), sorted.end());
+    const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+    const char* staged_env = std::getenv("POLYLORA_TP_STAGED");
+    const bool force_staged = staged_env && std::string(staged_env) == "1";
+#ifdef POLYLORA_HAVE_NCCL
+    if (distinct && !force_staged) {
+      std::vector<cudaStream_t> streams;
+      for_each_rank([&](Model& m) { streams.push_back(static_cast<cudaStream_t>(m.backend_->queue_handle())); });
+      d.nccl = std::make_unique<NcclCommunicatorGroup>(d.devices, streams);
+      d.capturable = true;
+      for (int r = 0; r < size; ++r) {
+        Model& m = r == 0 ? *this : *tp_ranks_[static_cast<size_t>(r - 1)];
+        m.comm_ = &d.nccl->communicator(r);
+      }
+      NcclCommunicatorGroup* group = d.nccl.get();
+      tp_threads_->set_abort_hook([group](const std::string& reason) { group->shutdown(reason); });
+    }
+#endif
+    if (!d.capturable) {
+      for (int r = 0; r < size; ++r) {
+        Model& m = r == 0 ? *this : *tp_ranks_[static_cast<size_t>(r - 1)];
+        d.staged.push_back(std::make_unique<StagedCommunicator>(tp_threads_->communicator(r), *m.backend_));
+        m.comm_ = d.staged.back().get();
+      }
+    }
+    spdlog::info(
+        "tensor parallelism: {} ranks on GPUs {} ({}), {} attention heads and {} KV heads each; weights {:.2f} "
+        "GB in all",
+        size, fmt::join(d.devices, ","),
+        d.capturable ? "NCCL"
+                     : (distinct ? "collectives through host memory: NCCL is not built or POLYLORA_TP_STAGED=1"
+                                 : "several ranks on one GPU: collectives through host memory, no CUDA graphs"),
+        shard_cfg_.num_heads, shard_cfg_.num_kv_heads, static_cast<double>(bytes) / 1e9);
+    return;
+  }
+  for (int r = 0; r < size; ++r) {
+    Model& m = r == 0 ? *this : *tp_ranks_[static_cast<size_t>(r - 1)];
+    m.comm_ = &tp_threads_->communicator(r);
   }
   spdlog::info("tensor parallelism: {} ranks (CPU threads), {} attention heads and {} KV heads each{}{}",
                size, shard_cfg_.num_heads, shard_cfg_.num_kv_heads,
@@ -40,6 +158,14 @@ void Model::split_tensor_parallel(const TpLayout& layout) {
                    ? fmt::format(", {} whole experts each (expert parallelism)", tp_.num_local_experts)
                    : "",
                tp_.fully_sharded_loras ? ", fully sharded LoRA" : "");
+}
+
+bool Model::tp_collectives_capturable() const { return tp_devices_ && tp_devices_->capturable; }
+
+int Model::ranks_sharing_memory() const {
+  if (!tp_devices_) return tp_.size;
+  return static_cast<int>(std::count(tp_devices_->devices.begin(), tp_devices_->devices.end(),
+                                     tp_devices_->devices[0]));
 }
 
 void Model::launch_tensor_parallel(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
@@ -51,19 +177,41 @@ void Model::launch_tensor_parallel(const ForwardBatch& b, std::span<const k::KvC
           "(allocate "
           "it for Model::kv_config())",
           v.num_kv_heads, tp_.size, shard_cfg_.num_kv_heads);
-  // Token ids fed from the previous step's samples (host memory on the CPU) become plain inputs, which
-  // every rank reads.
+  const bool gpu = tp_devices_ != nullptr;
+  // On the CPU, token ids fed from the previous step's samples (host memory) become plain inputs, which
+  // every rank reads. On GPUs they stay on rank 0's GPU: each step broadcasts them to the other ranks first
+  // (in order with the sampling that wrote them, on the ranks' queues), and every rank feeds its own copy.
   ForwardBatch fed;
   const ForwardBatch* batch = &b;
-  if (!feed.empty()) {
+  if (!feed.empty() && !gpu) {
     fed = b;
     for (size_t i = 0; i < feed.pairs.size(); i += 2)
       fed.token_ids[feed.pairs[i]] = feed.src[feed.pairs[i + 1]];
     batch = &fed;
   }
+  size_t feed_count = 0;
+  if (gpu)
+    for (size_t i = 1; i < feed.pairs.size(); i += 2)
+      feed_count = std::max(feed_count, static_cast<size_t>(feed.pairs[i]) + 1);
+  // Every rank takes the same path (graph or eager) as rank 0; both run the same collectives in the same
+  // order, so a rank whose graph must be recorded again stays in step with the others.
+  const bool graph = gpu && graphs_enabled_ && graph_eligible(*batch, adapters);
   tp_threads_->run([&](int rank) {
     Model& m = rank == 0 ? *this : *tp_ranks_[static_cast<size_t>(rank - 1)];
-    m.run_eager(*batch, rank == 0 ? kv : m.mirror_kv(kv), adapters, {});
+    const std::span<const k::KvCacheView> rank_kv = rank == 0 ? kv : m.mirror_kv(kv);
+    TokenFeed rank_feed;
+    if (gpu && feed_count > 0) {
+      rank_feed.pairs = feed.pairs;
+      uint64_t unused_epoch = 0;  // read before a graph runs, never by one
+      int32_t* src = rank == 0 ? const_cast<int32_t*>(feed.src)
+                               : ensure_buffer<int32_t>(*m.backend_, m.ws_->feed_src, feed_count, unused_epoch);
+      m.comm_->broadcast(src, feed_count, DType::kI32, 0);
+      rank_feed.src = src;
+    }
+    if (graph && m.graphs_enabled_)
+      m.launch_graph(*batch, rank_kv, adapters, rank_feed);
+    else
+      m.run_eager(*batch, rank_kv, adapters, rank_feed);
   });
 }
 

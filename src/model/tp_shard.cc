@@ -123,22 +123,6 @@ LinearWeights row_parallel(const LinearWeights& lw, int64_t begin, int64_t count
   return {copy_part(lw.w, {&all, 1}, begin, count, be), s.rank == 0 ? lw.bias : nullptr};
 }
 
-// Vocabulary rows of the embedding table, then a zero row (row vocab_rows) for the other ranks' tokens.
-k::WeightView embedding_rows(const k::WeightView& w, const TpShard& s, Backend& be) {
-  CHECK_MSG(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
-            "tensor parallelism: a {} embedding table cannot be split", dtype_name(w.dtype));
-  const size_t row = code_bytes(w, w.cols);
-  std::vector<std::byte> bytes(static_cast<size_t>(s.vocab_rows + 1) * row);  // the last row stays zero
-  std::memcpy(bytes.data(), static_cast<const std::byte*>(w.data) + static_cast<size_t>(s.vocab_begin) * row,
-              static_cast<size_t>(s.vocab_rows) * row);
-  k::WeightView v = w;
-  v.rows = s.vocab_rows + 1;
-  void* d = be.alloc(bytes.size());
-  be.copy_to_device(d, bytes.data(), bytes.size());
-  v.data = d;
-  return v;
-}
-
 k::ExpertView shard_expert(const k::ExpertView& e, const ModelConfig& cfg, const TpShard& s, Backend& be) {
   const int64_t inter = cfg.moe_intermediate_size, n = inter / s.size, begin = s.moe_inter_begin;
   const Range part{begin, n};
@@ -318,10 +302,13 @@ ModelWeights shard_weights(const ModelWeights& full, const ModelConfig& cfg, con
   const Range q{s.head_begin * D, local.q_size()}, kv{s.kv_head_begin * D, local.kv_size()};
   const Range inter{s.inter_begin, local.intermediate_size};
   ModelWeights w;
-  w.embed = embedding_rows(full.embed, s, be);
+  // The vocabulary rows of the embedding (the lookup gives zeros for the other ranks' ids,
+  // kernels::EmbeddingArgs::id_rows) and of the LM head: views.
+  CHECK_MSG(full.embed.dtype == DType::kF32 || full.embed.dtype == DType::kF16 || full.embed.dtype == DType::kBF16,
+            "tensor parallelism: a {} embedding table cannot be split", dtype_name(full.embed.dtype));
+  w.embed = take_rows(full.embed, s.vocab_begin, s.vocab_rows);
   w.final_norm = full.final_norm;
-  w.lm_head = cfg.tie_word_embeddings ? take_rows(w.embed, 0, s.vocab_rows)
-                                      : take_rows(full.lm_head, s.vocab_begin, s.vocab_rows);
+  w.lm_head = cfg.tie_word_embeddings ? w.embed : take_rows(full.lm_head, s.vocab_begin, s.vocab_rows);
   w.layers.resize(full.layers.size());
   size_t bytes = w.embed.num_bytes() + (cfg.tie_word_embeddings ? 0 : w.lm_head.num_bytes());
   for (size_t l = 0; l < full.layers.size(); ++l) {
@@ -400,12 +387,88 @@ std::shared_ptr<const LoraAdapter> shard_adapter(const LoraAdapter& adapter, con
   return out;
 }
 
-void shard_token_ids(std::span<const int32_t> ids, const TpShard& s, std::vector<int32_t>& out) {
-  out.resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int64_t local = ids[i] - s.vocab_begin;
-    out[i] = static_cast<int32_t>(local >= 0 && local < s.vocab_rows ? local : s.vocab_rows);
+namespace {
+
+k::WeightView copy_matrix(const k::WeightView& w, Backend& be, DType float_target) {
+  if (!w.data) return w;
+  k::WeightView v = w;
+  const auto n = static_cast<size_t>(w.rows * w.cols);
+  if (w.mxfp4()) {
+    void* codes = be.alloc(n / 2);
+    be.copy_to_device(codes, w.data, n / 2);
+    void* scales = be.alloc(n / kMxfp4BlockSize);
+    be.copy_to_device(scales, w.scales, n / kMxfp4BlockSize);
+    v.data = codes;
+    v.scales = static_cast<const uint8_t*>(scales);
+    return v;
   }
+  if (w.int8()) {  // codes, then the row scales, in one allocation (as Backend::quantize_int8 makes them)
+    const size_t codes_bytes = (n + 255) / 256 * 256;
+    auto* base = static_cast<std::byte*>(be.alloc(codes_bytes + static_cast<size_t>(w.rows) * sizeof(float)));
+    be.copy_to_device(base, w.data, n);
+    be.copy_to_device(base + codes_bytes, w.row_scales, static_cast<size_t>(w.rows) * sizeof(float));
+    v.data = base;
+    v.row_scales = reinterpret_cast<const float*>(base + codes_bytes);
+    return v;
+  }
+  return be.matrix_from_host_as(w, float_target);
+}
+
+const float* copy_vector(const float* v, int64_t n, Backend& be) {
+  return v ? be.vector_from_host(v, static_cast<size_t>(n)) : nullptr;
+}
+
+LinearWeights copy_linear(const LinearWeights& lw, Backend& be, DType target) {
+  return {copy_matrix(lw.w, be, target), copy_vector(lw.bias, lw.w.rows, be)};
+}
+
+}  // namespace
+
+ModelWeights copy_weights(const ModelWeights& host, const ModelConfig& local, Backend& be) {
+  const DType wt = be.weight_dtype();
+  const int64_t H = local.hidden_size, D = local.head_dim;
+  const size_t before = be.allocated_bytes();
+  ModelWeights w;
+  w.embed = copy_matrix(host.embed, be, wt);
+  w.lm_head = host.lm_head.data == host.embed.data ? w.embed : copy_matrix(host.lm_head, be, wt);
+  w.final_norm = copy_vector(host.final_norm, H, be);
+  w.layers.resize(host.layers.size());
+  for (size_t l = 0; l < host.layers.size(); ++l) {
+    const LayerWeights& src = host.layers[l];
+    LayerWeights& dst = w.layers[l];
+    dst.input_norm = copy_vector(src.input_norm, H, be);
+    dst.post_attention_norm = copy_vector(src.post_attention_norm, H, be);
+    dst.attn.q = copy_linear(src.attn.q, be, wt);
+    dst.attn.k = copy_linear(src.attn.k, be, wt);
+    dst.attn.v = copy_linear(src.attn.v, be, wt);
+    dst.attn.o = copy_linear(src.attn.o, be, wt);
+    dst.attn.q_norm = copy_vector(src.attn.q_norm, D, be);
+    dst.attn.k_norm = copy_vector(src.attn.k_norm, D, be);
+    dst.attn.sinks = copy_vector(src.attn.sinks, local.num_heads, be);
+    dst.is_moe = src.is_moe;
+    if (!src.is_moe) {
+      dst.mlp = {copy_linear(src.mlp.gate, be, wt), copy_linear(src.mlp.up, be, wt),
+                 copy_linear(src.mlp.down, be, wt)};
+      continue;
+    }
+    dst.moe.router = copy_linear(src.moe.router, be, DType::kF32);
+    for (const k::ExpertView& e : src.moe.experts) {
+      k::ExpertView d;
+      d.gate_up = copy_matrix(e.gate_up, be, wt);
+      d.gate = copy_matrix(e.gate, be, wt);
+      d.up = copy_matrix(e.up, be, wt);
+      d.down = copy_matrix(e.down, be, wt);
+      d.gate_up_bias = copy_vector(e.gate_up_bias, e.gate_up.rows, be);
+      d.down_bias = copy_vector(e.down_bias, H, be);
+      dst.moe.experts.push_back(d);
+    }
+    const size_t bytes = dst.moe.experts.size() * sizeof(k::ExpertView);
+    void* p = be.alloc(bytes);
+    be.copy_to_device(p, dst.moe.experts.data(), bytes);
+    dst.moe.experts_on_device = static_cast<const k::ExpertView*>(p);
+  }
+  w.num_bytes = be.allocated_bytes() - before;
+  return w;
 }
 
 }  // namespace polylora

@@ -5,8 +5,8 @@
 // Column-parallel (q/k/v, gate/up, experts' gate/up, LM head): this rank's output rows of the matrix (a
 // view into the checkpoint, no copy). Row-parallel (o_proj, down, experts' down): this rank's input
 // columns (a copy), the bias on rank 0 only, the partial outputs summed by an all_reduce. The embedding:
-// this rank's vocabulary rows plus a zero row that every token outside them reads (an all_reduce sums the
-// ranks' rows). LoRA: A replicated and B split by output rows on column-parallel modules; A split by input
+// this rank's vocabulary rows (a view; the lookup reads zeros for ids outside them, and an all_reduce sums
+// the ranks' rows). LoRA: A replicated and B split by output rows on column-parallel modules; A split by input
 // columns and B whole on row-parallel ones (each rank adds B·(A_r·x_r), the all_reduce sums them to B·A·x).
 // Expert parallelism (--enable-expert-parallel): the MoE layers' experts are not split; rank r owns the
 // whole experts [r·E/N, (r+1)·E/N) (views, no copy) and their LoRA, and the router stays replicated
@@ -66,11 +66,13 @@ ModelConfig shard_config(const ModelConfig& cfg, const TpShard& shard);
 // This rank's weights (views into `full`, which must outlive them, and copies in `be`'s memory).
 ModelWeights shard_weights(const ModelWeights& full, const ModelConfig& cfg, const TpShard& shard,
                            Backend& be);
+// A copy of `host` (a rank's weights in host memory: shard_weights on a CPU backend) in `be`'s memory (a
+// GPU): float matrices as be.weight_dtype() (the MoE routers as f32, as the loader keeps them), MXFP4
+// and INT8 matrices byte for byte with their scales, vectors as f32. `local`: the rank's config
+// (shard_config), which gives the vectors' lengths.
+ModelWeights copy_weights(const ModelWeights& host, const ModelConfig& local, Backend& be);
 // This rank's part of an adapter of the whole model (name, generation and ranks kept).
 std::shared_ptr<const LoraAdapter> shard_adapter(const LoraAdapter& adapter, const ModelConfig& cfg,
                                                  const TpShard& shard);
-// Token ids as rows of this rank's embedding table: id - vocab_begin inside its rows, vocab_rows (the
-// zero row) outside.
-void shard_token_ids(std::span<const int32_t> ids, const TpShard& shard, std::vector<int32_t>& out);
 
 }  // namespace polylora

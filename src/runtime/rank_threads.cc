@@ -39,6 +39,12 @@ void RankThreads::run_rank(int rank) {
       failure_ = {rank, message, original};
   }
   group_.communicator(rank).abort(message);
+  if (abort_hook_) {
+    try {
+      abort_hook_(message);
+    } catch (...) {  // the group is failed already; the hook's own error adds nothing
+    }
+  }
 }
 
 void RankThreads::worker_main(int rank) {

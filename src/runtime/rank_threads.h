@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/communicator.h"
@@ -33,6 +34,10 @@ class RankThreads {
   // first and its message ("tensor-parallel rank 1 of 2 failed: ..."). The group stays aborted: every
   // later run() throws the same error at once. One run() at a time (the engine thread's).
   void run(const std::function<void(int rank)>& job);
+  // Also called (on the failing rank's thread) when a rank fails, with its message: communicators of
+  // the group other than this one's CPU group (NCCL on GPUs) are aborted there, so their other ranks do
+  // not wait for it.
+  void set_abort_hook(std::function<void(const std::string& reason)> hook) { abort_hook_ = std::move(hook); }
 
  private:
   void worker_main(int rank);
@@ -55,6 +60,7 @@ class RankThreads {
   Failure failure_;
   std::string failed_;  // set once run() has thrown: the error every later run() throws
   std::vector<std::thread> threads_;
+  std::function<void(const std::string&)> abort_hook_;
 };
 
 }  // namespace polylora

@@ -49,6 +49,20 @@ TEST(GpuElementwise, Embedding) {
           {.ids = ar.up(ids), .m = m, .table = ar.raw_weight(table.view), .out = out, .ld_out = ld});
       expect_close(ar.down(out, ref.size()), ref, 0.0f, 0.0f,
                    std::string("embedding ") + k::test::dtype_str(dt));
+      // The same table as a vocabulary shard holding ids [20, 20 + vocab) (tensor parallelism): ids below
+      // or past it read zeros.
+      std::vector<int32_t> global(ids.size());
+      for (size_t t = 0; t < ids.size(); ++t) global[t] = t % 3 == 1 ? static_cast<int32_t>(t) : ids[t] + 20;
+      const k::EmbeddingArgs shard{.ids = global.data(), .m = m, .table = table.view, .out = ref.data(),
+                                   .ld_out = ld, .id_begin = 20, .id_rows = vocab};
+      k::ref::embedding(shard);
+      k::EmbeddingArgs on_device = shard;
+      on_device.ids = ar.up(global);
+      on_device.table = ar.raw_weight(table.view);
+      on_device.out = ar.zeros<float>(ref.size());
+      ar.be().embedding(on_device);
+      expect_close(ar.down(on_device.out, ref.size()), ref, 0.0f, 0.0f,
+                   std::string("embedding shard ") + k::test::dtype_str(dt));
     }
   }
 }

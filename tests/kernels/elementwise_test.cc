@@ -149,5 +149,34 @@ TEST(EmbeddingCpu, AllDtypesExact) {
   }
 }
 
+// A vocabulary shard (tensor parallelism): the table holds ids [100, 100 + rows); every other id reads zeros,
+// the ids inside read their row (id - 100), on the reference and on the fast path.
+TEST(EmbeddingCpu, VocabularyShard) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const int64_t rows = 11, hidden = 19, ld = hidden + 2;
+    test::TestWeight table = test::make_weight(rows, hidden, dtype, 4);
+    const std::vector<int32_t> ids = {99, 100, 105, 110, 111, 0, 107, 5000};
+    const int64_t m = static_cast<int64_t>(ids.size());
+    std::vector<float> expect(static_cast<size_t>(m * ld), 7.0f);
+    for (int64_t t = 0; t < m; ++t) {
+      const int64_t row = ids[t] - 100;
+      for (int64_t c = 0; c < hidden; ++c)
+        expect[t * ld + c] = row >= 0 && row < rows ? table.view.at(row, c) : 0.0f;
+    }
+    for (bool fast : {false, true}) {
+      std::vector<float> out(expect.size(), 7.0f);
+      EmbeddingArgs a{.ids = ids.data(),
+                      .m = m,
+                      .table = table.view,
+                      .out = out.data(),
+                      .ld_out = ld,
+                      .id_begin = 100,
+                      .id_rows = rows};
+      fast ? cpu::embedding(a) : ref::embedding(a);
+      test::expect_close(out, expect, 0.0f, 0.0f, std::string(fast ? "cpu " : "ref ") + test::dtype_str(dtype));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace polylora::kernels

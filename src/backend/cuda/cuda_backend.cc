@@ -18,6 +18,7 @@
 #include <map>
 
 #include <algorithm>
+#include <atomic>
 #include <unordered_map>
 #include <vector>
 
@@ -170,10 +171,27 @@ class CudaUploadStaging final : public UploadStaging {
   std::vector<cudaEvent_t> converted_;
 };
 
+// Tensor parallelism puts backends of several GPUs in one process, each called from several threads (its
+// rank's, the engine's, the adapter upload thread): once a backend of a GPU other than 0 exists, every
+// call makes its backend's GPU current first (a thread starts on GPU 0, so until then nothing is needed;
+// the calls of a single-GPU process stay as they were).
+std::atomic<bool> g_several_devices{false};
+
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (!g_several_devices.load(std::memory_order_relaxed)) return;
+    int current = -1;
+    CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) CUDA_CHECK(cudaSetDevice(device));
+  }
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, DType weight_dtype, int64_t bf16_split_max_rows)
       : device_(device), weight_dtype_(weight_dtype), bf16_split_max_rows_(bf16_split_max_rows) {
+    if (device_ != 0) g_several_devices.store(true);
     CUDA_CHECK(cudaSetDevice(device_));
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -188,6 +206,7 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   }
   ~CudaBackend() override {
+    if (g_several_devices.load()) cudaSetDevice(device_);  // errors ignored, as below
     print_profile();
     // Errors are ignored here: a destructor must not throw, and the process may be shutting down.
     cudaStreamSynchronize(stream_);
@@ -200,8 +219,25 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   DType weight_dtype() const override { return weight_dtype_; }
+  int device_index() const override { return device_; }
+  void* queue_handle() const override { return stream_; }
+  std::unique_ptr<Backend> make_peer(int device) const override {
+    int current = 0;
+    CUDA_CHECK(cudaGetDevice(&current));
+    auto peer = std::make_unique<CudaBackend>(device, weight_dtype_, bf16_split_max_rows_);
+    CUDA_CHECK(cudaSetDevice(current));  // the calling thread keeps its GPU
+    return peer;
+  }
+  void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+               size_t rows) override {
+    DeviceScope on_device(device_);
+    if (width == 0 || rows == 0) return;
+    CUDA_CHECK(
+        cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, stream_));
+  }
 
   void* alloc(size_t bytes) override {
+    DeviceScope on_device(device_);
     size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, rounded);
@@ -216,6 +252,7 @@ class CudaBackend final : public Backend {
     return p;
   }
   void free(void* ptr) override {
+    DeviceScope on_device(device_);
     auto it = blocks_.find(ptr);
     if (it == blocks_.end()) return;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -225,26 +262,34 @@ class CudaBackend final : public Backend {
   }
   // Synchronous: the host buffer may be reused as soon as this returns.
   void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    DeviceScope on_device(device_);
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    DeviceScope on_device(device_);
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    DeviceScope on_device(device_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   std::unique_ptr<UploadStaging> make_upload_staging(int num_buffers, size_t buffer_bytes) override {
+    DeviceScope on_device(device_);
     CHECK(num_buffers > 0 && buffer_bytes > 0);
     return std::make_unique<CudaUploadStaging>(device_, stream_, num_buffers, buffer_bytes);
   }
   void copy_to_device_async(void* dst, const void* src, size_t bytes) override {
+    DeviceScope on_device(device_);
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
   }
 
   void* alloc_host(size_t bytes) override {
+    DeviceScope on_device(device_);
     void* p = nullptr;
     size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
     cudaError_t err = cudaHostAlloc(&p, rounded, cudaHostAllocDefault);
@@ -256,33 +301,43 @@ class CudaBackend final : public Backend {
     return p;
   }
   void free_host(void* ptr) override {
+    DeviceScope on_device(device_);
     if (!ptr) return;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     CUDA_CHECK(cudaFreeHost(ptr));
   }
   void copy_to_host_async(void* dst, const void* src, size_t bytes) override {
+    DeviceScope on_device(device_);
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   }
   void* create_event() override {
+    DeviceScope on_device(device_);
     cudaEvent_t e = nullptr;
     CUDA_CHECK(cudaEventCreate(&e));
     return e;
   }
   void destroy_event(void* event) override {
+    DeviceScope on_device(device_);
     if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
   }
   void record_event(void* event) override {
+    DeviceScope on_device(device_);
     CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream_));
   }
-  void wait_event(void* event) override { CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+  void wait_event(void* event) override {
+    DeviceScope on_device(device_);
+    CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+  }
   bool event_done(void* event) override {
+    DeviceScope on_device(device_);
     cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
     if (err == cudaErrorNotReady) return false;
     CUDA_CHECK(err);
     return true;
   }
   double event_elapsed(void* start, void* end) override {
+    DeviceScope on_device(device_);
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
     return ms / 1e3;
@@ -291,10 +346,12 @@ class CudaBackend final : public Backend {
   // Graphs: not while POLYLORA_CUDA_PROFILE synchronizes around every op.
   bool supports_graphs() const override { return !profile_; }
   void begin_capture() override {
+    DeviceScope on_device(device_);
     capturing_ = true;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   }
   void* end_capture() override {
+    DeviceScope on_device(device_);
     capturing_ = false;
     cudaGraph_t graph = nullptr;
     cudaError_t err = cudaStreamEndCapture(stream_, &graph);
@@ -313,15 +370,18 @@ class CudaBackend final : public Backend {
     return exec;
   }
   void run_graph(void* graph) override {
+    DeviceScope on_device(device_);
     CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream_));
   }
   void destroy_graph(void* graph) override {
+    DeviceScope on_device(device_);
     if (!graph) return;
     cudaStreamSynchronize(stream_);
     cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
   }
   uint64_t workspace_epoch() const override { return workspace_epoch_; }
   void gpu_timer_start() override {
+    DeviceScope on_device(device_);
     if (!timer_events_[0]) {
       CUDA_CHECK(cudaEventCreate(&timer_events_[0]));
       CUDA_CHECK(cudaEventCreate(&timer_events_[1]));
@@ -329,6 +389,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaEventRecord(timer_events_[0], stream_));
   }
   double gpu_timer_stop() override {
+    DeviceScope on_device(device_);
     if (!timer_events_[0]) return 0;
     CUDA_CHECK(cudaEventRecord(timer_events_[1], stream_));
     CUDA_CHECK(cudaEventSynchronize(timer_events_[1]));
@@ -338,6 +399,7 @@ class CudaBackend final : public Backend {
   }
 
   k::WeightView matrix_from_host_as(const k::WeightView& host, DType target) override {
+    DeviceScope on_device(device_);
     switch (host.dtype) {
       case DType::kF32:
       case DType::kF16:
@@ -371,12 +433,14 @@ class CudaBackend final : public Backend {
     return {dst, target, host.rows, host.cols};
   }
   k::WeightView random_matrix(int64_t rows, int64_t cols, float stddev, uint64_t seed) override {
+    DeviceScope on_device(device_);
     const size_t n = static_cast<size_t>(rows * cols);
     void* dst = alloc(n * dtype_size(weight_dtype_));
     cuda_backend::fill_random(dst, weight_dtype_, n, stddev, seed, stream_);
     return {dst, weight_dtype_, rows, cols};
   }
   k::WeightView random_mxfp4(int64_t rows, int64_t cols, uint8_t scale, uint64_t seed) override {
+    DeviceScope on_device(device_);
     const size_t n = static_cast<size_t>(rows * cols);
     void* codes = alloc(n / 2);
     void* scales = alloc(n / kMxfp4BlockSize);
@@ -385,6 +449,7 @@ class CudaBackend final : public Backend {
     return {codes, DType::kU8, rows, cols, static_cast<const uint8_t*>(scales)};
   }
   k::WeightView quantize_int8(const k::WeightView& w) override {
+    DeviceScope on_device(device_);
     CHECK_MSG(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
               "quantize_int8: a {} matrix cannot be quantized (expected F32, F16 or BF16)",
               dtype_name(w.dtype));
@@ -398,6 +463,7 @@ class CudaBackend final : public Backend {
     return q;
   }
   const float* vector_from_host(const float* host, size_t n) override {
+    DeviceScope on_device(device_);
     auto* p = static_cast<float*>(alloc(n * sizeof(float)));
     copy_to_device(p, host, n * sizeof(float));
     return p;
@@ -405,6 +471,7 @@ class CudaBackend final : public Backend {
   size_t allocated_bytes() const override { return allocated_ + workspace_bytes_; }
   int64_t default_split_dense_lora_max_rows() const override { return 64; }
   std::pair<size_t, size_t> memory_info() const override {
+    DeviceScope on_device(device_);
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     return {free_bytes, total};
@@ -419,13 +486,16 @@ class CudaBackend final : public Backend {
         lora && !keep && tokens > k::kernel_tuning(k::TuningShape{}).lora_pdl_max_tokens;
   }
   void embedding(const k::EmbeddingArgs& a) override {
+    DeviceScope on_device(device_);
     timed("embedding", [&] { k::cuda::embedding(a, ctx()); });
   }
   void linear(const k::LinearArgs& a) override {
+    DeviceScope on_device(device_);
     ensure_workspace(k::cuda::linear_workspace_bytes(a, ctx()));
     timed(a.m <= 64 ? "linear (m<=64)" : "linear (m>64)", [&] { k::cuda::linear(a, ctx()); });
   }
   void linear_group(std::span<const k::LinearArgs> group) override {
+    DeviceScope on_device(device_);
     const auto count = static_cast<int64_t>(group.size());
     if (!k::cuda::linear_group_fused(group.data(), count, ctx())) {
       for (const k::LinearArgs& a : group) linear(a);
@@ -434,60 +504,77 @@ class CudaBackend final : public Backend {
     timed("linear (m<=64)", [&] { k::cuda::linear_group(group.data(), count, ctx()); });  // streamed
   }
   void rms_norm(const k::RmsNormArgs& a) override {
+    DeviceScope on_device(device_);
     timed("rms_norm", [&] { k::cuda::rms_norm(a, ctx()); });
   }
   void add_rms_norm(const k::AddRmsNormArgs& a) override {
+    DeviceScope on_device(device_);
     timed("add_rms_norm", [&] { k::cuda::add_rms_norm(a, ctx()); });
   }
   void rope(const k::RopeArgs& a) override {
+    DeviceScope on_device(device_);
     timed("rope", [&] { k::cuda::rope(a, ctx()); });
   }
   void write_kv(const k::KvWriteArgs& a) override {
+    DeviceScope on_device(device_);
     timed("write_kv", [&] { k::cuda::write_kv(a, ctx()); });
   }
   void rope_kv_write(const k::RopeKvWriteArgs& a) override {
+    DeviceScope on_device(device_);
     timed("rope_kv_write", [&] { k::cuda::rope_kv_write(a, ctx()); });
   }
   void attention(const k::AttentionArgs& a) override {
+    DeviceScope on_device(device_);
     ensure_workspace(k::cuda::attention_workspace_bytes(a));
     timed("attention", [&] { k::cuda::attention(a, ctx(), weight_dtype_ != DType::kF32); });
   }
   void silu_and_mul(const k::SiluAndMulArgs& a) override {
+    DeviceScope on_device(device_);
     timed("silu_and_mul", [&] { k::cuda::silu_and_mul(a, ctx()); });
   }
   void gpt_oss_swiglu(const k::GptOssSwigluArgs& a) override {
+    DeviceScope on_device(device_);
     timed("gpt_oss_swiglu", [&] { k::cuda::gpt_oss_swiglu(a, ctx()); });
   }
   void lora_apply(const k::LoraApplyArgs& a) override {
+    DeviceScope on_device(device_);
     timed("lora_apply", [&] { k::cuda::lora_apply(a, ctx()); });
   }
   void lora_batch(const k::LoraBatchArgs& a) override {
+    DeviceScope on_device(device_);
     ensure_workspace(k::cuda::lora_batch_workspace_bytes(a));
     timed("lora_batch", [&] { k::cuda::lora_batch(a, ctx()); });
   }
   void route(const k::RouteArgs& a) override {
+    DeviceScope on_device(device_);
     timed("route", [&] { k::cuda::route(a, ctx()); });
   }
   void moe_experts(const k::MoeExpertsArgs& a) override {
+    DeviceScope on_device(device_);
     ensure_workspace(k::cuda::moe_experts_workspace_bytes(a, ctx()));
     const char* op = a.experts_mxfp4 ? (a.m <= 64 ? "moe_experts mxfp4 (m<=64)" : "moe_experts mxfp4 (m>64)")
                                      : (a.m <= 64 ? "moe_experts (m<=64)" : "moe_experts (m>64)");
     timed(op, [&] { k::cuda::moe_experts(a, weight_dtype_ != DType::kF32, ctx()); });
   }
   void add_inplace(float* y, const float* x, int64_t n) override {
+    DeviceScope on_device(device_);
     timed("add_inplace", [&] { cuda_backend::add_inplace(y, x, n, stream_); });
   }
   void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols,
                    float* dst) override {
+    DeviceScope on_device(device_);
     cuda_backend::gather_rows(src, rows, num_rows, cols, dst, stream_);
   }
   void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src) override {
+    DeviceScope on_device(device_);
     cuda_backend::feed_tokens(dst, pairs, n, src, stream_);
   }
   void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
+    DeviceScope on_device(device_);
     cuda_backend::argmax_rows(x, rows, cols, ids, stream_);
   }
   void sample(const k::SampleArgs& a) override {
+    DeviceScope on_device(device_);
     timed("sample", [&] { k::cuda::sample(a, ctx()); });
   }
 

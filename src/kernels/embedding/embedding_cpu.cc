@@ -3,6 +3,8 @@
 // Must not: allocate; validate ids (the caller does).
 #include <omp.h>
 
+#include <algorithm>
+
 #include "kernels/cpu_simd.h"
 #include "kernels/embedding/embedding.h"
 
@@ -14,7 +16,12 @@ void embedding(const EmbeddingArgs& a) {
   bool parallel = a.m > 1 && a.m * a.table.cols >= simd::kMinParallelWork && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t t = 0; t < a.m; ++t) {
-    simd::to_f32(base + static_cast<size_t>(a.ids[t]) * row_bytes, a.table.dtype, a.table.cols,
+    const int64_t row = embedding_row(a, a.ids[t]);
+    if (row < 0) {
+      std::fill_n(a.out + t * a.ld_out, a.table.cols, 0.0f);
+      continue;
+    }
+    simd::to_f32(base + static_cast<size_t>(row) * row_bytes, a.table.dtype, a.table.cols,
                  a.out + t * a.ld_out);
   }
 }

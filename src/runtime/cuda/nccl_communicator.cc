@@ -327,8 +327,13 @@ void NcclCommunicator::abort(std::string_view reason) {
   }
 }
 
-NcclCommunicatorGroup::NcclCommunicatorGroup(std::span<const int> devices) {
+NcclCommunicatorGroup::NcclCommunicatorGroup(std::span<const int> devices)
+    : NcclCommunicatorGroup(devices, {}) {}
+
+NcclCommunicatorGroup::NcclCommunicatorGroup(std::span<const int> devices, std::span<cudaStream_t const> streams) {
   if (devices.empty()) fail("NCCL communicator group: no devices");
+  if (!streams.empty() && streams.size() != devices.size())
+    fail("NCCL communicator group: {} streams for {} devices", streams.size(), devices.size());
   int visible = 0;
   check_cuda(cudaGetDeviceCount(&visible), "cudaGetDeviceCount");
   for (int d : devices)
@@ -344,8 +349,12 @@ NcclCommunicatorGroup::NcclCommunicatorGroup(std::span<const int> devices) {
   for (int i = 0; i < n; ++i) {
     check_cuda(cudaSetDevice(devices[static_cast<size_t>(i)]), "cudaSetDevice");
     cudaStream_t s = nullptr;
-    check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    streams_.push_back(s);
+    if (streams.empty()) {
+      check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      streams_.push_back(s);
+    } else {
+      s = streams[static_cast<size_t>(i)];
+    }
     ranks_.push_back(std::unique_ptr<NcclCommunicator>(
         new NcclCommunicator(NcclCommunicator::Adopt{}, comms[static_cast<size_t>(i)], i, n,
                              devices[static_cast<size_t>(i)], s, shared)));
@@ -357,7 +366,7 @@ NcclCommunicatorGroup::~NcclCommunicatorGroup() {
     const int device = ranks_[i]->device();
     ranks_[i].reset();
     cudaSetDevice(device);
-    cudaStreamDestroy(streams_[i]);
+    if (i < streams_.size()) cudaStreamDestroy(streams_[i]);
   }
 }
 

@@ -100,6 +100,9 @@ class NcclCommunicator : public Communicator {
 class NcclCommunicatorGroup {
  public:
   explicit NcclCommunicatorGroup(std::span<const int> devices);
+  // The same, rank r queuing on streams[r] (a stream of devices[r], owned by the caller and outliving the
+  // group): a model's ranks put their collectives on their backends' streams, in order with their ops.
+  NcclCommunicatorGroup(std::span<const int> devices, std::span<cudaStream_t const> streams);
   ~NcclCommunicatorGroup();
   NcclCommunicatorGroup(const NcclCommunicatorGroup&) = delete;
   NcclCommunicatorGroup& operator=(const NcclCommunicatorGroup&) = delete;
@@ -110,7 +113,7 @@ class NcclCommunicatorGroup {
   void shutdown(std::string_view reason);
 
  private:
-  std::vector<cudaStream_t> streams_;
+  std::vector<cudaStream_t> streams_;  // the streams the group made (destroyed with it)
   std::vector<std::unique_ptr<NcclCommunicator>> ranks_;
 };
 
