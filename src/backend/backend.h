@@ -168,6 +168,11 @@ class Backend {
   virtual void run_graph(void* graph) {}
   virtual void destroy_graph(void* graph) {}
   virtual uint64_t workspace_epoch() const { return 0; }
+  // Dry run (for recording graphs without running the step first): while on, ops reserve the workspace
+  // they need but queue no kernel, so a capture right after finds every buffer in place. Only meaningful
+  // where graphs exist (CUDA); the CPU runs its ops regardless.
+  void set_dry_run(bool on) { dry_run_ = on; }
+  bool dry_run() const { return dry_run_; }
   // GPU time of what is queued between gpu_timer_start() and gpu_timer_stop() (which waits for it), in
   // seconds; 0 where not measured (the CPU).
   virtual void gpu_timer_start() {}
@@ -234,6 +239,7 @@ class Backend {
 
  protected:
   virtual int64_t default_split_dense_lora_max_rows() const { return 0; }
+  bool dry_run_ = false;
 
  private:
   int64_t split_dense_lora_max_rows_ = -1;

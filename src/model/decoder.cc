@@ -411,7 +411,7 @@ void Model::lm_head_parallel(const float* in, int64_t rows, float* logits) {
   float* mine = ensure_buffer<float>(be, ws.logits_shard, rows * W, ws.epoch);
   float* all = ensure_buffer<float>(be, ws.logits_all, N * rows * W, ws.epoch);
   be.linear({.x = in, .m = rows, .ldx = config_.hidden_size, .w = weights_.lm_head, .bias = nullptr, .y = mine, .ldy = W});
-  comm_->all_gather(mine, all, static_cast<size_t>(rows * W), DType::kF32);
+  if (!be.dry_run()) comm_->all_gather(mine, all, static_cast<size_t>(rows * W), DType::kF32);
   if (tp_.rank != 0) return;
   for (int64_t r = 0; r < N; ++r) {
     const int64_t begin = std::min(V, r * W), n = std::min(W, V - begin);
@@ -461,7 +461,8 @@ ForwardBatch Model::pad_for_graph(const ForwardBatch& b, int64_t size) const {
 }
 
 void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
-                         std::span<const LoraAdapter* const> adapters, const TokenFeed& feed, bool with_lora) {
+                         std::span<const LoraAdapter* const> adapters, const TokenFeed& feed, bool with_lora,
+                         bool run) {
   Backend& be = *backend_;
   Workspace& ws = *ws_;
   const int64_t S = b.num_seqs();
@@ -484,22 +485,66 @@ void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> 
     be.run_graph(g.exec);
     return;
   }
-  // This step runs eagerly (sizing every buffer for this shape), then its shape is recorded.
+  // The graph is recorded after a dry run of the step has sized every buffer for this shape (ops reserve
+  // their workspace, no kernel runs), then replayed for this step's results (at start-up, `run` false:
+  // dummy steps, not replayed, but under tensor parallelism they are, so every rank runs the same
+  // collectives). Where that recording fails (POLYLORA_GRAPH_DRY_SIZING=0: always), the step runs eagerly
+  // instead and is recorded after it, as before dry runs existed.
   if (g.exec) be.destroy_graph(g.exec);
   g = Graph{};
+  static const bool dry_sizing = [] {
+    const char* e = std::getenv("POLYLORA_GRAPH_DRY_SIZING");
+    return !(e && std::string(e) == "0");
+  }();
+  if (dry_sizing) {
+    be.set_dry_run(true);
+    try {
+      run_layers(p, kv, si, inputs);
+    } catch (...) {
+      be.set_dry_run(false);
+      throw;
+    }
+    be.set_dry_run(false);
+    if (void* exec = record(p, kv, si, inputs)) {
+      g = {exec, ws.epoch, be.workspace_epoch(), kv_key};
+      ++graph_recordings_.after_dry_run;
+      if (run || comm_) be.run_graph(exec);
+      return;
+    }
+  }
   run_layers(p, kv, si, inputs);
-  const uint64_t ws_epoch = ws.epoch, backend_epoch = be.workspace_epoch();
-  be.begin_capture();
-  run_layers(p, kv, si, inputs);
-  void* exec = be.end_capture();
-  if (!exec || ws.epoch != ws_epoch || be.workspace_epoch() != backend_epoch) {
-    if (exec) be.destroy_graph(exec);
-    spdlog::warn("CUDA graph capture of a {}-sequence decode step{} failed; running decode steps eagerly", size,
-                 with_lora ? " with LoRA" : "");
-    graphs_enabled_ = false;
+  if (void* exec = record(p, kv, si, inputs)) {
+    g = {exec, ws.epoch, be.workspace_epoch(), kv_key};
+    ++graph_recordings_.after_eager_run;
     return;
   }
-  g = {exec, ws_epoch, backend_epoch, kv_key};
+  spdlog::warn("CUDA graph capture of a {}-sequence decode step{} failed; running decode steps eagerly", size,
+               with_lora ? " with LoRA" : "");
+  graphs_enabled_ = false;
+}
+
+// Records the step's ops as a graph; nullptr when the capture failed (an op that threw included) or a
+// buffer moved while it ran (the graph would hold a freed pointer).
+void* Model::record(const ForwardBatch& p, std::span<const k::KvCacheView> kv, const StepInputs& si,
+                    std::byte* inputs) {
+  Backend& be = *backend_;
+  Workspace& ws = *ws_;
+  const uint64_t ws_epoch = ws.epoch, backend_epoch = be.workspace_epoch();
+  void* exec = nullptr;
+  be.begin_capture();
+  try {
+    run_layers(p, kv, si, inputs);
+  } catch (const std::exception& e) {
+    spdlog::debug("CUDA graph capture: {}", e.what());
+    if (void* partial = be.end_capture()) be.destroy_graph(partial);
+    return nullptr;
+  }
+  exec = be.end_capture();
+  if (exec && (ws.epoch != ws_epoch || be.workspace_epoch() != backend_epoch)) {
+    be.destroy_graph(exec);
+    return nullptr;
+  }
+  return exec;
 }
 
 void Model::warm_up(std::span<const k::KvCacheView> kv, int64_t tokens, int64_t logits_rows) {
@@ -559,11 +604,14 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (graphs_enabled_)
-    spdlog::info("CUDA graphs: captured {} decode shapes ({} to {} sequences{}) in {:.2f} s{}{}",
-                 graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(),
-                 lora_ && lora_->reserved() ? ", each without and with LoRA" : "", seconds,
-                 options.warmup_tokens > 0 ? " (warm-up included)" : "",
-                 tp_threads_ ? fmt::format(", on each of {} ranks", tp_.size) : "");
+    spdlog::info(
+        "CUDA graphs: captured {} decode shapes ({} to {} sequences{}) in {:.2f} s{}{}; {} recorded after a dry "
+        "run, {} after an eager run (so far)",
+        graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(),
+        lora_ && lora_->reserved() ? ", each without and with LoRA" : "", seconds,
+        options.warmup_tokens > 0 ? " (warm-up included)" : "",
+        tp_threads_ ? fmt::format(", on each of {} ranks", tp_.size) : "", graph_recordings_.after_dry_run,
+        graph_recordings_.after_eager_run);
 }
 
 void Model::prepare_graphs_local(std::span<const k::KvCacheView> kv, const GraphOptions& options) {
@@ -589,7 +637,7 @@ void Model::prepare_graphs_local(std::span<const k::KvCacheView> kv, const Graph
     if (with_lora && !lora) break;
     for (auto it = graph_sizes_.rbegin();
          it != graph_sizes_.rend() && (graphs_enabled_ || comm_ != nullptr) && !kv.empty(); ++it)
-      launch_graph(pad_for_graph(ForwardBatch{}, *it), kv, {}, {}, with_lora);
+      launch_graph(pad_for_graph(ForwardBatch{}, *it), kv, {}, {}, with_lora, /*run=*/false);
   }
   backend_->synchronize();
 }

@@ -160,6 +160,13 @@ class Model : public AdapterDevice {
   // buffer for the largest step, so memory can be measured (and graphs captured) after it.
   void warm_up(std::span<const kernels::KvCacheView> kv, int64_t tokens, int64_t logits_rows);
   bool graphs_enabled() const { return graphs_enabled_; }
+  // Graphs recorded so far (this rank's): after a dry run sized the buffers, or after an eager run of the
+  // step (the fallback where a recording after a dry run failed, or POLYLORA_GRAPH_DRY_SIZING=0).
+  struct GraphRecordings {
+    int64_t after_dry_run = 0;
+    int64_t after_eager_run = 0;
+  };
+  GraphRecordings graph_recordings() const { return graph_recordings_; }
   // With timing on, each step measures (events) the GPU time from its first input copy to end_step()
   // (its sampling included), and the idle gap on the GPU between the previous step's end and this
   // step's start (host time the GPU waited for; ~0 when the step was queued ahead), for benchmarks.
@@ -226,9 +233,12 @@ class Model : public AdapterDevice {
   void forward_impl(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
                     std::span<const LoraAdapter* const> adapters, float* logits, int32_t* ids);
   // Replays (or records) the graph of the step's padded size; with LoRA kernels when the step has adapters
-  // or `with_lora` (capture at start-up).
+  // or `with_lora` (capture at start-up, where `run` false records without running the dummy step).
   void launch_graph(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
-                    std::span<const LoraAdapter* const> adapters, const TokenFeed& feed, bool with_lora = false);
+                    std::span<const LoraAdapter* const> adapters, const TokenFeed& feed, bool with_lora = false,
+                    bool run = true);
+  void* record(const ForwardBatch& p, std::span<const kernels::KvCacheView> kv, const StepInputs& si,
+               std::byte* inputs);
   // Copies the first `rows` logits rows, or their argmax ids, to the host.
   void read_output(int64_t rows, float* logits, int32_t* ids);
 
@@ -244,6 +254,7 @@ class Model : public AdapterDevice {
   bool async_uploads_ = false;
   int upload_delay_ms_ = 0;
   bool graphs_enabled_ = false;
+  GraphRecordings graph_recordings_;
   bool gpu_timing_ = false;
   double last_gpu_seconds_ = 0, last_gap_seconds_ = 0;
   struct StepTimer;

@@ -241,7 +241,8 @@ std::span<const k::KvCacheView> Model::mirror_kv(std::span<const k::KvCacheView>
 }
 
 void Model::all_reduce_sum(float* x, int64_t n) {
-  if (comm_) comm_->all_reduce(x, x, static_cast<size_t>(n), DType::kF32, ReduceOp::kSum);
+  // (A dry run, which sizes buffers before a graph is recorded, runs no collective: every rank skips them.)
+  if (comm_ && !backend_->dry_run()) comm_->all_reduce(x, x, static_cast<size_t>(n), DType::kF32, ReduceOp::kSum);
 }
 
 const LoraAdapter& Model::rank_adapter(int32_t slot, const LoraAdapter& adapter) {

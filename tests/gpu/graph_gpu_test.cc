@@ -1,7 +1,8 @@
 // tests/gpu/graph_gpu_test.cc: CUDA graphs of decode steps. A replayed graph must give exactly (bit for
 // bit) the logits of the same padded step run eagerly, at every capture size; greedy on the device
 // (forward_argmax) must pick the first argmax of those logits; and decoding through the engine with
-// graphs must give the same greedy tokens as with --enforce-eager.
+// graphs must give the same greedy tokens as with --enforce-eager. At start-up every shape is recorded right
+// after a dry run (buffers sized, no kernel run), never after an eager run of the dummy step.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -126,8 +127,12 @@ TEST_P(GraphGpuTest, ReplayEqualsEagerAtEverySize) {
   GraphOptions off;
   for (int64_t n : {1, 2, 3, 4, 5, 8}) {
     const int64_t size = n <= 2 ? n : n <= 4 ? 4 : 8;
+    const Model::GraphRecordings before = model->graph_recordings();
     model->prepare_graphs(kv.views(), on);
     ASSERT_TRUE(model->graphs_enabled()) << "graph capture failed";
+    // Every shape was recorded right after a dry run (no eager run of the dummy steps at start-up).
+    EXPECT_EQ(model->graph_recordings().after_dry_run - before.after_dry_run, 4) << gc.model;
+    EXPECT_EQ(model->graph_recordings().after_eager_run, before.after_eager_run) << gc.model;
     ForwardBatch step = decode_batch(n, len, tok, 3);  // narrower tables than the graphs': padded
     std::vector<float> replay(static_cast<size_t>(n * V)), replay2(static_cast<size_t>(n * V));
     model->forward(step, kv.views(), {}, replay.data());

@@ -563,7 +563,7 @@ class CudaBackend final : public Backend {
   void gather_rows(const float* src, const int32_t* rows, int64_t num_rows, int64_t cols,
                    float* dst) override {
     DeviceScope on_device(device_);
-    cuda_backend::gather_rows(src, rows, num_rows, cols, dst, stream_);
+    timed("gather_rows", [&] { cuda_backend::gather_rows(src, rows, num_rows, cols, dst, stream_); });
   }
   void feed_tokens(int32_t* dst, const int32_t* pairs, int64_t n, const int32_t* src) override {
     DeviceScope on_device(device_);
@@ -571,7 +571,7 @@ class CudaBackend final : public Backend {
   }
   void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
     DeviceScope on_device(device_);
-    cuda_backend::argmax_rows(x, rows, cols, ids, stream_);
+    timed("argmax_rows", [&] { cuda_backend::argmax_rows(x, rows, cols, ids, stream_); });
   }
   void sample(const k::SampleArgs& a) override {
     DeviceScope on_device(device_);
@@ -579,10 +579,13 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The ops' kernels are queued through timed(), so a dry run skips them (feed_tokens and the copies are
+  // step inputs, queued outside the forward pass).
   // POLYLORA_CUDA_PROFILE=1: each op is bracketed by stream synchronizations and its wall time summed per
   // op name; the totals are printed to stderr when the backend is destroyed (a diagnostic, not for serving).
   template <typename Fn>
   void timed(const char* op, Fn&& fn) {
+    if (dry_run_) return;  // the caller reserved the op's workspace; nothing is queued
     if (!profile_) {
       fn();
       return;
