@@ -1,0 +1,114 @@
+// tests/unit/model/copy_weights_test.cc: copy_weights (model/tp_shard.h), which puts a tensor-parallel rank's
+// shard on its GPU, walked here onto a second CPU backend: for every fixture architecture (dense, MoE with
+// separate and fused gate/up, GPT-OSS's biases and sinks, MXFP4 experts, INT8 weights) and every rank of a
+// 2-way split, each matrix, vector and expert of the copy holds the shard's values, none is left out, the
+// routers stay f32, and the MXFP4 and INT8 copies (real copies on every backend) are in new memory.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/tp_shard.h"
+#include "unit/test_util.h"
+
+namespace polylora {
+namespace {
+
+namespace k = kernels;
+
+void expect_same_matrix(const k::WeightView& a, const k::WeightView& b, const std::string& what) {
+  ASSERT_EQ(a.empty(), b.empty()) << what;
+  if (a.empty()) return;
+  ASSERT_EQ(a.rows, b.rows) << what;
+  ASSERT_EQ(a.cols, b.cols) << what;
+  ASSERT_EQ(a.dtype, b.dtype) << what;
+  if (a.mxfp4() || a.int8()) EXPECT_NE(a.data, b.data) << what << ": not copied";
+  std::vector<float> ra(static_cast<size_t>(a.cols)), rb(ra.size());
+  for (int64_t r = 0; r < a.rows; ++r) {
+    a.row_to_f32(r, ra.data());
+    b.row_to_f32(r, rb.data());
+    ASSERT_EQ(ra, rb) << what << " row " << r;
+  }
+}
+
+void expect_same_vector(const float* a, const float* b, int64_t n, const std::string& what) {
+  ASSERT_EQ(a == nullptr, b == nullptr) << what;
+  if (!a) return;
+  EXPECT_NE(a, b) << what << ": not copied";
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a[i], b[i]) << what << " [" << i << "]";
+}
+
+void expect_same_linear(const LinearWeights& a, const LinearWeights& b, const std::string& what) {
+  expect_same_matrix(a.w, b.w, what);
+  expect_same_vector(a.bias, b.bias, a.w.rows, what + ".bias");
+}
+
+void check_copy(const std::string& model, WeightQuantization q) {
+  ModelLoadOptions o;
+  o.quantization = q;
+  auto m = Model::load(testing_util::data_dir() + "/models/" + model, o);
+  const ModelConfig& cfg = m->config();
+  for (int r = 0; r < 2; ++r) {
+    const TpShard s = make_tp_shard(cfg, r, {.size = 2});
+    const ModelConfig local = shard_config(cfg, s);
+    std::unique_ptr<Backend> scratch = make_cpu_backend(), target = make_cpu_backend();
+    const ModelWeights shard = shard_weights(m->weights(), cfg, s, *scratch);
+    const ModelWeights copy = copy_weights(shard, local, *target);
+    const std::string at = model + " rank " + std::to_string(r);
+    expect_same_matrix(shard.embed, copy.embed, at + " embed");
+    expect_same_matrix(shard.lm_head, copy.lm_head, at + " lm_head");
+    EXPECT_EQ(shard.lm_head.data == shard.embed.data, copy.lm_head.data == copy.embed.data) << at << " tying";
+    expect_same_vector(shard.final_norm, copy.final_norm, local.hidden_size, at + " final_norm");
+    ASSERT_EQ(shard.layers.size(), copy.layers.size());
+    for (size_t l = 0; l < shard.layers.size(); ++l) {
+      const LayerWeights &a = shard.layers[l], &b = copy.layers[l];
+      const std::string L = at + " layer " + std::to_string(l);
+      expect_same_vector(a.input_norm, b.input_norm, local.hidden_size, L + " input_norm");
+      expect_same_vector(a.post_attention_norm, b.post_attention_norm, local.hidden_size, L + " post_norm");
+      expect_same_linear(a.attn.q, b.attn.q, L + " q");
+      expect_same_linear(a.attn.k, b.attn.k, L + " k");
+      expect_same_linear(a.attn.v, b.attn.v, L + " v");
+      expect_same_linear(a.attn.o, b.attn.o, L + " o");
+      expect_same_vector(a.attn.q_norm, b.attn.q_norm, local.head_dim, L + " q_norm");
+      expect_same_vector(a.attn.k_norm, b.attn.k_norm, local.head_dim, L + " k_norm");
+      expect_same_vector(a.attn.sinks, b.attn.sinks, local.num_heads, L + " sinks");
+      ASSERT_EQ(a.is_moe, b.is_moe) << L;
+      if (!a.is_moe) {
+        expect_same_linear(a.mlp.gate, b.mlp.gate, L + " gate");
+        expect_same_linear(a.mlp.up, b.mlp.up, L + " up");
+        expect_same_linear(a.mlp.down, b.mlp.down, L + " down");
+        continue;
+      }
+      expect_same_linear(a.moe.router, b.moe.router, L + " router");
+      ASSERT_EQ(a.moe.experts.size(), b.moe.experts.size()) << L;
+      ASSERT_NE(b.moe.experts_on_device, nullptr) << L;
+      for (size_t e = 0; e < a.moe.experts.size(); ++e) {
+        const k::ExpertView &x = a.moe.experts[e], &y = b.moe.experts[e];
+        const std::string E = L + " expert " + std::to_string(e);
+        expect_same_matrix(x.gate_up, y.gate_up, E + " gate_up");
+        expect_same_matrix(x.gate, y.gate, E + " gate");
+        expect_same_matrix(x.up, y.up, E + " up");
+        expect_same_matrix(x.down, y.down, E + " down");
+        expect_same_vector(x.gate_up_bias, y.gate_up_bias, x.gate_up.rows, E + " gate_up_bias");
+        expect_same_vector(x.down_bias, y.down_bias, local.hidden_size, E + " down_bias");
+        // The device array of expert views is the copy's.
+        EXPECT_EQ(b.moe.experts_on_device[e].down.data, y.down.data) << E;
+      }
+    }
+    EXPECT_GT(copy.num_bytes, 0u) << at;
+  }
+}
+
+TEST(CopyWeights, EveryArchitectureAndRank) {
+  for (const std::string model : {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "mixtral-tiny",
+                                  "gpt-oss-mxfp4-tiny"})
+    check_copy(model, WeightQuantization::kNone);
+}
+
+TEST(CopyWeights, Int8Weights) {
+  for (const std::string model : {"llama-tiny", "qwen3-moe-tiny"}) check_copy(model, WeightQuantization::kInt8);
+}
+
+}  // namespace
+}  // namespace polylora
