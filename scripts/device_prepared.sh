@@ -14,10 +14,16 @@
 #           polylora_bench kernels, the device bench at 2,048-token prompts with and without it
 #   lora    the expert-LoRA group kernels of session 37 (POLYLORA_MOE_LORA_SHRINK_GROUP, _EXPAND_BATCHED,
 #           _ACT_GROUP): moe-lora on MXFP4 experts at M = 16 / 64 / 256
+#   tp      tensor parallelism on the GPU (session 39): TensorParallelGpu.* (ranks on one GPU through host
+#           memory; over NCCL when the machine has 2+ GPUs) and the NCCL communicator's tests
+#   graphs  graphs recorded after a dry run (session 39): GraphGpuTest.* / GraphEngineGpuTest.*, then the
+#           cold start (scripts/cold_start.sh on a written GPT-OSS-20B bf16 checkpoint) with dry sizing and
+#           with POLYLORA_GRAPH_DRY_SIZING=0
 # Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
 # tool returns a limited number). All parts take about 15 minutes, more than one device call's 10: run it
 # twice, SKIP='gqa kv lora' and then SKIP='wgmma attn' (the second call finds build-gpu in place on the
-# warm machine). Env: SKIP (space-separated parts to leave out: wgmma attn gqa kv lora).
+# warm machine; tp and graphs take ~3 minutes more). Env: SKIP (space-separated parts to leave out: wgmma
+# attn gqa kv lora tp graphs).
 set -uo pipefail
 OUT=${OUT:-/tmp/prepared}
 # shellcheck source=scripts/device_env.sh
@@ -34,9 +40,11 @@ declare -A FILTER=(
   [gqa]='GpuAttention.DecodeGqa'
   [kv]='GpuAttention.Bf16Cache:GpuWriteKv.*:GpuFusedOps.RopeKvWriteBf16Cache:*GoldenGpuTest.Bfloat16CacheCloseLogprobs*'
   [lora]='GpuLoraStack.MoeLoraDeltaMode:GpuLoraStack.MoeRanks'
+  [tp]='TensorParallelGpu.*:NcclCommunicator*'
+  [graphs]='GraphGpuTest.*:GraphEngineGpuTest.*'
 )
 declare -A OK
-for part in wgmma attn gqa kv lora; do
+for part in wgmma attn gqa kv lora tp graphs; do
   skip "$part" && continue
   timeout 240 "$TG" --gtest_filter="${FILTER[$part]}" >> "$OUT/tests.txt" 2>&1
   rc=$?
@@ -118,5 +126,16 @@ if [ "${OK[lora]:-0}" = 1 ]; then
   moelora g8b mxfp4 $M POLYLORA_MOE_LORA_SHRINK_GROUP=8 POLYLORA_MOE_LORA_EXPAND_BATCHED=1
   moelora g8ba mxfp4 $M POLYLORA_MOE_LORA_SHRINK_GROUP=8 POLYLORA_MOE_LORA_EXPAND_BATCHED=1 \
     POLYLORA_MOE_LORA_ACT_GROUP=8
+fi
+if [ "${OK[graphs]:-0}" = 1 ]; then
+  CK=build-gpu/gptoss20b
+  [ -f "$CK/model.safetensors.index.json" ] ||
+    "$B" write-checkpoint --config tests/data/configs/gpt-oss-20b-bf16 --out "$CK" >> "$OUT/tests.txt" 2>&1
+  for v in 1 0; do
+    echo "== cold start, POLYLORA_GRAPH_DRY_SIZING=$v" >> "$S"
+    POLYLORA_GRAPH_DRY_SIZING=$v timeout 240 scripts/cold_start.sh "$CK" --build build-gpu 2>&1 | tail -12 >> "$S"
+    grep -E "CUDA graphs: captured" "${COLD_START_LOG:-/tmp/polylora-cold-start.log}" | tail -1 >> "$S"
+    stamp "cold start $v"
+  done
 fi
 cat "$S"
