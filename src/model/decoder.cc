@@ -112,18 +112,23 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
                         .fully_sharded_loras = options.fully_sharded_loras};
   check_tensor_parallel(config, layout);
   // Tensor parallelism on GPUs: the whole model is loaded into host memory first (zero-copy views of the
-  // checkpoint where it can be, as on the CPU), and each rank's shard is then copied to its GPU.
-  std::shared_ptr<Backend> host = gpu_ranks ? std::shared_ptr<Backend>(make_cpu_backend()) : nullptr;
-  Backend& load_be = host ? *host : *m->backend_;
-  WeightLoader loader(checkpoint, load_be, m->weights_, options.seed,
-                      host ? WeightUploadOptions{} : options.upload);
-  arch::bind(config, loader, m->weights_);
-  loader.finish();  // the staged path reads and uploads everything here
-  if (options.quantization == WeightQuantization::kInt8) quantize_weights_int8(m->weights_, loader, load_be);
+  // checkpoint where it can be, as on the CPU), and each rank's shard is then copied to its GPU; dummy
+  // weights are made on each rank's GPU directly, in its shard's shapes.
+  const bool dummy_ranks = gpu_ranks && checkpoint == nullptr;
+  std::shared_ptr<Backend> host =
+      gpu_ranks && !dummy_ranks ? std::shared_ptr<Backend>(make_cpu_backend()) : nullptr;
+  if (!dummy_ranks) {
+    Backend& load_be = host ? *host : *m->backend_;
+    WeightLoader loader(checkpoint, load_be, m->weights_, options.seed,
+                        host ? WeightUploadOptions{} : options.upload);
+    arch::bind(config, loader, m->weights_);
+    loader.finish();  // the staged path reads and uploads everything here
+    if (options.quantization == WeightQuantization::kInt8) quantize_weights_int8(m->weights_, loader, load_be);
+  }
   m->rope_ = RopeTable::from_config(config);
   m->inv_freq_ = m->backend_->vector_from_host(m->rope_.inv_freq.data(), m->rope_.inv_freq.size());
   m->init_workspace();
-  if (tp > 1) m->split_tensor_parallel(layout, std::move(host));
+  if (tp > 1) m->split_tensor_parallel(layout, std::move(host), dummy_ranks ? &options : nullptr);
   m->backend_->synchronize();
   return m;
 }

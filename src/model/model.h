@@ -195,8 +195,10 @@ class Model : public AdapterDevice {
   // Tensor parallelism (model_tp.cc): splits the loaded weights over `size` ranks; one step on every rank;
   // a rank's KV cache for the caller's views; a sum over the ranks; the LM head over the vocabulary shards.
   // On GPUs (backend_ not the CPU), `host` holds the loaded model: each rank's shard is copied to its GPU and
-  // the host copy is dropped.
-  void split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backend> host = nullptr);
+  // the host copy is dropped; or, with `dummy` (its seed and quantization), nothing was loaded and each rank
+  // makes dummy weights of its shard's shapes on its GPU.
+  void split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backend> host = nullptr,
+                             const ModelLoadOptions* dummy = nullptr);
   // This rank's part of prepare_graphs (the warm-up done).
   void prepare_graphs_local(std::span<const kernels::KvCacheView> kv, const GraphOptions& options);
   void launch_tensor_parallel(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,

@@ -13,7 +13,9 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "model/model.h"
+#include "model/arch/arch.h"
 #include "model/model_step.h"
+#include "model/quantize.h"
 #include "model/staged_communicator.h"
 #include "runtime/rank_threads.h"
 #ifdef POLYLORA_HAVE_NCCL
@@ -68,10 +70,11 @@ std::vector<int> rank_devices(int size, int first) {
 
 }  // namespace
 
-void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backend> host) {
+void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backend> host,
+                                  const ModelLoadOptions* dummy) {
   const int size = layout.size;
   const bool gpu = backend_->kind() != DeviceKind::kCpu;
-  CHECK(gpu == (host != nullptr));
+  CHECK(gpu == (host != nullptr || dummy != nullptr));
   tp_threads_ = std::make_unique<RankThreads>(size);
   full_weights_ = std::make_unique<ModelWeights>(std::move(weights_));
   if (gpu) {
@@ -91,11 +94,24 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
     m->init_workspace();
   }
   // Every rank's shard at once: views into the loaded weights on the CPU; on GPUs the shard is made in host
-  // memory (views, and copies where it takes columns) and copied to the rank's GPU.
+  // memory (views, and copies where it takes columns) and copied to the rank's GPU, or (dummy weights) made
+  // on the rank's GPU in its shard's shapes, with the same seed on every rank (so the replicated router and
+  // norms, and the vocabulary table the ranks take their rows of, are the same everywhere).
   tp_threads_->run([&](int r) {
     Model* m = r == 0 ? this : tp_ranks_[static_cast<size_t>(r - 1)].get();
     m->tp_ = make_tp_shard(config_, r, layout);
     m->shard_cfg_ = shard_config(config_, m->tp_);
+    if (dummy) {
+      m->weights_ = ModelWeights{};
+      WeightLoader loader(nullptr, *m->backend_, m->weights_, dummy->seed);
+      arch::bind(m->shard_cfg_, loader, m->weights_);
+      loader.finish();
+      if (dummy->quantization == WeightQuantization::kInt8)
+        quantize_weights_int8(m->weights_, loader, *m->backend_);
+      trim_rank_weights(m->weights_, config_, m->tp_, *m->backend_);
+      m->backend_->synchronize();
+      return;
+    }
     if (!gpu) {
       m->weights_ = shard_weights(*full_weights_, config_, m->tp_, *m->backend_);
       return;

@@ -424,6 +424,22 @@ LinearWeights copy_linear(const LinearWeights& lw, Backend& be, DType target) {
 
 }  // namespace
 
+void trim_rank_weights(ModelWeights& w, const ModelConfig& cfg, const TpShard& s, Backend& be) {
+  const bool tied = w.lm_head.data == w.embed.data;
+  w.embed = take_rows(w.embed, s.vocab_begin, s.vocab_rows);
+  w.lm_head = tied ? w.embed : take_rows(w.lm_head, s.vocab_begin, s.vocab_rows);
+  (void)cfg;
+  if (s.rank == 0) return;
+  for (LayerWeights& l : w.layers) {
+    l.attn.o.bias = nullptr;
+    l.mlp.down.bias = nullptr;
+    if (!l.is_moe) continue;
+    for (k::ExpertView& e : l.moe.experts) e.down_bias = nullptr;
+    be.copy_to_device(const_cast<k::ExpertView*>(l.moe.experts_on_device), l.moe.experts.data(),
+                      l.moe.experts.size() * sizeof(k::ExpertView));
+  }
+}
+
 ModelWeights copy_weights(const ModelWeights& host, const ModelConfig& local, Backend& be) {
   const DType wt = be.weight_dtype();
   const int64_t H = local.hidden_size, D = local.head_dim;

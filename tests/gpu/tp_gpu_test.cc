@@ -6,7 +6,10 @@
 //   prefill + decode within 1e-3; through the Engine, the same greedy tokens and log-probs within 2e-3).
 // - With a GPU per rank (skipped with fewer GPUs): the same over NCCL, with the Engine's CUDA graphs
 //   recorded on every rank (the collectives inside).
+// - Dummy weights made on each rank's GPU run (finite logits).
 // - Splits the GPU path does not do yet are clear errors.
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -94,6 +97,30 @@ TEST(TensorParallelGpu, OneGpuPerRankOverNccl) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << cuda_device_count() << " visible)";
   for (const std::string& model : fixture_models()) expect_split_equals_whole(model, 2, "");
   if (cuda_device_count() >= 4) expect_split_equals_whole("gpt-oss-tiny", 4, "");
+}
+
+// --load-format dummy: each rank makes its shard's weights on its GPU (nothing on the host); a mixed batch
+// runs and gives finite logits that are not all equal, on every fixture architecture.
+TEST(TensorParallelGpu, DummyWeightsMadeOnEachRank) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  TpDevices env(same_gpu(2));
+  for (const std::string& model : fixture_models()) {
+    ModelLoadOptions o = tp(2);
+    o.load_format = LoadFormat::kDummy;
+    Fixture whole(model, cuda_backend());  // for the batch's prompts
+    auto m = Model::load(std::string(POLYLORA_TEST_DATA) + "/models/" + model, o, cuda_backend());
+    MixedBatch mb(whole);
+    mb.adapters.clear();
+    for (int32_t& slot : mb.b.adapter_slots) slot = -1;
+    KvStorage kv(m->kv_config(), m->backend(), mb.num_blocks(), MixedBatch::kBlock);
+    std::vector<float> logits(mb.b.logits_rows.size() * static_cast<size_t>(m->config().vocab_size));
+    m->forward(mb.b, kv.views(), {}, logits.data());
+    size_t finite = 0;
+    for (float v : logits) finite += std::isfinite(v) ? 1 : 0;
+    EXPECT_EQ(finite, logits.size()) << model;
+    EXPECT_NE(*std::min_element(logits.begin(), logits.end()), *std::max_element(logits.begin(), logits.end()))
+        << model;
+  }
 }
 
 TEST(TensorParallelGpu, UnsupportedSplitsAreErrors) {

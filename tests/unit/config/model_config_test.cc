@@ -70,6 +70,14 @@ TEST(ModelConfig, PublishedConfigs) {
   EXPECT_EQ(mix.head_dim, 128);
   ModelConfig bench = ModelConfig::from_file(data("configs/qwen3-moe-1.6b/config.json"));
   EXPECT_NEAR(static_cast<double>(bench.num_parameters()), 1.58e9, 0.02e9);
+  // openai/gpt-oss-120b (tensor parallelism's benchmark model): 116.8B parameters as its model card says,
+  // 20b's shapes with 36 layers and 128 experts.
+  ModelConfig big = ModelConfig::from_file(data("configs/gpt-oss-120b/config.json"));
+  EXPECT_EQ(big.num_layers, 36);
+  EXPECT_EQ(big.num_experts, 128);
+  EXPECT_NEAR(static_cast<double>(big.num_parameters()), 116.8e9, 0.3e9);
+  ModelConfig small = ModelConfig::from_file(data("configs/gpt-oss-20b/config.json"));
+  EXPECT_NEAR(static_cast<double>(small.num_parameters()), 20.9e9, 0.2e9);
 }
 
 TEST(ModelConfig, MlpOnlyLayersAndSparseStep) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/arch/arch.h"
 #include "model/model.h"
 #include "model/tp_shard.h"
 #include "unit/test_util.h"
@@ -108,6 +109,77 @@ TEST(CopyWeights, EveryArchitectureAndRank) {
 
 TEST(CopyWeights, Int8Weights) {
   for (const std::string model : {"llama-tiny", "qwen3-moe-tiny"}) check_copy(model, WeightQuantization::kInt8);
+}
+
+// Dummy weights made for a rank's own config on its GPU (tensor parallelism with --load-format dummy:
+// arch::bind on shard_config, then trim_rank_weights) have the shapes, dtypes and biases of the same rank's
+// share of the whole model (shard_weights), here on CPU backends, for every fixture architecture at -tp 2 and
+// -tp 4 (KV heads replicated).
+void expect_same_shape(const k::WeightView& a, const k::WeightView& b, const std::string& what) {
+  EXPECT_EQ(a.empty(), b.empty()) << what;
+  EXPECT_EQ(a.rows, b.rows) << what;
+  EXPECT_EQ(a.cols, b.cols) << what;
+  EXPECT_EQ(a.dtype, b.dtype) << what;
+}
+void expect_same_linear_shape(const LinearWeights& a, const LinearWeights& b, const std::string& what) {
+  expect_same_shape(a.w, b.w, what);
+  EXPECT_EQ(a.bias == nullptr, b.bias == nullptr) << what << ".bias";
+}
+
+TEST(RankDummyWeights, ShapesEqualTheSplitModel) {
+  for (const std::string model : {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "mixtral-tiny",
+                                  "gpt-oss-mxfp4-tiny"})
+    for (int n : {2, 4}) {
+      const ModelConfig cfg =
+          ModelConfig::from_file(testing_util::data_dir() + "/models/" + model + "/config.json");
+      ModelLoadOptions o;
+      o.load_format = LoadFormat::kDummy;
+      auto whole = Model::from_config(cfg, nullptr, o, nullptr);
+      for (int r = 0; r < n; ++r) {
+        const TpShard s = make_tp_shard(cfg, r, {.size = n});
+        const ModelConfig local = shard_config(cfg, s);
+        std::unique_ptr<Backend> a = make_cpu_backend(), b = make_cpu_backend();
+        const ModelWeights split = shard_weights(whole->weights(), cfg, s, *a);
+        ModelWeights made;
+        WeightLoader loader(nullptr, *b, made, 7);
+        arch::bind(local, loader, made);
+        loader.finish();
+        trim_rank_weights(made, cfg, s, *b);
+        const std::string at = model + " -tp " + std::to_string(n) + " rank " + std::to_string(r);
+        expect_same_shape(split.embed, made.embed, at + " embed");
+        expect_same_shape(split.lm_head, made.lm_head, at + " lm_head");
+        ASSERT_EQ(split.layers.size(), made.layers.size()) << at;
+        for (size_t l = 0; l < split.layers.size(); ++l) {
+          const LayerWeights &x = split.layers[l], &y = made.layers[l];
+          const std::string L = at + " layer " + std::to_string(l);
+          expect_same_linear_shape(x.attn.q, y.attn.q, L + " q");
+          expect_same_linear_shape(x.attn.k, y.attn.k, L + " k");
+          expect_same_linear_shape(x.attn.v, y.attn.v, L + " v");
+          expect_same_linear_shape(x.attn.o, y.attn.o, L + " o");
+          EXPECT_EQ(x.attn.sinks == nullptr, y.attn.sinks == nullptr) << L;
+          ASSERT_EQ(x.is_moe, y.is_moe) << L;
+          if (!x.is_moe) {
+            expect_same_linear_shape(x.mlp.gate, y.mlp.gate, L + " gate");
+            expect_same_linear_shape(x.mlp.up, y.mlp.up, L + " up");
+            expect_same_linear_shape(x.mlp.down, y.mlp.down, L + " down");
+            continue;
+          }
+          expect_same_linear_shape(x.moe.router, y.moe.router, L + " router");
+          ASSERT_EQ(x.moe.experts.size(), y.moe.experts.size()) << L;
+          for (size_t e = 0; e < x.moe.experts.size(); ++e) {
+            const k::ExpertView &p = x.moe.experts[e], &q = y.moe.experts[e];
+            const std::string E = L + " expert " + std::to_string(e);
+            expect_same_shape(p.gate_up, q.gate_up, E + " gate_up");
+            expect_same_shape(p.gate, q.gate, E + " gate");
+            expect_same_shape(p.up, q.up, E + " up");
+            expect_same_shape(p.down, q.down, E + " down");
+            EXPECT_EQ(p.gate_up_bias == nullptr, q.gate_up_bias == nullptr) << E;
+            EXPECT_EQ(p.down_bias == nullptr, q.down_bias == nullptr) << E;
+            EXPECT_EQ(made.layers[l].moe.experts_on_device[e].down_bias, q.down_bias) << E;
+          }
+        }
+      }
+    }
 }
 
 }  // namespace
