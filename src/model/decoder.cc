@@ -98,11 +98,6 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
   m->backend_ = backend ? std::move(backend) : std::shared_ptr<Backend>(make_cpu_backend());
   const int tp = options.tensor_parallel_size;
   const bool gpu_ranks = tp > 1 && m->backend_->kind() != DeviceKind::kCpu;
-  if (gpu_ranks && options.enable_expert_parallel)
-    fail(
-        "--enable-expert-parallel with --device cuda is not implemented yet (its expert dispatch lays the rows "
-        "out in host memory: --device cpu runs it); leave it out to split every expert over the {} GPUs",
-        tp);
   if (gpu_ranks && options.fully_sharded_loras)
     fail(
         "--fully-sharded-loras with --device cuda is not implemented yet (its shrinks are laid out in host "

@@ -258,6 +258,7 @@ void Model::ForwardPass::dense_mlp_block(int64_t l) {
 
 void Model::ForwardPass::moe_block(int64_t l) {
   const LayerWeights& lw = m_.weights_.layers[l];
+  const bool ep_mask = m_.tp_.expert_parallel && m_.ep_by_mask_;
   float* router = ensure_buffer<float>(be_, ws_.router, T_ * E_, ws_.epoch);
   float* route_w = ensure_buffer<float>(be_, ws_.route_w, T_ * K_, ws_.epoch);
   int32_t* route_ids = ensure_buffer<int32_t>(be_, ws_.route_ids, T_ * K_, ws_.epoch);
@@ -276,7 +277,9 @@ void Model::ForwardPass::moe_block(int64_t l) {
                                                               : k::RouterScoring::kSoftmaxTopK,
              .renormalize = c_.norm_topk_prob,
              .ids = route_ids,
-             .weights = route_w});
+             .weights = route_w,
+             // Expert parallelism by masking: ids in this rank's numbering, other ranks' experts skipped.
+             .id_begin = ep_mask ? m_.tp_.expert_begin : 0});
   // The stacks are passed whenever they exist (the workspace is sized with them), the token slots only
   // where LoRA runs in this layer.
   const k::MoeLoraStack expert_lora = m_.lora_ ? m_.lora_->experts(l) : k::MoeLoraStack{};
@@ -304,10 +307,10 @@ void Model::ForwardPass::moe_block(int64_t l) {
                               .lora_stack = expert_lora,
                               .out = tmp_,
                               .ldo = H_};
-  if (m_.tp_.expert_parallel)
+  if (m_.tp_.expert_parallel && !ep_mask)
     m_.moe_expert_parallel(moe, si_.adapters.token_slots);  // dispatch, local experts, combine
   else
-    be_.moe_experts(moe);
+    be_.moe_experts(moe);  // (expert parallelism by masking: this rank's experts over every token)
 }
 
 void Model::ForwardPass::residual_and_next_norm(int64_t l) {

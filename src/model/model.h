@@ -277,6 +277,11 @@ class Model : public AdapterDevice {
   };
   std::vector<AdapterShard> adapter_shards_;  // [slot]
   ExpertParallelScratch ep_;  // expert parallelism's host buffers (reused across layers and steps)
+  // Expert parallelism by masking instead of the all-to-all dispatch: every rank has every token already
+  // (the hidden states are replicated), so each runs its own experts over all tokens (RouteArgs::id_begin:
+  // the others' pairs skipped) and the layer's all_reduce sums the ranks (vLLM's EP without data
+  // parallelism). GPUs always; the CPU with POLYLORA_EP_DISPATCH=mask (tests), else the all-to-all.
+  bool ep_by_mask_ = false;
   FullyShardedScratch fs_;    // fully sharded LoRA's host buffers
   // Ranks 1..N-1 (a KV cache of their own, mirroring rank 0's views: kv_mirror_, keyed by kv_mirror_of_).
   std::vector<kernels::KvCacheView> kv_mirror_;

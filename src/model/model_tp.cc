@@ -93,6 +93,8 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
     m->inv_freq_ = m->backend_->vector_from_host(rope_.inv_freq.data(), rope_.inv_freq.size());
     m->init_workspace();
   }
+  const char* ep_env = std::getenv("POLYLORA_EP_DISPATCH");
+  const bool ep_mask_env = ep_env && std::string(ep_env) == "mask";
   // Every rank's shard at once: views into the loaded weights on the CPU; on GPUs the shard is made in host
   // memory (views, and copies where it takes columns) and copied to the rank's GPU, or (dummy weights) made
   // on the rank's GPU in its shard's shapes, with the same seed on every rank (so the replicated router and
@@ -101,6 +103,7 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
     Model* m = r == 0 ? this : tp_ranks_[static_cast<size_t>(r - 1)].get();
     m->tp_ = make_tp_shard(config_, r, layout);
     m->shard_cfg_ = shard_config(config_, m->tp_);
+    m->ep_by_mask_ = gpu || ep_mask_env;
     if (dummy) {
       m->weights_ = ModelWeights{};
       WeightLoader loader(nullptr, *m->backend_, m->weights_, dummy->seed);
@@ -108,7 +111,7 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
       loader.finish();
       if (dummy->quantization == WeightQuantization::kInt8)
         quantize_weights_int8(m->weights_, loader, *m->backend_);
-      trim_rank_weights(m->weights_, config_, m->tp_, *m->backend_);
+      trim_rank_weights(m->weights_, config_, m->tp_, *m->backend_, dummy->seed);
       m->backend_->synchronize();
       return;
     }
@@ -155,13 +158,16 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
       }
     }
     spdlog::info(
-        "tensor parallelism: {} ranks on GPUs {} ({}), {} attention heads and {} KV heads each; weights {:.2f} "
-        "GB in all",
+        "tensor parallelism: {} ranks on GPUs {} ({}), {} attention heads and {} KV heads each{}; weights "
+        "{:.2f} GB in all",
         size, fmt::join(d.devices, ","),
         d.capturable ? "NCCL"
                      : (distinct ? "collectives through host memory: NCCL is not built or POLYLORA_TP_STAGED=1"
                                  : "several ranks on one GPU: collectives through host memory, no CUDA graphs"),
-        shard_cfg_.num_heads, shard_cfg_.num_kv_heads, static_cast<double>(bytes) / 1e9);
+        shard_cfg_.num_heads, shard_cfg_.num_kv_heads,
+        tp_.expert_parallel ? fmt::format(", {} whole experts each (expert parallelism)", tp_.num_local_experts)
+                            : "",
+        static_cast<double>(bytes) / 1e9);
     return;
   }
   for (int r = 0; r < size; ++r) {
@@ -171,7 +177,8 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
   spdlog::info("tensor parallelism: {} ranks (CPU threads), {} attention heads and {} KV heads each{}{}",
                size, shard_cfg_.num_heads, shard_cfg_.num_kv_heads,
                tp_.expert_parallel
-                   ? fmt::format(", {} whole experts each (expert parallelism)", tp_.num_local_experts)
+                   ? fmt::format(", {} whole experts each (expert parallelism), {}", tp_.num_local_experts,
+                                 ep_by_mask_ ? "each rank's experts over every token" : "all-to-all dispatch")
                    : "",
                tp_.fully_sharded_loras ? ", fully sharded LoRA" : "");
 }

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/mxfp4.h"
+#include "model/weight_loader.h"
 
 namespace polylora {
 namespace {
@@ -424,16 +425,39 @@ LinearWeights copy_linear(const LinearWeights& lw, Backend& be, DType target) {
 
 }  // namespace
 
-void trim_rank_weights(ModelWeights& w, const ModelConfig& cfg, const TpShard& s, Backend& be) {
+void trim_rank_weights(ModelWeights& w, const ModelConfig& cfg, const TpShard& s, Backend& be, uint64_t seed) {
   const bool tied = w.lm_head.data == w.embed.data;
   w.embed = take_rows(w.embed, s.vocab_begin, s.vocab_rows);
   w.lm_head = tied ? w.embed : take_rows(w.lm_head, s.vocab_begin, s.vocab_rows);
-  (void)cfg;
+  if (s.expert_parallel) {  // every rank routes over all experts, with the same router
+    const int64_t E = cfg.num_experts, H = cfg.hidden_size;
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+      LinearWeights& router = w.layers[l].moe.router;
+      if (!w.layers[l].is_moe) continue;
+      uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x5eed0000ull + l;
+      auto uniform = [&] {  // splitmix64 -> [-1, 1)
+        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        return static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+      };
+      auto values = std::make_unique<float[]>(static_cast<size_t>(E * H));
+      for (int64_t i = 0; i < E * H; ++i) values[i] = uniform() * kDummyStddev * 1.7320508f;
+      router.w = be.matrix_from_host_as({values.get(), DType::kF32, E, H}, DType::kF32);
+      w.owned_f32.push_back(std::move(values));  // the CPU's view points into it
+      if (router.bias) {
+        std::vector<float> bias(static_cast<size_t>(E));
+        for (float& b : bias) b = uniform() * kDummyStddev;
+        router.bias = be.vector_from_host(bias.data(), bias.size());
+      }
+    }
+  }
   if (s.rank == 0) return;
   for (LayerWeights& l : w.layers) {
     l.attn.o.bias = nullptr;
     l.mlp.down.bias = nullptr;
-    if (!l.is_moe) continue;
+    if (!l.is_moe || s.expert_parallel) continue;  // (whole experts keep their down bias on their rank)
     for (k::ExpertView& e : l.moe.experts) e.down_bias = nullptr;
     be.copy_to_device(const_cast<k::ExpertView*>(l.moe.experts_on_device), l.moe.experts.data(),
                       l.moe.experts.size() * sizeof(k::ExpertView));

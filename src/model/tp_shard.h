@@ -73,8 +73,11 @@ ModelWeights shard_weights(const ModelWeights& full, const ModelConfig& cfg, con
 ModelWeights copy_weights(const ModelWeights& host, const ModelConfig& local, Backend& be);
 // Weights made for this rank's own config (shard_config: dummy weights made on its GPU directly, the same
 // seed on every rank) turned into its shard: the embedding and LM head cut to the rank's vocabulary rows
-// (views), and the row-parallel biases (o_proj, down, the experts' down) kept on rank 0 only.
-void trim_rank_weights(ModelWeights& w, const ModelConfig& cfg, const TpShard& shard, Backend& be);
+// (views), the row-parallel biases (o_proj, down, the experts' down) kept on rank 0 only, and with expert
+// parallelism the routers (bound for the rank's count of experts) made again for all of the model's
+// experts, from `seed`, the same on every rank.
+void trim_rank_weights(ModelWeights& w, const ModelConfig& cfg, const TpShard& shard, Backend& be,
+                       uint64_t seed);
 // This rank's part of an adapter of the whole model (name, generation and ranks kept).
 std::shared_ptr<const LoraAdapter> shard_adapter(const LoraAdapter& adapter, const ModelConfig& cfg,
                                                  const TpShard& shard);

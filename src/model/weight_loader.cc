@@ -25,7 +25,6 @@ uint64_t splitmix(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-constexpr float kDummyStddev = 0.02f;
 constexpr size_t kSlotAlign = 256;  // expert slots of one allocation start 256-byte aligned, as alloc()'s
 
 size_t round_up(size_t n, size_t a) {

@@ -42,6 +42,9 @@ struct ExpectedTensor {
   Quantized quantized = Quantized::kNo;
 };
 
+// The standard deviation of dummy float weights (uniform), and of the noise around dummy vectors' fill.
+inline constexpr float kDummyStddev = 0.02f;
+
 // The scale byte of dummy and randomly written MXFP4 weights: 2^-7, so that uniformly random E2M1 codes have
 // a standard deviation of 0.023 (the dummy float weights': 0.02).
 inline constexpr uint8_t kDummyMxfp4Scale = 120;

@@ -11,6 +11,7 @@
 // rows of q/k/v/gate/up and B's output rows of o/down split too), also with expert parallelism, and an
 // adapter whose rank no size divides.
 // And splits the model does not allow are clear errors.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -34,18 +35,33 @@ ModelLoadOptions tp_options(int tp, bool ep = false, bool fs = false) {
 struct TpCase {
   std::string model;
   int tp = 2;
-  bool ep = false;  // --enable-expert-parallel
-  bool fs = false;  // --fully-sharded-loras
+  bool ep = false;    // --enable-expert-parallel
+  bool fs = false;    // --fully-sharded-loras
+  bool mask = false;  // -ep by masking (each rank's experts over every token, as on GPUs) instead of all-to-all
 };
 
 void PrintTo(const TpCase& c, std::ostream* os) {
-  *os << c.model << " -tp " << c.tp << (c.ep ? " -ep" : "") << (c.fs ? " --fully-sharded-loras" : "");
+  *os << c.model << " -tp " << c.tp << (c.ep ? " -ep" : "") << (c.fs ? " --fully-sharded-loras" : "")
+      << (c.mask ? " (POLYLORA_EP_DISPATCH=mask)" : "");
 }
+
+// POLYLORA_EP_DISPATCH for one scope (read when a model is split).
+class EpDispatch {
+ public:
+  explicit EpDispatch(bool mask) {
+    if (mask)
+      setenv("POLYLORA_EP_DISPATCH", "mask", 1);
+    else
+      unsetenv("POLYLORA_EP_DISPATCH");
+  }
+  ~EpDispatch() { unsetenv("POLYLORA_EP_DISPATCH"); }
+};
 
 class TpGoldenTest : public ::testing::TestWithParam<TpCase> {};
 
 TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
   const TpCase& c = GetParam();
+  EpDispatch dispatch(c.mask);
   Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep, c.fs));
   ASSERT_EQ(split.model->tensor_parallel_size(), c.tp);
   ASSERT_EQ(split.model->expert_parallel(), c.ep);
@@ -70,6 +86,7 @@ TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
 
 TEST_P(TpGoldenTest, EngineAloneAndMixedEqualTp1AndReference) {
   const TpCase& c = GetParam();
+  EpDispatch dispatch(c.mask);
   Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep, c.fs));
   std::vector<EngineRequest> reqs;
   std::vector<std::pair<std::string, size_t>> owner;
@@ -248,12 +265,16 @@ std::vector<TpCase> tp_cases() {
   for (const std::string& m : fixture_models())  // fully sharded LoRA: every model, and with -ep once
     for (int tp : {2, 4}) cases.push_back({m, tp, false, true});
   cases.push_back({"qwen3-moe-tiny", 2, true, true});
+  for (const std::string& m : fixture_models())  // expert parallelism by masking (the GPUs' way)
+    if (m != "llama-tiny")
+      for (int tp : {2, 4}) cases.push_back({m, tp, true, false, true});
+  cases.push_back({"qwen3-moe-tiny", 2, true, true, true});
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TpGoldenTest, ::testing::ValuesIn(tp_cases()), [](const auto& info) {
   std::string n = info.param.model + "_tp" + std::to_string(info.param.tp) + (info.param.ep ? "_ep" : "") +
-                  (info.param.fs ? "_fs" : "");
+                  (info.param.fs ? "_fs" : "") + (info.param.mask ? "_mask" : "");
   for (char& c : n)
     if (c == '-') c = '_';
   return n;

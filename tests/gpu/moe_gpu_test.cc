@@ -27,6 +27,7 @@ struct MoeCase {
   k::ExpertAct act = k::ExpertAct::kSiluGate;
   bool lora = false;
   bool every_token_to_expert_2 = false;
+  bool other_ranks = false;   // every third pair routed to another rank's expert (id < 0 or >= E): skipped
   float weight_scale = 0.2f;  // weights uniform in ±weight_scale (smaller keeps long-K F32 sums in tolerance)
 };
 
@@ -81,6 +82,8 @@ void run_moe(const MoeCase& c) {
     }
     for (int64_t kk = 0; kk < K; ++kk) ids[t * K + kk] = order[kk];
   }
+  if (c.other_ranks)  // expert parallelism: ids in this rank's numbering, others' below 0 or from E on
+    for (size_t p = 1; p < ids.size(); p += 3) ids[p] = p % 2 ? -1 - ids[p] : static_cast<int32_t>(E) + ids[p];
   // Two adapter slots: slot 0 rank 1 on gate_up (fused) or gate, and down on even experts; slot 1 rank 5
   // on up (silu only, not expert 3) and down.
   std::vector<std::vector<float>> mats;
@@ -135,7 +138,8 @@ void run_moe(const MoeCase& c) {
   std::string what = "m=" + std::to_string(m) + " E=" + std::to_string(E) + " K=" + std::to_string(K) + " " +
                      k::test::dtype_str(c.mode.dtype) + (c.fused ? " fused" : " separate") +
                      (c.biases ? " bias" : "") + (c.act == k::ExpertAct::kSiluGate ? " silu" : " swiglu") +
-                     (c.lora ? " lora" : "") + (c.every_token_to_expert_2 ? " all->2" : "");
+                     (c.lora ? " lora" : "") + (c.every_token_to_expert_2 ? " all->2" : "") +
+                     (c.other_ranks ? " other ranks' experts" : "");
   std::vector<float> init(ref.size(), 3.0f);
   float* out = ar.up(init);
   a.x = ar.up(x);
@@ -147,6 +151,15 @@ void run_moe(const MoeCase& c) {
   a.out = out;
   ar.be().moe_experts(a);
   expect_close_for(c.mode, ar.down(out, init.size()), ref, what);  // incl. the untouched padding column
+}
+
+// Expert parallelism by masking: pairs routed to other ranks' experts (ids outside [0, E)) are skipped by
+// every path (small batches' weight streaming, tiles, LoRA), as the reference skips them.
+TEST(GpuMoe, OtherRanksExpertsAreSkipped) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t m : {1, 5, 64, 300})
+    for (bool lora : {false, true})
+      run_moe({.m = m, .num_experts = 8, .top_k = 4, .lora = lora, .other_ranks = true});
 }
 
 TEST(GpuMoe, ExpertsAwkwardRouting) {

@@ -224,5 +224,59 @@ TEST(MoeCpu, RouteBothScorings) {
   }
 }
 
+// Expert parallelism by masking: route with id_begin writes ids in a rank's numbering (the weights
+// unchanged), and moe_experts skips the pairs of other ranks' experts, so the ranks' outputs over every
+// token (each with its own block of experts) sum to the whole layer's; on the reference and the fast path.
+TEST(MoeCpu, ExpertParallelRanksSkipOtherRanksExperts) {
+  const int64_t m = 11, H = 40, I = 24, E = 6, K = 2, ranks = 2, local = E / ranks;
+  std::vector<test::TestWeight> weights;
+  weights.reserve(static_cast<size_t>(2 * E));
+  std::vector<ExpertView> experts(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    weights.push_back(test::make_weight(2 * I, H, DType::kF32, static_cast<uint32_t>(10 + e), 0.2f));
+    experts[e].gate_up = weights.back().view;
+    weights.push_back(test::make_weight(H, I, DType::kF32, static_cast<uint32_t>(50 + e), 0.2f));
+    experts[e].down = weights.back().view;
+  }
+  const std::vector<float> x = test::random_vec(static_cast<size_t>(m * H), 1, -2.0f, 2.0f);
+  const std::vector<float> logits = test::random_vec(static_cast<size_t>(m * E), 2, -3.0f, 3.0f);
+  RouteArgs route{.logits = logits.data(), .m = m, .num_experts = E, .top_k = K, .renormalize = true};
+  std::vector<int32_t> ids(static_cast<size_t>(m * K));
+  std::vector<float> w(ids.size());
+  route.ids = ids.data();
+  route.weights = w.data();
+  ref::route(route);
+  MoeExpertsArgs whole{.x = x.data(), .ldx = H, .m = m, .hidden = H, .inter = I, .num_experts = E, .top_k = K,
+                       .ids = ids.data(), .weights = w.data(), .experts = experts.data(), .ldo = H};
+  std::vector<float> expect(static_cast<size_t>(m * H));
+  whole.out = expect.data();
+  ref::moe_experts(whole);
+  for (bool fast : {false, true}) {
+    std::vector<float> sum(expect.size(), 0.0f);
+    for (int64_t r = 0; r < ranks; ++r) {
+      std::vector<int32_t> rank_ids(ids.size());
+      std::vector<float> rank_w(ids.size());
+      RouteArgs rr = route;
+      rr.ids = rank_ids.data();
+      rr.weights = rank_w.data();
+      rr.id_begin = r * local;
+      fast ? cpu::route(rr) : ref::route(rr);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ASSERT_EQ(rank_ids[i], ids[i] - r * local) << i;
+        ASSERT_EQ(rank_w[i], w[i]) << i;
+      }
+      MoeExpertsArgs a = whole;
+      a.num_experts = local;
+      a.experts = experts.data() + r * local;
+      a.ids = rank_ids.data();
+      std::vector<float> out(expect.size(), 5.0f);
+      a.out = out.data();
+      fast ? cpu::moe_experts(a) : ref::moe_experts(a);
+      for (size_t i = 0; i < out.size(); ++i) sum[i] += out[i];
+    }
+    test::expect_close(sum, expect, 1e-5f, 1e-4f, fast ? "cpu ranks" : "ref ranks");
+  }
+}
+
 }  // namespace
 }  // namespace polylora::kernels

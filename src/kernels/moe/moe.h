@@ -30,6 +30,10 @@ struct RouteArgs {
   bool renormalize = false;  // kSoftmaxTopK only
   int32_t* ids = nullptr;    // [m, top_k] out
   float* weights = nullptr;  // [m, top_k] out
+  // The ids written are expert − id_begin (expert parallelism: this rank's numbering of its own experts;
+  // other ranks' experts come out negative or past its count, and moe_experts skips them). The weights
+  // are those of the routing over all experts either way.
+  int64_t id_begin = 0;
 };
 
 struct ExpertView {
@@ -79,6 +83,8 @@ struct MoeExpertsArgs {
   int64_t inter = 0;  // I
   int64_t num_experts = 0;
   int64_t top_k = 0;
+  // Ids outside [0, num_experts) are experts of other ranks (expert parallelism, RouteArgs::id_begin): their
+  // pairs are skipped (out[t] sums this rank's experts only).
   const int32_t* ids = nullptr;         // [m, top_k]
   const float* weights = nullptr;       // [m, top_k]
   const ExpertView* experts = nullptr;  // [num_experts]

@@ -61,6 +61,8 @@ void route_token(const RouteArgs& a, int64_t t, std::vector<float>& probs, std::
       break;
     }
   }
+  if (a.id_begin != 0)
+    for (int64_t k = 0; k < a.top_k; ++k) ids[k] = static_cast<int32_t>(ids[k] - a.id_begin);
 }
 
 // Per-call scratch of moe_experts, owned by the calling thread and grown as needed. Rows are in the
@@ -139,20 +141,21 @@ void moe_experts(const MoeExpertsArgs& in) {
 #pragma omp parallel for schedule(static) if (parallel_zero)
   for (int64_t t = 0; t < a.m; ++t) std::memset(a.out + t * a.ldo, 0, static_cast<size_t>(H) * sizeof(float));
 
-  // Counting sort of the (token, k) pairs by key; stable, so tokens stay ascending within a key.
-  auto key_of = [&](int64_t t, int64_t k) {
+  // Counting sort of the (token, k) pairs by key; stable, so tokens stay ascending within a key. Pairs of
+  // other ranks' experts (ids outside [0, E)) take the last key, past every row computed here.
+  int64_t num_keys = E * keys_per_expert;
+  auto key_of = [&](int64_t t, int64_t k) -> int64_t {
     int32_t e = a.ids[t * K + k];
-    CHECK_MSG(e >= 0 && e < E, "expert id {} of token {} out of range [0, {})", e, t, E);
+    if (e < 0 || e >= E) return num_keys;
     int32_t slot = has_lora ? a.token_slots[t] : -1;
     if (slot >= S) slot = -1;
     return e * keys_per_expert + (slot < 0 ? 0 : slot + 1);
   };
-  int64_t num_keys = E * keys_per_expert;
-  sc.offsets.assign(static_cast<size_t>(num_keys + 1), 0);
+  sc.offsets.assign(static_cast<size_t>(num_keys + 2), 0);
   for (int64_t t = 0; t < a.m; ++t) {
     for (int64_t k = 0; k < K; ++k) ++sc.offsets[key_of(t, k) + 1];
   }
-  for (int64_t i = 0; i < num_keys; ++i) sc.offsets[i + 1] += sc.offsets[i];
+  for (int64_t i = 0; i <= num_keys; ++i) sc.offsets[i + 1] += sc.offsets[i];
   sc.tokens.resize(static_cast<size_t>(a.m * K));
   sc.weights.resize(static_cast<size_t>(a.m * K));
   {
@@ -164,11 +167,11 @@ void moe_experts(const MoeExpertsArgs& in) {
         sc.weights[pos] = a.weights[t * K + k];
       }
     }
-    for (int64_t i = num_keys; i > 0; --i) fill[i] = fill[i - 1];
+    for (int64_t i = num_keys + 1; i > 0; --i) fill[i] = fill[i - 1];
     fill[0] = 0;
   }
 
-  int64_t total = a.m * K;
+  const int64_t total = sc.offsets[num_keys];  // the pairs of this rank's experts (all without expert parallelism)
   sc.x.resize(static_cast<size_t>(total * H));
   sc.gu.resize(static_cast<size_t>(total * 2 * I));
   sc.h.resize(static_cast<size_t>(total * I));

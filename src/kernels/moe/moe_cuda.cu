@@ -328,7 +328,7 @@ __global__ void route_kernel(RouteArgs a) {
       }
     }
     if (lane == 0) {
-      ids[k] = bi;
+      ids[k] = bi - static_cast<int32_t>(a.id_begin);
       w[k] = bv;
       taken[bi] = 1;
     }

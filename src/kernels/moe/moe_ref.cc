@@ -79,7 +79,7 @@ void route(const RouteArgs& a) {
         float total = 0.0f;
         for (int64_t k = 0; k < a.top_k; ++k) total += probs[idx[k]];
         for (int64_t k = 0; k < a.top_k; ++k) {
-          ids[k] = idx[k];
+          ids[k] = static_cast<int32_t>(idx[k] - a.id_begin);
           w[k] = a.renormalize ? probs[idx[k]] / total : probs[idx[k]];
         }
         break;
@@ -90,7 +90,7 @@ void route(const RouteArgs& a) {
         float sum = 0.0f;
         for (int64_t k = 0; k < a.top_k; ++k) sum += w[k] = std::exp(logits[idx[k]] - mx);
         for (int64_t k = 0; k < a.top_k; ++k) {
-          ids[k] = idx[k];
+          ids[k] = static_cast<int32_t>(idx[k] - a.id_begin);
           w[k] /= sum;
         }
         break;
@@ -109,6 +109,7 @@ void moe_experts(const MoeExpertsArgs& a) {
     int32_t slot = a.token_slots ? a.token_slots[t] : -1;
     for (int64_t k = 0; k < a.top_k; ++k) {
       int32_t e = a.ids[t * a.top_k + k];
+      if (e < 0 || e >= a.num_experts) continue;  // another rank's expert
       const ExpertView& ex = a.experts[e];
       const ExpertLoraView* lora =
           (slot >= 0 && a.lora && slot < a.num_slots) ? &a.lora[slot * a.num_experts + e] : nullptr;

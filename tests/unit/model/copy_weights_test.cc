@@ -114,7 +114,8 @@ TEST(CopyWeights, Int8Weights) {
 // Dummy weights made for a rank's own config on its GPU (tensor parallelism with --load-format dummy:
 // arch::bind on shard_config, then trim_rank_weights) have the shapes, dtypes and biases of the same rank's
 // share of the whole model (shard_weights), here on CPU backends, for every fixture architecture at -tp 2 and
-// -tp 4 (KV heads replicated).
+// -tp 4 (KV heads replicated), also with expert parallelism (whole experts per rank; the router over all of
+// them, the same on every rank).
 void expect_same_shape(const k::WeightView& a, const k::WeightView& b, const std::string& what) {
   EXPECT_EQ(a.empty(), b.empty()) << what;
   EXPECT_EQ(a.rows, b.rows) << what;
@@ -129,14 +130,15 @@ void expect_same_linear_shape(const LinearWeights& a, const LinearWeights& b, co
 TEST(RankDummyWeights, ShapesEqualTheSplitModel) {
   for (const std::string model : {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "mixtral-tiny",
                                   "gpt-oss-mxfp4-tiny"})
-    for (int n : {2, 4}) {
+    for (auto [n, ep] : {std::pair{2, false}, {4, false}, {2, true}, {4, true}}) {
+      if (ep && model == "llama-tiny") continue;
       const ModelConfig cfg =
           ModelConfig::from_file(testing_util::data_dir() + "/models/" + model + "/config.json");
       ModelLoadOptions o;
       o.load_format = LoadFormat::kDummy;
       auto whole = Model::from_config(cfg, nullptr, o, nullptr);
       for (int r = 0; r < n; ++r) {
-        const TpShard s = make_tp_shard(cfg, r, {.size = n});
+        const TpShard s = make_tp_shard(cfg, r, {.size = n, .expert_parallel = ep});
         const ModelConfig local = shard_config(cfg, s);
         std::unique_ptr<Backend> a = make_cpu_backend(), b = make_cpu_backend();
         const ModelWeights split = shard_weights(whole->weights(), cfg, s, *a);
@@ -144,8 +146,9 @@ TEST(RankDummyWeights, ShapesEqualTheSplitModel) {
         WeightLoader loader(nullptr, *b, made, 7);
         arch::bind(local, loader, made);
         loader.finish();
-        trim_rank_weights(made, cfg, s, *b);
-        const std::string at = model + " -tp " + std::to_string(n) + " rank " + std::to_string(r);
+        trim_rank_weights(made, cfg, s, *b, 7);
+        const std::string at =
+            model + " -tp " + std::to_string(n) + (ep ? " -ep" : "") + " rank " + std::to_string(r);
         expect_same_shape(split.embed, made.embed, at + " embed");
         expect_same_shape(split.lm_head, made.lm_head, at + " lm_head");
         ASSERT_EQ(split.layers.size(), made.layers.size()) << at;
@@ -164,7 +167,26 @@ TEST(RankDummyWeights, ShapesEqualTheSplitModel) {
             expect_same_linear_shape(x.mlp.down, y.mlp.down, L + " down");
             continue;
           }
-          expect_same_linear_shape(x.moe.router, y.moe.router, L + " router");
+          if (!ep) {
+            expect_same_linear_shape(x.moe.router, y.moe.router, L + " router");
+          } else {  // made again for all experts, in f32 (the GPU loader's router dtype) on every backend
+            EXPECT_EQ(x.moe.router.w.rows, y.moe.router.w.rows) << L << " router";
+            EXPECT_EQ(x.moe.router.w.cols, y.moe.router.w.cols) << L << " router";
+            EXPECT_EQ(y.moe.router.w.dtype, DType::kF32) << L << " router";
+            EXPECT_EQ(x.moe.router.bias == nullptr, y.moe.router.bias == nullptr) << L << " router bias";
+          }
+          if (ep && r > 0) {  // the same router values as rank 0's
+            ModelWeights first;
+            std::unique_ptr<Backend> c = make_cpu_backend();
+            WeightLoader l0(nullptr, *c, first, 7);
+            arch::bind(shard_config(cfg, make_tp_shard(cfg, 0, {.size = n, .expert_parallel = true})), l0, first);
+            l0.finish();
+            trim_rank_weights(first, cfg, make_tp_shard(cfg, 0, {.size = n, .expert_parallel = true}), *c, 7);
+            std::vector<float> r0(static_cast<size_t>(cfg.hidden_size)), rr(r0.size());
+            first.layers[l].moe.router.w.row_to_f32(cfg.num_experts - 1, r0.data());
+            y.moe.router.w.row_to_f32(cfg.num_experts - 1, rr.data());
+            EXPECT_EQ(r0, rr) << L << " router";
+          }
           ASSERT_EQ(x.moe.experts.size(), y.moe.experts.size()) << L;
           for (size_t e = 0; e < x.moe.experts.size(); ++e) {
             const k::ExpertView &p = x.moe.experts[e], &q = y.moe.experts[e];
