@@ -125,7 +125,7 @@ LinearWeights row_parallel(const LinearWeights& lw, int64_t begin, int64_t count
 }
 
 k::ExpertView shard_expert(const k::ExpertView& e, const ModelConfig& cfg, const TpShard& s, Backend& be) {
-  const int64_t inter = cfg.moe_intermediate_size, n = inter / s.size, begin = s.moe_inter_begin;
+  const int64_t inter = cfg.moe_intermediate_size, n = s.moe_inter_count, begin = s.moe_inter_begin;
   const Range part{begin, n};
   k::ExpertView o;
   if (!e.gate_up.empty()) {
@@ -199,7 +199,7 @@ LoraMatrix shard_dense_lora(LoraModule module, const LoraMatrix& m, const std::s
 
 LoraExpert shard_expert_lora(const LoraExpert& e, const std::string& what, const ModelConfig& cfg,
                              const TpShard& s) {
-  const int64_t inter = cfg.moe_intermediate_size, n = inter / s.size, begin = s.moe_inter_begin;
+  const int64_t inter = cfg.moe_intermediate_size, n = s.moe_inter_count, begin = s.moe_inter_begin;
   const Range part{begin, n};
   LoraExpert o;
   if (e.gate_up) o.gate_up = lora_rows(*e.gate_up, gate_up_rows(cfg, inter, begin, n), what + " gate_up");
@@ -255,15 +255,32 @@ void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout) {
           what, cfg.num_experts, size, cfg.num_experts);
     return;  // the experts stay whole: their intermediate size need not divide
   }
+  if (mxfp4) {  // whole 32-column blocks per rank, as evenly as they go
+    if (cfg.moe_intermediate_size / kMxfp4BlockSize < size)
+      fail(
+          "{}: the MXFP4 experts' intermediate size {} has {} blocks of {} columns, fewer than the {} ranks "
+          "(each rank takes whole blocks); use a smaller size",
+          what, cfg.moe_intermediate_size, cfg.moe_intermediate_size / kMxfp4BlockSize, kMxfp4BlockSize,
+          size);
+    return;
+  }
   if (cfg.is_moe() && cfg.moe_intermediate_size % size != 0)
     fail("{}: the experts' intermediate size {} does not split over {} ranks; use a size that divides it",
          what, cfg.moe_intermediate_size, size);
-  if (mxfp4 && (cfg.moe_intermediate_size / size) % kMxfp4BlockSize != 0)
-    fail(
-        "{}: the MXFP4 experts' intermediate size {} would split into {} columns per rank, not a multiple of "
-        "the {}-value MXFP4 blocks; use a smaller size",
-        what, cfg.moe_intermediate_size, cfg.moe_intermediate_size / size, kMxfp4BlockSize);
 }
+
+namespace {
+
+// MXFP4 experts in some MoE layer (their intermediate columns split in whole 32-column blocks).
+bool any_mxfp4_experts(const ModelConfig& cfg) {
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (cfg.moe_layers[static_cast<size_t>(l)] && !cfg.mxfp4_experts.empty() &&
+        cfg.mxfp4_experts[static_cast<size_t>(l)])
+      return true;
+  return false;
+}
+
+}  // namespace
 
 TpShard make_tp_shard(const ModelConfig& cfg, int rank, const TpLayout& layout) {
   const int size = layout.size;
@@ -277,7 +294,18 @@ TpShard make_tp_shard(const ModelConfig& cfg, int rank, const TpLayout& layout) 
   s.inter_begin = rank * (cfg.intermediate_size / size);
   s.expert_parallel = layout.expert_parallel && cfg.is_moe() && size > 1;
   s.fully_sharded_loras = layout.fully_sharded_loras && size > 1;
-  s.moe_inter_begin = s.expert_parallel ? 0 : rank * (cfg.moe_intermediate_size / size);
+  const int64_t I = cfg.moe_intermediate_size;
+  if (s.expert_parallel) {
+    s.moe_inter_begin = 0;
+    s.moe_inter_count = I;
+  } else if (any_mxfp4_experts(cfg)) {  // whole blocks: the first (blocks % size) ranks take one more
+    const int64_t blocks = I / kMxfp4BlockSize, base = blocks / size, extra = blocks % size;
+    s.moe_inter_begin = kMxfp4BlockSize * (rank * base + std::min<int64_t>(rank, extra));
+    s.moe_inter_count = kMxfp4BlockSize * (base + (rank < extra ? 1 : 0));
+  } else {
+    s.moe_inter_begin = rank * (I / size);
+    s.moe_inter_count = I / size;
+  }
   s.num_local_experts = s.expert_parallel ? cfg.num_experts / size : cfg.num_experts;
   s.expert_begin = s.expert_parallel ? rank * s.num_local_experts : 0;
   s.vocab_stride = (cfg.vocab_size + size - 1) / size;
@@ -291,8 +319,7 @@ ModelConfig shard_config(const ModelConfig& cfg, const TpShard& s) {
   c.num_heads = cfg.num_heads / s.size;
   c.num_kv_heads = std::max<int64_t>(1, cfg.num_kv_heads / s.size);
   c.intermediate_size = cfg.intermediate_size / s.size;
-  c.moe_intermediate_size =
-      s.expert_parallel ? cfg.moe_intermediate_size : cfg.moe_intermediate_size / s.size;
+  c.moe_intermediate_size = s.moe_inter_count;
   c.num_experts = s.num_local_experts;
   return c;
 }

@@ -32,7 +32,11 @@ struct TpShard {
   int64_t head_begin = 0;       // first attention head of this rank (num_heads / size heads)
   int64_t kv_head_begin = 0;    // first KV head (max(1, num_kv_heads / size) heads)
   int64_t inter_begin = 0;      // first column of the dense MLP's intermediate (intermediate_size / size)
-  int64_t moe_inter_begin = 0;  // first column of each expert's intermediate (moe_intermediate_size / size)
+  // Each expert's intermediate columns of this rank: [moe_inter_begin, moe_inter_begin + moe_inter_count);
+  // moe_intermediate_size / size each, or for MXFP4 experts whole 32-column blocks spread as evenly as
+  // they go (GPT-OSS's 2880 over 4 ranks: 736, 736, 704, 704; the ranks' counts may differ).
+  int64_t moe_inter_begin = 0;
+  int64_t moe_inter_count = 0;
   int64_t vocab_begin = 0;      // first vocabulary row of this rank
   int64_t vocab_rows = 0;       // rows of this rank (the last rank may have fewer)
   int64_t vocab_stride = 0;     // rows of every rank but the last: ceil(vocab_size / size)
@@ -54,7 +58,7 @@ struct TpLayout {
 
 // Throws polylora::Error unless `cfg` splits over `size` ranks: the attention heads divide by it, the
 // KV heads divide by it or it by them, and so do the dense and expert intermediate sizes (MXFP4 experts:
-// into multiples of 32 columns). With expert parallelism the expert intermediate size stays whole and the
+// their 32-column blocks, at least one per rank, need not divide evenly). With expert parallelism the expert intermediate size stays whole and the
 // experts must divide by the size instead; with fully sharded LoRA the hidden size must divide too (o_proj's
 // and down's LoRA B are split by output rows). The message names the counts and what would divide.
 void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout);

@@ -382,6 +382,62 @@ TEST(TensorParallel, ExpertParallelNeedsEvenlySpreadExpertsNotEvenlySplitOnes) {
   fs::remove_all(dir);
 }
 
+// MXFP4 experts split in whole 32-column blocks, as evenly as they go (GPT-OSS's 2880 over 4 ranks: 736, 736,
+// 704, 704): an MXFP4 GPT-OSS of expert intermediate size 160 (5 blocks) over 2 ranks (96 + 64 columns) and 4
+// (64 + 32 + 32 + 32) gives the logits of -tp 1 (dummy weights, the same seed); 8 ranks (more than the 5
+// blocks) are refused naming the blocks.
+TEST(TensorParallel, Mxfp4ExpertsSplitInWholeBlocks) {
+  namespace fs = std::filesystem;
+  const std::string oss = std::string(POLYLORA_TEST_DATA) + "/models/gpt-oss-mxfp4-tiny";
+  const fs::path dir = fs::temp_directory_path() / ("polylora-tp-mxfp4-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ifstream in(oss + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["intermediate_size"] = 160;
+  cfg["num_attention_heads"] = 8;
+  cfg["num_key_value_heads"] = 8;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  auto options = [](int tp) {
+    ModelLoadOptions o = tp_options(tp);
+    o.load_format = LoadFormat::kDummy;
+    o.seed = 5;
+    return o;
+  };
+  const ModelConfig c = ModelConfig::from_file((dir / "config.json").string());
+  ASSERT_EQ(c.moe_intermediate_size, 160);
+  std::vector<int64_t> counts;
+  for (int r = 0; r < 4; ++r) counts.push_back(make_tp_shard(c, r, {.size = 4}).moe_inter_count);
+  EXPECT_EQ(counts, (std::vector<int64_t>{64, 32, 32, 32}));
+  EXPECT_EQ(make_tp_shard(c, 3, {.size = 4}).moe_inter_begin, 128);
+  auto logits_of = [&](int tp) {
+    auto m = Model::load(dir.string(), options(tp));
+    KvStorage kv(m->kv_config(), m->backend(), 1, 16);
+    ForwardBatch b;
+    b.token_ids = {3, 14, 15, 92, 65, 35, 89};
+    for (int32_t t = 0; t < 7; ++t) {
+      b.positions.push_back(t);
+      b.slot_mapping.push_back(t);
+      b.logits_rows.push_back(t);
+    }
+    b.query_start = {0, 7};
+    b.context_lens = {7};
+    b.max_blocks_per_seq = 1;
+    b.block_tables = {0};
+    b.adapter_slots = {-1};
+    std::vector<float> logits(static_cast<size_t>(7 * m->config().vocab_size));
+    m->forward(b, kv.views(), {}, logits.data());
+    return logits;
+  };
+  const std::vector<float> one = logits_of(1);
+  EXPECT_LE(max_abs_diff(one, logits_of(2)), kTpTolerance);
+  EXPECT_LE(max_abs_diff(one, logits_of(4)), kTpTolerance);
+  const std::string e = error_of(dir.string(), options(8));
+  EXPECT_NE(e.find("the MXFP4 experts' intermediate size 160 has 5 blocks of 32 columns, fewer than the 8 ranks"),
+            std::string::npos)
+      << e;
+  fs::remove_all(dir);
+}
+
 // --fully-sharded-loras with an adapter whose rank (5) no size divides (each rank shrinks ⌈5 / N⌉ rows of A,
 // the last ones zero) on every dense module of llama-tiny: the logits of -tp 2 and -tp 4 equal -tp 1's (and
 // the adapter changes them); a hidden size the ranks do not divide is refused naming the flag.
