@@ -280,6 +280,27 @@ INSTANTIATE_TEST_SUITE_P(Models, TpGoldenTest, ::testing::ValuesIn(tp_cases()), 
   return n;
 });
 
+// The logits of every row of one 9-token prompt (no adapter) over a fresh one-block KV cache (9 tokens: the
+// ranks' blocks of tokens are uneven under expert parallelism's all-to-all).
+std::vector<float> prompt_logits(Model& m) {
+  KvStorage kv(m.kv_config(), m.backend(), 1, 16);
+  ForwardBatch b;
+  b.token_ids = {3, 14, 15, 92, 65, 35, 89, 79, 323};
+  for (int32_t t = 0; t < 9; ++t) {
+    b.positions.push_back(t);
+    b.slot_mapping.push_back(t);
+    b.logits_rows.push_back(t);
+  }
+  b.query_start = {0, 9};
+  b.context_lens = {9};
+  b.max_blocks_per_seq = 1;
+  b.block_tables = {0};
+  b.adapter_slots = {-1};
+  std::vector<float> logits(static_cast<size_t>(9 * m.config().vocab_size));
+  m.forward(b, kv.views(), {}, logits.data());
+  return logits;
+}
+
 std::string error_of(const std::string& dir, const ModelLoadOptions& o) {
   try {
     Model::load(dir, o);
@@ -359,22 +380,7 @@ TEST(TensorParallel, ExpertParallelNeedsEvenlySpreadExpertsNotEvenlySplitOnes) {
   auto logits_of = [&](int tp, bool ep) {
     auto m = Model::load(dir.string(), options(tp, ep));
     EXPECT_EQ(m->expert_parallel(), ep && tp > 1);
-    KvStorage kv(m->kv_config(), m->backend(), 1, 16);
-    ForwardBatch b;
-    b.token_ids = {3, 14, 15, 92, 65, 35, 89, 79, 323};  // 9 tokens: the ranks' blocks of tokens are uneven
-    for (int32_t t = 0; t < 9; ++t) {
-      b.positions.push_back(t);
-      b.slot_mapping.push_back(t);
-      b.logits_rows.push_back(t);
-    }
-    b.query_start = {0, 9};
-    b.context_lens = {9};
-    b.max_blocks_per_seq = 1;
-    b.block_tables = {0};
-    b.adapter_slots = {-1};
-    std::vector<float> logits(static_cast<size_t>(9 * m->config().vocab_size));
-    m->forward(b, kv.views(), {}, logits.data());
-    return logits;
+    return prompt_logits(*m);
   };
   const std::vector<float> one = logits_of(1, false);
   EXPECT_LE(max_abs_diff(one, logits_of(2, true)), kTpTolerance);
@@ -411,22 +417,7 @@ TEST(TensorParallel, Mxfp4ExpertsSplitInWholeBlocks) {
   EXPECT_EQ(make_tp_shard(c, 3, {.size = 4}).moe_inter_begin, 128);
   auto logits_of = [&](int tp) {
     auto m = Model::load(dir.string(), options(tp));
-    KvStorage kv(m->kv_config(), m->backend(), 1, 16);
-    ForwardBatch b;
-    b.token_ids = {3, 14, 15, 92, 65, 35, 89};
-    for (int32_t t = 0; t < 7; ++t) {
-      b.positions.push_back(t);
-      b.slot_mapping.push_back(t);
-      b.logits_rows.push_back(t);
-    }
-    b.query_start = {0, 7};
-    b.context_lens = {7};
-    b.max_blocks_per_seq = 1;
-    b.block_tables = {0};
-    b.adapter_slots = {-1};
-    std::vector<float> logits(static_cast<size_t>(7 * m->config().vocab_size));
-    m->forward(b, kv.views(), {}, logits.data());
-    return logits;
+    return prompt_logits(*m);
   };
   const std::vector<float> one = logits_of(1);
   EXPECT_LE(max_abs_diff(one, logits_of(2)), kTpTolerance);
