@@ -6,8 +6,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 D=.device-carry
+# Kept across a rebuild: the peers' harnesses with what earlier sessions added beside them (vllm_kernel.py,
+# docs/gpu-machine.md) and a carried llama.cpp tree.
+KEEP=$(mktemp -d)
+for keep in peers llama.cpp; do [ -d "$D/$keep" ] && mv "$D/$keep" "$KEEP/"; done
 rm -rf "$D"
 mkdir -p "$D/include" "$D/lib/pkgconfig"
+for keep in peers llama.cpp; do [ -d "$KEEP/$keep" ] && mv "$KEEP/$keep" "$D/"; done
+rmdir "$KEEP" 2>/dev/null || rm -rf "$KEEP"
+# The shared peers' harnesses (serve_bench.sh, llama_bench.sh, ...), newest over any kept copy.
+if [ -d ../shared/peers ]; then
+  mkdir -p "$D/peers"
+  cp ../shared/peers/*.sh ../shared/peers/*.py "$D/peers/" 2>/dev/null || true
+fi
 ML=/usr/lib/x86_64-linux-gnu
 cp /usr/include/pcre2.h /usr/include/xxhash.h /usr/include/xxh3.h "$D/include/"
 [ -f /usr/include/utf8proc.h ] && cp /usr/include/utf8proc.h "$D/include/"
