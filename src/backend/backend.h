@@ -130,6 +130,8 @@ class Backend {
   // CPU): plain buffers, each upload done at once on the calling thread.
   virtual std::unique_ptr<UploadStaging> make_upload_staging(int num_buffers, size_t buffer_bytes);
 
+  // Zeroes `bytes` of backend memory, queued like an op. Default (host memory): memset.
+  virtual void fill_zero(void* ptr, size_t bytes);
   // Backend memory -> backend memory, queued like an op: `rows` rows of `width` bytes from src (rows
   // `src_pitch` bytes apart) to dst (rows `dst_pitch` bytes apart). Default (host memory): memcpy per row.
   virtual void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,

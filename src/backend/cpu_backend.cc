@@ -155,6 +155,10 @@ void Backend::free_host(void* ptr) {
   std::free(ptr);
 }
 
+void Backend::fill_zero(void* ptr, size_t bytes) {
+  if (bytes > 0) std::memset(ptr, 0, bytes);
+}
+
 void Backend::copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                       size_t rows) {
   for (size_t r = 0; r < rows; ++r)

@@ -98,10 +98,6 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
   m->backend_ = backend ? std::move(backend) : std::shared_ptr<Backend>(make_cpu_backend());
   const int tp = options.tensor_parallel_size;
   const bool gpu_ranks = tp > 1 && m->backend_->kind() != DeviceKind::kCpu;
-  if (gpu_ranks && options.fully_sharded_loras)
-    fail(
-        "--fully-sharded-loras with --device cuda is not implemented yet (its shrinks are laid out in host "
-        "memory: --device cpu runs it); leave it out for vLLM's default LoRA sharding");
   const TpLayout layout{.size = tp,
                         .expert_parallel = options.enable_expert_parallel,
                         .fully_sharded_loras = options.fully_sharded_loras};
@@ -397,6 +393,20 @@ Model::StepInputs Model::stage(const ForwardBatch& b, std::span<const LoraAdapte
   si.o_slot = st.add(b.slot_mapping);
   si.o_rows = st.add(b.logits_rows);
   si.o_tslots = st.add(si.adapters.token_slots);
+  if (comm_ && tp_.fully_sharded_loras && !si.adapters.empty()) {
+    // Fully sharded LoRA: the tokens of each slot, one list after the other.
+    std::vector<int32_t> rows;
+    int32_t max_slot = -1;
+    for (int32_t slot : si.adapters.slots) max_slot = std::max(max_slot, slot);
+    si.fs_rows.assign(static_cast<size_t>(max_slot + 1), {0, 0});
+    for (int32_t slot : si.adapters.slots) {
+      const auto first = static_cast<int64_t>(rows.size());
+      for (size_t t = 0; t < si.adapters.token_slots.size(); ++t)
+        if (si.adapters.token_slots[t] == slot) rows.push_back(static_cast<int32_t>(t));
+      si.fs_rows[static_cast<size_t>(slot)] = {first, static_cast<int64_t>(rows.size()) - first};
+    }
+    si.o_fs_rows = st.add(rows);
+  }
   si.o_feed = st.add(feed_pairs.data(), feed_pairs.size());
   return si;
 }
@@ -429,6 +439,9 @@ bool Model::graph_eligible(const ForwardBatch& b, std::span<const LoraAdapter* c
   if (static_cast<int64_t>(b.logits_rows.size()) != S) return false;
   for (int64_t i = 0; i < S; ++i)
     if (b.logits_rows[i] != i) return false;
+  if (tp_.fully_sharded_loras)  // its LoRA calls follow each step's slots and their tokens: eager
+    for (int32_t slot : b.adapter_slots)
+      if (slot >= 0) return false;
   (void)adapters;  // steps with adapters replay the graphs captured with the LoRA kernels
   return true;
 }

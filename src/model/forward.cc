@@ -57,7 +57,7 @@ class Model::ForwardPass {
   int64_t T_, H_, S_, qs_, kvs_, D_;
   int64_t E_, K_;  // the router's experts (all of them; shard_cfg_ counts this rank's) and top-k
   int64_t R_;      // logits rows
-  const int32_t *d_ids_, *d_pos_, *d_qs_, *d_ctx_, *d_bt_, *d_rows_, *d_tslots_;
+  const int32_t *d_ids_, *d_pos_, *d_qs_, *d_ctx_, *d_bt_, *d_rows_, *d_tslots_, *d_fs_rows_;
   const int64_t* d_slot_;
   float *x_ = nullptr, *h_ = nullptr, *q_ = nullptr, *kk_ = nullptr, *v_ = nullptr, *attn_ = nullptr,
         *tmp_ = nullptr;
@@ -91,6 +91,7 @@ Model::ForwardPass::ForwardPass(Model& m, const ForwardBatch& b, std::span<const
   d_slot_ = reinterpret_cast<const int64_t*>(at(si.o_slot));
   d_rows_ = reinterpret_cast<const int32_t*>(at(si.o_rows));
   d_tslots_ = reinterpret_cast<const int32_t*>(at(si.o_tslots));
+  d_fs_rows_ = reinterpret_cast<const int32_t*>(at(si.o_fs_rows));
   eps_ = static_cast<float>(c_.rms_norm_eps);
 }
 
@@ -115,7 +116,7 @@ void Model::ForwardPass::lora_group(int64_t layer, const float* in, int64_t ldx,
   if (m_.tp_.fully_sharded_loras && !si_.adapters.empty())  // --fully-sharded-loras: not in the stacks
     for (const auto& [mod, y, ldy] : modules)
       if (si_.adapters.dense[static_cast<size_t>(layer)][static_cast<size_t>(mod)])
-        m_.fully_sharded_lora(layer, mod, in, ldx, T_, y, ldy, si_.adapters);
+        m_.fully_sharded_lora(layer, mod, in, ldx, T_, y, ldy, si_, d_fs_rows_);
 }
 
 void Model::ForwardPass::linear(const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,

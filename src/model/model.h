@@ -214,9 +214,10 @@ class Model : public AdapterDevice {
   void moe_expert_parallel(const kernels::MoeExpertsArgs& moe, std::span<const int32_t> token_slots);
   // Fully sharded LoRA (fully_sharded_lora.cc): the step's adapters' `module` of `layer` on x [T, in] (row
   // stride ldx), added into y [T, out of this rank] (row stride ldy), with its collective; called by every
-  // rank where the step has the module (ab.dense), in the same order.
+  // rank where the step has the module (si.adapters.dense), in the same order. rows: the staged token rows
+  // of the step's slots (backend memory; StepInputs::fs_rows says where each slot's are).
   void fully_sharded_lora(int64_t layer, LoraModule module, const float* x, int64_t ldx, int64_t T, float* y,
-                          int64_t ldy, const AdapterBatch& ab);
+                          int64_t ldy, const StepInputs& si, const int32_t* rows);
   void init_workspace();
   // stage + copy + run_layers: one rank's part of an eager step.
   void run_eager(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
@@ -282,7 +283,6 @@ class Model : public AdapterDevice {
   // the others' pairs skipped) and the layer's all_reduce sums the ranks (vLLM's EP without data
   // parallelism). GPUs always; the CPU with POLYLORA_EP_DISPATCH=mask (tests), else the all-to-all.
   bool ep_by_mask_ = false;
-  FullyShardedScratch fs_;    // fully sharded LoRA's host buffers
   // Ranks 1..N-1 (a KV cache of their own, mirroring rank 0's views: kv_mirror_, keyed by kv_mirror_of_).
   std::vector<kernels::KvCacheView> kv_mirror_;
   kernels::KvCacheView kv_mirror_of_;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "lora/adapter_batch.h"
@@ -28,6 +29,7 @@ struct Model::Workspace {
   std::vector<std::byte> staging;  // where a step's inputs are packed
   ModelBuffer logits_shard, logits_all;  // tensor parallelism: this rank's logits columns, every rank's
   ModelBuffer feed_src;  // tensor parallelism on GPUs: rank 0's fed token ids, broadcast to this rank
+  ModelBuffer fs_shrink, fs_gathered;  // fully sharded LoRA: the shrinks [T, width], every rank's [N, T, width]
   // Two page-locked buffers the packed inputs are copied from, alternately: a step is staged while the
   // copy of the previous one may still be queued. `consumed` marks when the copy out of it has run.
   struct Pinned {
@@ -45,8 +47,10 @@ struct Model::Workspace {
 // A step's inputs packed in host staging: offsets of each array, and the step's adapter batch.
 struct Model::StepInputs {
   size_t o_ids = 0, o_pos = 0, o_qs = 0, o_ctx = 0, o_bt = 0, o_slot = 0, o_rows = 0, o_tslots = 0,
-         o_feed = 0;
+         o_feed = 0, o_fs_rows = 0;
   AdapterBatch adapters;
+  // Fully sharded LoRA: each slot's token rows, staged at o_fs_rows; fs_rows[slot] = (first, count).
+  std::vector<std::pair<int64_t, int64_t>> fs_rows;
   // Launch the LoRA kernels of every module the stacks hold, whatever the step's adapters (graphs with
   // LoRA: any mix of slots replays them; the kernels skip tokens and slots without LoRA).
   bool all_lora = false;

@@ -279,7 +279,8 @@ const LoraAdapter& Model::rank_adapter(int32_t slot, const LoraAdapter& adapter)
   // of the one they hold.
   std::shared_ptr<const LoraAdapter> fresh = shard_adapter(adapter, config_, tp_);
   std::shared_ptr<const FullyShardedLora> fully_sharded;
-  if (tp_.fully_sharded_loras) std::tie(fresh, fully_sharded) = split_fully_sharded(*fresh, config_, tp_);
+  if (tp_.fully_sharded_loras)
+    std::tie(fresh, fully_sharded) = split_fully_sharded(*fresh, config_, tp_, *backend_);
   s = {&adapter, adapter.generation, std::move(fresh), std::move(fully_sharded)};
   return *s.shard;
 }

@@ -4,11 +4,12 @@
 //   embedding and LM head, the row-parallel all_reduces, the KV mirrors, the adapters' shards, the fed token
 //   ids broadcast to the ranks - gives the numbers of the unsplit model (f32 weights: every logit of a mixed
 //   prefill + decode within 1e-3; through the Engine, the same greedy tokens and log-probs within 2e-3);
-//   also with expert parallelism (each rank's whole experts over every token, the others' pairs skipped).
+//   also with expert parallelism (each rank's whole experts over every token, the others' pairs skipped) and
+//   fully sharded LoRA.
 // - With a GPU per rank (skipped with fewer GPUs): the same over NCCL, with the Engine's CUDA graphs
 //   recorded on every rank (the collectives inside).
 // - Dummy weights made on each rank's GPU run (finite logits).
-// - Splits the GPU path does not do yet are clear errors.
+// - A GPU list naming a GPU that does not exist is a clear error.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -29,10 +30,11 @@ std::shared_ptr<Backend> cuda_backend() {
   return make_cuda_backend(o);
 }
 
-ModelLoadOptions tp(int n, bool ep = false) {
+ModelLoadOptions tp(int n, bool ep = false, bool fs = false) {
   ModelLoadOptions o;
   o.tensor_parallel_size = n;
   o.enable_expert_parallel = ep;
+  o.fully_sharded_loras = fs;
   return o;
 }
 
@@ -55,12 +57,14 @@ std::string same_gpu(int n) {
 }
 
 // The split model's forward logits and engine runs against the unsplit one on the same GPU.
-void expect_split_equals_whole(const std::string& model, int n, const std::string& devices, bool ep = false) {
+void expect_split_equals_whole(const std::string& model, int n, const std::string& devices, bool ep = false,
+                               bool fs = false) {
   Fixture one(model, cuda_backend());
   TpDevices env(devices);
-  Fixture split(model, cuda_backend(), tp(n, ep));
+  Fixture split(model, cuda_backend(), tp(n, ep, fs));
   ASSERT_EQ(split.model->tensor_parallel_size(), n);
   ASSERT_EQ(split.model->expert_parallel(), ep);
+  ASSERT_EQ(split.model->fully_sharded_loras(), fs);
   MixedBatch mb(one);
   std::vector<int32_t> next;
   TwoSteps ref = run_two_steps(*one.model, mb, nullptr, &next);
@@ -86,8 +90,9 @@ void expect_split_equals_whole(const std::string& model, int n, const std::strin
     worst = std::max({worst, da, dm});
   }
   std::printf(
-      "[tp-gpu] %s -tp %d%s on GPUs %s: max |Δ logit| prefill %.2e decode %.2e; engine max |Δ logprob| %.2e\n",
-      model.c_str(), n, ep ? " -ep" : "", devices.empty() ? "0.." : devices.c_str(), dp, dd, worst);
+      "[tp-gpu] %s -tp %d%s%s on GPUs %s: max |Δ logit| prefill %.2e decode %.2e; engine max |Δ logprob| %.2e\n",
+      model.c_str(), n, ep ? " -ep" : "", fs ? " -fs" : "", devices.empty() ? "0.." : devices.c_str(), dp, dd,
+      worst);
 }
 
 TEST(TensorParallelGpu, RanksOnOneGpuEqualTheWholeModel) {
@@ -98,12 +103,16 @@ TEST(TensorParallelGpu, RanksOnOneGpuEqualTheWholeModel) {
   // Expert parallelism (each rank's whole experts over every token): the MoE models.
   for (const std::string& model : fixture_models())
     if (model != "llama-tiny") expect_split_equals_whole(model, 2, same_gpu(2), /*ep=*/true);
+  // Fully sharded LoRA (its shrinks gathered or summed across the ranks, eager steps).
+  expect_split_equals_whole("llama-tiny", 2, same_gpu(2), false, /*fs=*/true);
+  expect_split_equals_whole("qwen3-moe-tiny", 4, same_gpu(4), false, /*fs=*/true);
 }
 
 TEST(TensorParallelGpu, OneGpuPerRankOverNccl) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << cuda_device_count() << " visible)";
   for (const std::string& model : fixture_models()) expect_split_equals_whole(model, 2, "");
   expect_split_equals_whole("gpt-oss-mxfp4-tiny", 2, "", /*ep=*/true);
+  expect_split_equals_whole("gpt-oss-tiny", 2, "", false, /*fs=*/true);
   if (cuda_device_count() >= 4) expect_split_equals_whole("gpt-oss-tiny", 4, "");
 }
 
@@ -131,18 +140,9 @@ TEST(TensorParallelGpu, DummyWeightsMadeOnEachRank) {
   }
 }
 
-TEST(TensorParallelGpu, UnsupportedSplitsAreErrors) {
+TEST(TensorParallelGpu, BadGpuListIsAnError) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  TpDevices env(same_gpu(2));
-  ModelLoadOptions fs = tp(2);
-  fs.fully_sharded_loras = true;
   const std::string dir = std::string(POLYLORA_TEST_DATA) + "/models/qwen3-moe-tiny";
-  try {
-    Model::load(dir, fs, cuda_backend());
-    ADD_FAILURE() << "loaded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--device cuda is not implemented yet"), std::string::npos) << e.what();
-  }
   TpDevices no_such_gpu("0,99");
   try {
     Model::load(dir, tp(2), cuda_backend());

@@ -228,6 +228,11 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaSetDevice(current));  // the calling thread keeps its GPU
     return peer;
   }
+  void fill_zero(void* ptr, size_t bytes) override {
+    DeviceScope on_device(device_);
+    if (bytes == 0) return;
+    timed("fill_zero", [&] { CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream_)); });
+  }
   void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                size_t rows) override {
     DeviceScope on_device(device_);
