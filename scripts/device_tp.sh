@@ -5,10 +5,12 @@
 #      through host memory, dummy weights per rank), the NCCL communicator's tests, the golden GPU tests.
 #   2. polylora_bench device on GPT-OSS-120B (tests/data/configs/gpt-oss-120b, MXFP4 experts, dummy weights)
 #      at -tp 1 (it fits one H200), 2 and, with 4 GPUs, 4: decode at batch 1 and 64 after 512-token prompts.
-#   3. Serving: ../shared/peers/serve_bench.sh (carried in .device-carry/peers) with its server line given
+#   3. polylora_bench allreduce at each -tp > 1: NCCL's all_reduce time and bus bandwidth from 64 KB to
+#      256 MB, and GPT-OSS-120B's decode-step collectives (batch 1 and 64) at their real sizes.
+#   4. Serving: ../shared/peers/serve_bench.sh (carried in .device-carry/peers) with its server line given
 #      `-tp N` (a copy patched here: the harness takes no extra serve flags), GPT-OSS-120B, 8 adapters,
 #      concurrency 1 and 64, at each -tp.
-#   4. With .device-carry/llama.cpp (../shared/peers/prepare_llama.sh .device-carry/llama.cpp), llama.cpp's
+#   5. With .device-carry/llama.cpp (../shared/peers/prepare_llama.sh .device-carry/llama.cpp), llama.cpp's
 #      batched bench on the same config over all visible GPUs (its default --split-mode layer).
 # Summary in $OUT/summary.txt. Env: TPS (default "1 2", "1 2 4" with 4 GPUs), SKIP_SERVE=1, SKIP_LLAMA=1.
 set -uo pipefail
@@ -35,6 +37,13 @@ for tp in ${TPS:-$DEFAULT_TPS}; do
   timeout 400 "$B" device --config tests/data/configs/gpt-oss-120b --device cuda -tp "$tp" --batches 1,64 \
     --prompt-len 512 --decode-tokens 64 2>&1 >"$OUT/device-tp$tp.json" | grep -E "^loaded|^batch" >> "$S"
   stamp "device -tp $tp"
+done
+for tp in ${TPS:-$DEFAULT_TPS}; do  # the collectives' time per step against NCCL's measured bus bandwidth
+  [ "$tp" -lt 2 ] || [ "$tp" -gt "$GPUS" ] && continue
+  echo "== polylora_bench allreduce -tp $tp (gpt-oss-120b decode steps)" >> "$S"
+  timeout 300 "$B" allreduce --device cuda -tp "$tp" --config tests/data/configs/gpt-oss-120b --batches 1,64 \
+    --json-out "$OUT/allreduce-tp$tp.json" 2>&1 >/dev/null | grep -E "all_reduce|batch|ranks" >> "$S"
+  stamp "allreduce -tp $tp"
 done
 if [ -z "${SKIP_SERVE:-}" ] && [ -f .device-carry/peers/serve_bench.sh ]; then
   P=/tmp/tp-peers
