@@ -119,7 +119,7 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
   m->rope_ = RopeTable::from_config(config);
   m->inv_freq_ = m->backend_->vector_from_host(m->rope_.inv_freq.data(), m->rope_.inv_freq.size());
   m->init_workspace();
-  if (tp > 1) m->split_tensor_parallel(layout, std::move(host), dummy_ranks ? &options : nullptr);
+  if (tp > 1) m->split_tensor_parallel(layout, options, std::move(host), dummy_ranks);
   m->backend_->synchronize();
   return m;
 }
@@ -501,15 +501,11 @@ void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> 
   // The graph is recorded after a dry run of the step has sized every buffer for this shape (ops reserve
   // their workspace, no kernel runs), then replayed for this step's results (at start-up, `run` false:
   // dummy steps, not replayed, but under tensor parallelism they are, so every rank runs the same
-  // collectives). Where that recording fails (POLYLORA_GRAPH_DRY_SIZING=0: always), the step runs eagerly
-  // instead and is recorded after it, as before dry runs existed.
+  // collectives). Where that recording fails (GraphOptions::dry_run_sizing off: always), the step runs
+  // eagerly instead and is recorded after it, as before dry runs existed.
   if (g.exec) be.destroy_graph(g.exec);
   g = Graph{};
-  static const bool dry_sizing = [] {
-    const char* e = std::getenv("POLYLORA_GRAPH_DRY_SIZING");
-    return !(e && std::string(e) == "0");
-  }();
-  if (dry_sizing) {
+  if (graph_dry_sizing_) {
     be.set_dry_run(true);
     try {
       run_layers(p, kv, si, inputs);
@@ -629,6 +625,8 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
 
 void Model::prepare_graphs_local(std::span<const k::KvCacheView> kv, const GraphOptions& options) {
   graphs_enabled_ = true;
+  const char* env = std::getenv("POLYLORA_GRAPH_DRY_SIZING");
+  graph_dry_sizing_ = options.dry_run_sizing && !(env && std::string(env) == "0");
   graph_sizes_ = options.sizes;
   std::sort(graph_sizes_.begin(), graph_sizes_.end());
   graph_sizes_.erase(std::unique(graph_sizes_.begin(), graph_sizes_.end()), graph_sizes_.end());

@@ -39,8 +39,7 @@ struct ModelLoadOptions {
   WeightQuantization quantization = WeightQuantization::kNone;  // --quantization (model/quantize.h)
   // --tensor-parallel-size: ranks the model is split over (threads of this process; on CUDA one GPU each,
   // from the backend's GPU on; model/tp_shard.h says how). A split the model's heads or sizes do not
-  // allow is an Error, and so is a GPU count that does not cover the ranks (POLYLORA_TP_DEVICES=0,0,...
-  // chooses each rank's GPU, several ranks on one GPU for tests: collectives through host memory).
+  // allow is an Error, and so is a GPU count that does not cover the ranks (tp_devices below).
   int tensor_parallel_size = 1;
   // --enable-expert-parallel: with tensor_parallel_size N > 1, each rank owns E / N whole experts of every
   // MoE layer (and their LoRA) instead of a slice of every expert; the token-expert pairs travel to the
@@ -50,6 +49,16 @@ struct ModelLoadOptions {
   // (A's rank rows of column-parallel modules, B's output rows of row-parallel ones) with a collective
   // on the shrinks (model/fully_sharded_lora.h). The hidden size must divide by N. No effect at N = 1.
   bool fully_sharded_loras = false;
+  // Tensor parallelism on GPUs: the GPU of each rank (empty: the backend's GPU and the ones after it;
+  // the environment variable POLYLORA_TP_DEVICES=0,1,... sets it when empty). Several ranks may share a
+  // GPU (tests of the sharded path on one GPU): their collectives then go through host memory.
+  std::vector<int> tp_devices;
+  // Tensor parallelism on GPUs: collectives through host memory even where NCCL could run them
+  // (model/staged_communicator.h; no CUDA graphs then).
+  bool tp_staged_collectives = false;
+  // Expert parallelism on the CPU by masking (each rank's experts over every token, as on GPUs) instead of
+  // the all-to-all dispatch (tests of the GPUs' way on the CPU). GPUs always mask.
+  bool expert_parallel_by_mask = false;
 };
 
 // RoPE frequencies for a config: inv_freq [rotary_dim / 2] and the cos/sin scale (YaRN's mscale).
@@ -74,6 +83,10 @@ struct GraphOptions {
   int64_t max_blocks_per_seq = 0;  // block-table width of every graph; longer contexts run eagerly
   int64_t warmup_tokens = 0;       // an eager prefill of this many tokens first sizes every buffer
   int64_t warmup_logits_rows = 1;  // logits rows of that warm-up
+  // Record each graph right after a dry run of its step (Backend::set_dry_run) instead of after running it
+  // eagerly; a recording that fails falls back to the eager run. POLYLORA_GRAPH_DRY_SIZING=0 in the
+  // environment turns it off (cold-start comparisons).
+  bool dry_run_sizing = true;
 };
 // vLLM's default capture sizes: 1, 2, 4, then multiples of 8 up to max_num_seqs.
 std::vector<int64_t> default_graph_sizes(int64_t max_num_seqs);
@@ -161,7 +174,7 @@ class Model : public AdapterDevice {
   void warm_up(std::span<const kernels::KvCacheView> kv, int64_t tokens, int64_t logits_rows);
   bool graphs_enabled() const { return graphs_enabled_; }
   // Graphs recorded so far (this rank's): after a dry run sized the buffers, or after an eager run of the
-  // step (the fallback where a recording after a dry run failed, or POLYLORA_GRAPH_DRY_SIZING=0).
+  // step (the fallback where a recording after a dry run failed, or GraphOptions::dry_run_sizing off).
   struct GraphRecordings {
     int64_t after_dry_run = 0;
     int64_t after_eager_run = 0;
@@ -195,10 +208,10 @@ class Model : public AdapterDevice {
   // Tensor parallelism (model_tp.cc): splits the loaded weights over `size` ranks; one step on every rank;
   // a rank's KV cache for the caller's views; a sum over the ranks; the LM head over the vocabulary shards.
   // On GPUs (backend_ not the CPU), `host` holds the loaded model: each rank's shard is copied to its GPU and
-  // the host copy is dropped; or, with `dummy` (its seed and quantization), nothing was loaded and each rank
-  // makes dummy weights of its shard's shapes on its GPU.
-  void split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backend> host = nullptr,
-                             const ModelLoadOptions* dummy = nullptr);
+  // the host copy is dropped; or, with `dummy`, nothing was loaded and each rank makes dummy weights of its
+  // shard's shapes on its GPU (options' seed and quantization).
+  void split_tensor_parallel(const TpLayout& layout, const ModelLoadOptions& options,
+                             std::shared_ptr<Backend> host = nullptr, bool dummy = false);
   // This rank's part of prepare_graphs (the warm-up done).
   void prepare_graphs_local(std::span<const kernels::KvCacheView> kv, const GraphOptions& options);
   void launch_tensor_parallel(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
@@ -281,8 +294,9 @@ class Model : public AdapterDevice {
   // Expert parallelism by masking instead of the all-to-all dispatch: every rank has every token already
   // (the hidden states are replicated), so each runs its own experts over all tokens (RouteArgs::id_begin:
   // the others' pairs skipped) and the layer's all_reduce sums the ranks (vLLM's EP without data
-  // parallelism). GPUs always; the CPU with POLYLORA_EP_DISPATCH=mask (tests), else the all-to-all.
+  // parallelism). GPUs always; the CPU with ModelLoadOptions::expert_parallel_by_mask, else the all-to-all.
   bool ep_by_mask_ = false;
+  bool graph_dry_sizing_ = true;  // GraphOptions::dry_run_sizing of the last prepare_graphs
   // Ranks 1..N-1 (a KV cache of their own, mirroring rank 0's views: kv_mirror_, keyed by kv_mirror_of_).
   std::vector<kernels::KvCacheView> kv_mirror_;
   kernels::KvCacheView kv_mirror_of_;

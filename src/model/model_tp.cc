@@ -40,49 +40,55 @@ struct Model::TpDevices {
 
 namespace {
 
-// The GPU of each rank: POLYLORA_TP_DEVICES (a comma-separated list, one per rank) or first + r.
-std::vector<int> rank_devices(int size, int first) {
+// The GPU of each rank: `chosen` (ModelLoadOptions::tp_devices, or POLYLORA_TP_DEVICES when that is empty)
+// or first + r.
+std::vector<int> rank_devices(int size, int first, std::vector<int> chosen) {
   const int visible = cuda_device_count();
-  std::vector<int> devices;
-  if (const char* env = std::getenv("POLYLORA_TP_DEVICES"); env && *env) {
-    std::stringstream in(env);
-    std::string item;
-    while (std::getline(in, item, ',')) {
-      char* end = nullptr;
-      const long d = std::strtol(item.c_str(), &end, 10);
-      if (item.empty() || *end != '\0' || d < 0 || d >= visible)
-        fail("POLYLORA_TP_DEVICES={}: '{}' is not a GPU index (0 to {})", env, item, visible - 1);
-      devices.push_back(static_cast<int>(d));
+  std::string source = "ModelLoadOptions::tp_devices";
+  if (chosen.empty())
+    if (const char* env = std::getenv("POLYLORA_TP_DEVICES"); env && *env) {
+      source = fmt::format("POLYLORA_TP_DEVICES={}", env);
+      std::stringstream in(env);
+      std::string item;
+      while (std::getline(in, item, ',')) {
+        char* end = nullptr;
+        const long d = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0')
+          fail("{}: '{}' is not a GPU index (0 to {})", source, item, visible - 1);
+        chosen.push_back(static_cast<int>(d));
+      }
     }
-    if (static_cast<int>(devices.size()) != size)
-      fail("POLYLORA_TP_DEVICES={} names {} GPUs for --tensor-parallel-size {} (one per rank)", env,
-           devices.size(), size);
-    return devices;
+  if (!chosen.empty()) {
+    for (int d : chosen)
+      if (d < 0 || d >= visible) fail("{}: '{}' is not a GPU index (0 to {})", source, d, visible - 1);
+    if (static_cast<int>(chosen.size()) != size)
+      fail("{} names {} GPUs for --tensor-parallel-size {} (one per rank)", source, chosen.size(), size);
+    if (chosen[0] != first)
+      fail("{}: rank 0 must be on the backend's GPU {} (--device cuda's), not {}", source, first, chosen[0]);
+    return chosen;
   }
   if (first + size > visible)
     fail(
         "--tensor-parallel-size {} on --device cuda needs {} GPUs (one per rank, from GPU {} on); {} visible "
         "(POLYLORA_TP_DEVICES=0,0,... puts ranks on GPUs of your choice, several on one GPU for tests)",
         size, size, first, visible);
+  std::vector<int> devices;
   for (int r = 0; r < size; ++r) devices.push_back(first + r);
   return devices;
 }
 
 }  // namespace
 
-void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backend> host,
-                                  const ModelLoadOptions* dummy) {
+void Model::split_tensor_parallel(const TpLayout& layout, const ModelLoadOptions& options,
+                                  std::shared_ptr<Backend> host, bool dummy) {
   const int size = layout.size;
   const bool gpu = backend_->kind() != DeviceKind::kCpu;
-  CHECK(gpu == (host != nullptr || dummy != nullptr));
+  CHECK(gpu == (host != nullptr || dummy));
   tp_threads_ = std::make_unique<RankThreads>(size);
   full_weights_ = std::make_unique<ModelWeights>(std::move(weights_));
   if (gpu) {
     tp_devices_ = std::make_shared<TpDevices>();
-    tp_devices_->devices = rank_devices(size, backend_->device_index());
-    if (tp_devices_->devices[0] != backend_->device_index())
-      fail("POLYLORA_TP_DEVICES: rank 0 must be on the backend's GPU {} (--device cuda's), not {}",
-           backend_->device_index(), tp_devices_->devices[0]);
+    tp_devices_->devices = rank_devices(size, backend_->device_index(), options.tp_devices);
   }
   for (int r = 1; r < size; ++r) {
     tp_ranks_.push_back(std::unique_ptr<Model>(new Model()));
@@ -93,8 +99,6 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
     m->inv_freq_ = m->backend_->vector_from_host(rope_.inv_freq.data(), rope_.inv_freq.size());
     m->init_workspace();
   }
-  const char* ep_env = std::getenv("POLYLORA_EP_DISPATCH");
-  const bool ep_mask_env = ep_env && std::string(ep_env) == "mask";
   // Every rank's shard at once: views into the loaded weights on the CPU; on GPUs the shard is made in host
   // memory (views, and copies where it takes columns) and copied to the rank's GPU, or (dummy weights) made
   // on the rank's GPU in its shard's shapes, with the same seed on every rank (so the replicated router and
@@ -103,15 +107,15 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
     Model* m = r == 0 ? this : tp_ranks_[static_cast<size_t>(r - 1)].get();
     m->tp_ = make_tp_shard(config_, r, layout);
     m->shard_cfg_ = shard_config(config_, m->tp_);
-    m->ep_by_mask_ = gpu || ep_mask_env;
+    m->ep_by_mask_ = gpu || options.expert_parallel_by_mask;
     if (dummy) {
       m->weights_ = ModelWeights{};
-      WeightLoader loader(nullptr, *m->backend_, m->weights_, dummy->seed);
+      WeightLoader loader(nullptr, *m->backend_, m->weights_, options.seed);
       arch::bind(m->shard_cfg_, loader, m->weights_);
       loader.finish();
-      if (dummy->quantization == WeightQuantization::kInt8)
+      if (options.quantization == WeightQuantization::kInt8)
         quantize_weights_int8(m->weights_, loader, *m->backend_);
-      trim_rank_weights(m->weights_, config_, m->tp_, *m->backend_, dummy->seed);
+      trim_rank_weights(m->weights_, config_, m->tp_, *m->backend_, options.seed);
       m->backend_->synchronize();
       return;
     }
@@ -134,8 +138,7 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
     std::vector<int> sorted = d.devices;
     std::sort(sorted.begin(), sorted.end());
     const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
-    const char* staged_env = std::getenv("POLYLORA_TP_STAGED");
-    const bool force_staged = staged_env && std::string(staged_env) == "1";
+    const bool force_staged = options.tp_staged_collectives;
 #ifdef POLYLORA_HAVE_NCCL
     if (distinct && !force_staged) {
       std::vector<cudaStream_t> streams;
@@ -162,7 +165,7 @@ void Model::split_tensor_parallel(const TpLayout& layout, std::shared_ptr<Backen
         "{:.2f} GB in all",
         size, fmt::join(d.devices, ","),
         d.capturable ? "NCCL"
-                     : (distinct ? "collectives through host memory: NCCL is not built or POLYLORA_TP_STAGED=1"
+                     : (distinct ? "collectives through host memory: NCCL is not built, or tp_staged_collectives"
                                  : "several ranks on one GPU: collectives through host memory, no CUDA graphs"),
         shard_cfg_.num_heads, shard_cfg_.num_kv_heads,
         tp_.expert_parallel ? fmt::format(", {} whole experts each (expert parallelism)", tp_.num_local_experts)

@@ -24,11 +24,12 @@ namespace {
 
 constexpr double kTpTolerance = 1e-4;
 
-ModelLoadOptions tp_options(int tp, bool ep = false, bool fs = false) {
+ModelLoadOptions tp_options(int tp, bool ep = false, bool fs = false, bool mask = false) {
   ModelLoadOptions o;
   o.tensor_parallel_size = tp;
   o.enable_expert_parallel = ep;
   o.fully_sharded_loras = fs;
+  o.expert_parallel_by_mask = mask;
   return o;
 }
 
@@ -42,27 +43,14 @@ struct TpCase {
 
 void PrintTo(const TpCase& c, std::ostream* os) {
   *os << c.model << " -tp " << c.tp << (c.ep ? " -ep" : "") << (c.fs ? " --fully-sharded-loras" : "")
-      << (c.mask ? " (POLYLORA_EP_DISPATCH=mask)" : "");
+      << (c.mask ? " (by masking)" : "");
 }
-
-// POLYLORA_EP_DISPATCH for one scope (read when a model is split).
-class EpDispatch {
- public:
-  explicit EpDispatch(bool mask) {
-    if (mask)
-      setenv("POLYLORA_EP_DISPATCH", "mask", 1);
-    else
-      unsetenv("POLYLORA_EP_DISPATCH");
-  }
-  ~EpDispatch() { unsetenv("POLYLORA_EP_DISPATCH"); }
-};
 
 class TpGoldenTest : public ::testing::TestWithParam<TpCase> {};
 
 TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
   const TpCase& c = GetParam();
-  EpDispatch dispatch(c.mask);
-  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep, c.fs));
+  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep, c.fs, c.mask));
   ASSERT_EQ(split.model->tensor_parallel_size(), c.tp);
   ASSERT_EQ(split.model->expert_parallel(), c.ep);
   ASSERT_EQ(split.model->fully_sharded_loras(), c.fs);
@@ -86,8 +74,7 @@ TEST_P(TpGoldenTest, ForwardLogitsOfAMixedBatchEqualTp1) {
 
 TEST_P(TpGoldenTest, EngineAloneAndMixedEqualTp1AndReference) {
   const TpCase& c = GetParam();
-  EpDispatch dispatch(c.mask);
-  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep, c.fs));
+  Fixture one(c.model), split(c.model, nullptr, tp_options(c.tp, c.ep, c.fs, c.mask));
   std::vector<EngineRequest> reqs;
   std::vector<std::pair<std::string, size_t>> owner;
   for (size_t i = 0; i < one.num_prompts(); ++i)

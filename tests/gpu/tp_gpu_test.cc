@@ -1,5 +1,5 @@
 // tests/gpu/tp_gpu_test.cc: tensor parallelism on the CUDA backend (docs/tensor-parallel.md).
-// - On one GPU (POLYLORA_TP_DEVICES=0,0 / 0,0,0,0: every rank on GPU 0, collectives through host memory):
+// - On one GPU (ModelLoadOptions::tp_devices all 0: every rank on GPU 0, collectives through host memory):
 //   the sharded code path on the GPU - each rank's shard copied to the device, the vocabulary-sharded
 //   embedding and LM head, the row-parallel all_reduces, the KV mirrors, the adapters' shards, the fed token
 //   ids broadcast to the ranks - gives the numbers of the unsplit model (f32 weights: every logit of a mixed
@@ -38,30 +38,16 @@ ModelLoadOptions tp(int n, bool ep = false, bool fs = false) {
   return o;
 }
 
-// Sets POLYLORA_TP_DEVICES for one scope ("" unsets it).
-class TpDevices {
- public:
-  explicit TpDevices(const std::string& list) {
-    if (list.empty())
-      unsetenv("POLYLORA_TP_DEVICES");
-    else
-      setenv("POLYLORA_TP_DEVICES", list.c_str(), 1);
-  }
-  ~TpDevices() { unsetenv("POLYLORA_TP_DEVICES"); }
-};
-
-std::string same_gpu(int n) {
-  std::string s;
-  for (int r = 0; r < n; ++r) s += r ? ",0" : "0";
-  return s;
-}
+// Every rank on GPU 0 (collectives through host memory).
+std::vector<int> same_gpu(int n) { return std::vector<int>(static_cast<size_t>(n), 0); }
 
 // The split model's forward logits and engine runs against the unsplit one on the same GPU.
-void expect_split_equals_whole(const std::string& model, int n, const std::string& devices, bool ep = false,
+void expect_split_equals_whole(const std::string& model, int n, const std::vector<int>& devices, bool ep = false,
                                bool fs = false) {
   Fixture one(model, cuda_backend());
-  TpDevices env(devices);
-  Fixture split(model, cuda_backend(), tp(n, ep, fs));
+  ModelLoadOptions o = tp(n, ep, fs);
+  o.tp_devices = devices;
+  Fixture split(model, cuda_backend(), o);
   ASSERT_EQ(split.model->tensor_parallel_size(), n);
   ASSERT_EQ(split.model->expert_parallel(), ep);
   ASSERT_EQ(split.model->fully_sharded_loras(), fs);
@@ -91,8 +77,7 @@ void expect_split_equals_whole(const std::string& model, int n, const std::strin
   }
   std::printf(
       "[tp-gpu] %s -tp %d%s%s on GPUs %s: max |Δ logit| prefill %.2e decode %.2e; engine max |Δ logprob| %.2e\n",
-      model.c_str(), n, ep ? " -ep" : "", fs ? " -fs" : "", devices.empty() ? "0.." : devices.c_str(), dp, dd,
-      worst);
+      model.c_str(), n, ep ? " -ep" : "", fs ? " -fs" : "", devices.empty() ? "0.." : "all 0", dp, dd, worst);
 }
 
 TEST(TensorParallelGpu, RanksOnOneGpuEqualTheWholeModel) {
@@ -110,19 +95,19 @@ TEST(TensorParallelGpu, RanksOnOneGpuEqualTheWholeModel) {
 
 TEST(TensorParallelGpu, OneGpuPerRankOverNccl) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (" << cuda_device_count() << " visible)";
-  for (const std::string& model : fixture_models()) expect_split_equals_whole(model, 2, "");
-  expect_split_equals_whole("gpt-oss-mxfp4-tiny", 2, "", /*ep=*/true);
-  expect_split_equals_whole("gpt-oss-tiny", 2, "", false, /*fs=*/true);
-  if (cuda_device_count() >= 4) expect_split_equals_whole("gpt-oss-tiny", 4, "");
+  for (const std::string& model : fixture_models()) expect_split_equals_whole(model, 2, {});
+  expect_split_equals_whole("gpt-oss-mxfp4-tiny", 2, {}, /*ep=*/true);
+  expect_split_equals_whole("gpt-oss-tiny", 2, {}, false, /*fs=*/true);
+  if (cuda_device_count() >= 4) expect_split_equals_whole("gpt-oss-tiny", 4, {});
 }
 
 // --load-format dummy: each rank makes its shard's weights on its GPU (nothing on the host); a mixed batch
 // runs and gives finite logits that are not all equal, on every fixture architecture.
 TEST(TensorParallelGpu, DummyWeightsMadeOnEachRank) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  TpDevices env(same_gpu(2));
   for (const std::string& model : fixture_models()) {
     ModelLoadOptions o = tp(2);
+    o.tp_devices = same_gpu(2);
     o.load_format = LoadFormat::kDummy;
     Fixture whole(model, cuda_backend());  // for the batch's prompts
     auto m = Model::load(std::string(POLYLORA_TEST_DATA) + "/models/" + model, o, cuda_backend());
@@ -143,9 +128,10 @@ TEST(TensorParallelGpu, DummyWeightsMadeOnEachRank) {
 TEST(TensorParallelGpu, BadGpuListIsAnError) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const std::string dir = std::string(POLYLORA_TEST_DATA) + "/models/qwen3-moe-tiny";
-  TpDevices no_such_gpu("0,99");
+  ModelLoadOptions o = tp(2);
+  o.tp_devices = {0, 99};
   try {
-    Model::load(dir, tp(2), cuda_backend());
+    Model::load(dir, o, cuda_backend());
     ADD_FAILURE() << "loaded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'99' is not a GPU index"), std::string::npos) << e.what();
