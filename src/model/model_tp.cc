@@ -204,29 +204,20 @@ void Model::launch_tensor_parallel(const ForwardBatch& b, std::span<const k::KvC
           "it for Model::kv_config())",
           v.num_kv_heads, tp_.size, shard_cfg_.num_kv_heads);
   const bool gpu = tp_devices_ != nullptr;
-  // On the CPU, token ids fed from the previous step's samples (host memory) become plain inputs, which
-  // every rank reads. On GPUs they stay on rank 0's GPU: each step broadcasts them to the other ranks first
-  // (in order with the sampling that wrote them, on the ranks' queues), and every rank feeds its own copy.
-  ForwardBatch fed;
-  const ForwardBatch* batch = &b;
-  if (!feed.empty() && !gpu) {
-    fed = b;
-    for (size_t i = 0; i < feed.pairs.size(); i += 2)
-      fed.token_ids[feed.pairs[i]] = feed.src[feed.pairs[i + 1]];
-    batch = &fed;
-  }
+  // Token ids fed from the previous step's samples stay where rank 0's sampler wrote them (its GPU, or host
+  // memory): each step broadcasts them to the other ranks first (on GPUs in order with the sampling that
+  // wrote them, on the ranks' queues), and every rank feeds its own copy.
   size_t feed_count = 0;
-  if (gpu)
-    for (size_t i = 1; i < feed.pairs.size(); i += 2)
-      feed_count = std::max(feed_count, static_cast<size_t>(feed.pairs[i]) + 1);
+  for (size_t i = 1; i < feed.pairs.size(); i += 2)
+    feed_count = std::max(feed_count, static_cast<size_t>(feed.pairs[i]) + 1);
   // Every rank takes the same path (graph or eager) as rank 0; both run the same collectives in the same
   // order, so a rank whose graph must be recorded again stays in step with the others.
-  const bool graph = gpu && graphs_enabled_ && graph_eligible(*batch, adapters);
+  const bool graph = gpu && graphs_enabled_ && graph_eligible(b, adapters);
   tp_threads_->run([&](int rank) {
     Model& m = rank == 0 ? *this : *tp_ranks_[static_cast<size_t>(rank - 1)];
     const std::span<const k::KvCacheView> rank_kv = rank == 0 ? kv : m.mirror_kv(kv);
     TokenFeed rank_feed;
-    if (gpu && feed_count > 0) {
+    if (feed_count > 0) {
       rank_feed.pairs = feed.pairs;
       uint64_t unused_epoch = 0;  // read before a graph runs, never by one
       int32_t* src = rank == 0 ? const_cast<int32_t*>(feed.src)
@@ -235,9 +226,9 @@ void Model::launch_tensor_parallel(const ForwardBatch& b, std::span<const k::KvC
       rank_feed.src = src;
     }
     if (graph && m.graphs_enabled_)
-      m.launch_graph(*batch, rank_kv, adapters, rank_feed);
+      m.launch_graph(b, rank_kv, adapters, rank_feed);
     else
-      m.run_eager(*batch, rank_kv, adapters, rank_feed);
+      m.run_eager(b, rank_kv, adapters, rank_feed);
   });
 }
 

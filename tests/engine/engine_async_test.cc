@@ -38,11 +38,15 @@ class EngineAsyncTest : public ::testing::Test {
   static void SetUpTestSuite() {
     fixture_ = new Fixture("qwen3-moe-tiny");
     model_ = new std::shared_ptr<Model>(std::move(fixture_->model));
+    ModelLoadOptions tp;
+    tp.tensor_parallel_size = 2;
+    model_tp2_ = new std::shared_ptr<Model>(Model::load(fixture_->dir, tp));
     tokenizer_ = new std::shared_ptr<const tokenizer::Tokenizer>(
         std::make_shared<tokenizer::Tokenizer>(tokenizer::Tokenizer::load(fixture_->dir)));
   }
   static void TearDownTestSuite() {
     delete tokenizer_;
+    delete model_tp2_;
     delete model_;
     delete fixture_;
   }
@@ -139,7 +143,7 @@ class EngineAsyncTest : public ::testing::Test {
     ec.scheduler.max_num_batched_tokens = 64;
     ec.execution.async_scheduling = async;
     ec.execution.device_sampling = device_sampling_;
-    Engine engine(*model_, ec, *tokenizer_);
+    Engine engine(tp2_ ? *model_tp2_ : *model_, ec, *tokenizer_);
     EXPECT_TRUE(engine.model_config().vocab_size > 11);
     for (const auto& a : fixture_->adapters) engine.add_adapter(a);
     std::map<std::string, ReqResult> out;
@@ -225,13 +229,16 @@ class EngineAsyncTest : public ::testing::Test {
   }
 
   bool device_sampling_ = false;  // the device sampler (its host version here) instead of the CPU one
+  bool tp2_ = false;              // the model split over 2 tensor-parallel ranks
   static Fixture* fixture_;
   static std::shared_ptr<Model>* model_;
+  static std::shared_ptr<Model>* model_tp2_;
   static std::shared_ptr<const tokenizer::Tokenizer>* tokenizer_;
 };
 
 Fixture* EngineAsyncTest::fixture_ = nullptr;
 std::shared_ptr<Model>* EngineAsyncTest::model_ = nullptr;
+std::shared_ptr<Model>* EngineAsyncTest::model_tp2_ = nullptr;
 std::shared_ptr<const tokenizer::Tokenizer>* EngineAsyncTest::tokenizer_ = nullptr;
 
 TEST_F(EngineAsyncTest, SameResultsAsSynchronousSteps) {
@@ -271,6 +278,23 @@ TEST_F(EngineAsyncTest, SameResultsUnderPreemption) {
   EXPECT_GT(pre_sync, 0);
   EXPECT_GT(pre_async, 0);
   expect_same(sync, async, w.abort_id);
+  }
+}
+
+// Asynchronous steps on a model split over 2 ranks: the tokens the previous step sampled (the device
+// sampler's ids on rank 0, fed without a trip through the host) are broadcast to the other rank before each
+// step, so the split model's asynchronous run gives the unsplit model's synchronous results (tokens, stops,
+// log-probs within 1e-4), with the host sampler and with the device sampler.
+TEST_F(EngineAsyncTest, TensorParallelRanksGetTheFedTokens) {
+  for (bool device : {false, true}) {
+    device_sampling_ = device;
+    const Workload w = workload(false);
+    tp2_ = false;
+    auto whole = run(false, w, 1024);
+    tp2_ = true;
+    auto split = run(true, w, 1024);
+    tp2_ = false;
+    expect_same(whole, split, w.abort_id);
   }
 }
 
