@@ -162,8 +162,8 @@ void Backend::fill_zero(void* ptr, size_t bytes) {
 void Backend::copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                       size_t rows) {
   for (size_t r = 0; r < rows; ++r)
-    std::memcpy(static_cast<std::byte*>(dst) + r * dst_pitch, static_cast<const std::byte*>(src) + r * src_pitch,
-                width);
+    std::memcpy(static_cast<std::byte*>(dst) + r * dst_pitch,
+                static_cast<const std::byte*>(src) + r * src_pitch, width);
 }
 
 kernels::WeightView Backend::random_mxfp4(int64_t rows, int64_t cols, uint8_t scale, uint64_t seed) {

@@ -114,7 +114,8 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
                         host ? WeightUploadOptions{} : options.upload);
     arch::bind(config, loader, m->weights_);
     loader.finish();  // the staged path reads and uploads everything here
-    if (options.quantization == WeightQuantization::kInt8) quantize_weights_int8(m->weights_, loader, load_be);
+    if (options.quantization == WeightQuantization::kInt8)
+      quantize_weights_int8(m->weights_, loader, load_be);
   }
   m->rope_ = RopeTable::from_config(config);
   m->inv_freq_ = m->backend_->vector_from_host(m->rope_.inv_freq.data(), m->rope_.inv_freq.size());
@@ -130,7 +131,7 @@ void Model::init_workspace() { ws_ = std::make_unique<Workspace>(); }
 
 Model::~Model() {
   tp_threads_.reset();  // the other ranks' threads, then the ranks (their views point into full_weights_)
-  if (tp_devices_) {  // the GPU ranks' queues drained, then their communicators, before their backends go
+  if (tp_devices_) {    // the GPU ranks' queues drained, then their communicators, before their backends go
     for_each_rank([](Model& m) {
       try {
         m.backend_->synchronize();
@@ -506,14 +507,14 @@ void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> 
   if (g.exec) be.destroy_graph(g.exec);
   g = Graph{};
   if (graph_dry_sizing_) {
-    be.set_dry_run(true);
-    try {
+    {
+      struct DryRun {  // the backend's dry run, ended however run_layers leaves
+        Backend& be;
+        explicit DryRun(Backend& b) : be(b) { be.set_dry_run(true); }
+        ~DryRun() { be.set_dry_run(false); }
+      } dry(be);
       run_layers(p, kv, si, inputs);
-    } catch (...) {
-      be.set_dry_run(false);
-      throw;
     }
-    be.set_dry_run(false);
     if (void* exec = record(p, kv, si, inputs)) {
       g = {exec, ws.epoch, be.workspace_epoch(), kv_key};
       ++graph_recordings_.after_dry_run;
@@ -539,7 +540,6 @@ void* Model::record(const ForwardBatch& p, std::span<const k::KvCacheView> kv, c
   Backend& be = *backend_;
   Workspace& ws = *ws_;
   const uint64_t ws_epoch = ws.epoch, backend_epoch = be.workspace_epoch();
-  void* exec = nullptr;
   be.begin_capture();
   try {
     run_layers(p, kv, si, inputs);
@@ -548,7 +548,7 @@ void* Model::record(const ForwardBatch& p, std::span<const k::KvCacheView> kv, c
     if (void* partial = be.end_capture()) be.destroy_graph(partial);
     return nullptr;
   }
-  exec = be.end_capture();
+  void* exec = be.end_capture();
   if (exec && (ws.epoch != ws_epoch || be.workspace_epoch() != backend_epoch)) {
     be.destroy_graph(exec);
     return nullptr;
@@ -614,7 +614,8 @@ void Model::prepare_graphs(std::span<const k::KvCacheView> kv, const GraphOption
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (graphs_enabled_)
     spdlog::info(
-        "CUDA graphs: captured {} decode shapes ({} to {} sequences{}) in {:.2f} s{}{}; {} recorded after a dry "
+        "CUDA graphs: captured {} decode shapes ({} to {} sequences{}) in {:.2f} s{}{}; {} recorded after a "
+        "dry "
         "run, {} after an eager run (so far)",
         graph_sizes_.size(), graph_sizes_.front(), graph_sizes_.back(),
         lora_ && lora_->reserved() ? ", each without and with LoRA" : "", seconds,

@@ -62,7 +62,8 @@ HostMatrix fully_shard(LoraModule module, const LoraMatrix& m, const ModelConfig
     for (int64_t j = 0; j < N; ++j)
       for (int64_t o = 0; o < m.out; ++o)
         for (int64_t c = 0; c < p && j * p + c < r; ++c)
-          h.b_parts[static_cast<size_t>(j)][static_cast<size_t>(o * p + c)] = m.b[static_cast<size_t>(o * r + j * p + c)];
+          h.b_parts[static_cast<size_t>(j)][static_cast<size_t>(o * p + c)] =
+              m.b[static_cast<size_t>(o * r + j * p + c)];
   } else {
     CHECK(m.out % N == 0 && m.out == cfg.hidden_size);
     f.width = r;

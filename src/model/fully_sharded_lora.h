@@ -40,10 +40,10 @@ struct FullyShardedMatrix {
   int64_t in = 0, out = 0;  // this rank's input columns and output rows
   float scale = 1.0f;
   // In the rank's backend memory:
-  const float* a = nullptr;            // [width, in]
-  std::vector<const float*> b_parts;   // column: N parts [out, p] (part j: B's columns [j·p, (j+1)·p),
-                                       // zero past r); row: one [out, r]
-  const float* eye = nullptr;          // [width, width] identity
+  const float* a = nullptr;           // [width, in]
+  std::vector<const float*> b_parts;  // column: N parts [out, p] (part j: B's columns [j·p, (j+1)·p),
+                                      // zero past r); row: one [out, r]
+  const float* eye = nullptr;         // [width, width] identity
 };
 
 struct FullyShardedLora {

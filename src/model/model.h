@@ -106,7 +106,8 @@ class Model : public AdapterDevice {
   ~Model();
 
   const ModelConfig& config() const { return config_; }
-  // The whole model's weights (under tensor parallelism the ranks' shards are views into them).
+  // The whole model's weights (under tensor parallelism on the CPU the ranks' shards are views into them;
+  // on GPUs, where no rank holds the whole model, rank 0's shard, its num_bytes counting every rank's).
   const ModelWeights& weights() const { return full_weights_ ? *full_weights_ : weights_; }
   // The layout the KV-cache views passed to forward() must have: this rank's KV heads (config() at -tp 1).
   const ModelConfig& kv_config() const { return shard_cfg_; }
@@ -251,8 +252,8 @@ class Model : public AdapterDevice {
   // Replays (or records) the graph of the step's padded size; with LoRA kernels when the step has adapters
   // or `with_lora` (capture at start-up, where `run` false records without running the dummy step).
   void launch_graph(const ForwardBatch& b, std::span<const kernels::KvCacheView> kv,
-                    std::span<const LoraAdapter* const> adapters, const TokenFeed& feed, bool with_lora = false,
-                    bool run = true);
+                    std::span<const LoraAdapter* const> adapters, const TokenFeed& feed,
+                    bool with_lora = false, bool run = true);
   void* record(const ForwardBatch& p, std::span<const kernels::KvCacheView> kv, const StepInputs& si,
                std::byte* inputs);
   // Copies the first `rows` logits rows, or their argmax ids, to the host.

@@ -26,10 +26,11 @@ struct Model::Workspace {
   ModelBuffer lora_tmp;      // dense LoRA split over other ops: the q/k/v and o shrinks' sums [rows, ranks]
   ModelBuffer graph_inputs;  // fixed once graphs are prepared: every graph reads its inputs here
   ModelBuffer ids;           // argmax ids of the output rows (forward_argmax)
-  std::vector<std::byte> staging;  // where a step's inputs are packed
+  std::vector<std::byte> staging;        // where a step's inputs are packed
   ModelBuffer logits_shard, logits_all;  // tensor parallelism: this rank's logits columns, every rank's
   ModelBuffer feed_src;  // tensor parallelism on GPUs: rank 0's fed token ids, broadcast to this rank
-  ModelBuffer fs_shrink, fs_gathered;  // fully sharded LoRA: the shrinks [T, width], every rank's [N, T, width]
+  ModelBuffer fs_shrink,
+      fs_gathered;  // fully sharded LoRA: the shrinks [T, width], every rank's [N, T, width]
   // Two page-locked buffers the packed inputs are copied from, alternately: a step is staged while the
   // copy of the previous one may still be queued. `consumed` marks when the copy out of it has run.
   struct Pinned {

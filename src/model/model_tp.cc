@@ -12,8 +12,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "model/model.h"
 #include "model/arch/arch.h"
+#include "model/model.h"
 #include "model/model_step.h"
 #include "model/quantize.h"
 #include "model/staged_communicator.h"
@@ -94,7 +94,8 @@ void Model::split_tensor_parallel(const TpLayout& layout, const ModelLoadOptions
     tp_ranks_.push_back(std::unique_ptr<Model>(new Model()));
     Model* m = tp_ranks_.back().get();
     m->config_ = config_;
-    m->backend_ = std::shared_ptr<Backend>(backend_->make_peer(gpu ? tp_devices_->devices[static_cast<size_t>(r)] : 0));
+    m->backend_ =
+        std::shared_ptr<Backend>(backend_->make_peer(gpu ? tp_devices_->devices[static_cast<size_t>(r)] : 0));
     m->rope_ = rope_;
     m->inv_freq_ = m->backend_->vector_from_host(rope_.inv_freq.data(), rope_.inv_freq.size());
     m->init_workspace();
@@ -142,7 +143,8 @@ void Model::split_tensor_parallel(const TpLayout& layout, const ModelLoadOptions
 #ifdef POLYLORA_HAVE_NCCL
     if (distinct && !force_staged) {
       std::vector<cudaStream_t> streams;
-      for_each_rank([&](Model& m) { streams.push_back(static_cast<cudaStream_t>(m.backend_->queue_handle())); });
+      for_each_rank(
+          [&](Model& m) { streams.push_back(static_cast<cudaStream_t>(m.backend_->queue_handle())); });
       d.nccl = std::make_unique<NcclCommunicatorGroup>(d.devices, streams);
       d.capturable = true;
       for (int r = 0; r < size; ++r) {
@@ -164,12 +166,14 @@ void Model::split_tensor_parallel(const TpLayout& layout, const ModelLoadOptions
         "tensor parallelism: {} ranks on GPUs {} ({}), {} attention heads and {} KV heads each{}; weights "
         "{:.2f} GB in all",
         size, fmt::join(d.devices, ","),
-        d.capturable ? "NCCL"
-                     : (distinct ? "collectives through host memory: NCCL is not built, or tp_staged_collectives"
-                                 : "several ranks on one GPU: collectives through host memory, no CUDA graphs"),
+        d.capturable
+            ? "NCCL"
+            : (distinct ? "collectives through host memory: NCCL is not built, or tp_staged_collectives"
+                        : "several ranks on one GPU: collectives through host memory, no CUDA graphs"),
         shard_cfg_.num_heads, shard_cfg_.num_kv_heads,
-        tp_.expert_parallel ? fmt::format(", {} whole experts each (expert parallelism)", tp_.num_local_experts)
-                            : "",
+        tp_.expert_parallel
+            ? fmt::format(", {} whole experts each (expert parallelism)", tp_.num_local_experts)
+            : "",
         static_cast<double>(bytes) / 1e9);
     return;
   }
@@ -186,12 +190,14 @@ void Model::split_tensor_parallel(const TpLayout& layout, const ModelLoadOptions
                tp_.fully_sharded_loras ? ", fully sharded LoRA" : "");
 }
 
-bool Model::tp_collectives_capturable() const { return tp_devices_ && tp_devices_->capturable; }
+bool Model::tp_collectives_capturable() const {
+  return tp_devices_ && tp_devices_->capturable;
+}
 
 int Model::ranks_sharing_memory() const {
   if (!tp_devices_) return tp_.size;
-  return static_cast<int>(std::count(tp_devices_->devices.begin(), tp_devices_->devices.end(),
-                                     tp_devices_->devices[0]));
+  return static_cast<int>(
+      std::count(tp_devices_->devices.begin(), tp_devices_->devices.end(), tp_devices_->devices[0]));
 }
 
 void Model::launch_tensor_parallel(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
@@ -220,8 +226,9 @@ void Model::launch_tensor_parallel(const ForwardBatch& b, std::span<const k::KvC
     if (feed_count > 0) {
       rank_feed.pairs = feed.pairs;
       uint64_t unused_epoch = 0;  // read before a graph runs, never by one
-      int32_t* src = rank == 0 ? const_cast<int32_t*>(feed.src)
-                               : ensure_buffer<int32_t>(*m.backend_, m.ws_->feed_src, feed_count, unused_epoch);
+      int32_t* src = rank == 0
+                         ? const_cast<int32_t*>(feed.src)
+                         : ensure_buffer<int32_t>(*m.backend_, m.ws_->feed_src, feed_count, unused_epoch);
       m.comm_->broadcast(src, feed_count, DType::kI32, 0);
       rank_feed.src = src;
     }
@@ -259,7 +266,8 @@ std::span<const k::KvCacheView> Model::mirror_kv(std::span<const k::KvCacheView>
 
 void Model::all_reduce_sum(float* x, int64_t n) {
   // (A dry run, which sizes buffers before a graph is recorded, runs no collective: every rank skips them.)
-  if (comm_ && !backend_->dry_run()) comm_->all_reduce(x, x, static_cast<size_t>(n), DType::kF32, ReduceOp::kSum);
+  if (comm_ && !backend_->dry_run())
+    comm_->all_reduce(x, x, static_cast<size_t>(n), DType::kF32, ReduceOp::kSum);
 }
 
 const LoraAdapter& Model::rank_adapter(int32_t slot, const LoraAdapter& adapter) {

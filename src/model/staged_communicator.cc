@@ -9,7 +9,7 @@
 namespace polylora {
 
 void StagedCommunicator::down(const void* src, size_t bytes) {
-  send_.resize(std::max<size_t>(bytes, 1));  // never a null buffer for the host group
+  send_.resize(std::max<size_t>(bytes, 1));                   // never a null buffer for the host group
   if (bytes > 0) be_.copy_to_host(send_.data(), src, bytes);  // waits for the backend's queue
 }
 
@@ -33,7 +33,8 @@ void StagedCommunicator::all_gather(const void* send, void* recv, size_t count, 
   up(recv, bytes * static_cast<size_t>(size()));
 }
 
-void StagedCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+void StagedCommunicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                                        ReduceOp op) {
   const size_t bytes = count * dtype_size(dtype);
   down(send, bytes * static_cast<size_t>(size()));
   recv_.resize(std::max<size_t>(bytes, 1));
@@ -45,8 +46,7 @@ void StagedCommunicator::broadcast(void* buf, size_t count, DType dtype, int roo
   const size_t bytes = count * dtype_size(dtype);
   down(buf, bytes);
   host_.broadcast(send_.data(), count, dtype, root);
-  recv_ = send_;
-  up(buf, bytes);
+  if (bytes > 0) be_.copy_to_device(buf, send_.data(), bytes);
 }
 
 void StagedCommunicator::all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,

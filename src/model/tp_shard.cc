@@ -209,6 +209,15 @@ LoraExpert shard_expert_lora(const LoraExpert& e, const std::string& what, const
   return o;
 }
 
+// MXFP4 experts in some MoE layer (their intermediate columns split in whole 32-column blocks).
+bool any_mxfp4_experts(const ModelConfig& cfg) {
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (cfg.moe_layers[static_cast<size_t>(l)] && !cfg.mxfp4_experts.empty() &&
+        cfg.mxfp4_experts[static_cast<size_t>(l)])
+      return true;
+  return false;
+}
+
 }  // namespace
 
 void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout) {
@@ -237,12 +246,8 @@ void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout) {
         "o_proj and down_proj is split by output rows); use a size that divides it, or leave out "
         "--fully-sharded-loras",
         what, cfg.hidden_size, size);
-  bool dense = false, mxfp4 = false;
-  for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    dense = dense || !cfg.moe_layers[static_cast<size_t>(l)];
-    mxfp4 = mxfp4 || (cfg.moe_layers[static_cast<size_t>(l)] && !cfg.mxfp4_experts.empty() &&
-                      cfg.mxfp4_experts[static_cast<size_t>(l)]);
-  }
+  const bool dense = std::find(cfg.moe_layers.begin(), cfg.moe_layers.end(), false) != cfg.moe_layers.end();
+  const bool mxfp4 = any_mxfp4_experts(cfg);
   if (dense && cfg.intermediate_size % size != 0)
     fail("{}: the MLP's intermediate size {} does not split over {} ranks; use a size that divides it", what,
          cfg.intermediate_size, size);
@@ -268,19 +273,6 @@ void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout) {
     fail("{}: the experts' intermediate size {} does not split over {} ranks; use a size that divides it",
          what, cfg.moe_intermediate_size, size);
 }
-
-namespace {
-
-// MXFP4 experts in some MoE layer (their intermediate columns split in whole 32-column blocks).
-bool any_mxfp4_experts(const ModelConfig& cfg) {
-  for (int64_t l = 0; l < cfg.num_layers; ++l)
-    if (cfg.moe_layers[static_cast<size_t>(l)] && !cfg.mxfp4_experts.empty() &&
-        cfg.mxfp4_experts[static_cast<size_t>(l)])
-      return true;
-  return false;
-}
-
-}  // namespace
 
 TpShard make_tp_shard(const ModelConfig& cfg, int rank, const TpLayout& layout) {
   const int size = layout.size;
@@ -332,8 +324,9 @@ ModelWeights shard_weights(const ModelWeights& full, const ModelConfig& cfg, con
   ModelWeights w;
   // The vocabulary rows of the embedding (the lookup gives zeros for the other ranks' ids,
   // kernels::EmbeddingArgs::id_rows) and of the LM head: views.
-  CHECK_MSG(full.embed.dtype == DType::kF32 || full.embed.dtype == DType::kF16 || full.embed.dtype == DType::kBF16,
-            "tensor parallelism: a {} embedding table cannot be split", dtype_name(full.embed.dtype));
+  CHECK_MSG(
+      full.embed.dtype == DType::kF32 || full.embed.dtype == DType::kF16 || full.embed.dtype == DType::kBF16,
+      "tensor parallelism: a {} embedding table cannot be split", dtype_name(full.embed.dtype));
   w.embed = take_rows(full.embed, s.vocab_begin, s.vocab_rows);
   w.final_norm = full.final_norm;
   w.lm_head = cfg.tie_word_embeddings ? w.embed : take_rows(full.lm_head, s.vocab_begin, s.vocab_rows);
@@ -452,7 +445,8 @@ LinearWeights copy_linear(const LinearWeights& lw, Backend& be, DType target) {
 
 }  // namespace
 
-void trim_rank_weights(ModelWeights& w, const ModelConfig& cfg, const TpShard& s, Backend& be, uint64_t seed) {
+void trim_rank_weights(ModelWeights& w, const ModelConfig& cfg, const TpShard& s, Backend& be,
+                       uint64_t seed) {
   const bool tied = w.lm_head.data == w.embed.data;
   w.embed = take_rows(w.embed, s.vocab_begin, s.vocab_rows);
   w.lm_head = tied ? w.embed : take_rows(w.lm_head, s.vocab_begin, s.vocab_rows);
@@ -461,14 +455,8 @@ void trim_rank_weights(ModelWeights& w, const ModelConfig& cfg, const TpShard& s
     for (size_t l = 0; l < w.layers.size(); ++l) {
       LinearWeights& router = w.layers[l].moe.router;
       if (!w.layers[l].is_moe) continue;
-      uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x5eed0000ull + l;
-      auto uniform = [&] {  // splitmix64 -> [-1, 1)
-        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        return static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-      };
+      uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x5eed0000ull + l;  // the same on every rank
+      auto uniform = [&] { return static_cast<float>(dummy_uniform(state)); };
       auto values = std::make_unique<float[]>(static_cast<size_t>(E * H));
       for (int64_t i = 0; i < E * H; ++i) values[i] = uniform() * kDummyStddev * 1.7320508f;
       router.w = be.matrix_from_host_as({values.get(), DType::kF32, E, H}, DType::kF32);

@@ -6,10 +6,10 @@
 // view into the checkpoint, no copy). Row-parallel (o_proj, down, experts' down): this rank's input
 // columns (a copy), the bias on rank 0 only, the partial outputs summed by an all_reduce. The embedding:
 // this rank's vocabulary rows (a view; the lookup reads zeros for ids outside them, and an all_reduce sums
-// the ranks' rows). LoRA: A replicated and B split by output rows on column-parallel modules; A split by input
-// columns and B whole on row-parallel ones (each rank adds B·(A_r·x_r), the all_reduce sums them to B·A·x).
-// Expert parallelism (--enable-expert-parallel): the MoE layers' experts are not split; rank r owns the
-// whole experts [r·E/N, (r+1)·E/N) (views, no copy) and their LoRA, and the router stays replicated
+// the ranks' rows). LoRA: A replicated and B split by output rows on column-parallel modules; A split by
+// input columns and B whole on row-parallel ones (each rank adds B·(A_r·x_r), the all_reduce sums them to
+// B·A·x). Expert parallelism (--enable-expert-parallel): the MoE layers' experts are not split; rank r owns
+// the whole experts [r·E/N, (r+1)·E/N) (views, no copy) and their LoRA, and the router stays replicated
 // (model/expert_parallel.cc dispatches the token-expert pairs to the owners).
 // Must not: run kernels or collectives.
 #pragma once
@@ -58,9 +58,10 @@ struct TpLayout {
 
 // Throws polylora::Error unless `cfg` splits over `size` ranks: the attention heads divide by it, the
 // KV heads divide by it or it by them, and so do the dense and expert intermediate sizes (MXFP4 experts:
-// their 32-column blocks, at least one per rank, need not divide evenly). With expert parallelism the expert intermediate size stays whole and the
-// experts must divide by the size instead; with fully sharded LoRA the hidden size must divide too (o_proj's
-// and down's LoRA B are split by output rows). The message names the counts and what would divide.
+// their 32-column blocks, at least one per rank, need not divide evenly). With expert parallelism the expert
+// intermediate size stays whole and the experts must divide by the size instead; with fully sharded LoRA the
+// hidden size must divide too (o_proj's and down's LoRA B are split by output rows). The message names the
+// counts and what would divide.
 void check_tensor_parallel(const ModelConfig& cfg, const TpLayout& layout);
 TpShard make_tp_shard(const ModelConfig& cfg, int rank, const TpLayout& layout);
 // cfg with this rank's counts: num_heads, num_kv_heads, intermediate_size and moe_intermediate_size, or

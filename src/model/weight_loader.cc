@@ -37,6 +37,10 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
+double dummy_uniform(uint64_t& state) {
+  return 2.0 * (static_cast<double>(splitmix(state) >> 11) * (1.0 / 9007199254740992.0)) - 1.0;
+}
+
 WeightLoader::WeightLoader(const Checkpoint* checkpoint, Backend& backend, ModelWeights& weights,
                            uint64_t seed, const WeightUploadOptions& upload)
     : checkpoint_(checkpoint),
@@ -179,8 +183,7 @@ const float* WeightLoader::vector(const std::string& name, int64_t n, float fill
   if (dummy()) {
     uint64_t state = seed_++;
     for (auto& x : v) {
-      double u = static_cast<double>(splitmix(state) >> 11) * (1.0 / 9007199254740992.0);
-      x = fill + static_cast<float>((2.0 * u - 1.0) * kDummyStddev);
+      x = fill + static_cast<float>(dummy_uniform(state) * kDummyStddev);
     }
   } else {
     const TensorInfo& t = tensor(name, {n});

@@ -44,6 +44,8 @@ struct ExpectedTensor {
 
 // The standard deviation of dummy float weights (uniform), and of the noise around dummy vectors' fill.
 inline constexpr float kDummyStddev = 0.02f;
+// The next value, uniform in [-1, 1), of the dummy weights' random stream (splitmix64 over `state`).
+double dummy_uniform(uint64_t& state);
 
 // The scale byte of dummy and randomly written MXFP4 weights: 2^-7, so that uniformly random E2M1 codes have
 // a standard deviation of 0.023 (the dummy float weights': 0.02).

@@ -71,7 +71,7 @@ struct TwoSteps {
   std::vector<float> prefill, decode;
 };
 inline TwoSteps run_two_steps(Model& m, const MixedBatch& mb, const std::vector<int32_t>* next_ids,
-                       std::vector<int32_t>* argmax_out) {
+                              std::vector<int32_t>* argmax_out) {
   const int64_t V = m.config().vocab_size;
   KvStorage kv(m.kv_config(), m.backend(), mb.num_blocks(), MixedBatch::kBlock);
   TwoSteps out;

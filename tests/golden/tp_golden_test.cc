@@ -36,9 +36,10 @@ ModelLoadOptions tp_options(int tp, bool ep = false, bool fs = false, bool mask 
 struct TpCase {
   std::string model;
   int tp = 2;
-  bool ep = false;    // --enable-expert-parallel
-  bool fs = false;    // --fully-sharded-loras
-  bool mask = false;  // -ep by masking (each rank's experts over every token, as on GPUs) instead of all-to-all
+  bool ep = false;  // --enable-expert-parallel
+  bool fs = false;  // --fully-sharded-loras
+  bool mask =
+      false;  // -ep by masking (each rank's experts over every token, as on GPUs) instead of all-to-all
 };
 
 void PrintTo(const TpCase& c, std::ostream* os) {
@@ -410,8 +411,9 @@ TEST(TensorParallel, Mxfp4ExpertsSplitInWholeBlocks) {
   EXPECT_LE(max_abs_diff(one, logits_of(2)), kTpTolerance);
   EXPECT_LE(max_abs_diff(one, logits_of(4)), kTpTolerance);
   const std::string e = error_of(dir.string(), options(8));
-  EXPECT_NE(e.find("the MXFP4 experts' intermediate size 160 has 5 blocks of 32 columns, fewer than the 8 ranks"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("the MXFP4 experts' intermediate size 160 has 5 blocks of 32 columns, fewer than the 8 ranks"),
+      std::string::npos)
       << e;
   fs::remove_all(dir);
 }

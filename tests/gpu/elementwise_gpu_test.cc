@@ -53,8 +53,13 @@ TEST(GpuElementwise, Embedding) {
       // or past it read zeros.
       std::vector<int32_t> global(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) global[t] = t % 3 == 1 ? static_cast<int32_t>(t) : ids[t] + 20;
-      const k::EmbeddingArgs shard{.ids = global.data(), .m = m, .table = table.view, .out = ref.data(),
-                                   .ld_out = ld, .id_begin = 20, .id_rows = vocab};
+      const k::EmbeddingArgs shard{.ids = global.data(),
+                                   .m = m,
+                                   .table = table.view,
+                                   .out = ref.data(),
+                                   .ld_out = ld,
+                                   .id_begin = 20,
+                                   .id_rows = vocab};
       k::ref::embedding(shard);
       k::EmbeddingArgs on_device = shard;
       on_device.ids = ar.up(global);

@@ -83,7 +83,8 @@ void run_moe(const MoeCase& c) {
     for (int64_t kk = 0; kk < K; ++kk) ids[t * K + kk] = order[kk];
   }
   if (c.other_ranks)  // expert parallelism: ids in this rank's numbering, others' below 0 or from E on
-    for (size_t p = 1; p < ids.size(); p += 3) ids[p] = p % 2 ? -1 - ids[p] : static_cast<int32_t>(E) + ids[p];
+    for (size_t p = 1; p < ids.size(); p += 3)
+      ids[p] = p % 2 ? -1 - ids[p] : static_cast<int32_t>(E) + ids[p];
   // Two adapter slots: slot 0 rank 1 on gate_up (fused) or gate, and down on even experts; slot 1 rank 5
   // on up (silu only, not expert 3) and down.
   std::vector<std::vector<float>> mats;

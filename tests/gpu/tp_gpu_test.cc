@@ -39,11 +39,13 @@ ModelLoadOptions tp(int n, bool ep = false, bool fs = false) {
 }
 
 // Every rank on GPU 0 (collectives through host memory).
-std::vector<int> same_gpu(int n) { return std::vector<int>(static_cast<size_t>(n), 0); }
+std::vector<int> same_gpu(int n) {
+  return std::vector<int>(static_cast<size_t>(n), 0);
+}
 
 // The split model's forward logits and engine runs against the unsplit one on the same GPU.
-void expect_split_equals_whole(const std::string& model, int n, const std::vector<int>& devices, bool ep = false,
-                               bool fs = false) {
+void expect_split_equals_whole(const std::string& model, int n, const std::vector<int>& devices,
+                               bool ep = false, bool fs = false) {
   Fixture one(model, cuda_backend());
   ModelLoadOptions o = tp(n, ep, fs);
   o.tp_devices = devices;
@@ -76,7 +78,8 @@ void expect_split_equals_whole(const std::string& model, int n, const std::vecto
     worst = std::max({worst, da, dm});
   }
   std::printf(
-      "[tp-gpu] %s -tp %d%s%s on GPUs %s: max |Δ logit| prefill %.2e decode %.2e; engine max |Δ logprob| %.2e\n",
+      "[tp-gpu] %s -tp %d%s%s on GPUs %s: max |Δ logit| prefill %.2e decode %.2e; engine max |Δ logprob| "
+      "%.2e\n",
       model.c_str(), n, ep ? " -ep" : "", fs ? " -fs" : "", devices.empty() ? "0.." : "all 0", dp, dd, worst);
 }
 
@@ -120,7 +123,8 @@ TEST(TensorParallelGpu, DummyWeightsMadeOnEachRank) {
     size_t finite = 0;
     for (float v : logits) finite += std::isfinite(v) ? 1 : 0;
     EXPECT_EQ(finite, logits.size()) << model;
-    EXPECT_NE(*std::min_element(logits.begin(), logits.end()), *std::max_element(logits.begin(), logits.end()))
+    EXPECT_NE(*std::min_element(logits.begin(), logits.end()),
+              *std::max_element(logits.begin(), logits.end()))
         << model;
   }
 }

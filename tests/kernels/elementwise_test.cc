@@ -173,7 +173,8 @@ TEST(EmbeddingCpu, VocabularyShard) {
                       .id_begin = 100,
                       .id_rows = rows};
       fast ? cpu::embedding(a) : ref::embedding(a);
-      test::expect_close(out, expect, 0.0f, 0.0f, std::string(fast ? "cpu " : "ref ") + test::dtype_str(dtype));
+      test::expect_close(out, expect, 0.0f, 0.0f,
+                         std::string(fast ? "cpu " : "ref ") + test::dtype_str(dtype));
     }
   }
 }

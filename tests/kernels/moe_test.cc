@@ -246,8 +246,17 @@ TEST(MoeCpu, ExpertParallelRanksSkipOtherRanksExperts) {
   route.ids = ids.data();
   route.weights = w.data();
   ref::route(route);
-  MoeExpertsArgs whole{.x = x.data(), .ldx = H, .m = m, .hidden = H, .inter = I, .num_experts = E, .top_k = K,
-                       .ids = ids.data(), .weights = w.data(), .experts = experts.data(), .ldo = H};
+  MoeExpertsArgs whole{.x = x.data(),
+                       .ldx = H,
+                       .m = m,
+                       .hidden = H,
+                       .inter = I,
+                       .num_experts = E,
+                       .top_k = K,
+                       .ids = ids.data(),
+                       .weights = w.data(),
+                       .experts = experts.data(),
+                       .ldo = H};
   std::vector<float> expect(static_cast<size_t>(m * H));
   whole.out = expect.data();
   ref::moe_experts(whole);

@@ -171,7 +171,8 @@ void moe_experts(const MoeExpertsArgs& in) {
     fill[0] = 0;
   }
 
-  const int64_t total = sc.offsets[num_keys];  // the pairs of this rank's experts (all without expert parallelism)
+  const int64_t total =
+      sc.offsets[num_keys];  // the pairs of this rank's experts (all without expert parallelism)
   sc.x.resize(static_cast<size_t>(total * H));
   sc.gu.resize(static_cast<size_t>(total * 2 * I));
   sc.h.resize(static_cast<size_t>(total * I));

@@ -330,7 +330,8 @@ void NcclCommunicator::abort(std::string_view reason) {
 NcclCommunicatorGroup::NcclCommunicatorGroup(std::span<const int> devices)
     : NcclCommunicatorGroup(devices, {}) {}
 
-NcclCommunicatorGroup::NcclCommunicatorGroup(std::span<const int> devices, std::span<cudaStream_t const> streams) {
+NcclCommunicatorGroup::NcclCommunicatorGroup(std::span<const int> devices,
+                                             std::span<cudaStream_t const> streams) {
   if (devices.empty()) fail("NCCL communicator group: no devices");
   if (!streams.empty() && streams.size() != devices.size())
     fail("NCCL communicator group: {} streams for {} devices", streams.size(), devices.size());

@@ -66,7 +66,8 @@ void walk_pairs(const ModelWeights& a, const ModelWeights& b, const ModelConfig&
       matrix(p.down, q.down, E + " down", false);
       vector(p.gate_up_bias, q.gate_up_bias, p.gate_up.rows, E + " gate_up_bias");
       vector(p.down_bias, q.down_bias, H, E + " down_bias");
-      EXPECT_EQ(y.moe.experts_on_device[e].down.data, q.down.data) << E << ": the device array is not its own";
+      EXPECT_EQ(y.moe.experts_on_device[e].down.data, q.down.data)
+          << E << ": the device array is not its own";
       EXPECT_EQ(y.moe.experts_on_device[e].down_bias, q.down_bias) << E;
     }
   }
@@ -106,19 +107,21 @@ void check_copy(const std::string& model, WeightQuantization q) {
     std::unique_ptr<Backend> scratch = make_cpu_backend(), target = make_cpu_backend();
     const ModelWeights shard = shard_weights(m->weights(), cfg, s, *scratch);
     const ModelWeights copy = copy_weights(shard, local, *target);
-    walk_pairs(shard, copy, local, model + " rank " + std::to_string(r), expect_same_values, expect_same_vector);
+    walk_pairs(shard, copy, local, model + " rank " + std::to_string(r), expect_same_values,
+               expect_same_vector);
     EXPECT_GT(copy.num_bytes, 0u) << model;
   }
 }
 
 TEST(CopyWeights, EveryArchitectureAndRank) {
-  for (const std::string model : {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "mixtral-tiny",
-                                  "gpt-oss-mxfp4-tiny"})
+  for (const std::string model :
+       {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "mixtral-tiny", "gpt-oss-mxfp4-tiny"})
     check_copy(model, WeightQuantization::kNone);
 }
 
 TEST(CopyWeights, Int8Weights) {
-  for (const std::string model : {"llama-tiny", "qwen3-moe-tiny"}) check_copy(model, WeightQuantization::kInt8);
+  for (const std::string model : {"llama-tiny", "qwen3-moe-tiny"})
+    check_copy(model, WeightQuantization::kInt8);
 }
 
 // Dummy weights made for a rank's own config on its GPU (tensor parallelism with --load-format dummy:
@@ -136,8 +139,8 @@ ModelWeights dummy_rank(const ModelConfig& cfg, const TpShard& s, Backend& be) {
 }
 
 TEST(RankDummyWeights, ShapesEqualTheSplitModel) {
-  for (const std::string model : {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "mixtral-tiny",
-                                  "gpt-oss-mxfp4-tiny"})
+  for (const std::string model :
+       {"llama-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "mixtral-tiny", "gpt-oss-mxfp4-tiny"})
     for (auto [n, ep] : {std::pair{2, false}, {4, false}, {2, true}, {4, true}}) {
       if (ep && model == "llama-tiny") continue;
       const ModelConfig cfg =
@@ -146,7 +149,8 @@ TEST(RankDummyWeights, ShapesEqualTheSplitModel) {
       o.load_format = LoadFormat::kDummy;
       auto whole = Model::from_config(cfg, nullptr, o, nullptr);
       std::unique_ptr<Backend> first_be = make_cpu_backend();
-      const ModelWeights first = dummy_rank(cfg, make_tp_shard(cfg, 0, {.size = n, .expert_parallel = ep}), *first_be);
+      const ModelWeights first =
+          dummy_rank(cfg, make_tp_shard(cfg, 0, {.size = n, .expert_parallel = ep}), *first_be);
       for (int r = 0; r < n; ++r) {
         const TpShard s = make_tp_shard(cfg, r, {.size = n, .expert_parallel = ep});
         std::unique_ptr<Backend> a = make_cpu_backend(), b = make_cpu_backend();
@@ -154,7 +158,8 @@ TEST(RankDummyWeights, ShapesEqualTheSplitModel) {
         const ModelWeights made = dummy_rank(cfg, s, *b);
         const std::string at =
             model + " -tp " + std::to_string(n) + (ep ? " -ep" : "") + " rank " + std::to_string(r);
-        auto same_shape = [&](const k::WeightView& x, const k::WeightView& y, const std::string& what, bool router) {
+        auto same_shape = [&](const k::WeightView& x, const k::WeightView& y, const std::string& what,
+                              bool router) {
           EXPECT_EQ(x.empty(), y.empty()) << what;
           EXPECT_EQ(x.rows, y.rows) << what;
           EXPECT_EQ(x.cols, y.cols) << what;
