@@ -17,8 +17,9 @@
 #   tp      tensor parallelism on the GPU (session 39): TensorParallelGpu.* (ranks on one GPU through host
 #           memory; over NCCL when the machine has 2+ GPUs) and the NCCL communicator's tests
 #   graphs  graphs recorded after a dry run (session 39): GraphGpuTest.* / GraphEngineGpuTest.*, then the
-#           cold start (scripts/cold_start.sh on a written GPT-OSS-20B bf16 checkpoint) with dry sizing and
-#           with POLYLORA_GRAPH_DRY_SIZING=0
+#           cold start (scripts/cold_start.sh on a written GPT-OSS-20B bf16 checkpoint) with dry sizing, with
+#           POLYLORA_GRAPH_DRY_SIZING=0, and with the profiling prefill a dry run too
+#           (POLYLORA_PROFILE_DRY_RUN=1)
 # Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
 # tool returns a limited number). All parts take about 15 minutes, more than one device call's 10: run it
 # twice, SKIP='gqa kv lora' and then SKIP='wgmma attn' (the second call finds build-gpu in place on the
@@ -31,6 +32,10 @@ source scripts/device_env.sh
 S="$OUT/summary.txt"
 skip() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 build_gpu
+# The cold start (graphs part) serves with the server binary.
+if ! skip graphs; then
+  ninja -C build-gpu -j16 polylora >> "$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
+fi
 B=build-gpu/bench/polylora_bench
 TG=$(find build-gpu -name test_gpu -type f | head -1)
 # One gtest filter per part; a part is timed only when its tests pass.
@@ -131,10 +136,13 @@ if [ "${OK[graphs]:-0}" = 1 ]; then
   CK=build-gpu/gptoss20b
   [ -f "$CK/model.safetensors.index.json" ] ||
     "$B" write-checkpoint --config tests/data/configs/gpt-oss-20b-bf16 --out "$CK" >> "$OUT/tests.txt" 2>&1
-  for v in 1 0; do
-    echo "== cold start, POLYLORA_GRAPH_DRY_SIZING=$v" >> "$S"
-    POLYLORA_GRAPH_DRY_SIZING=$v timeout 240 scripts/cold_start.sh "$CK" --build build-gpu 2>&1 | tail -12 >> "$S"
-    grep -E "CUDA graphs: captured" "${COLD_START_LOG:-/tmp/polylora-cold-start.log}" | tail -1 >> "$S"
+  # Graph recording after a dry run (1) or an eager run (0); the profiling prefill real (0) or dry (1).
+  for v in "1 0" "0 0" "1 1"; do
+    set -- $v
+    echo "== cold start, POLYLORA_GRAPH_DRY_SIZING=$1 POLYLORA_PROFILE_DRY_RUN=$2" >> "$S"
+    POLYLORA_GRAPH_DRY_SIZING=$1 POLYLORA_PROFILE_DRY_RUN=$2 timeout 240 scripts/cold_start.sh "$CK" \
+      --build build-gpu 2>&1 | tail -12 >> "$S"
+    grep -E "CUDA graphs: captured|GPU memory:" "${COLD_START_LOG:-/tmp/polylora-cold-start.log}" | tail -2 >> "$S"
     stamp "cold start $v"
   done
 fi

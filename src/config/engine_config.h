@@ -68,6 +68,10 @@ struct ExecutionConfig {
   // reference) for the rest. Unset: on for the GPU, off for the CPU (a config field for tests: the device
   // sampler's host version runs the same algorithm on the CPU).
   std::optional<bool> device_sampling;
+  // The start-up's profiling step (the largest prefill, sizing every workspace before the KV cache takes
+  // what is left) as a dry run (Backend::set_dry_run: ops reserve their workspace, no kernel runs) instead
+  // of a real one: a shorter cold start. POLYLORA_PROFILE_DRY_RUN=0/1 overrides (cold-start comparisons).
+  bool dry_run_profiling = false;
 };
 
 struct EngineConfig {

@@ -76,9 +76,13 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   if (gpu && config_.lora.reserve_on_device)
     model_->reserve_adapters(config_.lora.max_loras, config_.lora.max_lora_rank);
   const size_t adapter_bytes = model_->adapter_bytes();
+  bool profiled_dry = false;
   if (gpu) {
     KvStorage probe(model_->kv_config(), be, 1, bs, kv_dtype);
-    model_->warm_up(probe.views(), warmup_tokens, config_.scheduler.max_num_seqs);
+    const char* dry_env = std::getenv("POLYLORA_PROFILE_DRY_RUN");
+    const bool dry = dry_env && *dry_env ? std::string(dry_env) != "0" : config_.execution.dry_run_profiling;
+    model_->warm_up(probe.views(), warmup_tokens, config_.scheduler.max_num_seqs, dry);
+    profiled_dry = dry;
   }
   const size_t workspace_bytes = be.allocated_bytes() - weight_bytes - adapter_bytes;
   // The device sampler's scratch is allocated before the KV cache takes what is left.
@@ -154,11 +158,11 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   if (gpu) {
     auto [free_bytes, total] = be.memory_info();
     spdlog::info(
-        "GPU memory: weights {:.2f} GiB, workspace {:.2f} GiB (profiled at {} tokens), sampler {:.1f} MiB, "
+        "GPU memory: weights {:.2f} GiB, workspace {:.2f} GiB (profiled at {} tokens{}), sampler {:.1f} MiB, "
         "CUDA graphs {:.1f} MiB, adapters {}, KV cache {:.2f} GiB ({} blocks); {:.2f} "
         "GiB of {:.2f} GiB in use (--gpu-memory-utilization {} allows {:.2f} GiB)",
         static_cast<double>(weight_bytes) / (1 << 30), static_cast<double>(workspace_bytes) / (1 << 30),
-        warmup_tokens, static_cast<double>(sampler_bytes) / (1 << 20), static_cast<double>(graph_bytes) / (1 << 20),
+        warmup_tokens, profiled_dry ? ", dry run" : "", static_cast<double>(sampler_bytes) / (1 << 20), static_cast<double>(graph_bytes) / (1 << 20),
         adapter_bytes > 0 ? fmt::format("{:.2f} GiB ({} slots of rank {})", static_cast<double>(adapter_bytes) / (1 << 30),
                                         config_.lora.max_loras, (config_.lora.max_lora_rank + 7) / 8 * 8)
                           : std::string("0 (reserved when the first adapter is used; --enable-lora reserves them now)"),

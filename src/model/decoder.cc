@@ -556,9 +556,19 @@ void* Model::record(const ForwardBatch& p, std::span<const k::KvCacheView> kv, c
   return exec;
 }
 
-void Model::warm_up(std::span<const k::KvCacheView> kv, int64_t tokens, int64_t logits_rows) {
+void Model::warm_up(std::span<const k::KvCacheView> kv, int64_t tokens, int64_t logits_rows, bool dry) {
   if (tokens <= 0 || kv.empty()) return;
   std::vector<float> logits;
+  struct DryRun {  // every rank's backend in a dry run while `on`, ended however forward leaves
+    Model& m;
+    bool on;
+    DryRun(Model& model, bool d) : m(model), on(d) {
+      if (on) m.for_each_rank([](Model& r) { r.backend_->set_dry_run(true); });
+    }
+    ~DryRun() {
+      if (on) m.for_each_rank([](Model& r) { r.backend_->set_dry_run(false); });
+    }
+  } dry_run(*this, dry);
   {
     const int64_t T = tokens, bs = kv.empty() ? 16 : kv[0].block_size;
     ForwardBatch w;

@@ -269,20 +269,24 @@ TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
   }
 }
 
-// Greedy decoding through the engine: graphs on (the default on a GPU) and --enforce-eager agree.
+// Greedy decoding through the engine: graphs on (the default on a GPU), --enforce-eager, and graphs on with
+// the start-up's profiling prefill as a dry run (ExecutionConfig::dry_run_profiling: no kernel of the model
+// has run before the graphs are recorded) agree.
 TEST(GraphEngineGpuTest, GreedyTokensEqualEnforceEager) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  std::vector<std::vector<int32_t>> outputs[2];
-  for (int eager = 0; eager < 2; ++eager) {
+  constexpr int kModes = 3;  // graphs, eager, graphs after a dry profiling run
+  std::vector<std::vector<int32_t>> outputs[kModes];
+  for (int mode = 0; mode < kModes; ++mode) {
     auto backend = cuda(DType::kF32);
     std::shared_ptr<Model> model =
         Model::load(std::string(POLYLORA_TEST_DATA) + "/models/qwen3-moe-tiny", {}, backend);
     EngineConfig ec;
     ec.cache.num_kv_blocks = 256;
     ec.scheduler.max_num_seqs = 16;
-    ec.execution.enforce_eager = eager == 1;
+    ec.execution.enforce_eager = mode == 1;
+    ec.execution.dry_run_profiling = mode == 2;
     Engine engine(model, ec, nullptr);
-    EXPECT_EQ(model->graphs_enabled(), eager == 0);
+    EXPECT_EQ(model->graphs_enabled(), mode != 1);
     for (int i = 0; i < 6; ++i) {
       EngineRequest r;
       r.request_id = std::to_string(i);
@@ -292,16 +296,17 @@ TEST(GraphEngineGpuTest, GreedyTokensEqualEnforceEager) {
       r.sampling.ignore_eos = true;
       engine.add_request(std::move(r));
     }
-    outputs[eager].resize(6);
+    outputs[mode].resize(6);
     while (engine.has_unfinished())
       for (auto& out : engine.step())
         for (auto& so : out.sequences)
-          outputs[eager][std::stoi(out.request_id)].insert(outputs[eager][std::stoi(out.request_id)].end(),
-                                                           so.new_token_ids.begin(), so.new_token_ids.end());
+          outputs[mode][std::stoi(out.request_id)].insert(outputs[mode][std::stoi(out.request_id)].end(),
+                                                          so.new_token_ids.begin(), so.new_token_ids.end());
   }
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(outputs[0][i].size(), 12u);
-    EXPECT_EQ(outputs[0][i], outputs[1][i]) << "request " << i;
+    EXPECT_EQ(outputs[0][i], outputs[1][i]) << "request " << i << ": graphs vs eager";
+    EXPECT_EQ(outputs[2][i], outputs[1][i]) << "request " << i << ": graphs after a dry profiling run vs eager";
   }
 }
 
