@@ -108,6 +108,15 @@ if [ "${OK[attn]:-0}" = 1 ]; then
 fi
 if [ "${OK[gqa]:-0}" = 1 ]; then
   kernels_bench
+  # Batch 1 (64 query heads: few CTAs) with more, shorter splits of the keys, without and with GQA sharing.
+  for v in "0 2 64" "0 8 32" "1 8 32"; do
+    set -- $v
+    echo "== device bench, prompt 1024, batch 1, GQA=$1 CTAS_PER_SM=$2 SPLIT_KEYS=$3" >> "$S"
+    POLYLORA_ATTENTION_DECODE_GQA=$1 POLYLORA_ATTENTION_DECODE_CTAS_PER_SM=$2 POLYLORA_ATTENTION_DECODE_SPLIT_KEYS=$3 \
+      timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 1024 \
+      --decode-tokens 32 --batches 1 2>&1 >/dev/null | grep -E "^batch" >> "$S"
+    stamp "device b1 attention $v"
+  done
   for v in 0 1; do
     echo "== device bench, prompt 1024, batch 64, POLYLORA_ATTENTION_DECODE_GQA=$v" >> "$S"
     POLYLORA_ATTENTION_DECODE_GQA=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b \

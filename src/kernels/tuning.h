@@ -100,6 +100,13 @@ struct KernelTuning {
   // sharing each K/V read (attention_decode_gqa_kernel; compiled, not yet run on a GPU, session 38); env
   // POLYLORA_ATTENTION_DECODE_GQA.
   int64_t attention_decode_gqa = 0;
+  // Decode attention's split-KV grid: CTAs aimed at per multiprocessor (the splits of each (token, head)
+  // CTA row fill them) and the fewest keys of the longest context one split takes. The decode kernels load
+  // each key group and then use it (no prefetch), so a CTA with many keys waits on memory once per
+  // iteration: at batch 1 more, shorter splits hide that latency (measured against the combine's cost);
+  // env POLYLORA_ATTENTION_DECODE_CTAS_PER_SM / POLYLORA_ATTENTION_DECODE_SPLIT_KEYS.
+  int64_t attention_decode_ctas_per_sm = 2;
+  int64_t attention_decode_split_keys = 64;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

@@ -608,8 +608,9 @@ AttnPath choose_path(const AttentionArgs& a) {
   return AttnPath::kGeneric;
 }
 
-// Decode splits: enough CTAs for two per multiprocessor, each split at least 64 keys of the longest
-// possible context (max_blocks_per_seq · block_size).
+// Decode splits: enough CTAs for attention_decode_ctas_per_sm (tuning, default 2) per multiprocessor, each
+// split at least attention_decode_split_keys (default 64) keys of the longest possible context
+// (max_blocks_per_seq · block_size), at most 64 splits.
 struct DecodeSplit {
   int splits = 1;
 };
@@ -626,8 +627,11 @@ DecodeSplit decode_split(const AttentionArgs& a) {
   const int64_t visible = a.window > 0 ? std::min<int64_t>(max_ctx, a.window) : max_ctx;
   const int gc = decode_gqa_heads(a);  // the GQA kernel's CTAs: one per GC heads
   const int64_t rows = a.num_tokens * (gc > 0 ? a.num_heads / gc : a.num_heads);
-  const int64_t want = (2 * cuda_util::num_sms() + rows - 1) / rows;
-  const int64_t most = (visible + 63) / 64;
+  const KernelTuning& t = kernel_tuning(TuningShape{});
+  const int64_t per_sm = std::clamp<int64_t>(t.attention_decode_ctas_per_sm, 1, 32);
+  const int64_t keys = std::clamp<int64_t>(t.attention_decode_split_keys, 8, 4096);
+  const int64_t want = (per_sm * cuda_util::num_sms() + rows - 1) / rows;
+  const int64_t most = (visible + keys - 1) / keys;
   DecodeSplit ds;
   ds.splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, 64})));
   return ds;
