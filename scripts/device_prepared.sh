@@ -40,7 +40,8 @@ B=build-gpu/bench/polylora_bench
 TG=$(find build-gpu -name test_gpu -type f | head -1)
 # One gtest filter per part; a part is timed only when its tests pass.
 declare -A FILTER=(
-  [wgmma]='GpuMoe.WarpgroupMmaGroupedGemm:GpuLoraStack.MoeGroupedGemmTensorCoreLora:GpuMoeMxfp4.WarpgroupMmaGroupedGemm'
+  [wgmma]='GpuMoe.WarpgroupMmaGroupedGemm:GpuLoraStack.MoeGroupedGemmTensorCoreLora'
+  [wgmx]='GpuMoeMxfp4.WarpgroupMmaGroupedGemm'
   [attn]='GpuAttention.TensorCorePrefill'
   [gqa]='GpuAttention.DecodeGqa'
   [kv]='GpuAttention.Bf16Cache:GpuWriteKv.*:GpuFusedOps.RopeKvWriteBf16Cache:*GoldenGpuTest.Bfloat16CacheCloseLogprobs*'
@@ -49,7 +50,7 @@ declare -A FILTER=(
   [graphs]='GraphGpuTest.*:GraphEngineGpuTest.*'
 )
 declare -A OK
-for part in wgmma attn gqa kv lora tp graphs; do
+for part in wgmma wgmx attn gqa kv lora tp graphs; do
   skip "$part" && continue
   timeout 240 "$TG" --gtest_filter="${FILTER[$part]}" >> "$OUT/tests.txt" 2>&1
   rc=$?
@@ -94,6 +95,9 @@ if [ "${OK[wgmma]:-0}" = 1 ]; then
   moelora wg bfloat16 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64
   moelora wg_act bfloat16 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64 POLYLORA_MOE_WGMMA_FUSED_ACT=1
   moelora wg128 bfloat16 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64 POLYLORA_MOE_WGMMA_BN=128
+fi
+if [ "${OK[wgmx]:-0}" = 1 ]; then
+  M=256,1024,4096,8192
   moelora default mxfp4 $M
   moelora wg_mx mxfp4 $M POLYLORA_MOE_WGMMA_PER_EXPERT=64 POLYLORA_MOE_WGMMA_MXFP4=1
 fi

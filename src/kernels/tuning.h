@@ -38,19 +38,23 @@ struct KernelTuning {
   int64_t mxfp4_mma_per_expert = 64;
   // BF16/F16 experts on the grouped-GEMM path without the LoRA epilogue, on compute capability 9.0: pairs
   // per expert (on average) from which the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh: 128-row tiles,
-  // wgmma from 128-byte-swizzled cp.async stages) replaces the mma.sync one; 0: never (the default until it
-  // is measured: compiled, not yet run on a GPU, session 38); env POLYLORA_MOE_WGMMA_PER_EXPERT. Its output
+  // wgmma from 128-byte-swizzled cp.async stages) replaces the mma.sync one; 0: never. H200, GPT-OSS-20B
+  // bf16 experts (session 40, `polylora_bench moe-lora`): M = 1,024 / 4,096 / 8,192 tokens 1,542 / 2,600 /
+  // 4,914 us against 3,000 / 5,820 / 11,126 with mma.sync (332 TFLOP/s at 8k, 0.48 of the GEMM peak
+  // measured in the run), with 8 adapters 2,622 / 4,742 / 8,872 against 3,504 / 7,037 / 13,394; env
+  // POLYLORA_MOE_WGMMA_PER_EXPERT. Its output
   // columns per CTA (128 or 256; env POLYLORA_MOE_WGMMA_BN) and row tiles per CTA group of its CTA swizzle
   // (env POLYLORA_MOE_WGMMA_GROUP).
-  int64_t moe_wgmma_per_expert = 0;
+  int64_t moe_wgmma_per_expert = 64;
   int64_t moe_wgmma_bn = 256;
   int64_t moe_wgmma_group = 8;
   // 1: with it, GPT-OSS's activation (interleaved gate/up) fused into the gate/up epilogue when nothing else
-  // reads the f32 gate/up outputs (no LoRA, or BF16 stacks on tensor cores); env
-  // POLYLORA_MOE_WGMMA_FUSED_ACT.
-  int64_t moe_wgmma_fused_act = 0;
+  // reads the f32 gate/up outputs (no LoRA, or BF16 stacks on tensor cores): M = 8,192 4,833 vs 4,914 us
+  // (session 40); env POLYLORA_MOE_WGMMA_FUSED_ACT.
+  int64_t moe_wgmma_fused_act = 1;
   // 1: with it, MXFP4 experts take the warpgroup-MMA GEMM too (their codes decoded into its B tiles; 128
-  // columns per CTA); env POLYLORA_MOE_WGMMA_MXFP4.
+  // columns per CTA; its GPU test GpuMoeMxfp4.WarpgroupMmaGroupedGemm fails on the H200, session 40: off);
+  // env POLYLORA_MOE_WGMMA_MXFP4.
   int64_t moe_wgmma_mxfp4 = 0;
   // BF16 slot-stacked expert LoRA on the grouped GEMM: pairs per expert from which the shrinks run on
   // tensor cores and the expands in the GEMMs' epilogues; env POLYLORA_MOE_LORA_MMA_PER_EXPERT.
@@ -81,32 +85,37 @@ struct KernelTuning {
   // key) may favour the tiled kernels: not measured yet. Env POLYLORA_MOE_LORA_BY_ROW.
   int64_t moe_lora_by_row = int64_t{1} << 40;
   // With moe_lora_by_row: G > 0 runs those shrinks by group of up to G (<= 8) same-key sorted rows through a
-  // cp.async pipeline (moe_lora_shrink_group_kernel; compiled, not yet measured on a GPU, session 37); env
-  // POLYLORA_MOE_LORA_SHRINK_GROUP.
-  int64_t moe_lora_shrink_group = 0;
+  // cp.async pipeline (moe_lora_shrink_group_kernel). H200, GPT-OSS-20B MXFP4, 8 adapters (session 40,
+  // with moe_lora_expand_batched): LoRA cost at M = 16 / 64 / 256 12.3 / 31.5 / 97.3 us per layer against
+  // 12.9 / 36.8 / 126.4 without either; env POLYLORA_MOE_LORA_SHRINK_GROUP.
+  int64_t moe_lora_shrink_group = 8;
   // 1: the by-row activation and the combine with the expert LoRA expands issue all of a row's / token's B
-  // loads before their sums for ranks up to 16 (compiled, not yet measured on a GPU, session 37); env
-  // POLYLORA_MOE_LORA_EXPAND_BATCHED.
-  int64_t moe_lora_expand_batched = 0;
+  // loads before their sums for ranks up to 16 (with the group shrink above: M = 256 97.3 vs 108.7 us);
+  // env POLYLORA_MOE_LORA_EXPAND_BATCHED.
+  int64_t moe_lora_expand_batched = 1;
   // G > 0 (<= 8): the by-row activation by groups of up to G same-key sorted rows, each column's B rows
   // loaded once per group (moe_act_lora_group_kernel; compiled, not yet measured on a GPU, session 37); env
-  // POLYLORA_MOE_LORA_ACT_GROUP.
+  // POLYLORA_MOE_LORA_ACT_GROUP. Measured slower (session 40: M = 64 / 256 43.3 / 113.6 us with it, 31.5 /
+  // 97.3 without): off.
   int64_t moe_lora_act_group = 0;
   // 1: on a BF16 backend, prefill attention (head_dim 64 or 128) on bf16 tensor cores
-  // (kernels/attention/attention_mma_cuda.cu; compiled, not yet run on a GPU, session 38); env
+  // (kernels/attention/attention_mma_cuda.cu). H200, GPT-OSS-20B bf16, 8 x 2,048-token prompts (session 40):
+  // prefill 23,491 vs 20,573 tok/s with the f32 kernel; the bf16 golden tests pass with it; env
   // POLYLORA_ATTENTION_PREFILL_MMA.
-  int64_t attention_prefill_mma = 0;
-  // 1: decode attention (head_dim 64 or 128, GQA groups of 2+ heads) with the query heads of a KV head
-  // sharing each K/V read (attention_decode_gqa_kernel; compiled, not yet run on a GPU, session 38); env
-  // POLYLORA_ATTENTION_DECODE_GQA.
-  int64_t attention_decode_gqa = 0;
+  int64_t attention_prefill_mma = 1;
+  // N > 0: decode attention (head_dim 64 or 128, GQA groups of 2+ heads) of calls with at least N query rows
+  // (tokens) with the query heads of a KV head sharing each K/V read (attention_decode_gqa_kernel); 0: never.
+  // H200, GPT-OSS-20B MXFP4, 1,024-token prompts (session 40): batch 64 11.05 vs 12.68 ms per step, batch 1
+  // 2.887 vs 2.598 (fewer CTAs), hence a bound; env POLYLORA_ATTENTION_DECODE_GQA.
+  int64_t attention_decode_gqa = 32;
   // Decode attention's split-KV grid: CTAs aimed at per multiprocessor (the splits of each (token, head)
   // CTA row fill them) and the fewest keys of the longest context one split takes. The decode kernels load
   // each key group and then use it (no prefetch), so a CTA with many keys waits on memory once per
   // iteration: at batch 1 more, shorter splits hide that latency (measured against the combine's cost);
   // env POLYLORA_ATTENTION_DECODE_CTAS_PER_SM / POLYLORA_ATTENTION_DECODE_SPLIT_KEYS.
-  int64_t attention_decode_ctas_per_sm = 2;
-  int64_t attention_decode_split_keys = 64;
+  // H200 batch 1 (session 40): 8 CTAs per SM and 32 keys 2.598 ms per step against 2.620 with 2 and 64.
+  int64_t attention_decode_ctas_per_sm = 8;
+  int64_t attention_decode_split_keys = 32;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;

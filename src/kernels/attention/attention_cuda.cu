@@ -615,10 +615,11 @@ struct DecodeSplit {
   int splits = 1;
 };
 // The GQA decode kernel's heads per CTA for this call: 0 when it does not run (tuning attention_decode_gqa
-// off, head_dim not 64 or 128, groups of one head), else 8, 4 or 2 (the largest dividing the group).
+// 0 or above the call's query rows, head_dim not 64 or 128, groups of one head), else 8, 4 or 2 (the largest dividing the group).
 int decode_gqa_heads(const AttentionArgs& a) {
   const int64_t d = a.cache.head_dim, G = a.num_heads / a.cache.num_kv_heads;
-  if (kernel_tuning(TuningShape{}).attention_decode_gqa == 0 || (d != 64 && d != 128) || G < 2) return 0;
+  const int64_t from_rows = kernel_tuning(TuningShape{}).attention_decode_gqa;
+  if (from_rows <= 0 || a.num_tokens < from_rows || (d != 64 && d != 128) || G < 2) return 0;
   return G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 0;
 }
 
