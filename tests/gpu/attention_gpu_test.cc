@@ -105,8 +105,20 @@ void run_case(const Case& cs, DType weight_dtype = DType::kBF16, float atol = 1e
   k::test::expect_close(ar.down(out, init.size()), ref, atol, rtol, what);
 }
 
+// The f32 kernels at the f32 tolerance on the BF16 backend: the tensor-core prefill (on by default there,
+// tuning attention_prefill_mma) is held to the bf16 tolerance by TensorCorePrefill, so these pin it off.
+struct F32PrefillKernel {
+  F32PrefillKernel() {
+    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    t.attention_prefill_mma = 0;
+    k::override_kernel_tuning(t);
+  }
+  ~F32PrefillKernel() { k::override_kernel_tuning(std::nullopt); }
+};
+
 TEST(GpuAttention, PagedShapes) {
   SKIP_WITHOUT_GPU();
+  F32PrefillKernel f32_prefill;
   for (int64_t bs : {1, 16}) {
     for (auto [h, kvh] : {std::pair<int64_t, int64_t>{1, 1}, {4, 4}, {8, 2}, {6, 1}}) {
       for (int64_t d : {3, 64, 128}) {
@@ -124,6 +136,7 @@ TEST(GpuAttention, PagedShapes) {
 
 TEST(GpuAttention, EmptySequenceRowsLongContextAndBigHeads) {
   SKIP_WITHOUT_GPU();
+  F32PrefillKernel f32_prefill;
   run_case({16, 8, 2, 128, {0, 3, 0}, {5, 3, 9}, 0, false});
   run_case({16, 8, 8, 128, {1}, {1}, 0, true});
   run_case({16, 4, 2, 256, {2, 1}, {9, 33}, 0, true});
@@ -139,8 +152,8 @@ TEST(GpuAttention, EmptySequenceRowsLongContextAndBigHeads) {
   run_case({16, 6, 3, 96, {1, 1}, {777, 64}, 300, false});
 }
 
-// The prefill on bf16 tensor cores (attention_mma_cuda.cu; tuning attention_prefill_mma, off by default
-// until measured): head_dim 64 and 128, one head, GQA groups (64 / 8 as GPT-OSS), block sizes 1 and 16,
+// The prefill on bf16 tensor cores (attention_mma_cuda.cu; tuning attention_prefill_mma, on by default on
+// BF16 backends since session 40): head_dim 64 and 128, one head, GQA groups (64 / 8 as GPT-OSS), block sizes 1 and 16,
 // several query blocks per sequence and a block's rows past the sequence's end, chunked prefill (contexts
 // longer than the query rows), a decode row in the batch, sliding windows and sinks, several key tiles.
 // Tolerance: queries, keys, values and probabilities in bf16 (2e-2 + 2e-2·|ref|; a fragment layout mistake
@@ -175,6 +188,7 @@ TEST(GpuAttention, TensorCorePrefill) {
 // generic head_dim): the reference reads the same bf16 values widened to f32, so the f32 tolerance holds.
 TEST(GpuAttention, Bf16Cache) {
   SKIP_WITHOUT_GPU();
+  F32PrefillKernel f32_prefill;
   for (int64_t bs : {1, 16}) {
     for (auto [h, kvh] : {std::pair<int64_t, int64_t>{4, 4}, {8, 2}}) {
       for (int64_t d : {3, 64, 128}) {
@@ -195,8 +209,8 @@ TEST(GpuAttention, Bf16Cache) {
   run_case({16, 6, 3, 96, {1, 1}, {777, 64}, 300, false}, DType::kBF16, 1e-5f, 1e-4f, DType::kBF16);
 }
 
-// The GQA decode kernel (attention_decode_gqa_kernel; tuning attention_decode_gqa, off by default until
-// measured): groups of 8 (GPT-OSS's 64 / 8), 4 and 2 query heads per KV head (8 / 2, 6 / 3), head_dim 64
+// The GQA decode kernel (attention_decode_gqa_kernel; tuning attention_decode_gqa, from 32 query rows by
+// default since session 40; 1 here: every call): groups of 8 (GPT-OSS's 64 / 8), 4 and 2 query heads per KV head (8 / 2, 6 / 3), head_dim 64
 // and 128, one split and several (long contexts), a sliding window, sinks, a sequence with no query row,
 // block sizes 1 and 16, both cache dtypes; the f32 tolerance (the same f32 sums in another order).
 TEST(GpuAttention, DecodeGqa) {
