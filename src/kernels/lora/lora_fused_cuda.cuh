@@ -204,6 +204,20 @@ __device__ __forceinline__ void expand_n(const LoraExpandIn& l, const ExpandToke
   for (int i = 0; i < N; ++i) out[i] = k.sc * sum[i];
 }
 
+// B rows [o0, o0 + n) of the token's slot into L2, one 128-byte line per lane of `lanes` at a time (nothing
+// without a term). With expand_token, what a consuming kernel may run before pdl_wait(): the slot, scale and
+// B come from step inputs and adapter weights, which no kernel of the step writes; only tmp (the shrink
+// sums) is the previous kernels' output.
+__device__ __forceinline__ void prefetch_b_rows(const LoraExpandIn& l, const ExpandToken& k, int64_t o0,
+                                                int64_t n, int lane, int lanes) {
+  if (k.b == nullptr) return;
+  const int64_t esize = l.w.dtype == DType::kBF16 ? 2 : 4;
+  const char* first = static_cast<const char*>(k.b) + o0 * l.w.rank * esize;
+  const int64_t bytes = n * l.w.rank * esize;
+  for (int64_t off = static_cast<int64_t>(lane) * 128; off < bytes; off += static_cast<int64_t>(lanes) * 128)
+    cuda_util::prefetch_l2(first + off);
+}
+
 // scale[s] · Σ_r B[s, o, r] · tmp[t, first + r] for token t's slot s (0 when it has none or its scale is 0):
 // the LoRA term of output o of token t (l.active()).
 __device__ __forceinline__ float expand_value(const LoraExpandIn& l, int64_t t, int64_t o) {

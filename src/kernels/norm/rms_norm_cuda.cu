@@ -113,12 +113,14 @@ template <bool VEC>
 __global__ void add_rms_norm_lora_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta,
                                          float* y, int64_t ldy, int64_t n, const float* w, float eps,
                                          LoraExpandIn lora, int64_t t0) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t t = t0 + blockIdx.x;
   float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
   const float* dr = delta + static_cast<int64_t>(blockIdx.x) * ld_delta;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * ldy;
+  // The term's slot, scale and B rows before waiting on the previous kernel (lora_fused::prefetch_b_rows).
   const lora_fused::ExpandToken tok = lora_fused::expand_token(lora, t);
+  lora_fused::prefetch_b_rows(lora, tok, 0, n, threadIdx.x, blockDim.x);
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   float sum = cuda_util::block_sum(row_sumsq<VEC, true>(xr, dr, n, threadIdx.x, blockDim.x, &lora, &tok));
   float inv = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
   row_scale<VEC>(xr, yr, w, n, inv, threadIdx.x, blockDim.x);

@@ -45,9 +45,11 @@ constexpr int kRkvWarps = 4;  // heads per CTA
 // dynamic shared memory. Heads [0, num_heads) are q's, the rest k's (and v's).
 template <bool B16>
 __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
-  cuda_util::pdl_begin();        // launched by launch_pdl (cuda_util.cuh)
   extern __shared__ float cs[];  // cos [half], then sin [half]
   const int64_t t = blockIdx.x, d = a.head_dim, half = d / 2;
+  // Before waiting on the previous kernel (q/k/v's product), what step inputs and weights alone give (no
+  // kernel of the step writes them): the rotation's cos and sin, and the LoRA terms' slots, scales and B
+  // rows (into L2; lora_fused::prefetch_b_rows).
   const float pos = static_cast<float>(a.positions[t]);
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
     double s, c;
@@ -55,9 +57,27 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     cs[j] = static_cast<float>(c) * a.attention_scaling;
     cs[half + j] = static_cast<float>(s) * a.attention_scaling;
   }
-  __syncthreads();
   const int64_t head = static_cast<int64_t>(blockIdx.y) * kRkvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
+  lora_fused::ExpandToken tq, tk, tv;
+  if (head < a.num_heads) {
+    if (a.lora_q.active()) {
+      tq = lora_fused::expand_token(a.lora_q, t);
+      lora_fused::prefetch_b_rows(a.lora_q, tq, head * d, d, lane, 32);
+    }
+  } else if (head < a.num_heads + a.num_kv_heads) {
+    const int64_t h = head - a.num_heads;
+    if (a.lora_k.active()) {
+      tk = lora_fused::expand_token(a.lora_k, t);
+      lora_fused::prefetch_b_rows(a.lora_k, tk, h * d, d, lane, 32);
+    }
+    if (a.lora_v.active()) {
+      tv = lora_fused::expand_token(a.lora_v, t);
+      lora_fused::prefetch_b_rows(a.lora_v, tv, h * d, d, lane, 32);
+    }
+  }
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  __syncthreads();
   if (head >= a.num_heads + a.num_kv_heads) return;  // whole warps leave, after the barrier
   const float* src;                                  // q: its row, rotated in place; k: its input row
   float* qdst = nullptr;                             // q's row
@@ -70,7 +90,7 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     src = qdst;
     norm_w = a.q_norm;
     if (a.lora_q.active()) {  // q += its LoRA term, in place (each lane its own elements)
-      for (int64_t j = lane; j < d; j += 32) qdst[j] += lora_fused::expand_value(a.lora_q, t, head * d + j);
+      for (int64_t j = lane; j < d; j += 32) qdst[j] += lora_fused::expand_at(a.lora_q, tq, head * d + j);
       __syncwarp();
     }
   } else {
@@ -85,7 +105,7 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     const float* vs = a.v + t * a.ldv + kh * d;
     if (a.lora_v.active()) {
       for (int64_t j = lane; j < d; j += 32)
-        kv_store<B16>(a.cache.v, koff + j, vs[j] + lora_fused::expand_value(a.lora_v, t, kh * d + j));
+        kv_store<B16>(a.cache.v, koff + j, vs[j] + lora_fused::expand_at(a.lora_v, tv, kh * d + j));
     } else {
       for (int64_t j = lane; j < d; j += 32) kv_store<B16>(a.cache.v, koff + j, vs[j]);
     }
@@ -94,7 +114,7 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
   // Element j of the head before the norm and rotation.
   auto x_of = [&](int64_t j) {
     float x = src[j];
-    if (klora) x += lora_fused::expand_value(a.lora_k, t, kh * d + j);
+    if (klora) x += lora_fused::expand_at(a.lora_k, tk, kh * d + j);
     return x;
   };
   auto put = [&](int64_t j, float v) {
