@@ -162,10 +162,12 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
         "CUDA graphs {:.1f} MiB, adapters {}, KV cache {:.2f} GiB ({} blocks); {:.2f} "
         "GiB of {:.2f} GiB in use (--gpu-memory-utilization {} allows {:.2f} GiB)",
         static_cast<double>(weight_bytes) / (1 << 30), static_cast<double>(workspace_bytes) / (1 << 30),
-        warmup_tokens, profiled_dry ? ", dry run" : "", static_cast<double>(sampler_bytes) / (1 << 20), static_cast<double>(graph_bytes) / (1 << 20),
-        adapter_bytes > 0 ? fmt::format("{:.2f} GiB ({} slots of rank {})", static_cast<double>(adapter_bytes) / (1 << 30),
-                                        config_.lora.max_loras, (config_.lora.max_lora_rank + 7) / 8 * 8)
-                          : std::string("0 (reserved when the first adapter is used; --enable-lora reserves them now)"),
+        warmup_tokens, profiled_dry ? ", dry run" : "", static_cast<double>(sampler_bytes) / (1 << 20),
+        static_cast<double>(graph_bytes) / (1 << 20),
+        adapter_bytes > 0
+            ? fmt::format("{:.2f} GiB ({} slots of rank {})", static_cast<double>(adapter_bytes) / (1 << 30),
+                          config_.lora.max_loras, (config_.lora.max_lora_rank + 7) / 8 * 8)
+            : std::string("0 (reserved when the first adapter is used; --enable-lora reserves them now)"),
         static_cast<double>(num_kv_blocks_ * per_block) / (1 << 30), num_kv_blocks_,
         static_cast<double>(total - free_bytes) / (1 << 30), static_cast<double>(total) / (1 << 30),
         config_.cache.gpu_memory_utilization, budget_total / (1 << 30));

@@ -173,7 +173,8 @@ class Model : public AdapterDevice {
   // An eager prefill of `tokens` dummy tokens (no KV written; one block read) that sizes every workspace
   // buffer for the largest step, so memory can be measured (and graphs captured) after it. `dry`: a dry run
   // of it on every rank's backend (Backend::set_dry_run: the same workspace reserved, no kernel run).
-  void warm_up(std::span<const kernels::KvCacheView> kv, int64_t tokens, int64_t logits_rows, bool dry = false);
+  void warm_up(std::span<const kernels::KvCacheView> kv, int64_t tokens, int64_t logits_rows,
+               bool dry = false);
   bool graphs_enabled() const { return graphs_enabled_; }
   // Graphs recorded so far (this rank's): after a dry run sized the buffers, or after an eager run of the
   // step (the fallback where a recording after a dry run failed, or GraphOptions::dry_run_sizing off).

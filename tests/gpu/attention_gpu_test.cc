@@ -153,11 +153,12 @@ TEST(GpuAttention, EmptySequenceRowsLongContextAndBigHeads) {
 }
 
 // The prefill on bf16 tensor cores (attention_mma_cuda.cu; tuning attention_prefill_mma, on by default on
-// BF16 backends since session 40): head_dim 64 and 128, one head, GQA groups (64 / 8 as GPT-OSS), block sizes 1 and 16,
-// several query blocks per sequence and a block's rows past the sequence's end, chunked prefill (contexts
-// longer than the query rows), a decode row in the batch, sliding windows and sinks, several key tiles.
-// Tolerance: queries, keys, values and probabilities in bf16 (2e-2 + 2e-2·|ref|; a fragment layout mistake
-// is off by the values' own size). The F32 backend keeps the f32 kernel with the field set (f32 tolerance).
+// BF16 backends since session 40): head_dim 64 and 128, one head, GQA groups (64 / 8 as GPT-OSS), block sizes
+// 1 and 16, several query blocks per sequence and a block's rows past the sequence's end, chunked prefill
+// (contexts longer than the query rows), a decode row in the batch, sliding windows and sinks, several key
+// tiles. Tolerance: queries, keys, values and probabilities in bf16 (2e-2 + 2e-2·|ref|; a fragment layout
+// mistake is off by the values' own size). The F32 backend keeps the f32 kernel with the field set (f32
+// tolerance).
 TEST(GpuAttention, TensorCorePrefill) {
   SKIP_WITHOUT_GPU();
   k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
@@ -210,9 +211,10 @@ TEST(GpuAttention, Bf16Cache) {
 }
 
 // The GQA decode kernel (attention_decode_gqa_kernel; tuning attention_decode_gqa, from 32 query rows by
-// default since session 40; 1 here: every call): groups of 8 (GPT-OSS's 64 / 8), 4 and 2 query heads per KV head (8 / 2, 6 / 3), head_dim 64
-// and 128, one split and several (long contexts), a sliding window, sinks, a sequence with no query row,
-// block sizes 1 and 16, both cache dtypes; the f32 tolerance (the same f32 sums in another order).
+// default since session 40; 1 here: every call): groups of 8 (GPT-OSS's 64 / 8), 4 and 2 query heads per KV
+// head (8 / 2, 6 / 3), head_dim 64 and 128, one split and several (long contexts), a sliding window, sinks, a
+// sequence with no query row, block sizes 1 and 16, both cache dtypes; the f32 tolerance (the same f32 sums
+// in another order).
 TEST(GpuAttention, DecodeGqa) {
   SKIP_WITHOUT_GPU();
   k::KernelTuning t = k::kernel_tuning(k::TuningShape{});

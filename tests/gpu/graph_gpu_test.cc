@@ -306,7 +306,8 @@ TEST(GraphEngineGpuTest, GreedyTokensEqualEnforceEager) {
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(outputs[0][i].size(), 12u);
     EXPECT_EQ(outputs[0][i], outputs[1][i]) << "request " << i << ": graphs vs eager";
-    EXPECT_EQ(outputs[2][i], outputs[1][i]) << "request " << i << ": graphs after a dry profiling run vs eager";
+    EXPECT_EQ(outputs[2][i], outputs[1][i])
+        << "request " << i << ": graphs after a dry profiling run vs eager";
   }
 }
 

@@ -615,7 +615,8 @@ struct DecodeSplit {
   int splits = 1;
 };
 // The GQA decode kernel's heads per CTA for this call: 0 when it does not run (tuning attention_decode_gqa
-// 0 or above the call's query rows, head_dim not 64 or 128, groups of one head), else 8, 4 or 2 (the largest dividing the group).
+// 0 or above the call's query rows, head_dim not 64 or 128, groups of one head), else 8, 4 or 2 (the largest
+// dividing the group).
 int decode_gqa_heads(const AttentionArgs& a) {
   const int64_t d = a.cache.head_dim, G = a.num_heads / a.cache.num_kv_heads;
   const int64_t from_rows = kernel_tuning(TuningShape{}).attention_decode_gqa;
