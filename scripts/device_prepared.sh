@@ -20,11 +20,13 @@
 #           cold start (scripts/cold_start.sh on a written GPT-OSS-20B bf16 checkpoint) with dry sizing, with
 #           POLYLORA_GRAPH_DRY_SIZING=0, and with the profiling prefill a dry run too
 #           (POLYLORA_PROFILE_DRY_RUN=1)
+#   combine the decode attention's fused combine (session 40, POLYLORA_ATTENTION_DECODE_FUSED_COMBINE): its
+#           GPU test, then the device bench at batch 1 and 16 with and without it
 # Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
 # tool returns a limited number). All parts take about 15 minutes, more than one device call's 10: run it
 # twice, SKIP='gqa kv lora' and then SKIP='wgmma attn' (the second call finds build-gpu in place on the
 # warm machine; tp and graphs take ~3 minutes more). Env: SKIP (space-separated parts to leave out: wgmma
-# attn gqa kv lora tp graphs).
+# wgmx attn gqa kv lora tp graphs combine).
 set -uo pipefail
 OUT=${OUT:-/tmp/prepared}
 # shellcheck source=scripts/device_env.sh
@@ -48,9 +50,10 @@ declare -A FILTER=(
   [lora]='GpuLoraStack.MoeLoraDeltaMode:GpuLoraStack.MoeRanks'
   [tp]='TensorParallelGpu.*:NcclCommunicator*'
   [graphs]='GraphGpuTest.*:GraphEngineGpuTest.*'
+  [combine]='GpuAttention.DecodeManyShortSplits'
 )
 declare -A OK
-for part in wgmma wgmx attn gqa kv lora tp graphs; do
+for part in wgmma wgmx attn gqa kv lora tp graphs combine; do
   skip "$part" && continue
   timeout 240 "$TG" --gtest_filter="${FILTER[$part]}" >> "$OUT/tests.txt" 2>&1
   rc=$?
@@ -157,6 +160,14 @@ if [ "${OK[graphs]:-0}" = 1 ]; then
       --build build-gpu 2>&1 | tail -12 >> "$S"
     grep -E "CUDA graphs: captured|GPU memory:" "${COLD_START_LOG:-/tmp/polylora-cold-start.log}" | tail -2 >> "$S"
     stamp "cold start $v"
+  done
+fi
+if [ "${OK[combine]:-0}" = 1 ]; then
+  for v in 0 1; do
+    echo "== device bench, prompt 1024, batch 1 and 16, POLYLORA_ATTENTION_DECODE_FUSED_COMBINE=$v" >> "$S"
+    POLYLORA_ATTENTION_DECODE_FUSED_COMBINE=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b \
+      --device cuda --prompt-len 1024 --decode-tokens 32 --batches 1,16 2>&1 >/dev/null | grep -E "^batch" >> "$S"
+    stamp "device combine $v"
   done
 fi
 cat "$S"

@@ -22,6 +22,11 @@ struct CudaContext {
   int64_t bf16_split_max_rows = kBf16SplitMaxRowsDefault;
   static constexpr int64_t kBf16SplitMaxRowsDefault = 1024;
   bool bf16_split(int64_t rows) const { return rows <= bf16_split_max_rows; }
+  // Zeroed counters kept across calls (each kernel that takes some leaves them zero again): decode
+  // attention's splits count themselves there when the last one merges them (tuning
+  // attention_decode_fused_combine). nullptr / 0: none.
+  int32_t* counters = nullptr;
+  int64_t num_counters = 0;
 };
 
 // Set while the calling thread queues the ops of a step with LoRA kernels and those launches should not use

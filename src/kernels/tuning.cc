@@ -63,6 +63,8 @@ const std::vector<Field>& fields() {
       {"moe_lora_act_group", &KernelTuning::moe_lora_act_group, "POLYLORA_MOE_LORA_ACT_GROUP"},
       {"attention_prefill_mma", &KernelTuning::attention_prefill_mma, "POLYLORA_ATTENTION_PREFILL_MMA"},
       {"attention_decode_gqa", &KernelTuning::attention_decode_gqa, "POLYLORA_ATTENTION_DECODE_GQA"},
+      {"attention_decode_fused_combine", &KernelTuning::attention_decode_fused_combine,
+       "POLYLORA_ATTENTION_DECODE_FUSED_COMBINE"},
       {"attention_decode_ctas_per_sm", &KernelTuning::attention_decode_ctas_per_sm,
        "POLYLORA_ATTENTION_DECODE_CTAS_PER_SM"},
       {"attention_decode_split_keys", &KernelTuning::attention_decode_split_keys,

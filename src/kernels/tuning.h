@@ -113,6 +113,11 @@ struct KernelTuning {
   // each key group and then use it (no prefetch), so a CTA with many keys waits on memory once per
   // iteration: at batch 1 more, shorter splits hide that latency (measured against the combine's cost);
   // env POLYLORA_ATTENTION_DECODE_CTAS_PER_SM / POLYLORA_ATTENTION_DECODE_SPLIT_KEYS.
+  // 1: the split that finishes last merges the splits of its (token, head) itself (counters in
+  // CudaContext::counters) instead of a combine kernel after them: one launch fewer per layer where decode
+  // splits (the combine took 5 us per layer at batch 1, session 40's timeline). Written after session 40's
+  // device time, not yet run on a GPU: 0 until measured; env POLYLORA_ATTENTION_DECODE_FUSED_COMBINE.
+  int64_t attention_decode_fused_combine = 0;
   // H200 batch 1 (session 40): 8 CTAs per SM and 32 keys 2.598 ms per step against 2.620 with 2 and 64.
   int64_t attention_decode_ctas_per_sm = 8;
   int64_t attention_decode_split_keys = 32;

@@ -237,22 +237,28 @@ TEST(GpuAttention, DecodeGqa) {
 
 // More, shorter decode splits (tuning attention_decode_ctas_per_sm / attention_decode_split_keys: up to 64
 // splits of as few as 8 keys, many of them empty for short contexts), with the plain and the GQA decode
-// kernels: the combine merges them to the reference within the f32 tolerance.
+// kernels, merged by the combine kernel and by the split that finishes last (attention_decode_fused_combine:
+// its counters must be zero again after every call, so the cases after the first check that too): the
+// merge equals the reference within the f32 tolerance.
 TEST(GpuAttention, DecodeManyShortSplits) {
   SKIP_WITHOUT_GPU();
-  for (int64_t gqa : {0, 1}) {
-    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
-    t.attention_decode_gqa = gqa;
-    t.attention_decode_ctas_per_sm = 32;
-    t.attention_decode_split_keys = 8;
-    k::override_kernel_tuning(t);
-    for (int64_t bs : {1, 16}) {
-      run_case({bs, 64, 8, 64, {1}, {1}, 0, true}, DType::kBF16, 1e-5f, 1e-4f);
-      run_case({bs, 64, 8, 64, {1}, {513}, 0, true}, DType::kBF16, 1e-5f, 1e-4f);
-      run_case({bs, 64, 8, 64, {1, 1, 0, 1}, {3000, 2, 5, 700}, 128, true}, DType::kBF16, 1e-5f, 1e-4f);
-      run_case({bs, 32, 4, 128, {1, 1}, {4097, 9}, 0, false}, DType::kBF16, 1e-5f, 1e-4f);
+  for (int64_t fused : {0, 1}) {
+    for (int64_t gqa : {0, 1}) {
+      k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+      t.attention_decode_gqa = gqa;
+      t.attention_decode_ctas_per_sm = 32;
+      t.attention_decode_split_keys = 8;
+      t.attention_decode_fused_combine = fused;
+      k::override_kernel_tuning(t);
+      for (int64_t bs : {1, 16}) {
+        run_case({bs, 64, 8, 64, {1}, {1}, 0, true}, DType::kBF16, 1e-5f, 1e-4f);
+        run_case({bs, 64, 8, 64, {1}, {513}, 0, true}, DType::kBF16, 1e-5f, 1e-4f);
+        run_case({bs, 64, 8, 64, {1, 1, 0, 1}, {3000, 2, 5, 700}, 128, true}, DType::kBF16, 1e-5f, 1e-4f);
+        run_case({bs, 32, 4, 128, {1, 1}, {4097, 9}, 0, false}, DType::kBF16, 1e-5f, 1e-4f);
+        run_case({bs, 6, 3, 96, {1, 1}, {777, 64}, 300, false}, DType::kBF16, 1e-5f, 1e-4f);
+      }
+      k::override_kernel_tuning(std::nullopt);
     }
-    k::override_kernel_tuning(std::nullopt);
   }
 }
 

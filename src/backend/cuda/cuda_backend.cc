@@ -202,6 +202,9 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // Kernels' counters kept zero between calls (k::CudaContext::counters), zeroed once here.
+    CUDA_CHECK(cudaMalloc(&counters_, kNumCounters * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemsetAsync(counters_, 0, kNumCounters * sizeof(int32_t), stream_));
     // No TF32 for fp32 products; bf16 GemmEx with CUBLAS_COMPUTE_32F uses tensor cores regardless.
     CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   }
@@ -212,6 +215,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     for (auto& [p, n] : blocks_) cudaFree(p);
     if (workspace_) cudaFree(workspace_);
+    if (counters_) cudaFree(counters_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
   }
@@ -616,7 +620,7 @@ class CudaBackend final : public Backend {
   std::map<std::string, std::pair<double, int64_t>> profile_totals_;
 
   k::CudaContext ctx() const {
-    return {stream_, cublas_, workspace_, workspace_bytes_, bf16_split_max_rows_};
+    return {stream_, cublas_, workspace_, workspace_bytes_, bf16_split_max_rows_, counters_, kNumCounters};
   }
 
   // Grows the workspace (after the stream drains, since queued kernels may still use the old one). The
@@ -650,6 +654,8 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  static constexpr int64_t kNumCounters = 32 * 1024;  // decode attention's: (row, head) CTA rows that split
+  int32_t* counters_ = nullptr;
   uint64_t workspace_epoch_ = 0;
   bool capturing_ = false;
   cudaEvent_t timer_events_[2] = {nullptr, nullptr};

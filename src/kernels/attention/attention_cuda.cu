@@ -312,6 +312,51 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
 
 // ---- decode: flash decoding ----
 
+// Merges the splits' partial states of (row t, head h) with the sink logit into the output (all threads of
+// the CTA). L2: read the partials past L1 (written by other CTAs of the same kernel: the fused combine).
+template <bool L2>
+__device__ __forceinline__ void merge_splits(const AttentionArgs& a, int splits, const float* part, int64_t t,
+                                             int64_t h) {
+  const int64_t D = a.cache.head_dim;
+  const float* src = part + (t * a.num_heads + h) * splits * (D + 2);
+  auto ld = [&](const float* p) { return L2 ? __ldcg(p) : *p; };
+  float mx = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+  for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, ld(src + sp * (D + 2) + D));
+  float denom = a.sinks != nullptr ? expf(a.sinks[h] - mx) : 0.0f;
+  for (int sp = 0; sp < splits; ++sp) {
+    const float ms = ld(src + sp * (D + 2) + D);
+    if (ms != -INFINITY) denom += ld(src + sp * (D + 2) + D + 1) * expf(ms - mx);
+  }
+  const float inv = 1.0f / denom;
+  float* out = a.out + t * a.ldo + h * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int sp = 0; sp < splits; ++sp) {
+      const float ms = ld(src + sp * (D + 2) + D);
+      if (ms != -INFINITY) sum += ld(src + sp * (D + 2) + d) * expf(ms - mx);
+    }
+    out[d] = sum * inv;
+  }
+}
+
+// After a CTA wrote its split's partial state: counts it in *counter (one per (row, head) or head group)
+// and tells whether it was the last of the `splits`, which then merges them all and leaves the counter zero
+// for the next call (threadfence reduction: each CTA's writes are fenced before its count, the last one
+// fences again before reading the others'). All threads of the CTA call it.
+__device__ __forceinline__ bool last_split(int32_t* counter, int splits) {
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int prev = atomicAdd(counter, 1);
+    s_last = prev == splits - 1 ? 1 : 0;
+    if (s_last) *counter = 0;  // every split has counted: nothing else touches it in this call
+  }
+  __syncthreads();
+  if (s_last) __threadfence();
+  return s_last != 0;
+}
+
 // NV = head_dim / 32: float4 per lane per key (8 lanes per key). The CTA takes the visible keys
 // [first + split·split_len, first + (split+1)·split_len) ∩ [first, pos] of its (row, head), where
 // split_len = ceil(visible / splits) of the row's own visible keys: the split count is fixed by the
@@ -319,7 +364,8 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
 // nullptr: one split, the output is written; else the split's (unnormalised acc [D], m, l) go to
 // part[((t·num_heads + h)·splits + split)·(D + 2)].
 template <int NV, bool B16>
-__global__ void __launch_bounds__(kWarps * 32) attention_decode_kernel(AttentionArgs a, float* part) {
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_decode_kernel(AttentionArgs a, float* part, int32_t* counters) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   constexpr int D = NV * 32;
   const KvCacheView& c = a.cache;
@@ -437,6 +483,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_kernel(Attention
       dst[D] = mx;
       dst[D + 1] = denom;
     }
+    // The fused combine: the split that finishes last merges them (counters: one per (row, head)).
+    if (counters != nullptr && last_split(counters + t * a.num_heads + h, splits))
+      merge_splits<true>(a, splits, part, t, h);
   }
 }
 
@@ -450,7 +499,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_kernel(Attention
 // the probabilities through shared memory). K and V are read once per GC heads instead of once per head.
 // Partial states and the final merge as attention_decode_kernel's (same part layout, so the same combine).
 template <int NV, int GC, bool B16>
-__global__ void __launch_bounds__(kWarps * 32) attention_decode_gqa_kernel(AttentionArgs a, float* part) {
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_decode_gqa_kernel(AttentionArgs a, float* part, int32_t* counters) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   constexpr int D = NV * 32;
   const KvCacheView& c = a.cache;
@@ -573,30 +623,18 @@ __global__ void __launch_bounds__(kWarps * 32) attention_decode_gqa_kernel(Atten
       dst[D + 1] = denom;
     }
   }
+  // The fused combine (counters: one per (row, head group)): the split that finishes last merges the
+  // group's heads.
+  if (part != nullptr && counters != nullptr &&
+      last_split(counters + t * static_cast<int64_t>(gridDim.y) + blockIdx.y, splits)) {
+    for (int g = 0; g < GC; ++g) merge_splits<true>(a, splits, part, t, h0 + g);
+  }
 }
 
 // One CTA per (row, head): merges the splits' partial states with the sink logit.
 __global__ void attention_combine_kernel(AttentionArgs a, int splits, const float* part) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  const int64_t t = blockIdx.x, h = blockIdx.y, D = a.cache.head_dim;
-  const float* src = part + (t * a.num_heads + h) * splits * (D + 2);
-  float mx = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
-  for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, src[sp * (D + 2) + D]);
-  float denom = a.sinks != nullptr ? expf(a.sinks[h] - mx) : 0.0f;
-  for (int sp = 0; sp < splits; ++sp) {
-    const float ms = src[sp * (D + 2) + D];
-    if (ms != -INFINITY) denom += src[sp * (D + 2) + D + 1] * expf(ms - mx);
-  }
-  const float inv = 1.0f / denom;
-  float* out = a.out + t * a.ldo + h * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float sum = 0.0f;
-    for (int sp = 0; sp < splits; ++sp) {
-      const float ms = src[sp * (D + 2) + D];
-      if (ms != -INFINITY) sum += src[sp * (D + 2) + d] * expf(ms - mx);
-    }
-    out[d] = sum * inv;
-  }
+  merge_splits<false>(a, splits, part, blockIdx.x, blockIdx.y);
 }
 
 enum class AttnPath { kPrefill, kDecode, kGeneric };
@@ -679,22 +717,29 @@ void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
     part = static_cast<float*>(ctx.workspace);
   }
   const int gc = decode_gqa_heads(a);
-  if (gc > 0 && (NV == 2 || NV == 4)) {  // the query heads of a KV head share its K/V reads
+  const bool gqa = gc > 0 && (NV == 2 || NV == 4);
+  // The fused combine where the context's counters cover the CTA rows (each (row, head) or head group).
+  const int64_t counter_rows = a.num_tokens * (gqa ? a.num_heads / gc : a.num_heads);
+  int32_t* counters = part != nullptr && kernel_tuning(TuningShape{}).attention_decode_fused_combine != 0 &&
+                              ctx.counters != nullptr && counter_rows <= ctx.num_counters
+                          ? ctx.counters
+                          : nullptr;
+  if (gqa) {  // the query heads of a KV head share its K/V reads
     dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads / gc),
               static_cast<unsigned>(ds.splits));
     if constexpr (NV == 2 || NV == 4) {
       auto kernel = gc == 8   ? attention_decode_gqa_kernel<NV, 8, B16>
                     : gc == 4 ? attention_decode_gqa_kernel<NV, 4, B16>
                               : attention_decode_gqa_kernel<NV, 2, B16>;
-      cuda_util::launch_pdl(kernel, grid, kWarps * 32, 0, st, a, part);
+      cuda_util::launch_pdl(kernel, grid, kWarps * 32, 0, st, a, part, counters);
     }
   } else {
     dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads),
               static_cast<unsigned>(ds.splits));
-    cuda_util::launch_pdl(attention_decode_kernel<NV, B16>, grid, kWarps * 32, 0, st, a, part);
+    cuda_util::launch_pdl(attention_decode_kernel<NV, B16>, grid, kWarps * 32, 0, st, a, part, counters);
   }
   CUDA_CHECK_LAUNCH();
-  if (part != nullptr) {
+  if (part != nullptr && counters == nullptr) {
     dim3 cgrid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_heads));
     cuda_util::launch_pdl(attention_combine_kernel, cgrid, 128, 0, st, a, ds.splits, part);
     CUDA_CHECK_LAUNCH();
