@@ -9,7 +9,7 @@
 // - decode (otherwise, head_dim a multiple of 32 up to 256): flash decoding. A CTA of 4 warps per (query
 //   row, head, split of the visible keys); 8 lanes per key with 128-bit loads (4 keys per warp at a time),
 //   online softmax per lane group, merged across lanes, warps and then splits (a combine kernel, when the
-//   context is split for parallelism).
+//   context is split for parallelism, or the split that finishes last: attention_decode_fused_combine).
 //   On a BF16 backend with the tuning field attention_prefill_mma set, the tensor-core version instead
 //   (attention_mma_cuda.cu; compiled, not yet run on a GPU: off by default).
 // - anything else (odd head_dim): a generic kernel, one CTA of 4 warps per (query row, head), one key per
@@ -646,28 +646,27 @@ AttnPath choose_path(const AttentionArgs& a) {
   return AttnPath::kGeneric;
 }
 
-// Decode splits: enough CTAs for attention_decode_ctas_per_sm (tuning, default 2) per multiprocessor, each
-// split at least attention_decode_split_keys (default 64) keys of the longest possible context
-// (max_blocks_per_seq · block_size), at most 64 splits.
+// Decode splits: enough CTAs for the tuning's attention_decode_ctas_per_sm per multiprocessor, each split
+// at least attention_decode_split_keys keys of the longest possible context (max_blocks_per_seq ·
+// block_size), at most 64 splits.
 struct DecodeSplit {
   int splits = 1;
 };
 // The GQA decode kernel's heads per CTA for this call: 0 when it does not run (tuning attention_decode_gqa
 // 0 or above the call's query rows, head_dim not 64 or 128, groups of one head), else 8, 4 or 2 (the largest
 // dividing the group).
-int decode_gqa_heads(const AttentionArgs& a) {
+int decode_gqa_heads(const AttentionArgs& a, const KernelTuning& t) {
   const int64_t d = a.cache.head_dim, G = a.num_heads / a.cache.num_kv_heads;
-  const int64_t from_rows = kernel_tuning(TuningShape{}).attention_decode_gqa;
+  const int64_t from_rows = t.attention_decode_gqa;
   if (from_rows <= 0 || a.num_tokens < from_rows || (d != 64 && d != 128) || G < 2) return 0;
   return G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 0;
 }
 
-DecodeSplit decode_split(const AttentionArgs& a) {
+DecodeSplit decode_split(const AttentionArgs& a, const KernelTuning& t) {
   const int64_t max_ctx = std::max<int64_t>(1, a.max_blocks_per_seq * a.cache.block_size);
   const int64_t visible = a.window > 0 ? std::min<int64_t>(max_ctx, a.window) : max_ctx;
-  const int gc = decode_gqa_heads(a);  // the GQA kernel's CTAs: one per GC heads
+  const int gc = decode_gqa_heads(a, t);  // the GQA kernel's CTAs: one per GC heads
   const int64_t rows = a.num_tokens * (gc > 0 ? a.num_heads / gc : a.num_heads);
-  const KernelTuning& t = kernel_tuning(TuningShape{});
   const int64_t per_sm = std::clamp<int64_t>(t.attention_decode_ctas_per_sm, 1, 32);
   const int64_t keys = std::clamp<int64_t>(t.attention_decode_split_keys, 8, 4096);
   const int64_t want = (per_sm * cuda_util::num_sms() + rows - 1) / rows;
@@ -677,13 +676,17 @@ DecodeSplit decode_split(const AttentionArgs& a) {
   return ds;
 }
 
+// The splits' partial states (none with one split).
+size_t partial_bytes(const AttentionArgs& a, const DecodeSplit& ds) {
+  if (ds.splits == 1) return 0;
+  return static_cast<size_t>(a.num_tokens * a.num_heads * ds.splits * (a.cache.head_dim + 2)) * sizeof(float);
+}
+
 }  // namespace
 
 size_t attention_workspace_bytes(const AttentionArgs& a) {
   if (a.num_seqs == 0 || a.num_tokens <= 0 || choose_path(a) != AttnPath::kDecode) return 0;
-  const DecodeSplit ds = decode_split(a);
-  if (ds.splits == 1) return 0;
-  return static_cast<size_t>(a.num_tokens * a.num_heads * ds.splits * (a.cache.head_dim + 2)) * sizeof(float);
+  return partial_bytes(a, decode_split(a, kernel_tuning(TuningShape{})));
 }
 
 void write_kv(const KvWriteArgs& a, const CudaContext& ctx) {
@@ -710,18 +713,19 @@ void launch_prefill(const AttentionArgs& a, cudaStream_t st) {
 template <int NV, bool B16>
 void launch_decode(const AttentionArgs& a, const CudaContext& ctx) {
   cudaStream_t st = cuda_util::stream(ctx);
-  const DecodeSplit ds = decode_split(a);
+  const KernelTuning t = kernel_tuning(TuningShape{});
+  const DecodeSplit ds = decode_split(a, t);
   float* part = nullptr;
   if (ds.splits > 1) {
-    KERNEL_CHECK(attention_workspace_bytes(a) <= ctx.workspace_bytes, "attention: workspace too small");
+    KERNEL_CHECK(partial_bytes(a, ds) <= ctx.workspace_bytes, "attention: workspace too small");
     part = static_cast<float*>(ctx.workspace);
   }
-  const int gc = decode_gqa_heads(a);
+  const int gc = decode_gqa_heads(a, t);
   const bool gqa = gc > 0 && (NV == 2 || NV == 4);
   // The fused combine where the context's counters cover the CTA rows (each (row, head) or head group).
   const int64_t counter_rows = a.num_tokens * (gqa ? a.num_heads / gc : a.num_heads);
-  int32_t* counters = part != nullptr && kernel_tuning(TuningShape{}).attention_decode_fused_combine != 0 &&
-                              ctx.counters != nullptr && counter_rows <= ctx.num_counters
+  int32_t* counters = part != nullptr && t.attention_decode_fused_combine != 0 && ctx.counters != nullptr &&
+                              counter_rows <= ctx.num_counters
                           ? ctx.counters
                           : nullptr;
   if (gqa) {  // the query heads of a KV head share its K/V reads

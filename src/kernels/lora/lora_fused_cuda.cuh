@@ -5,7 +5,8 @@
 //   loads, the token's f32 input through the read-only cache; fp32 sums, one per tmp element, no split-K):
 //   the streamed projections run them as extra items of the same launch (linear_cuda.cu), lora_shrink alone
 //   otherwise (lora_cuda.cu);
-// - the expand as a per-element term (expand_value) that the kernels consuming the projection's output add
+// - the expand as a per-element term (expand_token, then expand_at / expand_n) that the kernels consuming the
+// projection's output add
 //   to their input: rope_kv_write for q/k/v, add_rms_norm for o_proj's output (lora.h LoraExpandIn).
 // Only included from .cu files. Must not: depend on anything above common/.
 #pragma once
@@ -108,7 +109,7 @@ __device__ __forceinline__ void shrink_item(const ShrinkItems& p, int64_t q) {
 // What the LoRA term of one token needs besides B's rows: its slot's B ([out, rank] in the stack's dtype),
 // its shrink sums and its scale; b == nullptr: the token has no term (no slot, or scale 0). Reading it once
 // per token and then only B rows per output keeps the consuming kernels' loads independent of each other
-// (per output, expand_value would chain slot -> scale -> B row).
+// (per output, recomputing it would chain slot -> scale -> B row).
 struct ExpandToken {
   const void* b = nullptr;
   const float* tp = nullptr;
@@ -216,12 +217,6 @@ __device__ __forceinline__ void prefetch_b_rows(const LoraExpandIn& l, const Exp
   const int64_t bytes = n * l.w.rank * esize;
   for (int64_t off = static_cast<int64_t>(lane) * 128; off < bytes; off += static_cast<int64_t>(lanes) * 128)
     cuda_util::prefetch_l2(first + off);
-}
-
-// scale[s] · Σ_r B[s, o, r] · tmp[t, first + r] for token t's slot s (0 when it has none or its scale is 0):
-// the LoRA term of output o of token t (l.active()).
-__device__ __forceinline__ float expand_value(const LoraExpandIn& l, int64_t t, int64_t o) {
-  return expand_at(l, expand_token(l, t), o);
 }
 
 }  // namespace polylora::kernels::cuda::lora_fused
