@@ -325,11 +325,16 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       case kHeader:
       case kBody:
+        // The pending read ends with operation_aborted and on_read_error answers 408. A read that had just
+        // completed (its handler queued on this strand) is not cancelled, and the composed header or body
+        // read then starts another one: check again shortly (the answer disarms this), so a client that
+        // keeps trickling bytes cannot slip past the deadline.
         timed_out_ = true;
         {
           beast::error_code ec;
           sock_.cancel(ec);
         }
+        arm_until(Clock::now() + std::chrono::milliseconds(50));
         return;
       case kHandling:  // a write made no progress
         close();
@@ -449,6 +454,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void do_body() {
     if (state_ == kClosed) return;
     set_state(kBody);
+    timed_out_ = false;
     arm_until(Clock::now() + seconds(t_->limits.body_timeout_s));
     reading_ = true;
     http::async_read(sock_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
