@@ -10,14 +10,16 @@
 # 2. Starts `polylora serve --model <dir> --port P` and sends a one-token completion (token-id prompt,
 #    max_tokens 1, greedy) until one is answered: start-up to first served token, wall clock.
 # 3. Prints the read times, start-up to first token, their ratio (the goal: at most 1.2), and the split
-#    from the server's log: process start -> weights loaded (its "Loaded weights" line: read+copy), -> KV
-#    cache sized (profiling prefill), CUDA graph capture, -> listening, -> first token.
+#    from the server's log: process start -> weights bound and their background load started ("Loading
+#    weights" line), -> KV cache sized (profiling prefill), CUDA graph capture, -> weights loaded ("Loaded
+#    weights": read+copy time, and how long the start-up then waited for it), -> listening, -> first token.
+#    POLYLORA_BACKGROUND_WEIGHTS=0 in the environment loads the weights before the engine starts (as before).
 #
 # Needs bash, coreutils, curl (or python3) and python3 or awk for the arithmetic; nothing is downloaded.
 # The server's log is kept in $COLD_START_LOG (default: /tmp/polylora-cold-start.log).
 set -uo pipefail
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 MODEL=$1; shift
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -142,6 +144,7 @@ LOAD_LINE=$(grep -m1 "Loaded weights:" "$LOG" | sed 's/^\[[^]]*\] \[[^]]*\] //')
 GRAPH_LINE=$(grep -m1 "CUDA graphs: captured" "$LOG" | sed 's/^\[[^]]*\] \[[^]]*\] //')
 echo "== start-up to first served token: $FIRST_S s; read $READ_S s ($READ_HOW); ratio $(calc "round($FIRST_S / $READ_S, 2)") (goal <= 1.2)"
 echo "   server log split (seconds after the process started):"
+echo "     weights bound       $(since_start 'Loading weights:')   (background load started; '-': loaded in the foreground)"
 echo "     weights loaded      $(since_start 'Loaded weights:')   ${LOAD_LINE:-"(no 'Loaded weights' line)"}"
 echo "     KV cache sized      $(since_start 'KV cache:')   (after the profiling prefill)"
 echo "     graphs captured     $(since_start 'CUDA graphs: captured')   ${GRAPH_LINE:-"(no capture)"}"

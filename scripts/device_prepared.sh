@@ -16,10 +16,11 @@
 #           _ACT_GROUP): moe-lora on MXFP4 experts at M = 16 / 64 / 256
 #   tp      tensor parallelism on the GPU (session 39): TensorParallelGpu.* (ranks on one GPU through host
 #           memory; over NCCL when the machine has 2+ GPUs) and the NCCL communicator's tests
-#   graphs  graphs recorded after a dry run (session 39): GraphGpuTest.* / GraphEngineGpuTest.*, then the
-#           cold start (scripts/cold_start.sh on a written GPT-OSS-20B bf16 checkpoint) with dry sizing, with
-#           POLYLORA_GRAPH_DRY_SIZING=0, and with the profiling prefill a dry run too
-#           (POLYLORA_PROFILE_DRY_RUN=1)
+#   graphs  graphs recorded after a dry run (session 39) and the background weight load (session 41):
+#           GraphGpuTest.* / GraphEngineGpuTest.* / StagedLoadGpu*, then the cold start (scripts/cold_start.sh
+#           on a written GPT-OSS-20B bf16 checkpoint): the defaults (dry sizing, dry profiling, weights in the
+#           background), the weights before the engine (POLYLORA_BACKGROUND_WEIGHTS=0), and eager sizing
+#           and profiling with the weights in the background
 #   combine the decode attention's fused combine (session 40, POLYLORA_ATTENTION_DECODE_FUSED_COMBINE): its
 #           GPU test, then the device bench at batch 1 and 16 with and without it
 # Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
@@ -49,7 +50,7 @@ declare -A FILTER=(
   [kv]='GpuAttention.Bf16Cache:GpuWriteKv.*:GpuFusedOps.RopeKvWriteBf16Cache:*GoldenGpuTest.Bfloat16CacheCloseLogprobs*'
   [lora]='GpuLoraStack.MoeLoraDeltaMode:GpuLoraStack.MoeRanks'
   [tp]='TensorParallelGpu.*:NcclCommunicator*'
-  [graphs]='GraphGpuTest.*:GraphEngineGpuTest.*'
+  [graphs]='GraphGpuTest.*:GraphEngineGpuTest.*:StagedLoadGpu*'
   [combine]='GpuAttention.DecodeManyShortSplits'
 )
 declare -A OK
@@ -152,12 +153,13 @@ if [ "${OK[graphs]:-0}" = 1 ]; then
   CK=build-gpu/gptoss20b
   [ -f "$CK/model.safetensors.index.json" ] ||
     "$B" write-checkpoint --config tests/data/configs/gpt-oss-20b-bf16 --out "$CK" >> "$OUT/tests.txt" 2>&1
-  # Graph recording after a dry run (1) or an eager run (0); the profiling prefill real (0) or dry (1).
-  for v in "1 0" "0 0" "1 1"; do
+  # Graph recording after a dry run (1) or an eager run (0); the profiling prefill real (0) or dry (1); the
+  # weights loaded in the background while the engine starts (1, session 41) or before (0).
+  for v in "1 1 1" "1 1 0" "0 0 1"; do
     set -- $v
-    echo "== cold start, POLYLORA_GRAPH_DRY_SIZING=$1 POLYLORA_PROFILE_DRY_RUN=$2" >> "$S"
-    POLYLORA_GRAPH_DRY_SIZING=$1 POLYLORA_PROFILE_DRY_RUN=$2 timeout 240 scripts/cold_start.sh "$CK" \
-      --build build-gpu 2>&1 | tail -12 >> "$S"
+    echo "== cold start, POLYLORA_GRAPH_DRY_SIZING=$1 POLYLORA_PROFILE_DRY_RUN=$2 POLYLORA_BACKGROUND_WEIGHTS=$3" >> "$S"
+    POLYLORA_GRAPH_DRY_SIZING=$1 POLYLORA_PROFILE_DRY_RUN=$2 POLYLORA_BACKGROUND_WEIGHTS=$3 timeout 240 \
+      scripts/cold_start.sh "$CK" --build build-gpu 2>&1 | tail -13 >> "$S"
     grep -E "CUDA graphs: captured|GPU memory:" "${COLD_START_LOG:-/tmp/polylora-cold-start.log}" | tail -2 >> "$S"
     stamp "cold start $v"
   done

@@ -240,26 +240,33 @@ LoadedEngine load_engine(const ModelFlags& f, const EngineConfig& config) {
   bool has_tok =
       fs::exists(fs::path(tok_dir) / "tokenizer.json") || fs::exists(fs::path(tok_dir) / "tokenizer.json.gz");
   if (!f.tokenizer_dir.empty() && !has_tok) fail("--tokenizer {}: no tokenizer.json there", f.tokenizer_dir);
-  // The tokenizer is read while the weights load (cold start: both take about a second for GPT-OSS).
-  std::future<std::shared_ptr<const tokenizer::Tokenizer>> tok;
+  // The tokenizer is read while the weights load and the engine starts (cold start: each takes about a
+  // second for GPT-OSS); the weights are read and copied in the background while the engine sizes its
+  // workspace and KV cache and records its CUDA graphs (POLYLORA_BACKGROUND_WEIGHTS=0: before).
+  std::shared_future<std::shared_ptr<const tokenizer::Tokenizer>> tok;
   if (has_tok)
     tok = std::async(std::launch::async, [tok_dir] {
-      return std::make_shared<const tokenizer::Tokenizer>(tokenizer::Tokenizer::load(tok_dir));
-    });
+            return std::make_shared<const tokenizer::Tokenizer>(tokenizer::Tokenizer::load(tok_dir));
+          }).share();
+  else
+    tok = std::async(std::launch::deferred, [] {
+            return std::shared_ptr<const tokenizer::Tokenizer>();
+          }).share();
+  const char* bg_env = std::getenv("POLYLORA_BACKGROUND_WEIGHTS");
+  opts.upload.background = !(bg_env && std::string(bg_env) == "0");
   le.model = Model::load(model_dir, opts, backend);
   spdlog::info("loaded {} ({}, {} layers, {:.1f} MB of parameters{}) on {}", le.model->source(),
                le.model->config().model_type, le.model->config().num_layers,
                static_cast<double>(le.model->weights().num_bytes) / 1e6,
                opts.quantization == WeightQuantization::kInt8 ? ", INT8 weights" : "", backend->name());
-  if (has_tok)
-    le.tokenizer = tok.get();
-  else
+  if (!has_tok)
     spdlog::warn("no tokenizer.json in {}: text prompts, detokenized output and stop strings are unavailable",
                  tok_dir);
   EngineConfig ec = config;
   ec.cache.kv_cache_dtype = kv_cache_dtype_from_flag(f.kv_cache_dtype, backend->kind() == DeviceKind::kCuda);
   ec.lora.reserve_on_device = ec.lora.reserve_on_device || f.enable_lora || !f.loras.empty();
-  le.engine = std::make_unique<Engine>(le.model, ec, le.tokenizer);
+  le.engine = std::make_unique<Engine>(le.model, ec, tok);
+  le.tokenizer = tok.get();
   // --lora-modules: read in parallel (each read converts the whole file), registered in the given order;
   // the first failing module (in that order) is the start-up error.
   std::vector<std::pair<std::string, std::string>> modules;  // name, path

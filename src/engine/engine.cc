@@ -43,9 +43,22 @@ struct Engine::Group {
   bool scheduled = false;  // its first step was queued (metrics: queue time)
 };
 
+namespace {
+std::shared_future<std::shared_ptr<const tokenizer::Tokenizer>> ready(
+    std::shared_ptr<const tokenizer::Tokenizer> tokenizer) {
+  std::promise<std::shared_ptr<const tokenizer::Tokenizer>> p;
+  p.set_value(std::move(tokenizer));
+  return p.get_future().share();
+}
+}  // namespace
+
 Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
                std::shared_ptr<const tokenizer::Tokenizer> tokenizer)
-    : model_(std::move(model)), config_(config), tokenizer_(std::move(tokenizer)) {
+    : Engine(std::move(model), config, ready(std::move(tokenizer))) {}
+
+Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
+               std::shared_future<std::shared_ptr<const tokenizer::Tokenizer>> tokenizer)
+    : model_(std::move(model)), config_(config) {
   config_.validate();
   const ModelConfig& mc = model_->config();
   max_model_len_ =
@@ -172,6 +185,10 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
         static_cast<double>(total - free_bytes) / (1 << 30), static_cast<double>(total) / (1 << 30),
         config_.cache.gpu_memory_utilization, budget_total / (1 << 30));
   }
+  // What ran beside the start-up above: the tokenizer's read and (ModelLoadOptions::upload.background)
+  // the weights' load.
+  tokenizer_ = tokenizer.get();
+  model_->wait_for_weights();
   for (int64_t id : mc.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   if (tokenizer_ && tokenizer_->eos_id() &&
       std::find(eos_ids_.begin(), eos_ids_.end(), *tokenizer_->eos_id()) == eos_ids_.end())

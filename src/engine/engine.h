@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -62,6 +63,11 @@ class Engine {
   // tokenizer may be nullptr (then outputs carry no text and stop strings are refused).
   Engine(std::shared_ptr<Model> model, const EngineConfig& config,
          std::shared_ptr<const tokenizer::Tokenizer> tokenizer);
+  // The same, with the tokenizer still being read (cold start: the start-up's workspace sizing, KV cache
+  // and CUDA graph recording go on meanwhile, and so does a model's background weight load); the
+  // constructor waits for both at its end (their errors are its errors).
+  Engine(std::shared_ptr<Model> model, const EngineConfig& config,
+         std::shared_future<std::shared_ptr<const tokenizer::Tokenizer>> tokenizer);
   ~Engine();
 
   // Validates and queues a request. Errors (polylora::Error): invalid sampling values (the field is

@@ -110,10 +110,13 @@ std::unique_ptr<Model> Model::from_config(const ModelConfig& config, const Check
       gpu_ranks && !dummy_ranks ? std::shared_ptr<Backend>(make_cpu_backend()) : nullptr;
   if (!dummy_ranks) {
     Backend& load_be = host ? *host : *m->backend_;
-    WeightLoader loader(checkpoint, load_be, m->weights_, options.seed,
-                        host ? WeightUploadOptions{} : options.upload);
+    WeightUploadOptions upload = host ? WeightUploadOptions{} : options.upload;
+    // In the background only where the weights stay where they are loaded (not int8: quantized right away).
+    upload.background = upload.background && options.quantization != WeightQuantization::kInt8;
+    WeightLoader loader(checkpoint, load_be, m->weights_, options.seed, upload);
     arch::bind(config, loader, m->weights_);
-    loader.finish();  // the staged path reads and uploads everything here
+    loader.finish();  // the staged path reads and uploads everything here (or starts to, in the background)
+    m->weights_in_flight_ = loader.take_in_flight();
     if (options.quantization == WeightQuantization::kInt8)
       quantize_weights_int8(m->weights_, loader, load_be);
   }
@@ -129,7 +132,20 @@ Model::Model() = default;
 
 void Model::init_workspace() { ws_ = std::make_unique<Workspace>(); }
 
+void Model::wait_for_weights() {
+  if (weights_error_) std::rethrow_exception(weights_error_);  // no step runs on half-loaded weights
+  if (!weights_in_flight_) return;
+  std::unique_ptr<WeightsInFlight> w = std::move(weights_in_flight_);
+  try {
+    w->wait();
+  } catch (...) {
+    weights_error_ = std::current_exception();
+    throw;
+  }
+}
+
 Model::~Model() {
+  weights_in_flight_.reset();  // no copy may still write into memory freed below
   tp_threads_.reset();  // the other ranks' threads, then the ranks (their views point into full_weights_)
   if (tp_devices_) {    // the GPU ranks' queues drained, then their communicators, before their backends go
     for_each_rank([](Model& m) {
@@ -285,6 +301,7 @@ void Model::launch(const ForwardBatch& b, std::span<const k::KvCacheView> kv,
   for (size_t i = 0; i < feed.pairs.size(); i += 2) CHECK(feed.pairs[i] >= 0 && feed.pairs[i] < T);
   ws.output_rows = 0;
   if (T == 0) return;
+  if (!be.dry_run()) wait_for_weights();
   if (gpu_timing_) {
     if (!timer_) timer_ = std::make_unique<StepTimer>();
     StepTimer& t = *timer_;
@@ -518,10 +535,14 @@ void Model::launch_graph(const ForwardBatch& b, std::span<const k::KvCacheView> 
     if (void* exec = record(p, kv, si, inputs)) {
       g = {exec, ws.epoch, be.workspace_epoch(), kv_key};
       ++graph_recordings_.after_dry_run;
-      if (run || comm_) be.run_graph(exec);
+      if (run || comm_) {
+        wait_for_weights();
+        be.run_graph(exec);
+      }
       return;
     }
   }
+  wait_for_weights();  // the step runs
   run_layers(p, kv, si, inputs);
   if (void* exec = record(p, kv, si, inputs)) {
     g = {exec, ws.epoch, be.workspace_epoch(), kv_key};

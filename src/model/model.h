@@ -10,6 +10,7 @@
 // Must not: own request state or KV-cache block allocation (the caller passes the cache views).
 #pragma once
 
+#include <exception>
 #include <map>
 #include <memory>
 #include <span>
@@ -106,6 +107,11 @@ class Model : public AdapterDevice {
   ~Model();
 
   const ModelConfig& config() const { return config_; }
+  // Waits for weights still being read and copied (ModelLoadOptions::upload.background: load() returned
+  // with them in flight) and rethrows the load's error; at once otherwise. Every step that runs kernels
+  // waits here first (dry runs and CUDA graph recordings do not: they need the weights' memory, not
+  // their values); the engine calls it at the end of its start-up, so a load error is a start-up error.
+  void wait_for_weights();
   // The whole model's weights (under tensor parallelism on the CPU the ranks' shards are views into them;
   // on GPUs, where no rank holds the whole model, rank 0's shard, its num_bytes counting every rank's).
   const ModelWeights& weights() const { return full_weights_ ? *full_weights_ : weights_; }
@@ -268,6 +274,8 @@ class Model : public AdapterDevice {
   const float* inv_freq_ = nullptr;  // rope_.inv_freq in backend memory
   std::string source_;
   std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<WeightsInFlight> weights_in_flight_;  // background load, until wait_for_weights()
+  std::exception_ptr weights_error_;                    // the background load's error, thrown by every step
   std::unique_ptr<LoraStacks> lora_;
   int64_t adapter_slots_hint_ = 1;
   bool async_uploads_ = false;

@@ -35,6 +35,21 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The "Loaded weights" line (waited_seconds < 0: loaded in the foreground).
+void log_load(const UploadStats& st, double seconds, double bind_seconds, double waited_seconds) {
+  const double gb = static_cast<double>(st.bytes_read) / 1e9;
+  spdlog::info(
+      "Loaded weights: {:.2f} GB in {:.2f} s (read+copy overlapped, {:.2f} GB/s: {:.2f} s read+copy at "
+      "{:.2f} GB/s with {} reader threads and {} x {:.1f} MiB staging buffers, {:.2f} s of it staging "
+      "set-up; {:.2f} s allocating device memory before){}",
+      gb, seconds, gb / std::max(seconds, 1e-9), st.seconds, gb / std::max(st.seconds, 1e-9), st.num_threads,
+      st.num_buffers, static_cast<double>(st.buffer_bytes) / (1 << 20), st.setup_seconds, bind_seconds,
+      waited_seconds >= 0
+          ? fmt::format("; in the background: the engine's start-up then waited {:.2f} s for it",
+                        waited_seconds)
+          : std::string());
+}
+
 }  // namespace
 
 double dummy_uniform(uint64_t& state) {
@@ -420,18 +435,35 @@ void WeightLoader::finish() {
     return;
   }
   const double bind_seconds = seconds_since(start_);
+  if (upload_options_.background) {
+    uint64_t bytes = 0;
+    for (const UploadJob& j : jobs_)
+      bytes += static_cast<uint64_t>(j.rows * j.cols) * dtype_size(j.tensor->dtype);
+    auto uploads = start_uploads(*backend_, std::move(jobs_), upload_options_);
+    jobs_.clear();
+    in_flight_ = std::make_unique<WeightsInFlight>(std::move(uploads), start_, bind_seconds);
+    spdlog::info(
+        "Loading weights: {:.2f} GB read and copied in the background ({:.2f} s allocating device memory "
+        "before); the engine's start-up goes on meanwhile",
+        static_cast<double>(bytes) / 1e9, bind_seconds);
+    return;
+  }
   const UploadStats st = run_uploads(*backend_, jobs_, upload_options_);
   jobs_.clear();
-  const double seconds = seconds_since(start_);
-  const double gb = static_cast<double>(st.bytes_read) / 1e9;
-  spdlog::info(
-      "Loaded weights: {:.2f} GB in {:.2f} s (read+copy overlapped, {:.2f} GB/s: {:.2f} s read+copy at "
-      "{:.2f} "
-      "GB/s with {} reader threads and {} x {:.1f} MiB staging buffers, {:.2f} s of it staging set-up; "
-      "{:.2f} s "
-      "allocating device memory before)",
-      gb, seconds, gb / std::max(seconds, 1e-9), st.seconds, gb / std::max(st.seconds, 1e-9), st.num_threads,
-      st.num_buffers, static_cast<double>(st.buffer_bytes) / (1 << 20), st.setup_seconds, bind_seconds);
+  log_load(st, seconds_since(start_), bind_seconds, -1);
+}
+
+WeightsInFlight::WeightsInFlight(std::unique_ptr<PendingUploads> uploads,
+                                 std::chrono::steady_clock::time_point start, double bind_seconds)
+    : uploads_(std::move(uploads)), start_(start), bind_seconds_(bind_seconds) {}
+
+void WeightsInFlight::wait() {
+  if (!uploads_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<PendingUploads> uploads = std::move(uploads_);
+  const UploadStats st = uploads->wait();
+  const double waited = seconds_since(t0);
+  log_load(st, bind_seconds_ + st.seconds, bind_seconds_, waited);
 }
 
 }  // namespace polylora

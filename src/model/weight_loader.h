@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -51,6 +52,22 @@ double dummy_uniform(uint64_t& state);
 // a standard deviation of 0.023 (the dummy float weights': 0.02).
 inline constexpr uint8_t kDummyMxfp4Scale = 120;
 
+// A staged load left running by WeightLoader::finish() (WeightUploadOptions::background). wait() returns
+// once the weights are in place on the device and logs the load as finish() would have ("Loaded weights:
+// ..."), or throws the load's error (a file truncated meanwhile, a failed copy). Destroying it unwaited
+// waits too (errors dropped).
+class WeightsInFlight {
+ public:
+  WeightsInFlight(std::unique_ptr<PendingUploads> uploads, std::chrono::steady_clock::time_point start,
+                  double bind_seconds);
+  void wait();
+
+ private:
+  std::unique_ptr<PendingUploads> uploads_;
+  std::chrono::steady_clock::time_point start_;
+  double bind_seconds_;
+};
+
 class WeightLoader {
  public:
   // checkpoint: nullptr in dummy mode. weights: receives owned host buffers.
@@ -83,8 +100,10 @@ class WeightLoader {
   // Copies a host array of expert views into backend memory.
   const kernels::ExpertView* experts_to_device(const std::vector<kernels::ExpertView>& experts);
   // Throws if the checkpoint holds a tensor nothing asked for; then (staged path) reads and uploads every
-  // tensor, and logs the time and rate of the load.
+  // tensor, and logs the time and rate of the load. With WeightUploadOptions::background the staged path
+  // only starts the load (its files checked, its staging buffers made): take_in_flight() hands it over.
   void finish();
+  std::unique_ptr<WeightsInFlight> take_in_flight() { return std::move(in_flight_); }
   // After finish(): replaces matrix `w` (a view this loader returned) by its INT8 copy
   // (Backend::quantize_int8, --quantization int8) and frees the memory that held `w` once no other view
   // this loader returned lives in it (an [E, ...] expert tensor: after its last expert); views into the
@@ -115,6 +134,7 @@ class WeightLoader {
   std::vector<ExpectedTensor>* plan_ = nullptr;
   std::set<std::string> used_;
   std::vector<UploadJob> jobs_;                      // staged: queued until finish()
+  std::unique_ptr<WeightsInFlight> in_flight_;       // staged, background: started by finish()
   std::map<std::string, std::byte*> expert_blocks_;  // staged: per 3-D/2-D expert tensor
   // Backend allocations holding matrices, for quantize_int8(): the allocation of each matrix view's data
   // and the number of views still in each.

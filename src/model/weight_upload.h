@@ -10,7 +10,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "backend/backend.h"
 #include "runtime/safetensors.h"
@@ -33,6 +36,14 @@ struct WeightUploadOptions {
   int num_threads = 0;                    // reader threads; 0: 3/4 of the hardware threads, 1 to 12
   int num_buffers = 0;                    // staging buffers; 0: 2 per reader thread
   size_t buffer_bytes = size_t{4} << 20;  // per buffer (smaller when every tensor is smaller)
+  // WeightLoader::finish() leaves the staged path's reads and copies running on a thread of their own
+  // (start_uploads below) and returns; the model waits for them before its first step that runs kernels
+  // (Model::wait_for_weights), so the engine's start-up (workspace sizing, KV cache, CUDA graph
+  // recording) overlaps the load. Cold start: set by `serve` / `generate` (engine_flags.cc).
+  bool background = false;
+  // Called on the pipeline's thread before its first read (tests: a file changed while a background load
+  // runs).
+  std::function<void()> before_reads;
 };
 
 // One tensor (or part of one) to place in backend memory: rows x cols values of tensor->dtype, row-major
@@ -64,5 +75,30 @@ struct UploadStats {
 // replaced after its header was read). Nothing is left queued when it throws.
 UploadStats run_uploads(Backend& backend, std::span<const UploadJob> jobs,
                         const WeightUploadOptions& options);
+
+// The same pipeline, left running: start_uploads() checks the jobs and the files and makes the staging
+// buffers on the calling thread (its errors are thrown there, and the uploads are ordered after what the
+// backend's queue holds at that point), then reads and copies on a thread of its own while the caller goes
+// on with work that needs the weights' memory but not their values (sizing workspaces, recording CUDA
+// graphs). wait() returns once every upload is complete on the device (what the backend queues later sees
+// the weights), frees the staging buffers, and returns run_uploads' statistics or throws its error. The
+// tensor records are copied: the checkpoint may be closed meanwhile. Destroying it unwaited waits (errors
+// dropped).
+class PendingUploads {
+ public:
+  struct Impl;
+  ~PendingUploads();
+  PendingUploads(const PendingUploads&) = delete;
+  PendingUploads& operator=(const PendingUploads&) = delete;
+  UploadStats wait();
+
+ private:
+  friend std::unique_ptr<PendingUploads> start_uploads(Backend&, std::vector<UploadJob>,
+                                                       const WeightUploadOptions&);
+  explicit PendingUploads(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+std::unique_ptr<PendingUploads> start_uploads(Backend& backend, std::vector<UploadJob> jobs,
+                                              const WeightUploadOptions& options);
 
 }  // namespace polylora

@@ -5,14 +5,19 @@
 // bit-identical parameters in device memory.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/engine.h"
 #include "model/checkpoint_writer.h"
 #include "model/model.h"
+#include "unit/engine_run.h"
 #include "unit/test_util.h"
 
 namespace polylora {
@@ -144,6 +149,63 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, StagedLoadGpu,
                                            Case{"qwen3-moe-tiny", DType::kF16, DType::kBF16},
                                            Case{"llama-tiny", DType::kF32, DType::kF32},
                                            Case{"mixtral-tiny", DType::kBF16, DType::kBF16}));
+
+// The background load `serve` uses: the engine's start-up (dry-run profiling, KV cache, CUDA graphs recorded
+// on the compute stream) runs while the reads are held, the reads then go on beside the recorded graphs,
+// and the engine waits for them: its greedy tokens (graphs replayed) equal an engine's on the per-tensor
+// load, and the weights are the per-tensor load's bit for bit.
+TEST(StagedLoadGpuBackground, EngineStartsWhileTheWeightsCopy) {
+  SKIP_WITHOUT_GPU_HERE();
+  fs::path cfg = testing_util::make_temp_dir("gpu-bg-cfg");
+  fs::copy_file(fs::path(testing_util::data_dir()) / "models" / "gpt-oss-tiny" / "config.json",
+                cfg / "config.json");
+  fs::path out = testing_util::make_temp_dir("gpu-bg");
+  CheckpointWriteOptions wo;
+  wo.num_shards = 2;
+  write_random_checkpoint(cfg.string(), out.string(), wo);
+  std::shared_ptr<Backend> be =
+      make_cuda_backend({.device = DeviceKind::kCuda, .device_index = 0, .weight_dtype = DType::kF32});
+  ModelLoadOptions per_tensor;
+  per_tensor.upload.path = UploadPath::kPerTensor;
+  std::shared_ptr<Model> reference = Model::load(out.string(), per_tensor, be);
+  ModelLoadOptions bg;
+  bg.upload.background = true;
+  bg.upload.num_threads = 2;
+  bg.upload.num_buffers = 3;
+  bg.upload.buffer_bytes = 4096;  // many chunks
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  bool held_too_long = false;
+  bg.upload.before_reads = [released, &held_too_long] {
+    if (released.wait_for(std::chrono::seconds(60)) != std::future_status::ready) held_too_long = true;
+  };
+  std::shared_ptr<Model> m = Model::load(out.string(), bg, be);
+  std::thread release([&go] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    go.set_value();
+  });
+  EngineConfig ec = testing_util::test_engine_config();
+  ec.scheduler.max_num_seqs = 8;
+  ec.execution.cuda_graph_sizes = {1, 2, 4, 8};
+  Engine engine(m, ec, nullptr);
+  release.join();
+  EXPECT_FALSE(held_too_long);
+  EXPECT_TRUE(m->graphs_enabled());
+  expect_same_weights(*be, *reference, *m);
+  Engine want_engine(reference, ec, nullptr);
+  std::vector<testing_util::EngineRun> got, want;
+  for (Engine* e : {&engine, &want_engine}) {
+    std::vector<EngineRequest> rs;
+    for (const std::vector<int32_t>& prompt :
+         {std::vector<int32_t>{3, 17, 42, 5, 9}, std::vector<int32_t>{100, 7}, std::vector<int32_t>{1}})
+      rs.push_back(testing_util::greedy_request(prompt, 8));
+    (e == &engine ? got : want) = testing_util::run_to_completion(*e, std::move(rs));
+  }
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].output, want[i].output) << "request " << i;
+  fs::remove_all(cfg);
+  fs::remove_all(out);
+}
 
 }  // namespace
 }  // namespace polylora

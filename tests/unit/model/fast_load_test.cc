@@ -7,15 +7,20 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <future>
 
 #include "common/error.h"
+#include "engine/engine.h"
 #include "model/arch/arch.h"
 #include "model/checkpoint_writer.h"
 #include "model/model.h"
 #include "runtime/safetensors.h"
 #include "runtime/safetensors_writer.h"
+#include "unit/engine_run.h"
 #include "unit/test_util.h"
 #include "worker/kv_storage.h"
 
@@ -262,6 +267,106 @@ TEST(StagedLoad, ValuesAreTheFilesBytesWithExpertsTransposed) {
   convert_to_f32(static_cast<const uint16_t*>(bias.data) + e * bias.shape[1], DType::kBF16, row.size(),
                  row.data());
   EXPECT_EQ(std::memcmp(w.layers[2].moe.experts[e].down_bias, row.data(), row.size() * sizeof(float)), 0);
+  fs::remove_all(cfg);
+  fs::remove_all(out);
+}
+
+// A background load (WeightUploadOptions::background, as `serve` loads): load() returns before any byte is
+// read (the reads are held until it has returned: a load that waited for them would time out the hold),
+// the weights are then the foreground load's bit for bit, and an engine started on the model before they
+// are in place generates what an engine on the zero-copy model generates.
+TEST(StagedLoad, InTheBackgroundReturnsBeforeReadingAndEqualsTheForegroundLoad) {
+  fs::path cfg = config_dir_of("qwen3-moe-tiny", "bg");
+  fs::path out = make_temp_dir("bg-out");
+  CheckpointWriteOptions w;
+  w.num_shards = 2;
+  write_random_checkpoint(cfg.string(), out.string(), w);
+  std::shared_ptr<Model> zero_copy = Model::load(out.string());
+
+  auto load_held = [&](std::promise<void>& go, std::atomic<bool>& held_too_long) {
+    ModelLoadOptions o = staged();
+    o.upload.background = true;
+    std::shared_future<void> released = go.get_future().share();
+    o.upload.before_reads = [released, &held_too_long] {
+      if (released.wait_for(std::chrono::seconds(20)) != std::future_status::ready) held_too_long = true;
+    };
+    return std::shared_ptr<Model>(Model::load(out.string(), o));
+  };
+  {
+    std::promise<void> go;
+    std::atomic<bool> held_too_long{false};
+    std::shared_ptr<Model> m = load_held(go, held_too_long);
+    go.set_value();
+    m->wait_for_weights();
+    EXPECT_FALSE(held_too_long.load()) << "Model::load waited for the reads it should leave running";
+    expect_same_weights(*zero_copy, *m);
+    m->wait_for_weights();  // again: at once
+    expect_finite_forward(*m);
+  }
+  {
+    // The engine's start-up runs while the reads are held (released from another thread once it has
+    // begun), and its steps see the whole model.
+    std::promise<void> go;
+    std::atomic<bool> held_too_long{false};
+    std::shared_ptr<Model> m = load_held(go, held_too_long);
+    std::thread release([&go] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      go.set_value();
+    });
+    Engine engine(m, test_engine_config(), nullptr);
+    release.join();
+    EXPECT_FALSE(held_too_long.load());
+    Engine reference(zero_copy, test_engine_config(), nullptr);
+    std::vector<EngineRequest> a, b;
+    for (const std::vector<int32_t>& prompt :
+         {std::vector<int32_t>{3, 17, 42, 5, 9}, std::vector<int32_t>{100, 7}, std::vector<int32_t>{1}}) {
+      a.push_back(greedy_request(prompt, 6));
+      b.push_back(greedy_request(prompt, 6));
+    }
+    std::vector<EngineRun> got = run_to_completion(engine, std::move(a));
+    std::vector<EngineRun> want = run_to_completion(reference, std::move(b));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].output.size(), 6u) << i;
+      EXPECT_EQ(got[i].output, want[i].output) << "request " << i;
+    }
+  }
+  fs::remove_all(cfg);
+  fs::remove_all(out);
+}
+
+// A file that loses its end while a background load runs: load() has returned; waiting for the weights,
+// every later step and the engine's start-up fail with the error naming the tensor and the file.
+TEST(StagedLoad, BackgroundLoadErrorIsThrownByTheWaitAndEveryStep) {
+  fs::path cfg = config_dir_of("gpt-oss-tiny", "bgerr");
+  fs::path out = make_temp_dir("bgerr-out");
+  CheckpointWriteOptions w;
+  w.num_shards = 1;
+  write_random_checkpoint(cfg.string(), out.string(), w);
+  const fs::path file = out / "model.safetensors";
+  uint64_t cut = 0;
+  {
+    Checkpoint ckpt = Checkpoint::open_dir(out.string());
+    cut = ckpt.get("model.layers.1.self_attn.q_proj.weight").file_offset + 10;
+  }
+  ModelLoadOptions o = staged();
+  o.upload.background = true;
+  o.upload.before_reads = [&] { ASSERT_EQ(::truncate(file.c_str(), static_cast<off_t>(cut)), 0); };
+  std::shared_ptr<Model> m = Model::load(out.string(), o);  // the files were whole when it started
+  auto expect_load_error = [&](const std::function<void()>& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(file.string()), std::string::npos) << what << ": " << msg;
+      EXPECT_NE(msg.find("model.layers."), std::string::npos) << what << ": " << msg;
+    }
+  };
+  expect_load_error([&] { m->wait_for_weights(); }, "wait_for_weights");
+  expect_load_error([&] { m->wait_for_weights(); }, "wait_for_weights again");
+  expect_load_error([&] { expect_finite_forward(*m); }, "a forward pass");
+  expect_load_error([&] { Engine engine(m, test_engine_config(), nullptr); }, "the engine's start-up");
   fs::remove_all(cfg);
   fs::remove_all(out);
 }
