@@ -1109,12 +1109,13 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
         return;
       }
       const KernelTuning t = tuning_of(a);
-      const int bn = t.moe_wgmma_bn == 128 || p.lora.b != nullptr ? 128 : 256;
-      // (With the LoRA epilogue the launcher takes 128 columns whatever bn says.)
+      // With the LoRA epilogue and with MXFP4 weights the launcher takes 128 columns whatever bn says; it
+      // counts the grid's column tiles in the BN it takes (counted here in 256, MXFP4 left half of every
+      // output's columns unwritten: GpuMoeMxfp4.WarpgroupMmaGroupedGemm's failure, session 40).
+      const int bn = t.moe_wgmma_bn == 128 ? 128 : 256;
       moe_detail::WgmmaParams wp{
           .mp = p,
           .group_rows = static_cast<int>(std::clamp<int64_t>(t.moe_wgmma_group, 1, 64)),
-          .col_tiles = (N + bn - 1) / bn,
           .max_tiles = ws.max_tiles};
       if (phase == Phase::kGateUp && fused_act) {
         wp.act_out = ws.act_bf16;

@@ -16,10 +16,14 @@ void launch_wg(const WgmmaParams& wp, cudaStream_t st) {
     return true;
   }();
   (void)configured;
-  const int64_t ctas = wp.max_tiles * wp.col_tiles;
+  // The column tiles in this kernel's BN (the caller's bn is a preference: LoRA and MXFP4 take 128).
+  WgmmaParams w = wp;
+  const int64_t N = P == Phase::kGateUp ? 2 * wp.mp.inter : wp.mp.hidden;
+  w.col_tiles = (N + BN - 1) / BN;
+  const int64_t ctas = w.max_tiles * w.col_tiles;
   KERNEL_CHECK(ctas > 0 && ctas <= INT_MAX, "moe_experts: grouped GEMM grid too large");
   moe_gemm_wgmma<P, BN, LORA, MX>
-      <<<static_cast<unsigned>(ctas), kWgThreads, WgCfg<BN, MX>::kSmemBytes, st>>>(wp);
+      <<<static_cast<unsigned>(ctas), kWgThreads, WgCfg<BN, MX>::kSmemBytes, st>>>(w);
   CUDA_CHECK_LAUNCH();
 }
 
