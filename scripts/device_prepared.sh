@@ -23,11 +23,14 @@
 #           and profiling with the weights in the background
 #   combine the decode attention's fused combine (session 40, POLYLORA_ATTENTION_DECODE_FUSED_COMBINE): its
 #           GPU test, then the device bench at batch 1 and 16 with and without it
+#   mxst    the MXFP4 weight-streaming kernel's pipeline depth (session 41, POLYLORA_MOE_GEMV_MXFP4_STAGES 2 /
+#           3 / 4): its GPU test at every depth, moe-lora MXFP4 at M = 1 / 4 / 8 and the device bench's
+#           batch-1 and batch-8 decode with each
 # Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
 # tool returns a limited number). All parts take about 15 minutes, more than one device call's 10: run it
 # twice, SKIP='gqa kv lora' and then SKIP='wgmma attn' (the second call finds build-gpu in place on the
 # warm machine; tp and graphs take ~3 minutes more). Env: SKIP (space-separated parts to leave out: wgmma
-# wgmx attn gqa kv lora tp graphs combine).
+# wgmx attn gqa kv lora tp graphs combine mxst).
 set -uo pipefail
 OUT=${OUT:-/tmp/prepared}
 # shellcheck source=scripts/device_env.sh
@@ -52,9 +55,10 @@ declare -A FILTER=(
   [tp]='TensorParallelGpu.*:NcclCommunicator*'
   [graphs]='GraphGpuTest.*:GraphEngineGpuTest.*:StagedLoadGpu*'
   [combine]='GpuAttention.DecodeManyShortSplits'
+  [mxst]='GpuMoeMxfp4.TensorCoreGemvMatchesReference'
 )
 declare -A OK
-for part in wgmma wgmx attn gqa kv lora tp graphs combine; do
+for part in wgmma wgmx attn gqa kv lora tp graphs combine mxst; do
   skip "$part" && continue
   timeout 240 "$TG" --gtest_filter="${FILTER[$part]}" >> "$OUT/tests.txt" 2>&1
   rc=$?
@@ -170,6 +174,17 @@ if [ "${OK[combine]:-0}" = 1 ]; then
     POLYLORA_ATTENTION_DECODE_FUSED_COMBINE=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b \
       --device cuda --prompt-len 1024 --decode-tokens 32 --batches 1,16 2>&1 >/dev/null | grep -E "^batch" >> "$S"
     stamp "device combine $v"
+  done
+fi
+if [ "${OK[mxst]:-0}" = 1 ]; then
+  # The MXFP4 weight-streaming kernel's pipeline depth: the expert products alone at decode sizes, then the
+  # batch-1 and batch-8 decode of the MXFP4 model.
+  for v in 2 3 4; do
+    moelora "stages$v" mxfp4 1,4,8 POLYLORA_MOE_GEMV_MXFP4_STAGES=$v
+    echo "== device bench, prompt 512, batch 1 and 8, POLYLORA_MOE_GEMV_MXFP4_STAGES=$v" >> "$S"
+    POLYLORA_MOE_GEMV_MXFP4_STAGES=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b \
+      --device cuda --prompt-len 512 --decode-tokens 32 --batches 1,8 2>&1 >/dev/null | grep -E "^batch" >> "$S"
+    stamp "device mxfp4 stages $v"
   done
 fi
 cat "$S"

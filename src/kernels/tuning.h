@@ -36,6 +36,13 @@ struct KernelTuning {
   // ... and from which the tensor-core grouped GEMM replaces the weight-streaming kernels; env
   // POLYLORA_MXFP4_MMA_PER_EXPERT.
   int64_t mxfp4_mma_per_expert = 64;
+  // MXFP4 experts on the tensor-core weight-streaming kernel (moe_gemv_mxfp4.cuh), calls of up to 8 tokens
+  // (the decode sizes): stages of its per-warp cp.async pipeline, 2 to 4 (shared memory per CTA 48 / 72 / 96
+  // KiB, 3 / 3 / 2 CTAs per multiprocessor). Each warp streams its K quarter of 64 rows (GPT-OSS-20B: 6
+  // super-blocks of 128 values) with stages − 1 in flight, so 2 waits a memory latency per super-block
+  // (batch 1 gate/up at 1.5 TB/s, session 40's timeline). 3 and 4 written after session 40, not yet measured
+  // (device_prepared.sh part mxst); env POLYLORA_MOE_GEMV_MXFP4_STAGES.
+  int64_t moe_gemv_mxfp4_stages = 2;
   // BF16/F16 experts on the grouped-GEMM path without the LoRA epilogue, on compute capability 9.0: pairs
   // per expert (on average) from which the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh: 128-row tiles,
   // wgmma from 128-byte-swizzled cp.async stages) replaces the mma.sync one; 0: never. H200, GPT-OSS-20B

@@ -231,32 +231,41 @@ TEST(GpuMoeMxfp4, WarpgroupMmaGroupedGemm) {
 // every token: three passes); block scales 2^-5 .. 2^3 (past 2^1 the second multiply; larger ones made f32
 // rounding of the fp32 GEMV's ~100-sized down terms exceed the f32 tolerance on outputs near 0.3, measured
 // on the H200) and the default ones; biases, and LoRA views of two ranks with slots −1.
+// Every pipeline depth (KernelTuning::moe_gemv_mxfp4_stages; the deeper ones apply to calls of up to 8
+// tokens, so m = 1 and 6 run them, 16 and 37 the two-stage 16-row passes).
 TEST(GpuMoeMxfp4, TensorCoreGemvMatchesReference) {
   SKIP_WITHOUT_GPU();
-  for (const Mode& md : kModes)
-    for (int64_t m : {1, 6, 16, 37}) {
-      run_mxfp4({.m = m,
-                 .hidden = 1056,
-                 .inter = 96,
-                 .num_experts = 8,
-                 .top_k = 4,
-                 .mode = md,
-                 .biases = m % 2 == 0,
-                 .lora = m != 16,
-                 .every_token_to_expert_2 = m == 37,
-                 .x_range = 0.002f,
-                 .scale_lo = 122,
-                 .scale_span = 9});
-      run_mxfp4({.m = m,
-                 .hidden = 1056,
-                 .inter = 224,
-                 .num_experts = 8,
-                 .top_k = 4,
-                 .mode = md,
-                 .act = k::ExpertAct::kSiluGate,
-                 .lora = m % 2 == 1,
-                 .x_range = 0.1f});
-    }
+  for (int64_t stages : {2, 3, 4})
+    for (const Mode& md : kModes)
+      for (int64_t m : {1, 6, 16, 37}) {
+        if (stages != 2 && m > 8) continue;
+        SCOPED_TRACE("moe_gemv_mxfp4_stages " + std::to_string(stages));
+        k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+        t.moe_gemv_mxfp4_stages = stages;
+        k::override_kernel_tuning(t);
+        run_mxfp4({.m = m,
+                   .hidden = 1056,
+                   .inter = 96,
+                   .num_experts = 8,
+                   .top_k = 4,
+                   .mode = md,
+                   .biases = m % 2 == 0,
+                   .lora = m != 16,
+                   .every_token_to_expert_2 = m == 37,
+                   .x_range = 0.002f,
+                   .scale_lo = 122,
+                   .scale_span = 9});
+        run_mxfp4({.m = m,
+                   .hidden = 1056,
+                   .inter = 224,
+                   .num_experts = 8,
+                   .top_k = 4,
+                   .mode = md,
+                   .act = k::ExpertAct::kSiluGate,
+                   .lora = m % 2 == 1,
+                   .x_range = 0.1f});
+        k::override_kernel_tuning(std::nullopt);
+      }
 }
 
 }  // namespace

@@ -948,6 +948,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     CUDA_CHECK_LAUNCH();
     moe_detail::GemvTcParams tp;
     tp.split = ws.copies == 2;
+    tp.mx_stages = static_cast<int>(std::clamp<int64_t>(tuning_of(a).moe_gemv_mxfp4_stages, 2, 4));
     tp.experts = a.experts;
     tp.counts = ws.counts;
     tp.offsets = ws.offsets;

@@ -38,10 +38,14 @@ void launch_gemv(int64_t m, dim3 grid, const GemvParams& gp, cudaStream_t st) {
 template <Phase P>
 void launch_gemv_tc(dim3 grid, const GemvTcParams& tp, bool mxfp4, int64_t m, cudaStream_t st) {
   if (mxfp4) {
-    if (m <= 8) {
-      tp.split ? launch_gemv_mxfp4<P, 1, 2>(grid, tp, st) : launch_gemv_mxfp4<P, 1, 1>(grid, tp, st);
+    if (m <= 8 && tp.mx_stages >= 4) {
+      tp.split ? launch_gemv_mxfp4<P, 1, 2, 4>(grid, tp, st) : launch_gemv_mxfp4<P, 1, 1, 4>(grid, tp, st);
+    } else if (m <= 8 && tp.mx_stages == 3) {
+      tp.split ? launch_gemv_mxfp4<P, 1, 2, 3>(grid, tp, st) : launch_gemv_mxfp4<P, 1, 1, 3>(grid, tp, st);
+    } else if (m <= 8) {
+      tp.split ? launch_gemv_mxfp4<P, 1, 2, 2>(grid, tp, st) : launch_gemv_mxfp4<P, 1, 1, 2>(grid, tp, st);
     } else {
-      tp.split ? launch_gemv_mxfp4<P, 2, 2>(grid, tp, st) : launch_gemv_mxfp4<P, 2, 1>(grid, tp, st);
+      tp.split ? launch_gemv_mxfp4<P, 2, 2, 2>(grid, tp, st) : launch_gemv_mxfp4<P, 2, 1, 2>(grid, tp, st);
     }
   } else if (!gemv_pipe_enabled()) {
     launch_gemv_tc_reg<P>(grid, tp, st);

@@ -43,16 +43,16 @@ void launch_gemv_tc_reg(dim3 grid, const GemvTcParams& tp, cudaStream_t st) {
   CUDA_CHECK_LAUNCH();
 }
 
-template <Phase P, int NT, int C>
+template <Phase P, int NT, int C, int S>
 void launch_gemv_mxfp4(dim3 grid, const GemvTcParams& tp, cudaStream_t st) {
-  using Cfg = MxGemvCfg<NT, C>;
+  using Cfg = MxGemvCfg<NT, C, S>;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_gemv_mxfp4_kernel<P, NT, C>,
+    CUDA_CHECK(cudaFuncSetAttribute(moe_gemv_mxfp4_kernel<P, NT, C, S>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
     return true;
   }();
   (void)configured;
-  cuda_util::launch_pdl(moe_gemv_mxfp4_kernel<P, NT, C>, grid, kMxThreads, Cfg::kSmemBytes, st, tp);
+  cuda_util::launch_pdl(moe_gemv_mxfp4_kernel<P, NT, C, S>, grid, kMxThreads, Cfg::kSmemBytes, st, tp);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -46,6 +46,9 @@ struct GemvTcParams {
   // The expert LoRA's delta kernel (moe_lora_delta_kernel) was launched just before this product and lets
   // it start at once (gemv_pdl_begin; the grid has one extra CTA in x).
   bool defer_wait = false;
+  // MXFP4 passes of 8 routed rows: the cp.async pipeline's stages (2 to 4; KernelTuning::
+  // moe_gemv_mxfp4_stages).
+  int mx_stages = 2;
 };
 
 // A tensor-core product's programmatic-dependent-launch prologue (cuda_util.cuh); true when this CTA has

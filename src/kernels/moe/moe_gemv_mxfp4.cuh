@@ -35,19 +35,22 @@ constexpr int kMxWarps = 4;  // split K between them
 constexpr int kMxThreads = 32 * kMxWarps;
 constexpr int kMxMT = 4;  // m16 tiles per warp: all of the CTA's rows
 constexpr int kMxRows = 16 * kMxMT;
-constexpr int kMxStages = 2;
+constexpr int kMxStages = 2;  // the default pipeline depth (KernelTuning::moe_gemv_mxfp4_stages: 2 to 4)
 constexpr int kMxSuper = 4 * kMxfp4BlockSize;  // k values of one stage
 static_assert(kMxWarps == 4 && kMxMT == 4, "split_k_epilogue: 4 warps, warp w sums m16 tile w");
 static_assert(kMxRows == kTcRows, "the grid is moe_gemv_tc_kernel's");
 
-template <int NT, int C>
+template <int NT, int C, int S = kMxStages>
 struct MxGemvCfg {
+  static_assert(S >= 2 && S <= 4, "2 to 4 stages");
+  static constexpr int kStages = S;
   static constexpr int kW = kMxMT * 2;   // 16-byte code pieces per lane per stage (one block of 8 rows)
   static constexpr int kX = NT * C * 4;  // 16-byte activation pieces per lane per stage (32 values each)
   static constexpr int kSlotBytes = 32 * 16;
   static constexpr int kStageBytes = (kW + kX) * kSlotBytes;
-  static constexpr int kWarpBytes = kMxStages * kStageBytes;
-  static constexpr int kSmemBytes = kMxWarps * kWarpBytes;  // NT·C = 1: 48 KiB, 2: 64 KiB, 4: 96 KiB
+  static constexpr int kWarpBytes = S * kStageBytes;
+  // Two stages: NT·C = 1: 48 KiB, 2: 64 KiB, 4: 96 KiB; three / four stages at NT·C = 1: 72 / 96 KiB.
+  static constexpr int kSmemBytes = kMxWarps * kWarpBytes;
   static constexpr int kAccPerLane = kMxMT * NT * 4;
   static_assert(kMxWarps * kAccPerLane * 32 * 4 <= kSmemBytes, "the reduction reuses the pipeline");
 };
@@ -70,10 +73,11 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-template <Phase P, int NT, int C>
+template <Phase P, int NT, int C, int S = kMxStages>
 __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcParams p) {
   if (gemv_pdl_begin(p)) return;  // launched by launch_pdl (cuda_util.cuh)
-  using Cfg = MxGemvCfg<NT, C>;
+  using Cfg = MxGemvCfg<NT, C, S>;
+  constexpr int kStages = Cfg::kStages;
   extern __shared__ __align__(16) unsigned char mx_smem[];
   __shared__ int64_t s_off[8 * NT];  // activation row offset (elements) per routed row of the pass, −1 none
   if (gemv_tc_lora_cta<P, kMxThreads / 32>(p)) return;
@@ -124,13 +128,13 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
       const int64_t off = s_off[i * 8 + g];
       xrow[i] = off >= 0 ? p.a + off : nullptr;
     }
-    // Stage sb (this warp's super-block index) into buffer sb % kMxStages; past the warp's range nothing is
+    // Stage sb (this warp's super-block index) into buffer sb % kStages; past the warp's range nothing is
     // copied (the group is still committed, so the wait counts stay uniform).
     auto issue = [&](int sb) {
       if (sb >= nsb) return;
       const int blk = (sb_begin + sb) * 4 + t;
       const bool kin = blk < nblocks;
-      const uint32_t dst = lane_smem + (sb % kMxStages) * Cfg::kStageBytes;
+      const uint32_t dst = lane_smem + (sb % kStages) * Cfg::kStageBytes;
 #pragma unroll
       for (int mt = 0; mt < kMxMT; ++mt)
 #pragma unroll
@@ -171,15 +175,15 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[mt][i][q] = 0.0f;
 #pragma unroll
-    for (int s = 0; s < kMxStages - 1; ++s) {
+    for (int s = 0; s < kStages - 1; ++s) {
       issue(s);
       mma::cp_async_commit();
     }
     uint32_t sc_next[kMxMT][2];
     load_scales(0, sc_next);
     for (int sb = 0; sb < nsb; ++sb) {
-      mma::cp_async_wait<kMxStages - 2>();  // this lane's copies of stage sb have landed
-      issue(sb + kMxStages - 1);            // into the buffer read in the previous iteration
+      mma::cp_async_wait<kStages - 2>();  // this lane's copies of stage sb have landed
+      issue(sb + kStages - 1);            // into the buffer read in the previous iteration
       mma::cp_async_commit();
       uint32_t sc[kMxMT][2];
       bool big = false;
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
         }
       load_scales(sb + 1, sc_next);
       big = __any_sync(0xffffffffu, big);  // warp-uniform: scales above 2^1 take a second multiply
-      const uint32_t src = lane_smem + (sb % kMxStages) * Cfg::kStageBytes;
+      const uint32_t src = lane_smem + (sb % kStages) * Cfg::kStageBytes;
       // The activation pairs of the k16 steps, permuted as the codes: word w of a 32-value piece holds
       // x[8w..8w+7] as (x0,x1)(x2,x3)(x4,x5)(x6,x7); step 2w takes (x0,x4), (x1,x5), step 2w+1 (x2,x6),
       // (x3,x7).

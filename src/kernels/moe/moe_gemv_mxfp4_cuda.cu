@@ -5,13 +5,13 @@
 
 namespace polylora::kernels::cuda::moe_detail {
 
-template void launch_gemv_mxfp4<Phase::kGateUp, 1, 1>(dim3, const GemvTcParams&, cudaStream_t);
-template void launch_gemv_mxfp4<Phase::kGateUp, 1, 2>(dim3, const GemvTcParams&, cudaStream_t);
-template void launch_gemv_mxfp4<Phase::kGateUp, 2, 1>(dim3, const GemvTcParams&, cudaStream_t);
-template void launch_gemv_mxfp4<Phase::kGateUp, 2, 2>(dim3, const GemvTcParams&, cudaStream_t);
-template void launch_gemv_mxfp4<Phase::kDown, 1, 1>(dim3, const GemvTcParams&, cudaStream_t);
-template void launch_gemv_mxfp4<Phase::kDown, 1, 2>(dim3, const GemvTcParams&, cudaStream_t);
-template void launch_gemv_mxfp4<Phase::kDown, 2, 1>(dim3, const GemvTcParams&, cudaStream_t);
-template void launch_gemv_mxfp4<Phase::kDown, 2, 2>(dim3, const GemvTcParams&, cudaStream_t);
+template void launch_gemv_mxfp4<Phase::kGateUp, 1, 1, 2>(dim3, const GemvTcParams&, cudaStream_t);
+template void launch_gemv_mxfp4<Phase::kGateUp, 1, 2, 2>(dim3, const GemvTcParams&, cudaStream_t);
+template void launch_gemv_mxfp4<Phase::kGateUp, 2, 1, 2>(dim3, const GemvTcParams&, cudaStream_t);
+template void launch_gemv_mxfp4<Phase::kGateUp, 2, 2, 2>(dim3, const GemvTcParams&, cudaStream_t);
+template void launch_gemv_mxfp4<Phase::kDown, 1, 1, 2>(dim3, const GemvTcParams&, cudaStream_t);
+template void launch_gemv_mxfp4<Phase::kDown, 1, 2, 2>(dim3, const GemvTcParams&, cudaStream_t);
+template void launch_gemv_mxfp4<Phase::kDown, 2, 1, 2>(dim3, const GemvTcParams&, cudaStream_t);
+template void launch_gemv_mxfp4<Phase::kDown, 2, 2, 2>(dim3, const GemvTcParams&, cudaStream_t);
 
 }  // namespace polylora::kernels::cuda::moe_detail

@@ -31,14 +31,14 @@ void launch_gemv_tc(dim3 grid, const GemvTcParams& tp, bool mxfp4, int64_t m, cu
 // Their parts, defined in moe_gemv_launch.cuh and compiled one group per file (these kernels were most of
 // the MoE build time): the fp32 GEMV of one pass width (moe_gemv_tm<TM>_cuda.cu), the pipelined tensor-core
 // GEMV (moe_gemv_pipe<C>_cuda.cu), the register-streaming one (moe_gemv_tcreg_cuda.cu), the MXFP4 one
-// (moe_gemv_mxfp4_cuda.cu).
+// (moe_gemv_mxfp4_cuda.cu, deeper pipelines moe_gemv_mxfp4_deep_cuda.cu).
 template <Phase P, int TM>
 void launch_gemv_tm(dim3 grid, const GemvParams& gp, cudaStream_t st);
 template <Phase P, int C>
 void launch_gemv_pipe(dim3 grid, const GemvTcParams& tp, cudaStream_t st);
 template <Phase P>
 void launch_gemv_tc_reg(dim3 grid, const GemvTcParams& tp, cudaStream_t st);
-template <Phase P, int NT, int C>
+template <Phase P, int NT, int C, int S>  // S: pipeline stages (3 and 4: moe_gemv_mxfp4_deep_cuda.cu)
 void launch_gemv_mxfp4(dim3 grid, const GemvTcParams& tp, cudaStream_t st);
 
 // moe_gemm_cuda.cu. The grouped GEMM of one phase with row tiles of tile_m (64 or 128).
