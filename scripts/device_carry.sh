@@ -9,10 +9,10 @@ D=.device-carry
 # Kept across a rebuild: the peers' harnesses with what earlier sessions added beside them (vllm_kernel.py,
 # docs/gpu-machine.md) and a carried llama.cpp tree.
 KEEP=$(mktemp -d)
-for keep in peers llama.cpp; do [ -d "$D/$keep" ] && mv "$D/$keep" "$KEEP/"; done
+for keep in peers llama.cpp llama.cpp.tar.xz; do [ -e "$D/$keep" ] && mv "$D/$keep" "$KEEP/"; done
 rm -rf "$D"
 mkdir -p "$D/include" "$D/lib/pkgconfig"
-for keep in peers llama.cpp; do [ -d "$KEEP/$keep" ] && mv "$KEEP/$keep" "$D/"; done
+for keep in peers llama.cpp llama.cpp.tar.xz; do [ -e "$KEEP/$keep" ] && mv "$KEEP/$keep" "$D/"; done
 rmdir "$KEEP" 2>/dev/null || rm -rf "$KEEP"
 # The shared peers' harnesses (serve_bench.sh, llama_bench.sh, ...), newest over any kept copy.
 if [ -d ../shared/peers ]; then
@@ -43,4 +43,12 @@ done
 # Boost headers (Asio + Beast, header-only) as a tarball: a GPU run without /usr/include/boost unpacks it
 # into .device-carry/include and points BOOST_INCLUDEDIR there.
 tar -C /usr/include -cJf "$D/boost-headers.tar.xz" boost
+# LLAMA=1: llama.cpp's pruned source (../shared/peers/prepare_llama.sh, from npm) as a tarball for
+# scripts/device_peers.sh (peer code: measured beside polylora, never committed or copied from).
+if [ "${LLAMA:-0}" = 1 ] && [ ! -f "$D/llama.cpp.tar.xz" ]; then
+  T=$(mktemp -d)
+  bash "$D/peers/prepare_llama.sh" "$T/llama.cpp" > /dev/null
+  tar -C "$T/llama.cpp" -cJf "$D/llama.cpp.tar.xz" .
+  rm -rf "$T"
+fi
 du -sh "$D"
