@@ -26,12 +26,18 @@ struct Ignored {
 const std::vector<Ignored>& ignored_table() {
   static const std::vector<Ignored> t = {
       // Model and loading.
-      {"--trust-remote-code", false, {}, "polylora runs its own implementations of the supported architectures"},
+      {"--trust-remote-code",
+       false,
+       {},
+       "polylora runs its own implementations of the supported architectures"},
       {"--tokenizer-mode", true, {"auto", "hf", "slow", "fast"}, "tokenizer.json is always used"},
       {"--download-dir", true, {}, "polylora does not download"},
       {"--hf-token", true, {}, "polylora does not download"},
       {"--code-revision", true, {}, "no remote code"},
-      {"--tokenizer-revision", true, {}, "the tokenizer is read from the resolved model (or --tokenizer) directory"},
+      {"--tokenizer-revision",
+       true,
+       {},
+       "the tokenizer is read from the resolved model (or --tokenizer) directory"},
       {"--config-format", true, {"auto", "hf"}, "config.json is read in Hugging Face's format"},
       {"--model-impl", true, {"auto", "vllm"}, "polylora has one implementation of each architecture"},
       {"--runner", true, {"auto", "generate"}, "polylora serves generative models only"},
@@ -42,7 +48,11 @@ const std::vector<Ignored>& ignored_table() {
       {"--rope-scaling", true, {"{}"}, "RoPE follows config.json"},
       {"--rope-theta", true, {}, "RoPE follows config.json", true},
       {"--override-attention-dtype", true, {}, "attention runs in the compute dtype", true},
-      {"--skip-tokenizer-init", false, {}, "polylora needs the tokenizer (stop strings, chat templates)", true},
+      {"--skip-tokenizer-init",
+       false,
+       {},
+       "polylora needs the tokenizer (stop strings, chat templates)",
+       true},
       {"--enable-prompt-embeds", false, {}, "prompts are text or token ids (no prompt embeddings)", true},
       {"--max-parallel-loading-workers", true, {}, "the staged loader picks its reader threads"},
       {"--model-loader-extra-config", true, {}, "the staged loader has no extra settings"},
@@ -102,8 +112,14 @@ const std::vector<Ignored>& ignored_table() {
       {"--node-rank", true, {"0"}, "polylora runs on one node"},
       {"--master-addr", true, {}, "polylora runs on one node"},
       {"--master-port", true, {}, "polylora runs on one node"},
-      {"--enable-eplb", false, {}, "no expert load balancing (--enable-expert-parallel spreads the experts evenly)"},
-      {"--eplb-config", true, {}, "no expert load balancing (--enable-expert-parallel spreads the experts evenly)"},
+      {"--enable-eplb",
+       false,
+       {},
+       "no expert load balancing (--enable-expert-parallel spreads the experts evenly)"},
+      {"--eplb-config",
+       true,
+       {},
+       "no expert load balancing (--enable-expert-parallel spreads the experts evenly)"},
       {"--num-redundant-experts", true, {"0"}, "each expert lives on one rank (no redundant copies)"},
       {"--all2all-backend", true, {}, "expert parallelism uses the communicator's all_to_all_v"},
       {"--enable-dbo", false, {}, "no dual-batch overlap (it needs expert parallelism)"},
@@ -129,7 +145,10 @@ const std::vector<Ignored>& ignored_table() {
       {"--stream-interval", true, {"1"}, "streamed responses send every token as it is generated"},
       {"--max-seq-len-to-capture", true, {}, "see --cuda-graph-max-context"},
       {"--max-cudagraph-capture-size", true, {}, "see --cuda-graph-sizes"},
-      {"--compilation-config", true, {}, "CUDA graphs are controlled by --enforce-eager / --cuda-graph-sizes"},
+      {"--compilation-config",
+       true,
+       {},
+       "CUDA graphs are controlled by --enforce-eager / --cuda-graph-sizes"},
       {"--disable-async-output-proc", false, {}, "no separate output process"},
       {"--speculative-config", true, {}, "no speculative decoding", true},
       {"--kv-transfer-config", true, {}, "no disaggregated prefill / KV transfer", true},
@@ -148,6 +167,23 @@ const std::vector<Ignored>& ignored_table() {
       {"--aggregate-engine-logging", false, {}, "one engine: its stats line is the aggregate"},
       {"--enable-mfu-metrics", false, {}, "no MFU metrics"},
       {"--enable-layerwise-nvtx-tracing", false, {}, "no NVTX ranges per layer"},
+      // Tool calling and structured outputs (polylora's own parsers and grammar engine).
+      {"--tool-parser-plugin",
+       true,
+       {},
+       "tool-call parsers are built in (--tool-call-parser hermes, openai, llama3_json, mistral), not Python "
+       "plugins",
+       true},
+      {"--structured-outputs-config",
+       true,
+       {},
+       "response_format, structured_outputs and guided_* run on polylora's own grammar engine (no backend "
+       "to choose)"},
+      {"--guided-decoding-backend",
+       true,
+       {},
+       "response_format, structured_outputs and guided_* run on polylora's own grammar engine (no backend "
+       "to choose)"},
       // Frontend.
       {"--disable-frontend-multiprocessing", false, {}, "the HTTP server and engine share one process"},
       {"--disable-fastapi-docs", false, {}, "there is no FastAPI (no /docs)"},
@@ -157,12 +193,22 @@ const std::vector<Ignored>& ignored_table() {
       {"--max-log-len", true, {}, "request logs print the prompt's length, not its text"},
       {"--enable-log-outputs", false, {}, "request logs give each request's finish reason and token counts"},
       {"--log-error-stack", false, {}, "errors are logged with their message"},
-      {"--enable-prompt-tokens-details", false, {}, "prompt_tokens_details is always given when tokens were cached"},
-      {"--enable-server-load-tracking", false, {}, "no /load endpoint: see vllm:num_requests_running on /metrics"},
+      {"--enable-prompt-tokens-details",
+       false,
+       {},
+       "prompt_tokens_details is always given when tokens were cached"},
+      {"--enable-server-load-tracking",
+       false,
+       {},
+       "no /load endpoint: see vllm:num_requests_running on /metrics"},
       {"--enable-tokenizer-info-endpoint", false, {}, "no /tokenizer_info endpoint", true},
-      {"--chat-template-content-format", true, {"auto", "string"},
+      {"--chat-template-content-format",
+       true,
+       {"auto", "string"},
        "message content parts are joined into a string (vLLM's \"string\" format)"},
-      {"--trust-request-chat-template", false, {},
+      {"--trust-request-chat-template",
+       false,
+       {},
        "a request's chat_template is always accepted (it renders in the sandboxed template engine)"},
       {"--tool-server", true, {}, "no built-in tool servers (MCP)", true},
       {"--middleware", true, {}, "ASGI middleware (Python import paths) cannot be loaded", true},
@@ -172,25 +218,13 @@ const std::vector<Ignored>& ignored_table() {
       {"--ssl-ca-certs", true, {}, "polylora serves plain HTTP: terminate TLS in a reverse proxy", true},
       {"--ssl-cert-reqs", true, {"0"}, "polylora serves plain HTTP: terminate TLS in a reverse proxy"},
       {"--ssl-ciphers", true, {}, "polylora serves plain HTTP: terminate TLS in a reverse proxy", true},
-      {"--enable-ssl-refresh", false, {}, "polylora serves plain HTTP: terminate TLS in a reverse proxy", true},
+      {"--enable-ssl-refresh",
+       false,
+       {},
+       "polylora serves plain HTTP: terminate TLS in a reverse proxy",
+       true},
       {"--tokens-only", false, {}, "polylora serves the OpenAI endpoints", true},
       {"--fingerprint-mode", true, {}, "no system_fingerprint in responses"},
-  };
-  return t;
-}
-
-// Flags of features another part of polylora is adding (issue 19: tool calling, reasoning parsers,
-// structured outputs). Accepted and stored so that command lines using them start; each is skipped as
-// soon as the feature defines its own flag (add_ignored_vllm_flags runs after every other flag).
-const std::vector<Ignored>& pending_table() {
-  static const std::vector<Ignored> t = {
-      {"--enable-auto-tool-choice", false, {}, "tool calling"},
-      {"--tool-call-parser", true, {}, "tool calling"},
-      {"--tool-parser-plugin", true, {}, "tool calling"},
-      {"--exclude-tools-when-tool-choice-none", false, {}, "tool calling"},
-      {"--reasoning-parser", true, {}, "reasoning parsers"},
-      {"--structured-outputs-config", true, {}, "structured outputs"},
-      {"--guided-decoding-backend", true, {}, "structured outputs"},
   };
   return t;
 }
@@ -220,7 +254,6 @@ void add_table(CLI::App& app, const std::vector<Ignored>& table, std::map<std::s
 
 void add_ignored_vllm_flags(CLI::App& app, IgnoredFlags& flags) {
   add_table(app, ignored_table(), flags.given, "vLLM flags without a use here");
-  add_table(app, pending_table(), flags.pending, "vLLM flags of features in progress (issue 19)");
 }
 
 void check_ignored_vllm_flags(const IgnoredFlags& flags) {
@@ -242,12 +275,6 @@ void check_ignored_vllm_flags(const IgnoredFlags& flags) {
     }
     spdlog::info("{}{}{}: accepted for vLLM compatibility, not needed here ({})", ig.name, v.empty() ? "" : " ",
                  v, ig.why);
-  }
-  for (const Ignored& ig : pending_table()) {
-    auto it = flags.pending.find(ig.name);
-    if (it == flags.pending.end()) continue;
-    spdlog::warn("{}{}{}: accepted and stored; this build has no {} yet, so it has no effect", ig.name,
-                 it->second.empty() ? "" : " ", it->second, ig.why);
   }
 }
 

@@ -13,11 +13,10 @@ namespace polylora::apps {
 // Values of the accepted-but-not-needed flags, by flag name (only those given).
 struct IgnoredFlags {
   std::map<std::string, std::string> given;
-  std::map<std::string, std::string> pending;  // flags of features in progress (stored, logged)
 };
 
-// Adds the flags of the table in docs/vllm-flags.md that polylora has no use for, and those of features
-// in progress (issue 19), skipping any name already defined: call it after every other flag.
+// Adds the flags of the table in docs/vllm-flags.md that polylora has no use for, skipping any name already
+// defined: call it after every other flag.
 void add_ignored_vllm_flags(CLI::App& app, IgnoredFlags& flags);
 // Logs each given ignored flag once; throws polylora::Error naming a flag whose value cannot be honoured
 // (`-tp 2`, `--kv-cache-dtype fp8`, ...).

@@ -52,6 +52,9 @@ struct ServerConfig {
   std::string uvicorn_log_level = "info"; // --uvicorn-log-level: debug|info|warning|error|critical|trace
   bool enable_request_id_headers = false; // --enable-request-id-headers: X-Request-Id on responses
   std::string response_role = "assistant";  // --response-role: role of chat completion messages
+  // --exclude-tools-when-tool-choice-none: with tool_choice "none" the chat template gets no tools (vLLM's
+  // flag; by default it gets them, as in vLLM).
+  bool exclude_tools_when_tool_choice_none = false;
   bool enable_auto_tool_choice = false;  // --enable-auto-tool-choice: tool_choice "auto" parses tool calls
   std::string tool_call_parser;          // --tool-call-parser: hermes | openai | llama3_json | mistral
   std::string reasoning_parser;          // --reasoning-parser: qwen3 | openai_gptoss

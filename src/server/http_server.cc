@@ -291,6 +291,7 @@ ParseContext HttpServer::parse_context() const {
   ctx.force_include_usage = config_.enable_force_include_usage;
   ctx.default_chat_template_kwargs = default_chat_template_kwargs_;
   ctx.enable_auto_tool_choice = config_.enable_auto_tool_choice;
+  ctx.exclude_tools_when_tool_choice_none = config_.exclude_tools_when_tool_choice_none;
   ctx.tool_parser = tool_parser_;
   ctx.reasoning_parser = reasoning_parser_;
   return ctx;

@@ -403,6 +403,11 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
     if (!in.kwargs.contains("reasoning_effort")) in.kwargs["reasoning_effort"] = *re;
   }
   std::optional<OutputParserOptions> parser = choose_output_parser(body, in.tools, ctx, out);
+  // --exclude-tools-when-tool-choice-none: an explicit "none" keeps the tools out of the prompt too.
+  if (ctx.exclude_tools_when_tool_choice_none) {
+    const json* tc = get(body, "tool_choice");
+    if (tc && tc->is_string() && tc->get<std::string>() == "none") in.tools = json();
+  }
   // tool_choice required / named: the output is constrained to the calls' schema (unless the request
   // set a structured output of its own)
   if (out.output_schema && !sp.structured_output)
@@ -469,8 +474,9 @@ const std::vector<std::string>& known_fields(ApiKind kind) {
   // vLLM's CompletionRequest / ChatCompletionRequest fields that polylora implements, plus `user` (an
   // end-user identifier with no effect on generation, in vLLM too) and `spaces_between_special_tokens`
   // (no effect with a fast tokenizer, in vLLM too). use_beam_search and length_penalty are accepted only
-  // with their default values. Guided decoding, response_format, logits_processors, prompt_embeds,
-  // kv_transfer_params, vllm_xargs, documents, mm_processor_kwargs and return_token_ids are refused.
+  // with their default values. Structured outputs (response_format, structured_outputs, guided_*) are
+  // added below; logits_processors, prompt_embeds, kv_transfer_params, vllm_xargs, documents,
+  // mm_processor_kwargs and return_token_ids are refused.
   static const std::vector<std::string> common = {
       "model", "stream", "stream_options", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed",
       "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "max_tokens",

@@ -60,6 +60,7 @@ struct ParseContext {
   nlohmann::ordered_json default_chat_template_kwargs;      // --default-chat-template-kwargs (null: none)
   // --enable-auto-tool-choice, --tool-call-parser, --reasoning-parser
   bool enable_auto_tool_choice = false;
+  bool exclude_tools_when_tool_choice_none = false;  // --exclude-tools-when-tool-choice-none
   ToolParserKind tool_parser = ToolParserKind::kNone;
   ReasoningParserKind reasoning_parser = ReasoningParserKind::kNone;
 };

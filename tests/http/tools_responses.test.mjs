@@ -224,3 +224,50 @@ describe('tools, reasoning and /v1/responses', () => {
     assert.ok(['stop', 'length', 'tool-calls'].includes(finish), finish);
   });
 });
+
+// --exclude-tools-when-tool-choice-none: with tool_choice "none" the prompt is the one without tools (the
+// qwen2.5 template renders tools into the system turn, so they cost prompt tokens); without the flag (the
+// server above, as vLLM) the tools stay in. The structured-outputs backend flags are accepted and logged.
+describe('--exclude-tools-when-tool-choice-none', () => {
+  let server;
+  let plain;
+  before(async () => {
+    server = await startServer([
+      '--model', MODEL, '--max-model-len', '2048', '--chat-template', TEMPLATE, '--exclude-tools-when-tool-choice-none',
+      '--guided-decoding-backend', 'xgrammar', '--structured-outputs-config', '{"backend": "xgrammar"}',
+    ]);
+    plain = await startServer(['--model', MODEL, '--max-model-len', '2048', '--chat-template', TEMPLATE]);
+  });
+  after(async () => {
+    for (const s of [server, plain]) if (s) assert.deepEqual(await s.stop(), { code: 0, signal: null }, s.log());
+  });
+
+  const promptTokens = async (s, extra) => {
+    const r = await request(`${s.base}/chat/completions`, {
+      body: { model: MODEL, messages: [{ role: 'user', content: 'Weather in Paris?' }], max_tokens: 1, temperature: 0, ...extra },
+    });
+    assert.equal(r.status, 200, r.text);
+    return r.json.usage.prompt_tokens;
+  };
+
+  test('tool_choice "none" leaves the tools out of the prompt; "auto"-less default and other servers keep them', async () => {
+    const bare = await promptTokens(server, {});
+    const withTools = await promptTokens(plain, { tools: TOOLS, tool_choice: 'none' });
+    assert.ok(withTools > bare + 10, `the template renders the tools: ${withTools} vs ${bare} prompt tokens`);
+    assert.equal(await promptTokens(server, { tools: TOOLS, tool_choice: 'none' }), bare);
+    assert.equal(await promptTokens(plain, {}), bare);
+    // A named function keeps its tools in the prompt on the excluding server too.
+    const named = await promptTokens(server, {
+      tools: TOOLS, tool_choice: { type: 'function', function: { name: 'get_weather' } },
+    });
+    assert.equal(named, withTools);
+  });
+
+  test('the structured-outputs backend flags are accepted and logged, not warned about', () => {
+    const log = server.log();
+    for (const flag of ['--guided-decoding-backend xgrammar', '--structured-outputs-config {"backend": "xgrammar"}']) {
+      assert.match(log, new RegExp(`${flag.replace(/[{}"]/g, '.')}: accepted for vLLM compatibility, not needed here \\(.*grammar engine`));
+    }
+    assert.doesNotMatch(log, /has no structured outputs yet/);
+  });
+});

@@ -172,6 +172,8 @@ describe('values polylora cannot honour stop the start, naming the flag', () => 
     [['--lora-modules', '{"name": "x"}'], /--lora-modules .*needs "name" and "path"/],
     [['--dtype', 'float64'], /--dtype/],
     [['--no-such-vllm-flag'], /no-such-vllm-flag/],
+    [['--tool-parser-plugin', '/tmp/parser.py'],
+      /--tool-parser-plugin \/tmp\/parser.py: polylora cannot honour this flag: tool-call parsers are built in/],
   ]) {
     test(args.join(' '), async () => {
       const r = await serveFails(['--model', MODEL, ...args]);
