@@ -121,6 +121,11 @@ int run_serve(int argc, char** argv) {
   app.add_flag("--enable-auto-tool-choice", sc.enable_auto_tool_choice,
                "tool_choice \"auto\": parse tool calls out of the output (needs --tool-call-parser)");
   app.add_option("--tool-call-parser", sc.tool_call_parser, "Tool-call format: hermes, openai, llama3_json, mistral");
+  app.add_option("--chat-template-content-format", sc.chat_template_content_format,
+                 "Message content as the template gets it: auto (detected from the template), string (text "
+                 "parts joined) or openai (a list of {\"type\": \"text\", \"text\"} parts)")
+      ->check(CLI::IsMember({"auto", "string", "openai"}))
+      ->capture_default_str();
   app.add_flag("--exclude-tools-when-tool-choice-none", sc.exclude_tools_when_tool_choice_none,
                "With tool_choice \"none\" the chat template gets no tools");
   app.add_option("--reasoning-parser", sc.reasoning_parser,

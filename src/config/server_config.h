@@ -55,6 +55,8 @@ struct ServerConfig {
   // --exclude-tools-when-tool-choice-none: with tool_choice "none" the chat template gets no tools (vLLM's
   // flag; by default it gets them, as in vLLM).
   bool exclude_tools_when_tool_choice_none = false;
+  // --chat-template-content-format: auto (the template's own form, vLLM's detection), string or openai.
+  std::string chat_template_content_format = "auto";
   bool enable_auto_tool_choice = false;  // --enable-auto-tool-choice: tool_choice "auto" parses tool calls
   std::string tool_call_parser;          // --tool-call-parser: hermes | openai | llama3_json | mistral
   std::string reasoning_parser;          // --reasoning-parser: qwen3 | openai_gptoss

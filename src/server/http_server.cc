@@ -127,6 +127,13 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
     source = tokenizer_->chat_template();
   }
   if (!source.empty()) chat_template_ = ChatTemplate::compile(source);
+  if (chat_template_) {
+    const bool detected = config_.chat_template_content_format == "auto";
+    const bool openai = detected ? chat_template_->content_format() == ChatContentFormat::kOpenai
+                                 : config_.chat_template_content_format == "openai";
+    spdlog::info("chat template content format: '{}'{}", openai ? "openai" : "string",
+                 detected ? " (detected from the template; --chat-template-content-format sets it)" : "");
+  }
   if (config_.served_model_names.empty()) config_.served_model_names.push_back("polylora");
   if (!config_.tool_call_parser.empty()) {
     auto kind = tool_parser_from_name(config_.tool_call_parser);
@@ -292,6 +299,8 @@ ParseContext HttpServer::parse_context() const {
   ctx.default_chat_template_kwargs = default_chat_template_kwargs_;
   ctx.enable_auto_tool_choice = config_.enable_auto_tool_choice;
   ctx.exclude_tools_when_tool_choice_none = config_.exclude_tools_when_tool_choice_none;
+  if (config_.chat_template_content_format == "string") ctx.content_format = ChatContentFormat::kString;
+  if (config_.chat_template_content_format == "openai") ctx.content_format = ChatContentFormat::kOpenai;
   ctx.tool_parser = tool_parser_;
   ctx.reasoning_parser = reasoning_parser_;
   return ctx;

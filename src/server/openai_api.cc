@@ -176,7 +176,11 @@ void normalize_history_message(json& msg) {
         fail("'messages': each tool call needs a 'function' object");
       json& f = call["function"];
       if (!f.contains("name") || !f["name"].is_string()) fail("'messages': a tool call's function needs a 'name'");
-      if (f.contains("arguments") && f["arguments"].is_string()) {
+      // vLLM's _postprocess_messages: absent, null or empty arguments are {}.
+      if (!f.contains("arguments") || f["arguments"].is_null() ||
+          (f["arguments"].is_string() && f["arguments"].get<std::string>().empty())) {
+        f["arguments"] = json::object();
+      } else if (f["arguments"].is_string()) {
         json args = json::parse(f["arguments"].get<std::string>(), nullptr, false);
         if (args.is_discarded())
           fail("'messages': the arguments of tool call '{}' are not valid JSON", f["name"].get<std::string>());
@@ -195,6 +199,72 @@ void normalize_history_message(json& msg) {
   if (msg.value("role", "") == "assistant" && msg.contains("content") && msg["content"].is_null() &&
       msg.contains("tool_calls"))
     msg["content"] = "";
+}
+
+// vLLM's _parse_chat_message_content: a message's content as the template gets it. Text parts ("text",
+// "input_text", "output_text", "refusal", "thinking", or plain strings) in order, parts without text
+// skipped; kString joins them with "\n" (empty ones left out), kOpenai keeps them as {"type": "text",
+// "text": ...} parts (a string content is one part, a null or absent one none).
+json chat_content(const json& m, ChatContentFormat format) {
+  std::vector<std::string> texts;
+  const json* c = m.contains("content") ? &m["content"] : nullptr;
+  if (c == nullptr || c->is_null()) {
+    // no parts
+  } else if (c->is_string()) {
+    texts.push_back(c->get<std::string>());
+  } else if (c->is_array()) {
+    for (const auto& part : *c) {
+      if (part.is_string()) {
+        texts.push_back(part.get<std::string>());
+        continue;
+      }
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+        fail("'messages': each content part must be a string or an object with a string 'type'");
+      const std::string type = part["type"].get<std::string>();
+      const char* key = type == "text" || type == "input_text" || type == "output_text" ? "text"
+                        : type == "refusal"                                             ? "refusal"
+                        : type == "thinking"                                            ? "thinking"
+                                                                                        : nullptr;
+      if (key == nullptr)
+        fail(
+            "'messages': content parts of type '{}' are not supported: this model takes text ('text', "
+            "'input_text', 'output_text', 'refusal' and 'thinking' parts)",
+            sanitize_utf8(type));
+      if (!part.contains(key) || part[key].is_null()) continue;
+      if (!part[key].is_string())
+        fail("'messages': the '{}' of a '{}' content part must be a string", key, type);
+      texts.push_back(part[key].get<std::string>());
+    }
+  } else {
+    fail("'messages': 'content' must be a string, a list of content parts, or null");
+  }
+  if (format == ChatContentFormat::kOpenai) {
+    json parts = json::array();
+    for (std::string& t : texts) parts.push_back(json{{"type", "text"}, {"text", std::move(t)}});
+    return parts;
+  }
+  std::string joined;
+  bool first = true;
+  for (const std::string& t : texts) {
+    if (t.empty()) continue;
+    if (!first) joined += "\n";
+    joined += t;
+    first = false;
+  }
+  return joined;
+}
+
+// A content as text: itself, or its parts' texts joined with "\n" (echo, continue_final_message).
+std::string content_text(const json& content) {
+  if (content.is_string()) return content.get<std::string>();
+  std::string out;
+  if (content.is_array())
+    for (const auto& p : content) {
+      if (!p.is_object() || !p.contains("text") || !p["text"].is_string()) continue;
+      if (!out.empty()) out += "\n";
+      out += p["text"].get<std::string>();
+    }
+  return out;
 }
 
 void check_tools(const json& tools) {
@@ -354,25 +424,26 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   const json* messages = nullptr;
   if (obody.contains("messages")) messages = &obody.at("messages");
   if (!messages || !messages->is_array() || messages->empty()) fail("'messages' must be a non-empty list");
+  // The template (the request's own, else the server's) and the form it wants content in.
+  std::optional<ChatTemplate> request_template;
+  const ChatTemplate* tmpl = ctx.chat_template;
+  if (const json* ct = get(body, "chat_template")) {
+    if (!ct->is_string()) fail("'chat_template' must be a string");
+    request_template = ChatTemplate::compile(ct->get<std::string>());
+    tmpl = &*request_template;
+  }
+  if (!tmpl)
+    fail(
+        "the model has no chat template; pass 'chat_template' in the request or start the server with "
+        "--chat-template");
+  const ChatContentFormat format = ctx.content_format.value_or(tmpl->content_format());
   ChatTemplateInputs in;
   in.messages = json::array();
   for (const auto& m : *messages) {
     if (!m.is_object()) fail("'messages': each message must be an object");
     if (!m.contains("role") || !m["role"].is_string()) fail("'messages': each message needs a string 'role'");
     json msg = m;
-    if (m.contains("content") && m["content"].is_array()) {  // content parts: join the text parts
-      std::string text;
-      for (const auto& part : m["content"]) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string())
-          fail("'messages': only text content parts are supported");
-        if (!text.empty()) text += "\n";
-        text += part["text"].get<std::string>();
-      }
-      msg["content"] = text;
-    } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
-      fail("'messages': 'content' must be a string, a list of content parts, or null");
-    }
+    msg["content"] = chat_content(m, format);
     normalize_history_message(msg);
     in.messages.push_back(std::move(msg));
   }
@@ -416,23 +487,12 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   if (out.echo) {
     // vLLM: the final message's content is echoed when that message has the response's role.
     const json& last = in.messages.back();
-    if (last.value("role", "") == out.role && last.contains("content") && last["content"].is_string())
-      out.chat_echo = last["content"].get<std::string>();
+    const std::string text = content_text(last["content"]);
+    if (last.value("role", "") == out.role && !text.empty()) out.chat_echo = text;
   }
   const tokenizer::Tokenizer& tok = *ctx.tokenizer;
   if (tok.bos_id()) in.bos_token = tok.id_to_token(*tok.bos_id());
   in.eos_token = tok.eos_token();
-  std::optional<ChatTemplate> request_template;
-  const ChatTemplate* tmpl = ctx.chat_template;
-  if (const json* ct = get(body, "chat_template")) {
-    if (!ct->is_string()) fail("'chat_template' must be a string");
-    request_template = ChatTemplate::compile(ct->get<std::string>());
-    tmpl = &*request_template;
-  }
-  if (!tmpl)
-    fail(
-        "the model has no chat template; pass 'chat_template' in the request or start the server with "
-        "--chat-template");
   std::string rendered;
   try {
     rendered = tmpl->render(in);
@@ -441,9 +501,18 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   }
   if (continue_final) {
     // Keep the final message open: cut the rendering right after its content.
+    // (a list of parts: its last text part, as transformers does)
     const json& last = in.messages.back();
-    std::string content =
-        last.contains("content") && last["content"].is_string() ? last["content"].get<std::string>() : "";
+    std::string content;
+    if (last["content"].is_string()) {
+      content = last["content"].get<std::string>();
+    } else {
+      for (auto it = last["content"].rbegin(); it != last["content"].rend(); ++it)
+        if (it->is_object() && it->contains("text") && (*it)["text"].is_string()) {
+          content = (*it)["text"].get<std::string>();
+          break;
+        }
+    }
     size_t pos = content.empty() ? std::string::npos : rendered.rfind(content);
     if (pos == std::string::npos)
       fail("'continue_final_message': the final message's content was not found in the rendered prompt");

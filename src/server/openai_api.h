@@ -61,6 +61,9 @@ struct ParseContext {
   // --enable-auto-tool-choice, --tool-call-parser, --reasoning-parser
   bool enable_auto_tool_choice = false;
   bool exclude_tools_when_tool_choice_none = false;  // --exclude-tools-when-tool-choice-none
+  // --chat-template-content-format: string or openai; none (auto) takes the template's own
+  // (ChatTemplate::content_format, vLLM's detection).
+  std::optional<ChatContentFormat> content_format;
   ToolParserKind tool_parser = ToolParserKind::kNone;
   ReasoningParserKind reasoning_parser = ReasoningParserKind::kNone;
 };

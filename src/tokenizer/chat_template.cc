@@ -60,6 +60,7 @@ jinja::Value from_json(const nlohmann::ordered_json& j, int depth = 0) {
 ChatTemplate ChatTemplate::compile(std::string source) {
   ChatTemplate t;
   t.tree_ = jinja::parse_template(source);
+  t.content_format_ = detect_content_format(*t.tree_);
   t.source_ = std::move(source);
   return t;
 }

@@ -25,6 +25,14 @@ struct RenderLimits;
 // raise_exception(msg) in a template (a polylora::Error): what() is exactly the template's message.
 using TemplateRaisedError = jinja::TemplateRaisedError;
 
+// How a template wants message content (vLLM's --chat-template-content-format): kString, the text parts
+// joined with "\n"; kOpenai, a list of {"type": "text", "text": ...} parts (a string content becomes one).
+enum class ChatContentFormat { kString, kOpenai };
+
+// vLLM's automatic choice (chat_template_format.cc): kOpenai when the template loops over a message's
+// content, else kString.
+ChatContentFormat detect_content_format(const jinja::Template& tree);
+
 struct ChatTemplateInputs {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools;  // null when absent (the template sees None)
@@ -47,9 +55,12 @@ class ChatTemplate {
   std::string render(const ChatTemplateInputs& inputs, const jinja::RenderLimits& limits) const;
 
   const std::string& source() const { return source_; }
+  // detect_content_format of this template, found once at compile().
+  ChatContentFormat content_format() const { return content_format_; }
 
  private:
   std::string source_;
+  ChatContentFormat content_format_ = ChatContentFormat::kString;
   std::shared_ptr<const jinja::Template> tree_;
 };
 
