@@ -206,28 +206,24 @@ bool streamed(const LinearArgs& a, bool split) {
          a.ldx % 4 == 0 && aligned(a.w.data) && aligned(a.x) && stream_enabled();
 }
 
-// K slices per row group: the fewest (1, 2, 4, 8) that give at least two CTAs per SM (from n alone, so a
-// product's sums do not depend on the batch size).
+// K slices per row group (1, 2, 4 or 8; from n alone, so a product's sums do not depend on the batch size).
+// The busiest persistent CTA streams ceil(blocks / CTAs that fit) row blocks of 16 / KS rows; more slices
+// mean smaller blocks dealt more evenly, at the price of a reduction through shared memory, so a larger KS
+// is taken only where it lowers that CTA's rows by more than a tenth: q, k and v together (5,120 rows for
+// GPT-OSS-20B) 32 -> 20 rows at KS 4, o_proj (2,880) 16 -> 12 at KS 4 (it took KS 2 before, dealing 360
+// blocks of 8 rows over 264 CTAs: the busiest did two), a 512-row k_proj 16 -> 2 at KS 8; the LM head
+// (201,088 rows) stays at KS 1 (768 vs 762).
 int stream_slices(int64_t n) {
-  const int sms = cuda_util::num_sms();
-  for (int ks : {1, 2, 4})
-    if ((n + kStreamR * (kStreamWarps / ks) - 1) / (kStreamR * (kStreamWarps / ks)) >= 2 * sms) return ks;
-  return 8;
-}
-
-// K slices for a group of products: the fewest that minimize the rows · K the busiest persistent CTA streams
-// (row blocks of 16 / KS rows dealt over the CTAs that fit), so that q, k and v together (5,120 rows for
-// GPT-OSS-20B) are not dealt in blocks too coarse for an even share.
-int group_slices(int64_t n) {
   const int64_t fit = 2 * static_cast<int64_t>(cuda_util::num_sms());
-  int best = 1;
-  int64_t best_load = -1;
-  for (int ks : {1, 2, 4, 8}) {
+  const auto load = [&](int ks) {
     const int64_t rows_per_block = kStreamR * (kStreamWarps / ks);
     const int64_t blocks = (n + rows_per_block - 1) / rows_per_block;
-    const int64_t load = (blocks + fit - 1) / fit * rows_per_block;
-    if (best_load < 0 || load < best_load) best = ks, best_load = load;
-  }
+    return (blocks + fit - 1) / fit * rows_per_block;
+  };
+  int best = 1;
+  int64_t best_load = load(1);
+  for (int ks : {2, 4, 8})
+    if (10 * load(ks) < 9 * best_load) best = ks, best_load = load(ks);
   return best;
 }
 
@@ -264,7 +260,7 @@ template <int TM>
 void launch_stream(const LinearArgs* group, int64_t count, cudaStream_t st) {
   int64_t rows = 0;
   for (int64_t gi = 0; gi < count; ++gi) rows += group[gi].w.rows;
-  switch (count == 1 ? stream_slices(rows) : group_slices(rows)) {
+  switch (stream_slices(rows)) {
     case 1:
       return launch_stream_ks<TM, 1>(group, count, st);
     case 2:
