@@ -24,8 +24,8 @@
 #   combine the decode attention's fused combine (session 40, POLYLORA_ATTENTION_DECODE_FUSED_COMBINE): its
 #           GPU test, then the device bench at batch 1 and 16 with and without it
 #   mxst    the MXFP4 weight-streaming kernel's pipeline depth (session 41, POLYLORA_MOE_GEMV_MXFP4_STAGES 2 /
-#           3 / 4): its GPU test at every depth, moe-lora MXFP4 at M = 1 / 4 / 8 and the device bench's
-#           batch-1 and batch-8 decode with each
+#           3 / 4) and the activation fused into the gate/up epilogue (POLYLORA_MOE_GEMV_FUSED_ACT): their GPU
+#           tests, moe-lora MXFP4 at M = 1 / 4 / 8 and the device bench's batch-1 and batch-8 decode
 # Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
 # tool returns a limited number). All parts take about 15 minutes, more than one device call's 10: run it
 # twice, SKIP='gqa kv lora' and then SKIP='wgmma attn' (the second call finds build-gpu in place on the
@@ -55,7 +55,7 @@ declare -A FILTER=(
   [tp]='TensorParallelGpu.*:NcclCommunicator*'
   [graphs]='GraphGpuTest.*:GraphEngineGpuTest.*:StagedLoadGpu*'
   [combine]='GpuAttention.DecodeManyShortSplits'
-  [mxst]='GpuMoeMxfp4.TensorCoreGemvMatchesReference'
+  [mxst]='GpuMoeMxfp4.TensorCoreGemv*:GpuMoe.WeightStreaming*'
 )
 declare -A OK
 for part in wgmma wgmx attn gqa kv lora tp graphs combine mxst; do
@@ -177,14 +177,16 @@ if [ "${OK[combine]:-0}" = 1 ]; then
   done
 fi
 if [ "${OK[mxst]:-0}" = 1 ]; then
-  # The MXFP4 weight-streaming kernel's pipeline depth: the expert products alone at decode sizes, then the
-  # batch-1 and batch-8 decode of the MXFP4 model.
-  for v in 2 3 4; do
-    moelora "stages$v" mxfp4 1,4,8 POLYLORA_MOE_GEMV_MXFP4_STAGES=$v
-    echo "== device bench, prompt 512, batch 1 and 8, POLYLORA_MOE_GEMV_MXFP4_STAGES=$v" >> "$S"
-    POLYLORA_MOE_GEMV_MXFP4_STAGES=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b \
-      --device cuda --prompt-len 512 --decode-tokens 32 --batches 1,8 2>&1 >/dev/null | grep -E "^batch" >> "$S"
-    stamp "device mxfp4 stages $v"
+  # The MXFP4 weight-streaming kernel's pipeline depth and the activation fused into the gate/up epilogue:
+  # the expert products alone at decode sizes, then the batch-1 and batch-8 decode of the MXFP4 model.
+  for v in "2 0" "2 1" "3 1" "4 1"; do
+    set -- $v
+    moelora "stages$1-act$2" mxfp4 1,4,8 POLYLORA_MOE_GEMV_MXFP4_STAGES=$1 POLYLORA_MOE_GEMV_FUSED_ACT=$2
+    echo "== device bench, prompt 512, batch 1 and 8, POLYLORA_MOE_GEMV_MXFP4_STAGES=$1 POLYLORA_MOE_GEMV_FUSED_ACT=$2" >> "$S"
+    POLYLORA_MOE_GEMV_MXFP4_STAGES=$1 POLYLORA_MOE_GEMV_FUSED_ACT=$2 timeout 240 "$B" device \
+      --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 32 --batches 1,8 \
+      2>&1 >/dev/null | grep -E "^batch" >> "$S"
+    stamp "device mxfp4 $v"
   done
 fi
 cat "$S"

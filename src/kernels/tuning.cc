@@ -54,6 +54,7 @@ const std::vector<Field>& fields() {
       {"moe_lora_mma_per_expert", &KernelTuning::moe_lora_mma_per_expert, "POLYLORA_MOE_LORA_MMA_PER_EXPERT"},
       {"lora_gemv_shrink_rows", &KernelTuning::lora_gemv_shrink_rows, "POLYLORA_LORA_GEMV_SHRINK_ROWS"},
       {"moe_gemv_mxfp4_stages", &KernelTuning::moe_gemv_mxfp4_stages, "POLYLORA_MOE_GEMV_MXFP4_STAGES"},
+      {"moe_gemv_fused_act", &KernelTuning::moe_gemv_fused_act, "POLYLORA_MOE_GEMV_FUSED_ACT"},
       {"moe_lora_delta_rows", &KernelTuning::moe_lora_delta_rows, "POLYLORA_MOE_LORA_DELTA_ROWS"},
       {"moe_lora_delta_cluster", &KernelTuning::moe_lora_delta_cluster, "POLYLORA_MOE_LORA_DELTA_CLUSTER"},
       {"moe_lora_delta_cluster_rows", &KernelTuning::moe_lora_delta_cluster_rows,

@@ -43,6 +43,12 @@ struct KernelTuning {
   // (batch 1 gate/up at 1.5 TB/s, session 40's timeline). 3 and 4 written after session 40, not yet measured
   // (device_prepared.sh part mxst); env POLYLORA_MOE_GEMV_MXFP4_STAGES.
   int64_t moe_gemv_mxfp4_stages = 2;
+  // 1: the tensor-core weight-streaming paths (BF16 and MXFP4 experts) write GPT-OSS's activation in the
+  // gate/up product's epilogue (the gate and up sums of a pair meet by a warp shuffle; bit-identical to the
+  // activation kernel, which no longer runs: one launch fewer per layer, 2.8 us at batch 1 in session 40's
+  // MXFP4 timeline) when no expert LoRA reads gu. Written after session 40, not yet run on a GPU: 0 until
+  // measured (device_prepared.sh part mxst); env POLYLORA_MOE_GEMV_FUSED_ACT.
+  int64_t moe_gemv_fused_act = 0;
   // BF16/F16 experts on the grouped-GEMM path without the LoRA epilogue, on compute capability 9.0: pairs
   // per expert (on average) from which the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh: 128-row tiles,
   // wgmma from 128-byte-swizzled cp.async stages) replaces the mma.sync one; 0: never. H200, GPT-OSS-20B

@@ -289,6 +289,49 @@ TEST(GpuMoe, WeightStreamingPasses) {
   }
 }
 
+// The same path with GPT-OSS's activation in the gate/up product's epilogue (moe_gemv_fused_act): no LoRA
+// views (they read gu), both BF16 modes (hi + lo: the activation's lo copy too), an odd intermediate size
+// (17 and 72: activation rows with padding columns the epilogue zeroes), several passes per expert, biases
+// on and off.
+TEST(GpuMoe, WeightStreamingFusedActivation) {
+  SKIP_WITHOUT_GPU();
+  k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+  t.moe_gemv_fused_act = 1;
+  k::override_kernel_tuning(t);
+  for (const Mode& md : {kBf16Mode, kBf16RoundMode}) {
+    run_moe({.m = 200,
+             .hidden = 136,
+             .inter = 72,
+             .num_experts = 4,
+             .top_k = 2,
+             .mode = md,
+             .fused = true,
+             .biases = true,
+             .act = k::ExpertAct::kGptOssSwiglu});
+    run_moe({.m = 9,
+             .hidden = 64,
+             .inter = 17,
+             .num_experts = 3,
+             .top_k = 2,
+             .mode = md,
+             .fused = true,
+             .biases = false,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .every_token_to_expert_2 = true});
+    run_moe({.m = 100,
+             .hidden = 512,
+             .inter = 384,
+             .num_experts = 32,
+             .top_k = 4,
+             .mode = md,
+             .fused = true,
+             .biases = true,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .weight_scale = 0.1f});
+  }
+  k::override_kernel_tuning(std::nullopt);
+}
+
 // The Hopper warpgroup-MMA grouped GEMM (moe_gemm_wgmma.cuh; tuning moe_wgmma_per_expert, off by default
 // until measured), every call sent to the grouped GEMMs (moe_small_pairs 0): both column widths (256, 128)
 // and CTA groups of 1 and 3 row tiles, both BF16 modes (hi + lo: the K loop over both copies while B's slice

@@ -268,5 +268,36 @@ TEST(GpuMoeMxfp4, TensorCoreGemvMatchesReference) {
       }
 }
 
+// GPT-OSS's activation written by the gate/up product's epilogue (moe_gemv_fused_act; no expert LoRA, so
+// the path applies): the same shapes as above, every pipeline depth at 8-token passes, biases on and off,
+// one expert taking every token (three passes of 16), padded activation rows (I = 96, 224: lda a multiple
+// of 32 above I only when the workspace pads; the zeroed columns are read by the down product).
+TEST(GpuMoeMxfp4, TensorCoreGemvFusedActivation) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t stages : {2, 4})
+    for (const Mode& md : {kBf16Mode, kBf16RoundMode})
+      for (int64_t m : {1, 6, 16, 37}) {
+        if (stages != 2 && m > 8) continue;
+        SCOPED_TRACE("fused activation, moe_gemv_mxfp4_stages " + std::to_string(stages));
+        k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+        t.moe_gemv_mxfp4_stages = stages;
+        t.moe_gemv_fused_act = 1;
+        k::override_kernel_tuning(t);
+        for (int64_t inter : {96, 224})
+          run_mxfp4({.m = m,
+                     .hidden = 1056,
+                     .inter = inter,
+                     .num_experts = 8,
+                     .top_k = 4,
+                     .mode = md,
+                     .biases = (m + inter) % 2 == 0,
+                     .every_token_to_expert_2 = m == 37,
+                     .x_range = 0.002f,
+                     .scale_lo = 122,
+                     .scale_span = 9});
+        k::override_kernel_tuning(std::nullopt);
+      }
+}
+
 }  // namespace
 }  // namespace polylora::gpu_test

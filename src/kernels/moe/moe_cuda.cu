@@ -995,22 +995,35 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       tp.lora_ctas = static_cast<int>(std::max<int64_t>((ctas + max_active - 1) / max_active, 1));
       grid.x += static_cast<unsigned>(tp.lora_ctas);
     };
-    // 2. gate_up
+    // 2. gate_up (with GPT-OSS's activation in its epilogue when nothing else reads gu: no expert LoRA)
     tp.a = ws.x_bf16;
     tp.lda = ws.copies * ws.lda_h;
     tp.lda_copy = ws.lda_h;
     tp.out = ws.gu;
+    const bool fused_act =
+        !stack && !lora && a.act == ExpertAct::kGptOssSwiglu && tuning_of(a).moe_gemv_fused_act != 0;
+    if (fused_act) {
+      tp.act_out = ws.act_bf16;
+      tp.act_lda = ws.lda_i;
+      tp.act_copies = static_cast<int>(ws.copies);
+      tp.swiglu_alpha = a.swiglu_alpha;
+      tp.swiglu_limit = a.swiglu_limit;
+    }
     dim3 grid_gu(static_cast<unsigned>((2 * I + moe_detail::kTcRows - 1) / moe_detail::kTcRows), max_active);
     with_shrink(grid_gu, shrink_params<Phase::kGateUp>(a, sb));
     launch_tc_product<Phase::kGateUp>(grid_gu, tp, a, sb,
                                       side_step(StackStep::kDeltaGateUp, StackStep::kShrinkGateUp), st);
-    // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows)
-    if (delta || beside) {  // delta: the activation adds the gate/up LoRA; the down LoRA reads its f32 rows
+    // 3. gate_up LoRA, 4. activation (bf16 hi [+ lo] rows; in the gate/up product's epilogue when fused)
+    if (fused_act) {
+      // written by the product
+    } else if (delta ||
+               beside) {  // delta: the activation adds the gate/up LoRA; the down LoRA reads its f32 rows
       moe_detail::stack_lora_step(StackStep::kActivation, a, sb, st);
     } else {
       gate_up_lora_and_activation();
     }
     // 5. down
+    tp.act_out = nullptr;
     tp.a = ws.act_bf16;
     tp.lda = ws.copies * ws.lda_i;
     tp.lda_copy = ws.lda_i;

@@ -49,6 +49,15 @@ struct GemvTcParams {
   // MXFP4 passes of 8 routed rows: the cp.async pipeline's stages (2 to 4; KernelTuning::
   // moe_gemv_mxfp4_stages).
   int mx_stages = 2;
+  // Gate/up of GPT-OSS's interleaved gate/up rows with act_out set (KernelTuning::moe_gemv_fused_act; no
+  // expert LoRA): the pipelined kernels' epilogue writes the bf16 activation the down product reads
+  // instead of gu, as moe_act_kernel would (bit for bit): act_out[sorted row · act_copies · act_lda + i] =
+  // act(gate 2i, up 2i + 1) (hi; the lo part at + act_lda with act_copies 2), zeros in columns
+  // [I, act_lda); gu is not written.
+  __nv_bfloat16* act_out = nullptr;
+  int64_t act_lda = 0;
+  int act_copies = 1;
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
 };
 
 // A tensor-core product's programmatic-dependent-launch prologue (cuda_util.cuh); true when this CTA has

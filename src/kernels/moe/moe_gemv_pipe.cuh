@@ -56,7 +56,7 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
 // NT n8 fragments in `red` (the drained pipeline buffers, 4 · 4 · NT · 4 floats per lane), then warp w sums
 // m16 tile w over the warps in warp order (deterministic), adds the bias and stores rows n0.. of the pass's
 // routed rows row0.. (nvalid of them). c0, c1 are (row g, columns 2t, 2t+1), c2, c3 (row g + 8, same
-// columns).
+// columns). Gate/up with GemvTcParams::act_out: GPT-OSS's activation of each gate/up row pair instead.
 template <Phase P, int NT>
 __device__ __forceinline__ void split_k_epilogue(const GemvTcParams& p, const float (&acc)[4][NT][4],
                                                  float* red, int64_t n0, int64_t N, const float* bias,
@@ -74,6 +74,43 @@ __device__ __forceinline__ void split_k_epilogue(const GemvTcParams& p, const fl
         red[(warp * kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane] = acc[mt][i][q];
   __syncthreads();
   const int mt = warp;
+  if constexpr (P == Phase::kGateUp) {
+    if (p.act_out != nullptr) {
+      // GPT-OSS's activation of the gate (row n, even) and up (row n + 1, the lane 4 further: row g + 1)
+      // sums, written by the gate's lane; every lane takes part in the shuffle.
+#pragma unroll
+      for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int col = i * 8 + 2 * t + (q & 1);
+          const int64_t n = n0 + mt * 16 + g + (q >= 2 ? 8 : 0);
+          const bool ok = col < nvalid && n < N;
+          float y = 0.0f;
+          if (ok) {
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) y += red[(w * kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane];
+            if (bias != nullptr) y += bias[n];
+          }
+          const float up = __shfl_down_sync(0xffffffffu, y, 4);
+          if (!ok || (g & 1) != 0) continue;  // n is even exactly when g is (n0 and the tiles are)
+          const float v =
+              moe_detail::expert_act(ExpertAct::kGptOssSwiglu, y, up, p.swiglu_alpha, p.swiglu_limit);
+          const cuda_util::Bf16Pair hl = cuda_util::split_bf16(v);
+          __nv_bfloat16* arow = p.act_out + static_cast<int64_t>(row0 + col) * p.act_copies * p.act_lda;
+          arow[n >> 1] = hl.hi;
+          if (p.act_copies == 2) arow[p.act_lda + (n >> 1)] = hl.lo;
+        }
+      // The pass's rows' padding columns (read as zeros by the down product), by the last row tile.
+      const int64_t I = N / 2, pad = p.act_lda - I;
+      if (n0 + 16 * kMT >= N && pad > 0)
+        for (int64_t idx = threadIdx.x; idx < nvalid * pad; idx += blockDim.x) {
+          __nv_bfloat16* arow = p.act_out + static_cast<int64_t>(row0 + idx / pad) * p.act_copies * p.act_lda;
+          arow[I + idx % pad] = __float2bfloat16_rn(0.0f);
+          if (p.act_copies == 2) arow[p.act_lda + I + idx % pad] = __float2bfloat16_rn(0.0f);
+        }
+      return;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
