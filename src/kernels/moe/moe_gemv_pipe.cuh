@@ -74,6 +74,13 @@ __device__ __forceinline__ void split_k_epilogue(const GemvTcParams& p, const fl
         red[(warp * kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane] = acc[mt][i][q];
   __syncthreads();
   const int mt = warp;
+  // The sum over the warps (in warp order) of m16 tile mt's entry (i, q), plus row n's bias.
+  auto total = [&](int i, int q, int64_t n) {
+    float y = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) y += red[(w * kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane];
+    return bias != nullptr ? y + bias[n] : y;
+  };
   if constexpr (P == Phase::kGateUp) {
     if (p.act_out != nullptr) {
       // GPT-OSS's activation of the gate (row n, even) and up (row n + 1, the lane 4 further: row g + 1)
@@ -85,12 +92,7 @@ __device__ __forceinline__ void split_k_epilogue(const GemvTcParams& p, const fl
           const int col = i * 8 + 2 * t + (q & 1);
           const int64_t n = n0 + mt * 16 + g + (q >= 2 ? 8 : 0);
           const bool ok = col < nvalid && n < N;
-          float y = 0.0f;
-          if (ok) {
-#pragma unroll
-            for (int w = 0; w < kWarps; ++w) y += red[(w * kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane];
-            if (bias != nullptr) y += bias[n];
-          }
+          const float y = ok ? total(i, q, n) : 0.0f;
           const float up = __shfl_down_sync(0xffffffffu, y, 4);
           if (!ok || (g & 1) != 0) continue;  // n is even exactly when g is (n0 and the tiles are)
           const float v =
@@ -118,10 +120,7 @@ __device__ __forceinline__ void split_k_epilogue(const GemvTcParams& p, const fl
       const int col = i * 8 + 2 * t + (q & 1);
       const int64_t n = n0 + mt * 16 + g + (q >= 2 ? 8 : 0);
       if (col >= nvalid || n >= N) continue;
-      float y = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) y += red[(w * kAccPerLane + (mt * NT + i) * 4 + q) * 32 + lane];
-      if (bias != nullptr) y += bias[n];
+      const float y = total(i, q, n);
       const int64_t row = row0 + col;
       if (P == Phase::kGateUp) {
         p.out[row * N + n] = y;
