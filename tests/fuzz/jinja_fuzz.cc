@@ -1,4 +1,4 @@
-// fuzz-sources: src/tokenizer/jinja_*.cc src/tokenizer/chat_template.cc
+// fuzz-sources: src/tokenizer/jinja_*.cc src/tokenizer/chat_template.cc src/tokenizer/chat_template_format.cc
 // tests/fuzz/jinja_fuzz.cc: fuzz target for the chat-template (Jinja) compiler and renderer: the bytes are a
 // template, compiled and rendered with a small fixed conversation. polylora::Error (syntax, runtime or
 // raise_exception) is the expected outcome for bad input; a crash, hang or sanitizer report is a bug.
