@@ -1000,8 +1000,9 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     tp.lda = ws.copies * ws.lda_h;
     tp.lda_copy = ws.lda_h;
     tp.out = ws.gu;
-    const bool fused_act =
-        !stack && !lora && a.act == ExpertAct::kGptOssSwiglu && tuning_of(a).moe_gemv_fused_act != 0;
+    const bool fused_act = !stack && !lora && a.act == ExpertAct::kGptOssSwiglu &&
+                           tuning_of(a).moe_gemv_fused_act != 0 &&
+                           moe_detail::gemv_tc_writes_act(a.experts_mxfp4);
     if (fused_act) {
       tp.act_out = ws.act_bf16;
       tp.act_lda = ws.lda_i;

@@ -35,6 +35,10 @@ void launch_gemv(int64_t m, dim3 grid, const GemvParams& gp, cudaStream_t st) {
   }
 }
 
+bool gemv_tc_writes_act(bool mxfp4) {
+  return mxfp4 || gemv_pipe_enabled();
+}
+
 template <Phase P>
 void launch_gemv_tc(dim3 grid, const GemvTcParams& tp, bool mxfp4, int64_t m, cudaStream_t st) {
   if (mxfp4) {

@@ -27,6 +27,9 @@ void launch_gemv(int64_t m, dim3 grid, const GemvParams& gp, cudaStream_t st);
 // each activation row), or the register-streaming one (POLYLORA_MOE_GEMV_PIPE=0).
 template <Phase P>
 void launch_gemv_tc(dim3 grid, const GemvTcParams& tp, bool mxfp4, int64_t m, cudaStream_t st);
+// Whether launch_gemv_tc's kernel for these experts honours GemvTcParams::act_out (the pipelined ones;
+// not the register-streaming one that POLYLORA_MOE_GEMV_PIPE=0 selects for BF16 experts).
+bool gemv_tc_writes_act(bool mxfp4);
 
 // Their parts, defined in moe_gemv_launch.cuh and compiled one group per file (these kernels were most of
 // the MoE build time): the fp32 GEMV of one pass width (moe_gemv_tm<TM>_cuda.cu), the pipelined tensor-core
