@@ -26,11 +26,13 @@
 #   mxst    the MXFP4 weight-streaming kernel's pipeline depth (session 41, POLYLORA_MOE_GEMV_MXFP4_STAGES 2 /
 #           3 / 4) and the activation fused into the gate/up epilogue (POLYLORA_MOE_GEMV_FUSED_ACT): their GPU
 #           tests, moe-lora MXFP4 at M = 1 / 4 / 8 and the device bench's batch-1 and batch-8 decode
+#   norm    add_rms_norm's o_proj LoRA term by a cluster of 8 CTAs per row (session 41,
+#           POLYLORA_ADD_NORM_LORA_CLUSTER_ROWS): its GPU test, batch-1 / 4 decode with 8 adapters
 # Writes summary.txt (the figures), tests.txt, build.txt and times.txt under $OUT (few files: the device
 # tool returns a limited number). All parts take about 15 minutes, more than one device call's 10: run it
 # twice, SKIP='gqa kv lora' and then SKIP='wgmma attn' (the second call finds build-gpu in place on the
 # warm machine; tp and graphs take ~3 minutes more). Env: SKIP (space-separated parts to leave out: wgmma
-# wgmx attn gqa kv lora tp graphs combine mxst).
+# wgmx attn gqa kv lora tp graphs combine mxst norm).
 set -uo pipefail
 OUT=${OUT:-/tmp/prepared}
 # shellcheck source=scripts/device_env.sh
@@ -56,9 +58,10 @@ declare -A FILTER=(
   [graphs]='GraphGpuTest.*:GraphEngineGpuTest.*:StagedLoadGpu*'
   [combine]='GpuAttention.DecodeManyShortSplits'
   [mxst]='GpuMoeMxfp4.TensorCoreGemv*:GpuMoe.WeightStreaming*'
+  [norm]='GpuLoraStack.DenseExpandInRopeKvWriteAndAddRmsNorm'
 )
 declare -A OK
-for part in wgmma wgmx attn gqa kv lora tp graphs combine mxst; do
+for part in wgmma wgmx attn gqa kv lora tp graphs combine mxst norm; do
   skip "$part" && continue
   timeout 240 "$TG" --gtest_filter="${FILTER[$part]}" >> "$OUT/tests.txt" 2>&1
   rc=$?
@@ -187,6 +190,16 @@ if [ "${OK[mxst]:-0}" = 1 ]; then
       --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 32 --batches 1,8 \
       2>&1 >/dev/null | grep -E "^batch" >> "$S"
     stamp "device mxfp4 $v"
+  done
+fi
+if [ "${OK[norm]:-0}" = 1 ]; then
+  # add_rms_norm's o_proj LoRA term by a cluster per row: batch-1 and batch-4 decode with 8 adapters.
+  for v in 0 8; do
+    echo "== device bench, 8 adapters, batch 1 and 4, POLYLORA_ADD_NORM_LORA_CLUSTER_ROWS=$v" >> "$S"
+    POLYLORA_ADD_NORM_LORA_CLUSTER_ROWS=$v timeout 240 "$B" device --config tests/data/configs/gpt-oss-20b \
+      --device cuda --prompt-len 512 --decode-tokens 32 --batches 1,4 --loras 8 2>&1 >/dev/null |
+      grep -E "^batch" >> "$S"
+    stamp "device norm cluster $v"
   done
 fi
 cat "$S"

@@ -137,6 +137,12 @@ struct KernelTuning {
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
   int64_t lora_pdl_max_tokens = 4;
+  // add_rms_norm with the o_proj LoRA term (kernels/norm/rms_norm_cuda.cu): rows (tokens) up to which a
+  // cluster of 8 CTAs takes each row (each adding the term for its slice of the columns) instead of one CTA
+  // (which reads every B row on one SM: 4.9 us per layer at batch 1 with 8 adapters, session 40's timeline).
+  // Written after session 40, not yet run on a GPU: 0 until measured; env
+  // POLYLORA_ADD_NORM_LORA_CLUSTER_ROWS.
+  int64_t add_norm_lora_cluster_rows = 0;
   // Dense LoRA (kernels/lora/lora_cuda.cu): tokens up to which the shrink runs per token instead of tiled;
   // env POLYLORA_LORA_GEMV_SHRINK_ROWS too.
   int64_t lora_dense_gemv_shrink_rows = 64;

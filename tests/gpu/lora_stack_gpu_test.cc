@@ -372,8 +372,13 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
         EXPECT_GT(std::min({dq_max, dk_max, dv_max}), 0.05f)
             << "rope_kv_write " << what << ": a LoRA term too small to test";
       }
-      // add_rms_norm: x [m, H] += delta + the o term; y = rms_norm(x).
-      {
+      // add_rms_norm: x [m, H] += delta + the o term; y = rms_norm(x); one CTA per row and (tuning
+      // add_norm_lora_cluster_rows) a cluster of CTAs per row.
+      for (int64_t cluster_rows : {0, 64}) {
+        const std::string what_norm = what + (cluster_rows > 0 ? ", cluster per row" : ", one CTA per row");
+        k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
+        tune.add_norm_lora_cluster_rows = cluster_rows;
+        k::override_kernel_tuning(tune);
         std::vector<float> xr = kt::random_vec(static_cast<size_t>(m * H), 48),
                            delta = kt::random_vec(static_cast<size_t>(m * H), 49),
                            w = kt::random_vec(static_cast<size_t>(H), 50, 0.5f, 1.5f);
@@ -402,11 +407,12 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
         dn.w = ar.up(w);
         dn.lora_delta = dexpand(3, dtmp_o, ld_tmp_o, 0);
         ar.be().add_rms_norm(dn);
-        kt::expect_close(ar.down(dx, xr.size()), x_ref, 1e-5f, 1e-4f, "add_rms_norm x " + what);
-        kt::expect_close(ar.down(dy, y_ref.size()), y_ref, 1e-5f, 1e-4f, "add_rms_norm y " + what);
+        k::override_kernel_tuning(std::nullopt);
+        kt::expect_close(ar.down(dx, xr.size()), x_ref, 1e-5f, 1e-4f, "add_rms_norm x " + what_norm);
+        kt::expect_close(ar.down(dy, y_ref.size()), y_ref, 1e-5f, 1e-4f, "add_rms_norm y " + what_norm);
         float dmax = 0;
         for (size_t i = 0; i < x_ref.size(); ++i) dmax = std::max(dmax, std::fabs(x_ref[i] - x_plain[i]));
-        EXPECT_GT(dmax, 0.05f) << "add_rms_norm " << what << ": the LoRA term too small to test";
+        EXPECT_GT(dmax, 0.05f) << "add_rms_norm " << what_norm << ": the LoRA term too small to test";
       }
     }
   }
