@@ -60,6 +60,19 @@ void check_fields(const json& body, ApiKind kind) {
   }
   if (const json* u = get(body, "user"))
     if (!u->is_string()) fail("'user' must be a string");
+  // OpenAI's chat fields with no effect on the output (as /v1/responses takes them; vLLM drops them):
+  // store (nothing is stored), metadata, service_tier, prompt_cache_key (prefix caching is automatic),
+  // safety_identifier. Their types are still checked.
+  if (const json* v = get(body, "store"))
+    if (!v->is_boolean()) fail("'store' must be a boolean");
+  if (const json* v = get(body, "metadata")) {
+    if (!v->is_object()) fail("'metadata' must be an object of string values");
+    for (const auto& [k, x] : v->items())
+      if (!x.is_string()) fail("'metadata': the value of '{}' must be a string", sanitize_utf8(k));
+  }
+  for (const char* f : {"service_tier", "prompt_cache_key", "safety_identifier"})
+    if (const json* v = get(body, f))
+      if (!v->is_string()) fail("'{}' must be a string", f);
   if (const json* rid = get(body, "request_id"))
     if (!rid->is_string() || rid->get<std::string>().empty()) fail("'request_id' must be a non-empty string");
 }
@@ -565,10 +578,11 @@ const std::vector<std::string>& known_fields(ApiKind kind) {
   }();
   static const std::vector<std::string> chat = [] {
     std::vector<std::string> v = common_with_structured;
-    for (const char* f : {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                          "chat_template", "chat_template_kwargs", "add_generation_prompt",
-                          "continue_final_message", "reasoning_effort", "parallel_tool_calls",
-                          "include_reasoning"})
+    for (const char* f :
+         {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "chat_template",
+          "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "reasoning_effort",
+          "parallel_tool_calls", "include_reasoning", "store", "metadata", "service_tier", "prompt_cache_key",
+          "safety_identifier"})
       v.push_back(f);
     return v;
   }();

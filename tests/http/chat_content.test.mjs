@@ -80,6 +80,26 @@ describe('chat template content format', () => {
     assert.match(r.json.error.message, /content parts of type 'image_url' are not supported/);
   });
 
+  test("OpenAI's chat fields without an effect here are accepted (their types checked); unknown ones are a 400", async () => {
+    const chat = (extra) => request(`${auto.url}/v1/chat/completions`, {
+      body: { model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 1, ...extra },
+    });
+    const plain = await chat({});
+    assert.equal(plain.status, 200, plain.text);
+    const r = await chat({ store: false, metadata: { team: 'a' }, service_tier: 'auto', prompt_cache_key: 'k',
+      safety_identifier: 'u1' });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.usage.prompt_tokens, plain.json.usage.prompt_tokens);
+    for (const [extra, re] of [[{ store: 'no' }, /'store' must be a boolean/],
+      [{ metadata: { n: 1 } }, /'metadata': the value of 'n' must be a string/],
+      [{ service_tier: 3 }, /'service_tier' must be a string/],
+      [{ frobnicate: true }, /'frobnicate' is not a field/]]) {
+      const bad = await chat(extra);
+      assert.equal(bad.status, 400, JSON.stringify(extra));
+      assert.match(bad.json.error.message, re);
+    }
+  });
+
   test('an unknown --chat-template-content-format is refused at start-up', async () => {
     await assert.rejects(startServer(['--model', MODEL, '--chat-template-content-format', 'html']), /chat-template-content-format/);
   });
