@@ -204,9 +204,10 @@ void normalize_history_message(json& msg) {
   const json* reasoning = nullptr;
   for (const char* key : {"reasoning_content", "reasoning"})
     if (msg.contains(key) && msg[key].is_string()) reasoning = &msg[key];
-  if (reasoning) {
+  if (reasoning) {  // under every name templates read it by (vLLM: reasoning and reasoning_content)
     json r = *reasoning;
     if (!msg.contains("reasoning_content")) msg["reasoning_content"] = r;
+    if (!msg.contains("reasoning")) msg["reasoning"] = r;
     if (!msg.contains("thinking")) msg["thinking"] = r;
   }
   if (msg.value("role", "") == "assistant" && msg.contains("content") && msg["content"].is_null() &&

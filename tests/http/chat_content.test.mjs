@@ -72,6 +72,15 @@ describe('chat template content format', () => {
       await text(auto, 'f{};g{};h{"x": 1};'));
   });
 
+  test("an assistant message's reasoning reaches the template as reasoning, reasoning_content and thinking", async () => {
+    const template = '{% for m in messages %}{{ m.role }}:{{ m.reasoning }}|{{ m.reasoning_content }}|{{ m.thinking }};{% endfor %}';
+    for (const key of ['reasoning', 'reasoning_content']) {
+      const messages = [{ role: 'user', content: 'q' }, { role: 'assistant', content: 'a', [key]: 'why' }];
+      assert.deepEqual(await ids(auto, { model: MODEL, messages, chat_template: template, add_generation_prompt: false }),
+        await text(auto, 'user:||;assistant:why|why|why;'), key);
+    }
+  });
+
   test('parts this text model cannot take are a 400 naming their type', async () => {
     const r = await request(`${auto.url}/v1/chat/completions`, {
       body: { model: MODEL, max_tokens: 1, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'http://x/y.png' } }] }] },
