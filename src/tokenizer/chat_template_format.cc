@@ -79,8 +79,8 @@ std::vector<std::string> bound_names(const std::vector<const Stmt*>& stmts, cons
 }
 
 // Loop variables of `{% for v in <one of names, or its elements[key]> %}`.
-std::vector<std::string> loop_names(const std::vector<const Stmt*>& stmts, const std::vector<std::string>& names,
-                                    const std::string* key) {
+std::vector<std::string> loop_names(const std::vector<const Stmt*>& stmts,
+                                    const std::vector<std::string>& names, const std::string* key) {
   std::vector<std::string> out;
   for (const Stmt* s : stmts) {
     if (s->kind != StmtKind::kFor) continue;
@@ -104,7 +104,8 @@ ChatContentFormat detect_content_format(const jinja::Template& tree) {
     const std::vector<std::string> message_lists = bound_names(stmts, "messages");
     const std::vector<std::string> messages = loop_names(stmts, message_lists, nullptr);
     const std::string content = "content";
-    return loop_names(stmts, messages, &content).empty() ? ChatContentFormat::kString : ChatContentFormat::kOpenai;
+    return loop_names(stmts, messages, &content).empty() ? ChatContentFormat::kString
+                                                         : ChatContentFormat::kOpenai;
   } catch (const Unsupported&) {
     return ChatContentFormat::kString;
   }

@@ -17,7 +17,9 @@
 namespace polylora {
 namespace {
 
-ChatContentFormat detect(const std::string& source) { return ChatTemplate::compile(source).content_format(); }
+ChatContentFormat detect(const std::string& source) {
+  return ChatTemplate::compile(source).content_format();
+}
 
 TEST(ChatContentFormat, LoopsOverMessageContentAreOpenai) {
   const char* openai[] = {
@@ -27,7 +29,8 @@ TEST(ChatContentFormat, LoopsOverMessageContentAreOpenai) {
       "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}"
       "{{ p.text }}{% endfor %}{% endif %}{% endfor %}",
       "{%- set first = messages | first %}{%- set rest = messages | reject('equalto', first) | list %}{% for "
-      "turn in rest if turn.role != 'system' %}{% for item in turn[\"content\"] %}{{ item[\"text\"] }}{% endfor "
+      "turn in rest if turn.role != 'system' %}{% for item in turn[\"content\"] %}{{ item[\"text\"] }}{% "
+      "endfor "
       "%}{% endfor %}",
   };
   for (const char* s : openai) EXPECT_EQ(detect(s), ChatContentFormat::kOpenai) << s;
