@@ -235,24 +235,12 @@ void launch_delta_cluster(int C, const StackParams<TW>& p, const StackBuffers& w
     return true;
   }();
   (void)configured;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(C), static_cast<unsigned>(ws.max_rows));
-  cfg.blockDim = dim3(kDeltaThreads);
-  cfg.dynamicSmemBytes =
+  const size_t smem =
       2 * kDeltaGroup * static_cast<size_t>((down ? 1 : s.gu_slices) * s.rank) * sizeof(float);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(C);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cuda_util::pdl_launch_on() ? 2 : 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_lora_delta_cluster_kernel<TW>, p,
-                                down ? static_cast<const float*>(ws.act) : a.x, down ? a.inter : a.ldx,
-                                down ? ws.dy : ws.dgu, down));
+  cuda_util::launch_pdl_cluster(
+      moe_lora_delta_cluster_kernel<TW>, dim3(static_cast<unsigned>(C), static_cast<unsigned>(ws.max_rows)),
+      dim3(kDeltaThreads), smem, static_cast<unsigned>(C), st, p,
+      down ? static_cast<const float*>(ws.act) : a.x, down ? a.inter : a.ldx, down ? ws.dy : ws.dgu, down);
 }
 
 }  // namespace

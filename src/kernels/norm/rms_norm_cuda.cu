@@ -177,21 +177,10 @@ __global__ void __launch_bounds__(kNormClusterThreads)
 
 template <bool VEC>
 void launch_add_rms_norm_lora_cluster(const AddRmsNormArgs& a, cudaStream_t st) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kNormCluster, static_cast<unsigned>(a.m));
-  cfg.blockDim = dim3(kNormClusterThreads);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kNormCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cuda_util::pdl_launch_on() ? 2 : 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, add_rms_norm_lora_cluster_kernel<VEC>, a.x, a.ldx, a.delta, a.ld_delta,
-                                a.y, a.ldy, a.n, a.w, a.eps, a.lora_delta, int64_t{0}));
+  cuda_util::launch_pdl_cluster(add_rms_norm_lora_cluster_kernel<VEC>,
+                                dim3(kNormCluster, static_cast<unsigned>(a.m)), dim3(kNormClusterThreads), 0,
+                                kNormCluster, st, a.x, a.ldx, a.delta, a.ld_delta, a.y, a.ldy, a.n, a.w,
+                                a.eps, a.lora_delta, int64_t{0});
 }
 
 // Both ops: rows of x (with ADD: plus delta, stored back) normalized into y. delta is null without ADD.
