@@ -5,7 +5,8 @@
 # 64 of both configs. Writes $OUT/tests.txt (the failures also to stdout), $OUT/timeline-*.txt
 # (scripts/trace_steps.py: per-layer increments), $OUT/device.txt and $OUT/times.txt. About 8 minutes on
 # a fresh machine. Env: TESTS (a gtest filter; default all), TEST_TIMEOUT (seconds, default 300), SKIP
-# (space-separated parts to leave out: tests timeline device).
+# (space-separated parts to leave out: tests timeline device),
+# TIMELINES (config:loras:batch items; default MXFP4 b1 with 0 and 8 adapters, bf16 b1, both at b16).
 set -uo pipefail
 OUT=${OUT:-/tmp/check}
 # shellcheck source=scripts/device_env.sh
@@ -24,11 +25,11 @@ if ! skip tests; then
 fi
 if ! skip timeline; then
   TR=$PWD/$(find build-gpu -name libpolylora_cupti_trace.so | head -1)
-  for run in "gpt-oss-20b 0" "gpt-oss-20b 8" "gpt-oss-20b-bf16 0"; do
-    set -- $run
-    label=$1-loras$2
+  for run in ${TIMELINES:-gpt-oss-20b:0:1 gpt-oss-20b:8:1 gpt-oss-20b-bf16:0:1 gpt-oss-20b:0:16 gpt-oss-20b-bf16:0:16}; do
+    set -- ${run//:/ }
+    label=$1-loras$2-b$3
     CUDA_INJECTION64_PATH=$TR POLYLORA_TRACE_OUT=/tmp/t-$label.csv POLYLORA_TRACE_KERNELS_ONLY=1 timeout 150 \
-      "$B" device --config "tests/data/configs/$1" --device cuda --prompt-len 512 --decode-tokens 32 --batches 1 \
+      "$B" device --config "tests/data/configs/$1" --device cuda --prompt-len 512 --decode-tokens 32 --batches "$3" \
       --loras "$2" 2>&1 | grep -E "^batch" | tee -a "$OUT/device.txt"
     python3 scripts/trace_steps.py /tmp/t-$label.csv --layer-period -1 --layer-offset 2 > "$OUT/timeline-$label.txt" 2>&1
     stamp "timeline $label"
