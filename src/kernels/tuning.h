@@ -40,14 +40,17 @@ struct KernelTuning {
   // (the decode sizes): stages of its per-warp cp.async pipeline, 2 to 4 (shared memory per CTA 48 / 72 / 96
   // KiB, 3 / 3 / 2 CTAs per multiprocessor). Each warp streams its K quarter of 64 rows (GPT-OSS-20B: 6
   // super-blocks of 128 values) with stages − 1 in flight, so 2 waits a memory latency per super-block
-  // (batch 1 gate/up at 1.5 TB/s, session 40's timeline). 3 and 4 written after session 40, not yet measured
-  // (device_prepared.sh part mxst); env POLYLORA_MOE_GEMV_MXFP4_STAGES.
+  // (batch 1 gate/up at 1.5 TB/s, session 40's timeline). 3 and 4 pass their tests but gain nothing (session
+  // 42, H100, with the fused activation below: moe-lora MXFP4 M = 1 / 4 / 8 53.6 / 127.2 / 175.1 us with 2
+  // stages, 53.4 / 120.2 / 174.0 with 3, 58.1 / 135.7 / 197.6 with 4; batch-1 decode 3.091 / 3.085 / 2.954
+  // ms per step, batch 8 6.542 / 6.466 / 6.941); env POLYLORA_MOE_GEMV_MXFP4_STAGES.
   int64_t moe_gemv_mxfp4_stages = 2;
   // 1: the tensor-core weight-streaming paths (BF16 and MXFP4 experts) write GPT-OSS's activation in the
   // gate/up product's epilogue (the gate and up sums of a pair meet by a warp shuffle; bit-identical to the
   // activation kernel, which no longer runs: one launch fewer per layer, 2.8 us at batch 1 in session 40's
-  // MXFP4 timeline) when no expert LoRA reads gu. Written after session 40, not yet run on a GPU: 0 until
-  // measured (device_prepared.sh part mxst); env POLYLORA_MOE_GEMV_FUSED_ACT.
+  // MXFP4 timeline) when no expert LoRA reads gu. Its tests pass (session 42, H100) but it measured slower:
+  // GPT-OSS-20B MXFP4, 2 stages, moe-lora M = 1 53.6 vs 47.8 us, batch-1 decode 3.091 vs 2.765 ms per step
+  // (batch 8 6.542 vs 6.627): off; env POLYLORA_MOE_GEMV_FUSED_ACT.
   int64_t moe_gemv_fused_act = 0;
   // BF16/F16 experts on the grouped-GEMM path without the LoRA epilogue, on compute capability 9.0: pairs
   // per expert (on average) from which the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh: 128-row tiles,
@@ -66,9 +69,12 @@ struct KernelTuning {
   // (session 40); env POLYLORA_MOE_WGMMA_FUSED_ACT.
   int64_t moe_wgmma_fused_act = 1;
   // 1: with it, MXFP4 experts take the warpgroup-MMA GEMM too (their codes decoded into its B tiles; 128
-  // columns per CTA; its GPU test GpuMoeMxfp4.WarpgroupMmaGroupedGemm fails on the H200, session 40: off);
-  // env POLYLORA_MOE_WGMMA_MXFP4.
-  int64_t moe_wgmma_mxfp4 = 0;
+  // columns per CTA). Its GPU test failed in session 40 (the grid counted column tiles in the tuning's BN
+  // 256, half of every row unwritten); fixed in session 41, passing in session 42 on an H100, where
+  // `polylora_bench moe-lora --dtype mxfp4` (GPT-OSS-20B experts) took M = 1,024 / 4,096 / 8,192 1,386 /
+  // 3,975 / 7,468 us against 1,985 / 6,808 / 13,043 with the mma.sync GEMM (218 vs 125 TFLOP/s at 8k; with
+  // 8 adapters 2,089 / 5,478 / 10,297 against 2,379 / 8,008 / 15,305): on; env POLYLORA_MOE_WGMMA_MXFP4.
+  int64_t moe_wgmma_mxfp4 = 1;
   // BF16 slot-stacked expert LoRA on the grouped GEMM: pairs per expert from which the shrinks run on
   // tensor cores and the expands in the GEMMs' epilogues; env POLYLORA_MOE_LORA_MMA_PER_EXPERT.
   int64_t moe_lora_mma_per_expert = 64;
@@ -128,8 +134,9 @@ struct KernelTuning {
   // env POLYLORA_ATTENTION_DECODE_CTAS_PER_SM / POLYLORA_ATTENTION_DECODE_SPLIT_KEYS.
   // 1: the split that finishes last merges the splits of its (token, head) itself (counters in
   // CudaContext::counters) instead of a combine kernel after them: one launch fewer per layer where decode
-  // splits (the combine took 5 us per layer at batch 1, session 40's timeline). Written after session 40's
-  // device time, not yet run on a GPU: 0 until measured; env POLYLORA_ATTENTION_DECODE_FUSED_COMBINE.
+  // splits (the combine took 5 us per layer at batch 1, session 40's timeline). Its test passes (session 42,
+  // H100) but it measured slower: GPT-OSS-20B MXFP4 after 1,024-token prompts, batch 1 2.809 vs 2.792 ms per
+  // step, batch 16 8.532 vs 8.463: off; env POLYLORA_ATTENTION_DECODE_FUSED_COMBINE.
   int64_t attention_decode_fused_combine = 0;
   // H200 batch 1 (session 40): 8 CTAs per SM and 32 keys 2.598 ms per step against 2.620 with 2 and 64.
   int64_t attention_decode_ctas_per_sm = 8;
@@ -140,9 +147,10 @@ struct KernelTuning {
   // add_rms_norm with the o_proj LoRA term (kernels/norm/rms_norm_cuda.cu): rows (tokens) up to which a
   // cluster of 8 CTAs takes each row (each adding the term for its slice of the columns) instead of one CTA
   // (which reads every B row on one SM: 4.9 us per layer at batch 1 with 8 adapters, session 40's timeline).
-  // Written after session 40, not yet run on a GPU: 0 until measured; env
-  // POLYLORA_ADD_NORM_LORA_CLUSTER_ROWS.
-  int64_t add_norm_lora_cluster_rows = 0;
+  // Session 42, H100, GPT-OSS-20B MXFP4 with 8 adapters (`polylora_bench device --loras 8`): batch 1 3.268
+  // vs 3.321 ms per step (base 2.780 / 2.783), batch 4 5.175 vs 5.155 (base 4.859 / 4.813: within the
+  // spread between runs); env POLYLORA_ADD_NORM_LORA_CLUSTER_ROWS.
+  int64_t add_norm_lora_cluster_rows = 8;
   // Dense LoRA (kernels/lora/lora_cuda.cu): tokens up to which the shrink runs per token instead of tiled;
   // env POLYLORA_LORA_GEMV_SHRINK_ROWS too.
   int64_t lora_dense_gemv_shrink_rows = 64;

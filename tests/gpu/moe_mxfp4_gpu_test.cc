@@ -212,8 +212,8 @@ TEST(GpuMoeMxfp4, GroupedGemmPathMatchesReference) {
 }
 
 // The same cases on the warpgroup-MMA grouped GEMM with MXFP4 B tiles (moe_wgmma_per_expert 1,
-// moe_wgmma_mxfp4 1; off by default until measured): K = 160 and 96 pad to slices of 64 whose last blocks are
-// past K (zero codes); the mma.sync GEMM again on GPUs other than compute capability 9.0.
+// moe_wgmma_mxfp4 1, on by default since session 42): K = 160 and 96 pad to slices of 64 whose last blocks
+// are past K (zero codes); the mma.sync GEMM again on GPUs other than compute capability 9.0.
 TEST(GpuMoeMxfp4, WarpgroupMmaGroupedGemm) {
   SKIP_WITHOUT_GPU();
   k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
