@@ -2,9 +2,13 @@
 // one slot (lora_stacks.h).
 #include "model/lora_stacks.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+
+#include <spdlog/spdlog.h>
 
 #include "common/dtype.h"
 #include "common/error.h"
@@ -66,11 +70,28 @@ void b_row(const std::optional<LoraMatrix>& m, int64_t row, int64_t cols, float*
   std::copy_n(m->b.data() + row * m->rank, std::min(m->rank, cols), dst);
 }
 
+// Host images' budget (lora_stacks.h): POLYLORA_LORA_HOST_IMAGE_GB, else a quarter of the host's memory
+// on CUDA and none on the CPU.
+size_t default_image_budget(DeviceKind kind) {
+  if (const char* v = std::getenv("POLYLORA_LORA_HOST_IMAGE_GB"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const double gb = std::strtod(v, &end);
+    CHECK_MSG(end != v && *end == '\0' && gb >= 0, "POLYLORA_LORA_HOST_IMAGE_GB={} is not a number of GB", v);
+    return static_cast<size_t>(gb * 1e9);
+  }
+  if (kind != DeviceKind::kCuda) return 0;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<size_t>(pages) * static_cast<size_t>(page) / 4;
+}
+
 }  // namespace
 
 LoraStacks::LoraStacks(Backend& backend, const ModelConfig& config) : be_(backend), config_(config) {
-  dtype_ = backend.kind() == DeviceKind::kCuda && backend.weight_dtype() != DType::kF32 ? DType::kBF16 : DType::kF32;
+  dtype_ = backend.kind() == DeviceKind::kCuda && backend.weight_dtype() != DType::kF32 ? DType::kBF16
+                                                                                        : DType::kF32;
   gu_slices_ = config.expert_activation == ExpertActivation::kGptOssClampedSwiglu ? 1 : 2;
+  image_budget_.store(default_image_budget(backend.kind()));
 }
 
 LoraStacks::~LoraStacks() {
@@ -96,6 +117,7 @@ void LoraStacks::release() {
   }
   main_ = {};
   async_.clear();
+  free_images();  // their regions are those of the stacks freed below
   for (void* p : allocations_) be_.free(p);
   allocations_.clear();
   dense_.clear();
@@ -195,10 +217,24 @@ void LoraStacks::submit(Stager& st, int i, void* dst, int64_t rows, int64_t cols
 }
 
 template <typename Fill>
-size_t LoraStacks::put(Stager& st, void* dst, int64_t rows, int64_t cols, const Fill& fill) {
+size_t LoraStacks::put(Stager& st, Dst dst, int64_t rows, int64_t cols, const Fill& fill) {
   // BF16 stacks get BF16 rows from the host (rounded here: half the bytes over the bus, copied as they
   // are); F32 stacks get F32 rows.
   const size_t es = dtype_size(dtype_);
+  const size_t total = static_cast<size_t>(rows * cols) * es;
+  if (st.sink != Sink::kStaging) {
+    if (st.sink == Sink::kImage) {
+      std::vector<float> row(static_cast<size_t>(cols));
+      std::byte* out = st.image + st.image_off;
+      for (int64_t r = 0; r < rows; ++r) {
+        fill(r, row.data());
+        store_values(row.data(), cols, out + static_cast<size_t>(r * cols) * es);
+      }
+      st.segments.push_back({dst.base, dst.slot_bytes, st.image_off, total});
+    }
+    st.image_off += total;
+    return total;
+  }
   const size_t cap = st.staging->buffer_bytes();
   CHECK_MSG(static_cast<size_t>(cols) * es <= cap, "LoRA row of {} values is too long", cols);
   const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(cap / (es * static_cast<size_t>(cols))));
@@ -211,14 +247,29 @@ size_t LoraStacks::put(Stager& st, void* dst, int64_t rows, int64_t cols, const 
       fill(r0 + r, row.data());
       store_values(row.data(), cols, buf + static_cast<size_t>(r * cols) * es);
     }
-    submit(st, i, static_cast<char*>(dst) + static_cast<size_t>(r0 * cols) * es, n, cols, dtype_);
+    submit(st, i, dst.ptr() + static_cast<size_t>(r0 * cols) * es, n, cols, dtype_);
   }
-  return static_cast<size_t>(rows * cols) * es;
+  return total;
 }
 
 template <typename Src>
-size_t LoraStacks::put_runs(Stager& st, void* dst, int64_t total, const Src& src) {
+size_t LoraStacks::put_runs(Stager& st, Dst dst, int64_t total, const Src& src) {
   const size_t es = dtype_size(dtype_);
+  if (st.sink != Sink::kStaging) {
+    const size_t bytes = static_cast<size_t>(total) * es;
+    if (st.sink == Sink::kImage) {
+      std::byte* out = st.image + st.image_off;
+      for (int64_t k = 0; k < total;) {
+        auto [p, run] = src(k);
+        run = std::min(run, total - k);
+        store_values(p, run, out + static_cast<size_t>(k) * es);
+        k += run;
+      }
+      st.segments.push_back({dst.base, dst.slot_bytes, st.image_off, bytes});
+    }
+    st.image_off += bytes;
+    return bytes;
+  }
   const auto cap = static_cast<int64_t>(st.staging->buffer_bytes() / es);
   for (int64_t o = 0; o < total; o += cap) {
     const int64_t n = std::min(cap, total - o);
@@ -230,7 +281,7 @@ size_t LoraStacks::put_runs(Stager& st, void* dst, int64_t total, const Src& src
       store_values(p, run, buf + static_cast<size_t>(k) * es);
       k += run;
     }
-    submit(st, i, static_cast<char*>(dst) + static_cast<size_t>(o) * es, 1, n, dtype_);
+    submit(st, i, dst.ptr() + static_cast<size_t>(o) * es, 1, n, dtype_);
   }
   return static_cast<size_t>(total) * es;
 }
@@ -283,13 +334,18 @@ size_t LoraStacks::write_weights_parallel(int32_t slot, const LoraAdapter& ad) {
   return total;
 }
 
-size_t LoraStacks::write_weights(Stager& st, int32_t slot, const LoraAdapter& ad, int64_t first, int64_t stride) {
+size_t LoraStacks::write_weights(Stager& st, int32_t slot, const LoraAdapter& ad, int64_t first,
+                                 int64_t stride) {
   const ModelConfig& c = config_;
   CHECK_MSG(slot >= 0 && slot < slots_, "LoRA slot {} outside the {} reserved", slot, slots_);
-  CHECK_MSG(ad.max_rank <= rank_, "adapter '{}' has rank {}, above the reserved {}", ad.name, ad.max_rank, rank_);
+  CHECK_MSG(ad.max_rank <= rank_, "adapter '{}' has rank {}, above the reserved {}", ad.name, ad.max_rank,
+            rank_);
   CHECK(static_cast<int64_t>(ad.layers.size()) == c.num_layers);
   const int64_t R = rank_, E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate_size;
   const size_t es = dtype_size(dtype_);
+  auto at = [&](void* base, int64_t per_slot) {
+    return Dst{static_cast<std::byte*>(base), static_cast<size_t>(per_slot) * es, slot};
+  };
   size_t bytes = 0;
   for (int64_t l = first; l < c.num_layers; l += stride) {
     const LoraLayer& src = ad.layers[static_cast<size_t>(l)];
@@ -298,11 +354,15 @@ size_t LoraStacks::write_weights(Stager& st, int32_t slot, const LoraAdapter& ad
       const std::optional<LoraMatrix>& mat = src.modules[m];
       if (!d.a) continue;  // ignored by the loader's checks already: the model has no such module here
       if (!mat) continue;  // the scale 0 keeps the stale rows unread
-      void* da = static_cast<char*>(d.a) + static_cast<size_t>(slot * R * d.in) * es;
-      void* db = static_cast<char*>(d.b) + static_cast<size_t>(slot * d.out * R) * es;
-      if (mat->rank == R && mat->in == d.in && mat->out == d.out) {  // the stacks' [R, in], [out, R] as they are
-        bytes += put_runs(st, da, R * d.in, [&](int64_t o) { return std::pair{mat->a.data() + o, R * d.in - o}; });
-        bytes += put_runs(st, db, d.out * R, [&](int64_t o) { return std::pair{mat->b.data() + o, d.out * R - o}; });
+      const Dst da = at(d.a, R * d.in), db = at(d.b, d.out * R);
+      if (mat->rank == R && mat->in == d.in &&
+          mat->out == d.out) {  // the stacks' [R, in], [out, R] as they are
+        bytes += put_runs(st, da, R * d.in, [&](int64_t o) {
+          return std::pair{mat->a.data() + o, R * d.in - o};
+        });
+        bytes += put_runs(st, db, d.out * R, [&](int64_t o) {
+          return std::pair{mat->b.data() + o, d.out * R - o};
+        });
         continue;
       }
       bytes += put(st, da, R, d.in, [&](int64_t r, float* dst) { a_row(mat, r, d.in, dst); });
@@ -318,10 +378,8 @@ size_t LoraStacks::write_weights(Stager& st, int32_t slot, const LoraAdapter& ad
       if (G == 1 || le.gate_up) return le.gate_up;
       return sl == 0 ? le.gate : le.up;
     };
-    void* dagu = static_cast<char*>(x.a_gu) + static_cast<size_t>(slot * E * G * R * H) * es;
-    void* dbgu = static_cast<char*>(x.b_gu) + static_cast<size_t>(slot * E * 2 * I * R) * es;
-    void* dad = static_cast<char*>(x.a_down) + static_cast<size_t>(slot * E * R * I) * es;
-    void* dbd = static_cast<char*>(x.b_down) + static_cast<size_t>(slot * E * H * R) * es;
+    const Dst dagu = at(x.a_gu, E * G * R * H), dbgu = at(x.b_gu, E * 2 * I * R),
+              dad = at(x.a_down, E * R * I), dbd = at(x.b_down, E * H * R);
     // Every expert with all its matrices at the full rank: the stacks' blocks are the matrices as they are
     // (per expert: A [G, R, H] and B [2I, R] of gate/up, A [R, I] and B [H, R] of down), copied in runs.
     bool whole = true;
@@ -353,21 +411,23 @@ size_t LoraStacks::write_weights(Stager& st, int32_t slot, const LoraAdapter& ad
       });
       continue;
     }
-    bytes += put(st, static_cast<char*>(x.a_gu) + static_cast<size_t>(slot * E * G * R * H) * es, E * G * R, H,
-                 [&](int64_t q, float* dst) { a_row(gu_src(q / (G * R), (q % (G * R)) / R), q % R, H, dst); });
-    bytes += put(st, static_cast<char*>(x.b_gu) + static_cast<size_t>(slot * E * 2 * I * R) * es, E * 2 * I, R,
-                 [&](int64_t q, float* dst) {
-                   const int64_t e = q / (2 * I), n = q % (2 * I);
-                   const LoraExpert& le = src.experts[static_cast<size_t>(e)];
-                   if (G == 1 || le.gate_up) return b_row(le.gate_up, n, R, dst);
-                   return n < I ? b_row(le.gate, n, R, dst) : b_row(le.up, n - I, R, dst);
-                 });
-    bytes += put(st, static_cast<char*>(x.a_down) + static_cast<size_t>(slot * E * R * I) * es, E * R, I,
-                 [&](int64_t q, float* dst) { a_row(src.experts[static_cast<size_t>(q / R)].down, q % R, I, dst); });
-    bytes += put(st, static_cast<char*>(x.b_down) + static_cast<size_t>(slot * E * H * R) * es, E * H, R,
-                 [&](int64_t q, float* dst) { b_row(src.experts[static_cast<size_t>(q / H)].down, q % H, R, dst); });
+    bytes += put(st, dagu, E * G * R, H, [&](int64_t q, float* dst) {
+      a_row(gu_src(q / (G * R), (q % (G * R)) / R), q % R, H, dst);
+    });
+    bytes += put(st, dbgu, E * 2 * I, R, [&](int64_t q, float* dst) {
+      const int64_t e = q / (2 * I), n = q % (2 * I);
+      const LoraExpert& le = src.experts[static_cast<size_t>(e)];
+      if (G == 1 || le.gate_up) return b_row(le.gate_up, n, R, dst);
+      return n < I ? b_row(le.gate, n, R, dst) : b_row(le.up, n - I, R, dst);
+    });
+    bytes += put(st, dad, E * R, I, [&](int64_t q, float* dst) {
+      a_row(src.experts[static_cast<size_t>(q / R)].down, q % R, I, dst);
+    });
+    bytes += put(st, dbd, E * H, R, [&](int64_t q, float* dst) {
+      b_row(src.experts[static_cast<size_t>(q / H)].down, q % H, R, dst);
+    });
   }
-  st.staging->finish();
+  if (st.sink == Sink::kStaging) st.staging->finish();
   return bytes;
 }
 
@@ -378,8 +438,8 @@ void LoraStacks::activate(int32_t slot, const LoraAdapter& ad) {
     const LoraLayer& src = ad.layers[static_cast<size_t>(l)];
     for (size_t m = 0; m < kNumLoraModules; ++m) {
       const std::optional<LoraMatrix>& mat = src.modules[m];
-      scales_[(static_cast<size_t>(l) * kNumLoraModules + m) * static_cast<size_t>(S) + static_cast<size_t>(slot)] =
-          dense_[static_cast<size_t>(l)][m].a && mat ? mat->scale : 0.0f;
+      scales_[(static_cast<size_t>(l) * kNumLoraModules + m) * static_cast<size_t>(S) +
+              static_cast<size_t>(slot)] = dense_[static_cast<size_t>(l)][m].a && mat ? mat->scale : 0.0f;
     }
     float* esc = scales_.data() + experts_scale_offset_ + static_cast<size_t>((l * S + slot) * E * 3);
     std::fill(esc, esc + E * 3, 0.0f);
@@ -402,7 +462,8 @@ void LoraStacks::zero_scales(int32_t slot) {
   const ModelConfig& c = config_;
   const size_t S = static_cast<size_t>(slots_), E = static_cast<size_t>(c.num_experts);
   for (size_t l = 0; l < static_cast<size_t>(c.num_layers); ++l) {
-    for (size_t m = 0; m < kNumLoraModules; ++m) scales_[(l * kNumLoraModules + m) * S + static_cast<size_t>(slot)] = 0.0f;
+    for (size_t m = 0; m < kNumLoraModules; ++m)
+      scales_[(l * kNumLoraModules + m) * S + static_cast<size_t>(slot)] = 0.0f;
     float* esc = scales_.data() + experts_scale_offset_ + (l * S + static_cast<size_t>(slot)) * E * 3;
     std::fill(esc, esc + E * 3, 0.0f);
   }
@@ -432,7 +493,8 @@ void LoraStacks::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> a
   held_[static_cast<size_t>(slot)] = {};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back({.slot = slot, .adapter = std::move(adapter), .done = false, .error = {}, .delay_ms = delay_ms});
+    jobs_.push_back(
+        {.slot = slot, .adapter = std::move(adapter), .done = false, .error = {}, .delay_ms = delay_ms});
     stop_ = false;
     if (!thread_.joinable()) thread_ = std::thread([this] { upload_main(); });
   }
@@ -456,7 +518,8 @@ void LoraStacks::upload_main() {
     size_t bytes = 0;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      bytes = write_weights_parallel(slot, *adapter);
+      const HostImage* image = host_image(adapter);
+      bytes = image != nullptr ? upload_from_image(slot, *image) : write_weights_parallel(slot, *adapter);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -474,6 +537,117 @@ void LoraStacks::upload_main() {
     timing_.bytes += bytes;
     cv_.notify_all();
   }
+}
+
+const LoraStacks::HostImage* LoraStacks::host_image(const std::shared_ptr<const LoraAdapter>& adapter) {
+  const size_t budget = image_budget_.load();
+  // Images of adapters no longer alive go first (their objects' addresses may be reused).
+  for (size_t i = images_.size(); i-- > 0;)
+    if (images_[i].adapter.expired()) {
+      free_image(images_[i]);
+      images_.erase(images_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  if (budget == 0) return nullptr;
+  for (HostImage& im : images_)
+    if (im.key == adapter.get() && im.generation == adapter->generation) {
+      im.last_use = ++image_clock_;
+      return &im;
+    }
+  // Partitioned by layer over the fill threads as write_weights_parallel does; a counting pass first gives
+  // each thread's offset in the image.
+  const size_t n = std::max<size_t>(1, async_.size());
+  std::vector<Stager> parts(n);
+  size_t total = 0;
+  std::vector<size_t> offsets(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    parts[k].sink = Sink::kCount;
+    write_weights(parts[k], 0, *adapter, static_cast<int64_t>(k), static_cast<int64_t>(n));
+    offsets[k] = total;
+    total += parts[k].image_off;
+  }
+  if (total == 0 || total > budget) return nullptr;
+  // The least recently uploaded images make room.
+  while (image_bytes_.load() + total > budget && !images_.empty()) {
+    auto lru = std::min_element(images_.begin(), images_.end(), [](const HostImage& a, const HostImage& b) {
+      return a.last_use < b.last_use;
+    });
+    free_image(*lru);
+    images_.erase(lru);
+  }
+  std::byte* data = nullptr;
+  try {
+    data = static_cast<std::byte*>(be_.alloc_host(total));
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "LoRA host images off: {} bytes of host memory for adapter '{}' could not be had ({}); uploads "
+        "convert through the staging buffers",
+        total, adapter->name, e.what());
+    image_budget_.store(0);
+    return nullptr;
+  }
+  if (data == nullptr) return nullptr;
+  HostImage im{.adapter = adapter,
+               .key = adapter.get(),
+               .generation = adapter->generation,
+               .data = data,
+               .bytes = total,
+               .segments = {},
+               .last_use = ++image_clock_};
+  std::vector<std::string> errors(n);
+  auto fill = [&](size_t k) {
+    try {
+      parts[k].sink = Sink::kImage;
+      parts[k].image = data;
+      parts[k].image_off = offsets[k];
+      write_weights(parts[k], 0, *adapter, static_cast<int64_t>(k), static_cast<int64_t>(n));
+    } catch (const std::exception& e) {
+      errors[k] = e.what();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t k = 1; k < n; ++k) threads.emplace_back(fill, k);
+  fill(0);
+  for (std::thread& t : threads) t.join();
+  for (const std::string& e : errors)
+    if (!e.empty()) {
+      be_.free_host(data);
+      fail("{}", e);
+    }
+  for (Stager& p : parts) im.segments.insert(im.segments.end(), p.segments.begin(), p.segments.end());
+  if (!image_logged_) {
+    image_logged_ = true;
+    spdlog::info(
+        "LoRA host images: adapters kept in host memory in the slot layout ({}), up to {:.1f} GB; '{}' "
+        "takes {:.1f} MB",
+        be_.kind() == DeviceKind::kCuda ? "page-locked" : "plain", static_cast<double>(budget) / 1e9,
+        adapter->name, static_cast<double>(total) / 1e6);
+  }
+  image_bytes_ += total;
+  ++image_count_;
+  images_.push_back(std::move(im));
+  return &images_.back();
+}
+
+size_t LoraStacks::upload_from_image(int32_t slot, const HostImage& image) {
+  CHECK(!async_.empty());
+  UploadStaging& staging = *async_.front().staging;
+  for (const ImageSegment& sg : image.segments)
+    staging.copy_from_host(sg.base + static_cast<size_t>(slot) * sg.slot_bytes, image.data + sg.image_off,
+                           sg.bytes);
+  staging.finish();
+  return image.bytes;
+}
+
+void LoraStacks::free_image(HostImage& image) {
+  if (image.data != nullptr) be_.free_host(image.data);
+  image_bytes_ -= image.bytes;
+  --image_count_;
+  image.data = nullptr;
+}
+
+void LoraStacks::free_images() {
+  for (HostImage& im : images_) free_image(im);
+  images_.clear();
 }
 
 bool LoraStacks::upload_pending(int32_t slot) const {
@@ -506,7 +680,8 @@ void LoraStacks::finish_upload(int32_t slot) {
 
 void LoraStacks::wait_uploads() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return std::all_of(jobs_.begin(), jobs_.end(), [](const Job& j) { return j.done; }); });
+  cv_.wait(lock,
+           [&] { return std::all_of(jobs_.begin(), jobs_.end(), [](const Job& j) { return j.done; }); });
 }
 
 LoraStacks::UploadTiming LoraStacks::upload_timing() const {
