@@ -54,7 +54,7 @@ std::vector<unsigned char> device_slot_bytes(Backend& be, const LoraStacks& st, 
 
 TEST(LoraStacksGpu, ImageUploadsEqualTheStagingPath) {
   SKIP_WITHOUT_GPU();
-  Backend& be = backend(DType::kBF16);
+  Backend& be = gpu_test::backend(DType::kBF16);
   for (const std::string model : {"gpt-oss-tiny", "qwen3-moe-tiny"}) {
     SCOPED_TRACE(model);
     const fs::path dir = fs::path(testing_util::data_dir()) / "models" / model;
