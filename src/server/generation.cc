@@ -124,6 +124,8 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
                         {"logprobs", nullptr},
                         {"finish_reason", nullptr}});
         if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
+        if (parsed_.return_token_ids)  // vLLM: the prompt's ids in the first chunk
+          j["prompt_token_ids"] = parsed_.prompts[c / static_cast<size_t>(parsed_.n)].prompt_ids;
         out += sse(j);
         if (parsed_.echo && !parsed_.chat_echo.empty()) {  // vLLM: the echoed content follows the role
           json e = chunk({{"index", c},
@@ -178,6 +180,18 @@ json Generation::continuous_usage(size_t choice) const {
   return {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
 }
 
+// return_token_ids on a streamed choice: the chunk's new token ids, and (completions) the prompt's ids in
+// the choice's first chunk; chat sends those in the role chunk.
+void Generation::add_token_ids(size_t c, json& choice, const std::vector<int32_t>& new_token_ids) {
+  if (!parsed_.return_token_ids) return;
+  ChoiceState& ch = choices_[c];
+  if (!chat_ && !ch.prompt_ids_sent) {
+    choice["prompt_token_ids"] = parsed_.prompts[c / static_cast<size_t>(parsed_.n)].prompt_ids;
+    ch.prompt_ids_sent = true;
+  }
+  choice["token_ids"] = new_token_ids;
+}
+
 void Generation::write_echo_chunks(size_t prompt_idx, std::string& out) {
   if (echo_sent_[prompt_idx]) return;
   echo_sent_[prompt_idx] = true;
@@ -187,11 +201,13 @@ void Generation::write_echo_chunks(size_t prompt_idx, std::string& out) {
                                        {}, parsed_, tokenizer_);
   for (int64_t k = 0; k < parsed_.n; ++k) {
     size_t c = prompt_idx * static_cast<size_t>(parsed_.n) + static_cast<size_t>(k);
-    json j = chunk({{"index", c},
-                    {"text", parsed_.prompt_texts[prompt_idx]},
-                    {"logprobs", lp},
-                    {"finish_reason", nullptr},
-                    {"stop_reason", nullptr}});
+    json choice = {{"index", c},
+                   {"text", parsed_.prompt_texts[prompt_idx]},
+                   {"logprobs", lp},
+                   {"finish_reason", nullptr},
+                   {"stop_reason", nullptr}};
+    add_token_ids(c, choice, {});
+    json j = chunk(std::move(choice));
     if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
     out += sse(j);
   }
@@ -201,6 +217,7 @@ void Generation::write_echo_chunks(size_t prompt_idx, std::string& out) {
 // content, tool-call fragments), or the Responses events it makes. At the end the parser releases what it
 // held and the finish reason says whether tools were called.
 std::string Generation::parsed_delta_chunk(size_t c, ChoiceState& ch, const std::string& new_text,
+                                           const std::vector<int32_t>& new_token_ids,
                                            const std::vector<LogprobEntry>& new_logprobs, bool finished) {
   OutputDelta d = ch.parser->feed(new_text);
   if (finished) {
@@ -218,13 +235,15 @@ std::string Generation::parsed_delta_chunk(size_t c, ChoiceState& ch, const std:
   json delta = chat_delta_json(d, ch, parsed_.parallel_tool_calls);
   json lp = nullptr;
   if (parsed_.logprobs && !new_logprobs.empty()) lp = chat_logprobs_json(new_logprobs, parsed_, tokenizer_);
-  if (delta.empty() && !finished && lp.is_null()) return "";
+  if (delta.empty() && !finished && lp.is_null() && !(parsed_.return_token_ids && !new_token_ids.empty()))
+    return "";
   if (delta.empty()) delta["content"] = "";
   json finish = nullptr;
   if (finished && ch.finish_reason)
     finish = chat_finish_reason(*ch.finish_reason, !ch.tool_call_ids.empty(), *parsed_.output_parser);
   json choice = {{"index", c}, {"delta", std::move(delta)}, {"logprobs", lp}, {"finish_reason", finish}};
   if (finished) choice["stop_reason"] = stop_reason_json(ch.stop_reason);
+  add_token_ids(c, choice, new_token_ids);
   json j = chunk(std::move(choice));
   if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
   return sse(j);
@@ -257,7 +276,8 @@ void Generation::pump() {
         if (!parsed_.stream || (so.new_text.empty() && so.new_token_ids.empty() && !so.finish_reason))
           continue;
         if (ch.parser) {
-          out += parsed_delta_chunk(c, ch, so.new_text, so.new_logprobs, so.finish_reason.has_value());
+          out += parsed_delta_chunk(c, ch, so.new_text, so.new_token_ids, so.new_logprobs,
+                                    so.finish_reason.has_value());
           continue;
         }
         json lp = nullptr;
@@ -275,6 +295,7 @@ void Generation::pump() {
           choice = {
               {"index", c}, {"text", so.new_text}, {"logprobs", lp}, {"finish_reason", finish_json(ch)}};
         if (so.finish_reason) choice["stop_reason"] = stop_reason_json(so.stop_reason);
+        add_token_ids(c, choice, so.new_token_ids);
         json j = chunk(std::move(choice));
         if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
         out += sse(j);
@@ -407,15 +428,17 @@ void Generation::finish_body() {
     if (parsed_.prompt_logprobs && !prompt_logprobs_[p].empty())
       choice["prompt_logprobs"] = prompt_logprobs_json(prompt_logprobs_[p], tokenizer_,
                                                        static_cast<size_t>(*parsed_.prompt_logprobs));
-    if (parsed_.return_tokens_as_token_ids) choice["token_ids"] = ch.token_ids;
+    if (parsed_.return_token_ids && !chat_) choice["prompt_token_ids"] = parsed_.prompts[p].prompt_ids;
+    if (parsed_.return_tokens_as_token_ids || parsed_.return_token_ids) choice["token_ids"] = ch.token_ids;
     choices.push_back(std::move(choice));
   }
-  send_json(200, {{"id", id_},
-                  {"object", chat_ ? "chat.completion" : "text_completion"},
-                  {"created", created_},
-                  {"model", parsed_.model},
-                  {"choices", choices},
-                  {"usage", usage_json(prompt_tokens_, completion_tokens_, cached_tokens_)}});
+  json body = {
+      {"id", id_},           {"object", chat_ ? "chat.completion" : "text_completion"},
+      {"created", created_}, {"model", parsed_.model},
+      {"choices", choices},  {"usage", usage_json(prompt_tokens_, completion_tokens_, cached_tokens_)}};
+  // vLLM: a chat response's prompt ids at the top (completions carry them per choice).
+  if (parsed_.return_token_ids && chat_) body["prompt_token_ids"] = parsed_.prompts.front().prompt_ids;
+  send_json(200, body);
 }
 
 }  // namespace polylora::server

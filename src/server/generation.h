@@ -39,7 +39,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
   nlohmann::ordered_json finish_json(const ChoiceState& ch) const;
   void write_echo_chunks(size_t prompt_idx, std::string& out);
   std::string parsed_delta_chunk(size_t choice, ChoiceState& ch, const std::string& new_text,
+                                 const std::vector<int32_t>& new_token_ids,
                                  const std::vector<LogprobEntry>& new_logprobs, bool finished);
+  void add_token_ids(size_t choice, nlohmann::ordered_json& choice_json,
+                     const std::vector<int32_t>& new_token_ids);
   void send_json(int status, const nlohmann::ordered_json& body);
 
   ParsedRequest parsed_;

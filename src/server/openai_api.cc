@@ -116,6 +116,7 @@ void read_common(const json& body, ParsedRequest& out, SamplingParams& sp, const
   }
   if (ctx.force_include_usage && out.stream) out.include_usage = out.continuous_usage = true;  // as vLLM
   out.return_tokens_as_token_ids = bool_field(body, "return_tokens_as_token_ids", ctx.return_tokens_as_token_ids);
+  out.return_token_ids = bool_field(body, "return_token_ids", false);
   out.n = sp.n;
   if (const json* bo = get(body, "best_of")) {
     if (!bo->is_number_integer() || bo->get<int64_t>() != sp.n)
@@ -559,14 +560,44 @@ const std::vector<std::string>& known_fields(ApiKind kind) {
   // (no effect with a fast tokenizer, in vLLM too). use_beam_search and length_penalty are accepted only
   // with their default values. Structured outputs (response_format, structured_outputs, guided_*) are
   // added below; logits_processors, prompt_embeds, kv_transfer_params, vllm_xargs, documents,
-  // mm_processor_kwargs and return_token_ids are refused.
-  static const std::vector<std::string> common = {
-      "model", "stream", "stream_options", "n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed",
-      "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "max_tokens",
-      "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
-      "spaces_between_special_tokens", "logprobs", "prompt_logprobs", "allowed_token_ids", "bad_words",
-      "truncate_prompt_tokens", "add_special_tokens", "priority", "request_id", "cache_salt",
-      "return_tokens_as_token_ids", "user", "use_beam_search", "length_penalty", "echo"};
+  // and mm_processor_kwargs are refused.
+  static const std::vector<std::string> common = {"model",
+                                                  "stream",
+                                                  "stream_options",
+                                                  "n",
+                                                  "best_of",
+                                                  "temperature",
+                                                  "top_p",
+                                                  "top_k",
+                                                  "min_p",
+                                                  "seed",
+                                                  "presence_penalty",
+                                                  "frequency_penalty",
+                                                  "repetition_penalty",
+                                                  "logit_bias",
+                                                  "min_tokens",
+                                                  "max_tokens",
+                                                  "stop",
+                                                  "stop_token_ids",
+                                                  "include_stop_str_in_output",
+                                                  "ignore_eos",
+                                                  "skip_special_tokens",
+                                                  "spaces_between_special_tokens",
+                                                  "logprobs",
+                                                  "prompt_logprobs",
+                                                  "allowed_token_ids",
+                                                  "bad_words",
+                                                  "truncate_prompt_tokens",
+                                                  "add_special_tokens",
+                                                  "priority",
+                                                  "request_id",
+                                                  "cache_salt",
+                                                  "return_tokens_as_token_ids",
+                                                  "return_token_ids",
+                                                  "user",
+                                                  "use_beam_search",
+                                                  "length_penalty",
+                                                  "echo"};
   static const std::vector<std::string> common_with_structured = [] {
     std::vector<std::string> v = common;  // response_format, structured_outputs, guided_*
     v.insert(v.end(), structured_output_fields().begin(), structured_output_fields().end());

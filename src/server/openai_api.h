@@ -33,6 +33,10 @@ struct ParsedRequest {
   bool continuous_usage = false;
   bool echo = false;
   bool return_tokens_as_token_ids = false;
+  // vLLM's return_token_ids: the prompt's token ids (chat: the response's / first chunk's prompt_token_ids;
+  // completions: each choice's) and each choice's generated ids (streamed: each chunk's new ones) as
+  // token_ids.
+  bool return_token_ids = false;
   std::string role = "assistant";  // chat: the role of the generated message (vLLM's get_chat_request_role)
   int64_t n = 1;
   // chat: how the generated text is split into reasoning, content and tool calls (server/output_parser.h)
@@ -86,6 +90,7 @@ struct ChoiceState {
   std::optional<FinishReason> finish_reason;
   std::optional<StopReason> stop_reason;
   bool role_sent = false;
+  bool prompt_ids_sent = false;  // streamed completions with return_token_ids: the first chunk carried them
   std::optional<OutputParser> parser;   // streaming chat with a parser: the text so far, split
   std::vector<std::string> tool_call_ids;  // ids of the tool calls announced
 };

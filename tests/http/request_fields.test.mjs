@@ -197,6 +197,59 @@ describe('request fields and routes', () => {
     assert.equal(both.status, 400, both.text);
   });
 
+  test('return_token_ids: prompt_token_ids and token_ids as vLLM returns them, streamed and not, on both routes', async () => {
+    const stream = async (path, body) => {
+      const s = await fetch(`${server.base}${path}`, {
+        method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ model: MODEL, ...body, stream: true }),
+      });
+      assert.equal(s.status, 200);
+      const { events, done } = await readSse(s);
+      assert.ok(done);
+      return events.filter((e) => e.choices.length > 0);
+    };
+    // Completions: the ids per choice; checked against the logprobs' tokens written as ids.
+    const prompt = [5, 6, 7, 8, 9];
+    const r = await complete({ prompt, max_tokens: 6, return_token_ids: true, logprobs: 0, return_tokens_as_token_ids: true, ...GREEDY });
+    assert.equal(r.status, 200, r.text);
+    const c = r.json.choices[0];
+    assert.deepEqual(c.prompt_token_ids, prompt);
+    assert.equal(c.token_ids.length, 6);
+    assert.deepEqual(c.logprobs.tokens, c.token_ids.map((id) => `token_id:${id}`));
+    assert.equal(r.json.prompt_token_ids, undefined, 'completions carry them per choice');
+    const plain = await complete({ prompt, max_tokens: 6, ...GREEDY });
+    assert.equal(plain.json.choices[0].token_ids, undefined);
+    assert.equal(plain.json.choices[0].prompt_token_ids, undefined);
+    // n = 2 from a text prompt: each choice has the prompt's ids.
+    const two = await complete({ prompt: 'the cat', max_tokens: 4, n: 2, temperature: 1, seed: 5, ignore_eos: true, return_token_ids: true });
+    const ids = await tokenize('the cat');
+    for (const ch of two.json.choices) {
+      assert.deepEqual(ch.prompt_token_ids.slice(-ids.length), ids);
+      assert.equal(ch.token_ids.length, 4);
+    }
+    // Streamed: the prompt's ids in each choice's first chunk only, the new ids in every chunk.
+    let events = await stream('/completions', { prompt, max_tokens: 6, return_token_ids: true, ...GREEDY });
+    assert.deepEqual(events[0].choices[0].prompt_token_ids, prompt);
+    for (const e of events.slice(1)) assert.equal(e.choices[0].prompt_token_ids, undefined);
+    assert.deepEqual(events.flatMap((e) => e.choices[0].token_ids), c.token_ids);
+    // Chat: the prompt's ids (the rendered template's tokens) at the top, the generated ones per choice.
+    const messages = [{ role: 'user', content: 'name a colour' }];
+    const rendered = (await post('/tokenize', { model: MODEL, messages })).json.tokens;
+    const m = await chat({ messages, max_tokens: 5, return_token_ids: true, ...GREEDY });
+    assert.equal(m.status, 200, m.text);
+    assert.deepEqual(m.json.prompt_token_ids, rendered);
+    assert.equal(m.json.choices[0].token_ids.length, m.json.usage.completion_tokens);
+    assert.equal(m.json.usage.prompt_tokens, rendered.length);
+    events = await stream('/chat/completions', { messages, max_tokens: 5, return_token_ids: true, ...GREEDY });
+    assert.deepEqual(events[0].prompt_token_ids, rendered, 'the role chunk carries the prompt ids');
+    assert.equal(events[0].choices[0].delta.role, 'assistant');
+    for (const e of events.slice(1)) assert.equal(e.prompt_token_ids, undefined);
+    assert.deepEqual(events.slice(1).flatMap((e) => e.choices[0].token_ids), m.json.choices[0].token_ids);
+    // Its type is checked.
+    const bad = await chat({ messages, max_tokens: 2, return_token_ids: 'yes' });
+    assert.equal(bad.status, 400, bad.text);
+    assert.match(bad.json.error.message, /'return_token_ids' must be a boolean/);
+  });
+
   test('request_id and X-Request-Id name the response (the header first); the header is echoed', async () => {
     let r = await complete({ prompt: [5, 6, 7], max_tokens: 2, request_id: 'my-req-1' });
     assert.equal(r.status, 200, r.text);
