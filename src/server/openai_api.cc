@@ -481,6 +481,20 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
     if (!obody["chat_template_kwargs"].is_object()) fail("'chat_template_kwargs' must be an object");
     for (const auto& [key, value] : obody["chat_template_kwargs"].items()) in.kwargs[key] = value;  // request wins
   }
+  if (const json* docs = get(body, "documents")) {
+    // vLLM: documents for retrieval-augmented templates (Command-R, Granite), the template variable
+    // `documents`: a list of objects of string values (e.g. "title" and "text"). The field wins over
+    // chat_template_kwargs.documents.
+    if (!docs->is_array()) fail("'documents' must be a list of objects, got {}", docs->type_name());
+    for (size_t i = 0; i < docs->size(); ++i) {
+      const json& d = (*docs)[i];
+      if (!d.is_object()) fail("'documents[{}]' must be an object, got {}", i, d.type_name());
+      for (const auto& [key, value] : d.items())
+        if (!value.is_string())
+          fail("'documents[{}].{}' must be a string, got {}", i, key, value.type_name());
+    }
+    in.kwargs["documents"] = *docs;
+  }
   if (const json* re = get(body, "reasoning_effort")) {
     // vLLM hands it to the chat template as the variable `reasoning_effort` (GPT-OSS's template reads it).
     if (!re->is_string() || (re->get<std::string>() != "low" && re->get<std::string>() != "medium" &&
@@ -559,8 +573,8 @@ const std::vector<std::string>& known_fields(ApiKind kind) {
   // end-user identifier with no effect on generation, in vLLM too) and `spaces_between_special_tokens`
   // (no effect with a fast tokenizer, in vLLM too). use_beam_search and length_penalty are accepted only
   // with their default values. Structured outputs (response_format, structured_outputs, guided_*) are
-  // added below; logits_processors, prompt_embeds, kv_transfer_params, vllm_xargs, documents,
-  // and mm_processor_kwargs are refused.
+  // added below; logits_processors, prompt_embeds, kv_transfer_params, vllm_xargs and
+  // mm_processor_kwargs are refused.
   static const std::vector<std::string> common = {"model",
                                                   "stream",
                                                   "stream_options",
@@ -614,7 +628,7 @@ const std::vector<std::string>& known_fields(ApiKind kind) {
          {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "chat_template",
           "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "reasoning_effort",
           "parallel_tool_calls", "include_reasoning", "store", "metadata", "service_tier", "prompt_cache_key",
-          "safety_identifier"})
+          "safety_identifier", "documents"})
       v.push_back(f);
     return v;
   }();

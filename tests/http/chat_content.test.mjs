@@ -112,4 +112,22 @@ describe('chat template content format', () => {
   test('an unknown --chat-template-content-format is refused at start-up', async () => {
     await assert.rejects(startServer(['--model', MODEL, '--chat-template-content-format', 'html']), /chat-template-content-format/);
   });
+  test('documents reach the template as the variable documents (vLLM; retrieval-augmented templates)', async () => {
+    const template = '{% if documents %}{% for d in documents %}[{{ d.title }}|{{ d.text }}]{% endfor %}' +
+      '{% else %}none{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}';
+    const messages = [{ role: 'user', content: 'hi' }];
+    const render = (extra) => ids(auto, { model: MODEL, messages, chat_template: template, add_generation_prompt: false, ...extra });
+    const docs = [{ title: 'a', text: 'b' }, { title: 'c', text: 'd' }];
+    assert.deepEqual(await render({ documents: docs }), await text(auto, '[a|b][c|d]<user>hi'));
+    assert.deepEqual(await render({}), await text(auto, 'none<user>hi'));
+    // The field wins over chat_template_kwargs.documents.
+    assert.deepEqual(await render({ documents: docs, chat_template_kwargs: { documents: [{ title: 'x', text: 'y' }] } }),
+      await text(auto, '[a|b][c|d]<user>hi'));
+    // A chat completion takes it too; a value that is not a string is a 400 naming it.
+    let r = await request(`${auto.url}/v1/chat/completions`, { body: { model: MODEL, messages, documents: docs, max_tokens: 2 } });
+    assert.equal(r.status, 200, r.text);
+    r = await request(`${auto.url}/v1/chat/completions`, { body: { model: MODEL, messages, documents: [{ title: 1 }], max_tokens: 2 } });
+    assert.equal(r.status, 400, r.text);
+    assert.match(r.json.error.message, /'documents\[0\]\.title' must be a string/);
+  });
 });
