@@ -9,7 +9,8 @@
 # Prints OTPS and p99 / median TTFT of both and their ratios (goals: OTPS >= 0.85x, p99 TTFT <= 2x), the
 # tiers run's loads, evictions, uploads (from /metrics: polylora:adapter_upload_seconds/_bytes_total) as
 # loads per second and seconds / GB/s per adapter swap, and the pinned host-to-device copy rate measured in
-# the same run (torch, 1 GiB) for comparison. Writes $OUT/tiers.txt and the bench JSONs under $OUT.
+# the same run (torch, 1 GiB) for comparison. Writes $OUT/tiers.txt and the servers' logs to $OUT, the bench JSONs
+# and metrics under $WORK (default /tmp/tiers-work).
 # Env: CONFIG, CONCS, NP (prompts per concurrency unit, default 4), IN/OL (512 / 128), BUILD (build-gpu).
 set -uo pipefail
 OUT=${OUT:-/tmp/tiers}
@@ -22,6 +23,9 @@ IN=${IN:-512}
 OL=${OL:-128}
 BUILD=${BUILD:-build-gpu}
 S="$OUT/tiers.txt"
+# Everything but the summary and the servers' logs in a work folder (the device tool returns few files).
+W=${WORK:-/tmp/tiers-work}
+mkdir -p "$W"
 BIN=$BUILD/src/apps/polylora
 if [ ! -x "$BIN" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a >> "$OUT/build.txt" 2>&1
@@ -35,7 +39,7 @@ cp "$CONFIG/config.json" $D/
 zcat tests/data/tokenizers/o200k/tokenizer.json.gz > $D/tokenizer.json
 A=/tmp/tiers-adapters
 if [ ! -f $A/a64/adapter_config.json ]; then
-  python3 .device-carry/peers/gen_adapters.py $D $A 8 --rank 16 >> "$OUT/gen.txt" 2>&1 || { tail "$OUT/gen.txt"; exit 1; }
+  python3 .device-carry/peers/gen_adapters.py $D $A 8 --rank 16 >> "$W/gen.txt" 2>&1 || { tail "$W/gen.txt"; exit 1; }
   for i in $(seq 9 64); do
     src=$A/a$(( (i - 1) % 8 + 1 ))
     mkdir -p $A/a$i
@@ -77,24 +81,24 @@ run_mode() {  # label, serve flags...
   stamp "serve $label up"
   # Warm-up: every adapter used once (resident: all 64 take their slots before the measured runs).
   "$BIN" bench serve --port $PORT --model base --num-prompts 64 --random-input-len 16 --random-output-len 2 \
-    --max-concurrency 64 --lora-modules $names --lora-assignment round-robin > "$OUT/warm-$label.txt" 2>&1
-  curl -s localhost:$PORT/metrics | grep -E "^polylora:adapter_(loads|evictions|upload)" > "$OUT/metrics0-$label.txt"
+    --max-concurrency 64 --lora-modules $names --lora-assignment round-robin > "$W/warm-$label.txt" 2>&1
+  curl -s localhost:$PORT/metrics | grep -E "^polylora:adapter_(loads|evictions|upload)" > "$W/metrics0-$label.txt"
   for c in $CONCS; do
     local n=$((c * NP))
     [ $n -lt 32 ] && n=32
     "$BIN" bench serve --port $PORT --model base --num-prompts $n --random-input-len $IN --random-output-len $OL \
       --max-concurrency $c --lora-modules $names --lora-assignment random --seed 7 --percentile-metrics ttft,tpot \
-      --metric-percentiles 50,99 --save-result --result-dir "$OUT" --result-filename "$label-c$c.json" \
-      > "$OUT/bench-$label-c$c.txt" 2>&1
+      --metric-percentiles 50,99 --save-result --result-dir "$W" --result-filename "$label-c$c.json" \
+      > "$W/bench-$label-c$c.txt" 2>&1
     stamp "bench $label c$c"
   done
-  curl -s localhost:$PORT/metrics | grep -E "^polylora:adapter_(loads|evictions|upload)" > "$OUT/metrics1-$label.txt"
+  curl -s localhost:$PORT/metrics | grep -E "^polylora:adapter_(loads|evictions|upload)" > "$W/metrics1-$label.txt"
   kill $sp
   wait $sp 2> /dev/null
 }
 run_mode resident --max-loras 64 --max-cpu-loras 64
 run_mode tiers --max-loras 8 --max-cpu-loras 64
-python3 - "$OUT" "$CONCS" >> "$S" <<'PY'
+python3 - "$W" "$CONCS" >> "$S" <<'PY'
 import json, os, re, sys
 out, concs = sys.argv[1], sys.argv[2].split()
 def metrics(path):

@@ -2,8 +2,8 @@
 # On the GPU machine (docs/gpu-machine.md; carry [".device-carry"]): the first call of a device session.
 # Builds, runs the whole GPU suite (the defaults are what every GPU user runs), then the batch-1 kernel
 # timelines of GPT-OSS-20B (MXFP4 base, MXFP4 with 8 adapters, bf16) and the decode rates at batch 1 / 16 /
-# 64 of both configs. Writes $OUT/tests.txt (the failures also to stdout), $OUT/timeline-*.txt
-# (scripts/trace_steps.py: per-layer increments), $OUT/device.txt and $OUT/times.txt. About 8 minutes on
+# 64 of both configs. Writes $OUT/tests.txt (the failures also to stdout), $OUT/timelines.txt
+# (scripts/trace_steps.py: per-layer increments, one section per run; the device tool returns few files), $OUT/device.txt and $OUT/times.txt. About 8 minutes on
 # a fresh machine. Env: TESTS (a gtest filter; default all), TEST_TIMEOUT (seconds, default 300), SKIP
 # (space-separated parts to leave out: tests timeline device),
 # TIMELINES (config:loras:batch items; default MXFP4 b1 with 0 and 8 adapters, bf16 b1, both at b16).
@@ -31,7 +31,8 @@ if ! skip timeline; then
     CUDA_INJECTION64_PATH=$TR POLYLORA_TRACE_OUT=/tmp/t-$label.csv POLYLORA_TRACE_KERNELS_ONLY=1 timeout 150 \
       "$B" device --config "tests/data/configs/$1" --device cuda --prompt-len 512 --decode-tokens 32 --batches "$3" \
       --loras "$2" 2>&1 | grep -E "^batch" | tee -a "$OUT/device.txt"
-    python3 scripts/trace_steps.py /tmp/t-$label.csv --layer-period -1 --layer-offset 2 > "$OUT/timeline-$label.txt" 2>&1
+    { echo "== timeline $label"; python3 scripts/trace_steps.py /tmp/t-$label.csv --layer-period -1 --layer-offset 2; } \
+      >> "$OUT/timelines.txt" 2>&1
     stamp "timeline $label"
   done
 fi
