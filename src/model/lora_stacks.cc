@@ -110,6 +110,11 @@ void LoraStacks::stop_upload_thread() {
 }
 
 void LoraStacks::release() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    image_jobs_.clear();  // images of the stacks about to go
+    cv_.wait(lock, [&] { return !image_building_; });
+  }
   wait_uploads();  // the upload thread writes into the allocations below
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -505,10 +510,27 @@ void LoraStacks::upload_main() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] {
-      return stop_ || std::any_of(jobs_.begin(), jobs_.end(), [](const Job& j) { return !j.done; });
+      return stop_ || !image_jobs_.empty() ||
+             std::any_of(jobs_.begin(), jobs_.end(), [](const Job& j) { return !j.done; });
     });
     if (stop_) return;
     auto it = std::find_if(jobs_.begin(), jobs_.end(), [](const Job& j) { return !j.done; });
+    if (it == jobs_.end()) {  // no copy waits: build the next image asked for
+      std::shared_ptr<const LoraAdapter> adapter = image_jobs_.front().lock();
+      image_jobs_.pop_front();
+      if (!adapter) continue;  // gone meanwhile
+      image_building_ = true;
+      lock.unlock();
+      try {
+        host_image(adapter, /*build=*/true);
+      } catch (const std::exception& e) {
+        spdlog::warn("LoRA host image of adapter '{}' not built: {}", adapter->name, e.what());
+      }
+      lock.lock();
+      image_building_ = false;
+      cv_.notify_all();
+      continue;
+    }
     const int32_t slot = it->slot;
     std::shared_ptr<const LoraAdapter> adapter = it->adapter;
     const int delay_ms = it->delay_ms;
@@ -517,9 +539,17 @@ void LoraStacks::upload_main() {
     std::string error;
     size_t bytes = 0;
     const auto t0 = std::chrono::steady_clock::now();
+    bool ask_image = false;
     try {
-      const HostImage* image = host_image(adapter);
-      bytes = image != nullptr ? upload_from_image(slot, *image) : write_weights_parallel(slot, *adapter);
+      const HostImage* image = host_image(adapter, /*build=*/false);
+      if (image != nullptr) {
+        bytes = upload_from_image(slot, *image);
+      } else {
+        // The first copy converts through the staging buffers (no slower than before images); the image
+        // for the next ones is built once no copy waits.
+        bytes = write_weights_parallel(slot, *adapter);
+        ask_image = image_budget_.load() > 0;
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -535,11 +565,21 @@ void LoraStacks::upload_main() {
     ++timing_.count;
     timing_.seconds += seconds;
     timing_.bytes += bytes;
+    if (ask_image && error.empty()) image_jobs_.push_back(adapter);
     cv_.notify_all();
   }
 }
 
-const LoraStacks::HostImage* LoraStacks::host_image(const std::shared_ptr<const LoraAdapter>& adapter) {
+void LoraStacks::wait_host_images() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    return image_jobs_.empty() && !image_building_ &&
+           std::all_of(jobs_.begin(), jobs_.end(), [](const Job& j) { return j.done; });
+  });
+}
+
+const LoraStacks::HostImage* LoraStacks::host_image(const std::shared_ptr<const LoraAdapter>& adapter,
+                                                    bool build) {
   const size_t budget = image_budget_.load();
   // Images of adapters no longer alive go first (their objects' addresses may be reused).
   for (size_t i = images_.size(); i-- > 0;)
@@ -553,6 +593,7 @@ const LoraStacks::HostImage* LoraStacks::host_image(const std::shared_ptr<const 
       im.last_use = ++image_clock_;
       return &im;
     }
+  if (!build) return nullptr;
   // Partitioned by layer over the fill threads as write_weights_parallel does; a counting pass first gives
   // each thread's offset in the image.
   const size_t n = std::max<size_t>(1, async_.size());

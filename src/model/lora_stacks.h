@@ -78,19 +78,22 @@ class LoraStacks {
   // The slot holds nothing from now on (its scales are 0).
   void clear(int32_t slot);
 
-  // Host images, for asynchronous uploads: the first one of an adapter converts its weights once into a
-  // host buffer from Backend::alloc_host (page-locked on CUDA) laid out as one slot's regions of the
-  // stacks, and every later upload of that adapter is only the copies out of it, at the bus's rate, with
-  // no host-side conversion (session 42, H100: 71 ms per 370 MB GPT-OSS-20B adapter through the staging
-  // buffers, 5.2 GB/s, where the pinned copy rate was 55 GB/s). An image lives while its adapter object
-  // does (the registry's host tier or a slot holds it), within a budget of host bytes (the least recently
-  // uploaded images go first; an adapter larger than the budget, or a failed allocation, takes the
-  // staging path). 0 turns images off. Default: a quarter of the host's memory on CUDA, 0 on the CPU (its
-  // stacks are host memory already); env POLYLORA_LORA_HOST_IMAGE_GB (GB, may be fractional).
+  // Host images, for asynchronous uploads: after an adapter's first upload (through the staging buffers)
+  // the upload thread, once no copy waits, converts its weights once into a host buffer from
+  // Backend::alloc_host (page-locked on CUDA) laid out as one slot's regions of the stacks, and every later
+  // upload of that adapter is only the copies out of it, at the bus's rate, with no host-side conversion
+  // (session 42, H100: 71 ms per 370 MB GPT-OSS-20B adapter through the staging buffers, 5.2 GB/s, where the
+  // pinned copy rate was 55 GB/s). An image lives while its adapter object does (the registry's host tier or
+  // a slot holds it), within a budget of host bytes (the least recently uploaded images go first; an adapter
+  // larger than the budget, or a failed allocation, takes the staging path). 0 turns images off. Default: a
+  // quarter of the host's memory on CUDA, 0 on the CPU (its stacks are host memory already); env
+  // POLYLORA_LORA_HOST_IMAGE_GB (GB, may be fractional).
   void set_host_image_budget(size_t bytes) { image_budget_.store(bytes); }
   size_t host_image_budget() const { return image_budget_.load(); }
   // Images held now and their bytes.
   int64_t host_images() const { return image_count_.load(); }
+  // Waits until the copies queued and the images asked for are done (tests).
+  void wait_host_images();
   size_t host_image_bytes() const { return image_bytes_.load(); }
   // Whether `slot` holds this adapter (the same object and registry version; unregistered adapters, of
   // version 0, never match, so they are copied at every use).
@@ -182,9 +185,10 @@ class LoraStacks {
   // write_weights split by layer over the upload stagers, one thread each (the host-side fill of the
   // staging buffers is what limits a copy).
   size_t write_weights_parallel(int32_t slot, const LoraAdapter& adapter);
-  // The adapter's host image, built now if it has none (upload thread); nullptr where images are off,
-  // the adapter does not fit the budget or the host memory cannot be had.
-  const HostImage* host_image(const std::shared_ptr<const LoraAdapter>& adapter);
+  // The adapter's host image (upload thread); with `build`, made now if it has none. nullptr where images
+  // are off, there is none (and not `build`), the adapter does not fit the budget or the host memory
+  // cannot be had.
+  const HostImage* host_image(const std::shared_ptr<const LoraAdapter>& adapter, bool build);
   // The copies of an image into `slot` on the upload staging's queue, waited for; returns the bytes.
   size_t upload_from_image(int32_t slot, const HostImage& image);
   void free_image(HostImage& image);
@@ -223,6 +227,9 @@ class LoraStacks {
   std::thread thread_;
   // Host images: used by the upload thread only (and by release() once it is idle).
   std::vector<HostImage> images_;
+  // Images to build once no copy waits (an adapter's first copy asks for one), under mu_.
+  std::deque<std::weak_ptr<const LoraAdapter>> image_jobs_;
+  bool image_building_ = false;
   uint64_t image_clock_ = 0;
   bool image_logged_ = false;
   std::atomic<size_t> image_budget_{0};

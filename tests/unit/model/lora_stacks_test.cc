@@ -1,6 +1,7 @@
-// Tests of model/lora_stacks: asynchronous uploads through host images (the adapter converted once into a
-// host buffer in the slot layout, then only copied) write exactly what the staging path writes, images
-// are reused, bounded by their budget, dropped with their adapter, and evicted least recently used first.
+// Tests of model/lora_stacks: asynchronous uploads out of host images (an adapter's first upload goes
+// through the staging buffers and asks for its image: the adapter converted once into a host buffer in
+// the slot layout; later uploads only copy it) write exactly what the staging path writes, images are
+// reused, bounded by their budget, dropped with their adapter, and evicted least recently used first.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -65,9 +66,11 @@ std::vector<unsigned char> slot_bytes(const LoraStacks& st, const ModelConfig& c
   return out;
 }
 
+// An asynchronous upload, then the image it asked for (if any) built.
 void upload(LoraStacks& st, int32_t slot, std::shared_ptr<const LoraAdapter> a) {
   st.begin_upload(slot, std::move(a));
   st.finish_upload(slot);
+  st.wait_host_images();
 }
 
 class LoraStacksImages : public ::testing::TestWithParam<std::string> {};
@@ -85,9 +88,9 @@ TEST_P(LoraStacksImages, ImageUploadsEqualTheStagingPath) {
     upload(st, 0, a);  // the staging path
     st.set_host_image_budget(size_t{1} << 40);
     const int64_t images = st.host_images();
-    upload(st, 1, a);  // builds the image
+    upload(st, 1, a);  // through the staging buffers, then builds the image
     EXPECT_EQ(st.host_images(), images + 1);
-    upload(st, 2, a);  // reuses it
+    upload(st, 2, a);  // out of the image
     EXPECT_EQ(st.host_images(), images + 1);
     const std::vector<unsigned char> s0 = slot_bytes(st, f.config, 0);
     ASSERT_EQ(slot_bytes(st, f.config, 1), s0);
