@@ -110,12 +110,14 @@ void LoraStacks::stop_upload_thread() {
 }
 
 void LoraStacks::release() {
+  wait_uploads();  // the upload thread writes into the allocations below
   {
+    // Images asked for by the copies just done are of the stacks about to go: dropped, and the one under
+    // way finished before images_ is touched here (no copy starts meanwhile: the caller's contract).
     std::unique_lock<std::mutex> lock(mu_);
-    image_jobs_.clear();  // images of the stacks about to go
+    image_jobs_.clear();
     cv_.wait(lock, [&] { return !image_building_; });
   }
-  wait_uploads();  // the upload thread writes into the allocations below
   {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.clear();
