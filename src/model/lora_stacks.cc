@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include <spdlog/spdlog.h>
 
@@ -83,6 +84,25 @@ size_t default_image_budget(DeviceKind kind) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return 0;
   return static_cast<size_t>(pages) * static_cast<size_t>(page) / 4;
+}
+
+// fn(k) for k in [0, n): k = 0 on the calling thread, the others on threads of their own; the first
+// error (in k order) is thrown once all are done.
+void on_threads(size_t n, const std::function<void(size_t)>& fn) {
+  std::vector<std::string> errors(n);
+  auto run = [&](size_t k) {
+    try {
+      fn(k);
+    } catch (const std::exception& e) {
+      errors[k] = e.what();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t k = 1; k < n; ++k) threads.emplace_back(run, k);
+  run(0);
+  for (std::thread& t : threads) t.join();
+  for (const std::string& e : errors)
+    if (!e.empty()) fail("{}", e);
 }
 
 }  // namespace
@@ -318,24 +338,9 @@ size_t LoraStacks::write_weights_parallel(int32_t slot, const LoraAdapter& ad) {
   const size_t n = async_.size();
   CHECK(n > 0);
   std::vector<size_t> bytes(n, 0);
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (size_t k = 1; k < n; ++k)
-    threads.emplace_back([&, k] {
-      try {
-        bytes[k] = write_weights(async_[k], slot, ad, static_cast<int64_t>(k), static_cast<int64_t>(n));
-      } catch (const std::exception& e) {
-        errors[k] = e.what();
-      }
-    });
-  try {
-    bytes[0] = write_weights(async_[0], slot, ad, 0, static_cast<int64_t>(n));
-  } catch (const std::exception& e) {
-    errors[0] = e.what();
-  }
-  for (std::thread& t : threads) t.join();
-  for (const std::string& e : errors)
-    if (!e.empty()) fail("{}", e);
+  on_threads(n, [&](size_t k) {
+    bytes[k] = write_weights(async_[k], slot, ad, static_cast<int64_t>(k), static_cast<int64_t>(n));
+  });
   size_t total = 0;
   for (size_t b : bytes) total += b;
   return total;
@@ -636,26 +641,17 @@ const LoraStacks::HostImage* LoraStacks::host_image(const std::shared_ptr<const 
                .bytes = total,
                .segments = {},
                .last_use = ++image_clock_};
-  std::vector<std::string> errors(n);
-  auto fill = [&](size_t k) {
-    try {
+  try {
+    on_threads(n, [&](size_t k) {
       parts[k].sink = Sink::kImage;
       parts[k].image = data;
       parts[k].image_off = offsets[k];
       write_weights(parts[k], 0, *adapter, static_cast<int64_t>(k), static_cast<int64_t>(n));
-    } catch (const std::exception& e) {
-      errors[k] = e.what();
-    }
-  };
-  std::vector<std::thread> threads;
-  for (size_t k = 1; k < n; ++k) threads.emplace_back(fill, k);
-  fill(0);
-  for (std::thread& t : threads) t.join();
-  for (const std::string& e : errors)
-    if (!e.empty()) {
-      be_.free_host(data);
-      fail("{}", e);
-    }
+    });
+  } catch (...) {
+    be_.free_host(data);
+    throw;
+  }
   for (Stager& p : parts) im.segments.insert(im.segments.end(), p.segments.begin(), p.segments.end());
   if (!image_logged_) {
     image_logged_ = true;

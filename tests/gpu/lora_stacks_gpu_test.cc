@@ -14,6 +14,7 @@
 #include "gpu/gpu_test_util.h"
 #include "lora/adapter.h"
 #include "model/lora_stacks.h"
+#include "unit/model/lora_stacks_test_util.h"
 #include "unit/test_util.h"
 
 namespace polylora {
@@ -23,33 +24,8 @@ namespace fs = std::filesystem;
 
 std::vector<unsigned char> device_slot_bytes(Backend& be, const LoraStacks& st, const ModelConfig& c,
                                              int32_t slot) {
-  std::vector<unsigned char> out;
-  const size_t es = dtype_size(st.dtype());
-  auto take = [&](const void* base, size_t per_slot_elems) {
-    const size_t n = per_slot_elems * es;
-    const size_t at = out.size();
-    out.resize(at + n);
-    be.copy_to_host(out.data() + at, static_cast<const unsigned char*>(base) + static_cast<size_t>(slot) * n,
-                    n);
-  };
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    for (size_t m = 0; m < kNumLoraModules; ++m) {
-      const kernels::LoraStack d = st.dense(l, static_cast<LoraModule>(m));
-      if (d.empty()) continue;
-      take(d.a, static_cast<size_t>(d.rank * d.in));
-      take(d.b, static_cast<size_t>(d.out * d.rank));
-    }
-    const kernels::MoeLoraStack x = st.experts(l);
-    if (x.empty()) continue;
-    const auto E = static_cast<size_t>(c.num_experts), R = static_cast<size_t>(x.rank),
-               H = static_cast<size_t>(c.hidden_size), I = static_cast<size_t>(c.moe_intermediate_size),
-               G = static_cast<size_t>(x.gu_slices);
-    take(x.a_gu, E * G * R * H);
-    take(x.b_gu, E * 2 * I * R);
-    take(x.a_down, E * R * I);
-    take(x.b_down, E * H * R);
-  }
-  return out;
+  return testing_util::lora_slot_bytes(
+      st, c, slot, [&](void* dst, const void* src, size_t n) { be.copy_to_host(dst, src, n); });
 }
 
 TEST(LoraStacksGpu, ImageUploadsEqualTheStagingPath) {
