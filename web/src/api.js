@@ -85,16 +85,21 @@ export async function streamChat({ key, model, messages, sampling, signal, onDel
   }
   const tEnd = performance.now();
   const tokens = usage?.completion_tokens ?? pieces;
-  // Decode speed: tokens after the first one over the time after the first one.
+  // Decode speed: tokens after the first one over the time after the first one. When every token came in
+  // one read (a fast server coalesces its chunks; the browser's clock is coarse) that time is 0: then the
+  // rate over the whole request, the one figure left.
   const decodeMs = tFirst === null ? 0 : tEnd - tFirst;
-  const tokensPerSecond = tokens > 1 && decodeMs > 0 ? ((tokens - 1) * 1000) / decodeMs : null;
+  const totalMs = tEnd - t0;
+  let tokensPerSecond = null;
+  if (tokens > 1 && decodeMs > 0) tokensPerSecond = ((tokens - 1) * 1000) / decodeMs;
+  else if (tokens > 0 && totalMs > 0) tokensPerSecond = (tokens * 1000) / totalMs;
   return {
     text,
     finishReason,
     usage,
     tokens,
     ttftMs: tFirst === null ? null : tFirst - t0,
-    totalMs: tEnd - t0,
+    totalMs,
     tokensPerSecond,
   };
 }
