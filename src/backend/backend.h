@@ -72,10 +72,6 @@ class UploadStaging {
   virtual void wait(int i) = 0;
   // Queues the upload of `block`, whose values are the first bytes of buffer i (at most buffer_bytes()).
   virtual void upload(int i, const UploadBlock& block) = 0;
-  // Queues a copy of `bytes` from the caller's host memory (alloc_host() memory for an asynchronous copy
-  // at the bus's rate; it must stay untouched until finish()) to backend memory, on the staging's copy
-  // queue. Default (host memory): memcpy at once.
-  virtual void copy_from_host(void* dst, const void* src, size_t bytes);
   // Waits for every upload; their results are then visible to everything queued on the backend later.
   virtual void finish() = 0;
 };

@@ -106,10 +106,6 @@ void check_upload_block(const UploadBlock& b, size_t buffer_bytes) {
   CHECK(b.dst != nullptr || b.rows * b.cols == 0);
 }
 
-void UploadStaging::copy_from_host(void* dst, const void* src, size_t bytes) {
-  if (bytes > 0) std::memcpy(dst, src, bytes);
-}
-
 std::unique_ptr<UploadStaging> Backend::make_upload_staging(int num_buffers, size_t buffer_bytes) {
   CHECK(num_buffers > 0 && buffer_bytes > 0);
   return std::make_unique<HostUploadStaging>(num_buffers, buffer_bytes);

@@ -328,6 +328,7 @@ AdapterRegistryStats AdapterRegistry::stats() const {
   s.upload_count = t.count;
   s.upload_seconds = t.seconds;
   s.upload_bytes = static_cast<double>(t.bytes);
+  s.uploads_from_image = t.from_image;
   for (const auto& [v, e] : entries_) {
     if (e.removed) continue;
     if (e.host)

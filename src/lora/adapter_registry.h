@@ -55,6 +55,7 @@ struct AdapterRegistryStats {
   int64_t upload_count = 0;
   double upload_seconds = 0;
   double upload_bytes = 0;
+  int64_t uploads_from_image = 0;  // those copied out of the adapter's host image
   // Disk -> host load latency: counts per upper bound (seconds, cumulative as Prometheus buckets).
   static constexpr std::array<double, 10> kLatencyBounds = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                             0.05,  0.1,    0.25,  1.0,  5.0};

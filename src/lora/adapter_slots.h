@@ -42,6 +42,7 @@ class AdapterDevice {
     int64_t count = 0;
     double seconds = 0;
     size_t bytes = 0;
+    int64_t from_image = 0;  // copies out of a host image (LoraStacks)
   };
   virtual UploadTiming upload_timing() const { return {}; }
 };

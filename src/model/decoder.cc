@@ -233,7 +233,7 @@ void Model::finish_upload(int32_t slot) {
 AdapterDevice::UploadTiming Model::upload_timing() const {
   if (!lora_) return {};
   const LoraStacks::UploadTiming t = lora_->upload_timing();
-  return {.count = t.count, .seconds = t.seconds, .bytes = t.bytes};
+  return {.count = t.count, .seconds = t.seconds, .bytes = t.bytes, .from_image = t.from_image};
 }
 
 void Model::fit_stacks(int32_t slot, const LoraAdapter& adapter) {

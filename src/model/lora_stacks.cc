@@ -467,7 +467,7 @@ void LoraStacks::activate(int32_t slot, const LoraAdapter& ad) {
     }
   }
   upload_scales();
-  held_[static_cast<size_t>(slot)] = {&ad, ad.generation};
+  held_[static_cast<size_t>(slot)] = {.adapter = &ad, .generation = ad.generation, .owner = {}};
 }
 
 void LoraStacks::zero_scales(int32_t slot) {
@@ -486,7 +486,24 @@ void LoraStacks::clear(int32_t slot) {
   if (slot < 0 || slot >= slots_) return;
   CHECK_MSG(!upload_pending(slot), "LoRA slot {} is cleared while an upload into it is pending", slot);
   zero_scales(slot);
-  held_[static_cast<size_t>(slot)] = {};
+  std::shared_ptr<const LoraAdapter> leaving = leave(slot, nullptr);
+  if (!leaving) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    image_jobs_.push_back(leaving);
+    stop_ = false;
+    if (!thread_.joinable()) thread_ = std::thread([this] { upload_main(); });
+  }
+  cv_.notify_all();
+}
+
+std::shared_ptr<const LoraAdapter> LoraStacks::leave(int32_t slot,
+                                                     const std::shared_ptr<const LoraAdapter>& incoming) {
+  Held& held = held_[static_cast<size_t>(slot)];
+  std::shared_ptr<const LoraAdapter> leaving = held.owner.lock();
+  held = {};
+  if (leaving == incoming || leaving == nullptr || image_budget_.load() == 0) return nullptr;
+  return leaving;
 }
 
 void LoraStacks::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> adapter, int delay_ms) {
@@ -502,9 +519,10 @@ void LoraStacks::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> a
   }
   // Steps launched from now on skip the slot (its stale rows are overwritten while they may run).
   if (held_[static_cast<size_t>(slot)].adapter) zero_scales(slot);
-  held_[static_cast<size_t>(slot)] = {};
+  std::shared_ptr<const LoraAdapter> leaving = leave(slot, adapter);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (leaving) image_jobs_.push_back(leaving);
     jobs_.push_back(
         {.slot = slot, .adapter = std::move(adapter), .done = false, .error = {}, .delay_ms = delay_ms});
     stop_ = false;
@@ -546,17 +564,11 @@ void LoraStacks::upload_main() {
     std::string error;
     size_t bytes = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    bool ask_image = false;
+    bool imaged = false;
     try {
       const HostImage* image = host_image(adapter, /*build=*/false);
-      if (image != nullptr) {
-        bytes = upload_from_image(slot, *image);
-      } else {
-        // The first copy converts through the staging buffers (no slower than before images); the image
-        // for the next ones is built once no copy waits.
-        bytes = write_weights_parallel(slot, *adapter);
-        ask_image = image_budget_.load() > 0;
-      }
+      imaged = image != nullptr;
+      bytes = imaged ? upload_from_image(slot, *image) : write_weights_parallel(slot, *adapter);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -572,7 +584,7 @@ void LoraStacks::upload_main() {
     ++timing_.count;
     timing_.seconds += seconds;
     timing_.bytes += bytes;
-    if (ask_image && error.empty()) image_jobs_.push_back(adapter);
+    if (imaged && error.empty()) ++timing_.from_image;
     cv_.notify_all();
   }
 }
@@ -622,9 +634,9 @@ const LoraStacks::HostImage* LoraStacks::host_image(const std::shared_ptr<const 
     free_image(*lru);
     images_.erase(lru);
   }
-  std::byte* data = nullptr;
+  std::unique_ptr<std::byte[]> data;
   try {
-    data = static_cast<std::byte*>(be_.alloc_host(total));
+    data = std::make_unique_for_overwrite<std::byte[]>(total);
   } catch (const std::exception& e) {
     spdlog::warn(
         "LoRA host images off: {} bytes of host memory for adapter '{}' could not be had ({}); uploads "
@@ -633,33 +645,26 @@ const LoraStacks::HostImage* LoraStacks::host_image(const std::shared_ptr<const 
     image_budget_.store(0);
     return nullptr;
   }
-  if (data == nullptr) return nullptr;
   HostImage im{.adapter = adapter,
                .key = adapter.get(),
                .generation = adapter->generation,
-               .data = data,
+               .data = std::move(data),
                .bytes = total,
-               .segments = {},
+               .parts = {},
                .last_use = ++image_clock_};
-  try {
-    on_threads(n, [&](size_t k) {
-      parts[k].sink = Sink::kImage;
-      parts[k].image = data;
-      parts[k].image_off = offsets[k];
-      write_weights(parts[k], 0, *adapter, static_cast<int64_t>(k), static_cast<int64_t>(n));
-    });
-  } catch (...) {
-    be_.free_host(data);
-    throw;
-  }
-  for (Stager& p : parts) im.segments.insert(im.segments.end(), p.segments.begin(), p.segments.end());
+  on_threads(n, [&](size_t k) {
+    parts[k].sink = Sink::kImage;
+    parts[k].image = im.data.get();
+    parts[k].image_off = offsets[k];
+    write_weights(parts[k], 0, *adapter, static_cast<int64_t>(k), static_cast<int64_t>(n));
+  });
+  for (Stager& p : parts) im.parts.push_back(std::move(p.segments));
   if (!image_logged_) {
     image_logged_ = true;
     spdlog::info(
-        "LoRA host images: adapters kept in host memory in the slot layout ({}), up to {:.1f} GB; '{}' "
-        "takes {:.1f} MB",
-        be_.kind() == DeviceKind::kCuda ? "page-locked" : "plain", static_cast<double>(budget) / 1e9,
-        adapter->name, static_cast<double>(total) / 1e6);
+        "LoRA host images: adapters that left a device slot kept in host memory in the slot layout, up to "
+        "{:.1f} GB; '{}' takes {:.1f} MB",
+        static_cast<double>(budget) / 1e9, adapter->name, static_cast<double>(total) / 1e6);
   }
   image_bytes_ += total;
   ++image_count_;
@@ -668,20 +673,31 @@ const LoraStacks::HostImage* LoraStacks::host_image(const std::shared_ptr<const 
 }
 
 size_t LoraStacks::upload_from_image(int32_t slot, const HostImage& image) {
-  CHECK(!async_.empty());
-  UploadStaging& staging = *async_.front().staging;
-  for (const ImageSegment& sg : image.segments)
-    staging.copy_from_host(sg.base + static_cast<size_t>(slot) * sg.slot_bytes, image.data + sg.image_off,
-                           sg.bytes);
-  staging.finish();
+  const size_t n = std::min(async_.size(), image.parts.size());
+  CHECK(n > 0);
+  const size_t es = dtype_size(dtype_);
+  on_threads(n, [&](size_t k) {
+    Stager& st = async_[k];
+    const size_t cap = st.staging->buffer_bytes() / es * es;
+    for (size_t part = k; part < image.parts.size(); part += n)
+      for (const ImageSegment& sg : image.parts[part])
+        for (size_t o = 0; o < sg.bytes; o += cap) {
+          const size_t len = std::min(cap, sg.bytes - o);
+          int i = 0;
+          std::byte* buf = take_buffer(st, &i);
+          std::memcpy(buf, image.data.get() + sg.image_off + o, len);
+          submit(st, i, sg.base + static_cast<size_t>(slot) * sg.slot_bytes + o, 1,
+                 static_cast<int64_t>(len / es), dtype_);
+        }
+    st.staging->finish();
+  });
   return image.bytes;
 }
 
 void LoraStacks::free_image(HostImage& image) {
-  if (image.data != nullptr) be_.free_host(image.data);
+  image.data.reset();
   image_bytes_ -= image.bytes;
   --image_count_;
-  image.data = nullptr;
 }
 
 void LoraStacks::free_images() {
@@ -715,6 +731,7 @@ void LoraStacks::finish_upload(int32_t slot) {
   if (!job.error.empty())
     fail("uploading adapter '{}' into LoRA slot {} failed: {}", job.adapter->name, slot, job.error);
   activate(slot, *job.adapter);
+  held_[static_cast<size_t>(slot)].owner = job.adapter;
 }
 
 void LoraStacks::wait_uploads() {

@@ -72,22 +72,27 @@ class LoraStacks {
   struct UploadTiming {
     int64_t count = 0;
     double seconds = 0;
-    size_t bytes = 0;  // bytes written into the stacks
+    size_t bytes = 0;        // bytes written into the stacks
+    int64_t from_image = 0;  // copies out of a host image (the others converted through the staging)
   };
   UploadTiming upload_timing() const;
-  // The slot holds nothing from now on (its scales are 0).
+  // The slot holds nothing from now on (its scales are 0); the adapter leaving it gets its host image.
   void clear(int32_t slot);
 
-  // Host images, for asynchronous uploads: after an adapter's first upload (through the staging buffers)
-  // the upload thread, once no copy waits, converts its weights once into a host buffer from
-  // Backend::alloc_host (page-locked on CUDA) laid out as one slot's regions of the stacks, and every later
-  // upload of that adapter is only the copies out of it, at the bus's rate, with no host-side conversion
-  // (session 42, H100: 71 ms per 370 MB GPT-OSS-20B adapter through the staging buffers, 5.2 GB/s, where the
-  // pinned copy rate was 55 GB/s). An image lives while its adapter object does (the registry's host tier or
-  // a slot holds it), within a budget of host bytes (the least recently uploaded images go first; an adapter
-  // larger than the budget, or a failed allocation, takes the staging path). 0 turns images off. Default: a
-  // quarter of the host's memory on CUDA, 0 on the CPU (its stacks are host memory already); env
-  // POLYLORA_LORA_HOST_IMAGE_GB (GB, may be fractional).
+  // Host images, for asynchronous uploads: when an adapter leaves a slot (another adapter's upload takes
+  // it) the upload thread, once no copy waits, converts its weights once into plain host memory laid out
+  // as one slot's regions of the stacks, and every later upload of that adapter copies out of it (memcpy
+  // into the staging buffers by the fill threads, then the bus) with no per-value conversion. Images are
+  // made on eviction, not on the first upload: while every adapter keeps its slot they would never be
+  // read. The memory is not page-locked: pinning hundreds of MB while steps run stalls the engine's CUDA
+  // calls on the driver's locks (session 43, H100: a batch-1 decode step went from 2.75 to 6.8 ms while
+  // page-locked images were made), and the staging buffers are page-locked already. Session 42's swap
+  // through the staging path with conversion: 71 ms per 370 MB GPT-OSS-20B adapter (5.2 GB/s). An image
+  // lives while its adapter object does (the registry's host tier or a slot holds it), within a budget of
+  // host bytes (the least recently uploaded images go first; an adapter larger than the budget, or a failed
+  // allocation, takes the staging path). 0 turns images off. Default: a quarter of the host's memory on
+  // CUDA, 0 on the CPU (its stacks are host memory already); env POLYLORA_LORA_HOST_IMAGE_GB (GB, may be
+  // fractional).
   void set_host_image_budget(size_t bytes) { image_budget_.store(bytes); }
   size_t host_image_budget() const { return image_budget_.load(); }
   // Images held now and their bytes.
@@ -119,6 +124,8 @@ class LoraStacks {
   struct Held {
     const LoraAdapter* adapter = nullptr;
     uint64_t generation = 0;
+    // The adapter of an asynchronous upload (its image is asked for when it leaves the slot).
+    std::weak_ptr<const LoraAdapter> owner;
   };
   // One slot's region of a stack tensor: base + slot · slot_bytes.
   struct Dst {
@@ -140,9 +147,9 @@ class LoraStacks {
     std::weak_ptr<const LoraAdapter> adapter;
     const LoraAdapter* key = nullptr;
     uint64_t generation = 0;
-    std::byte* data = nullptr;  // Backend::alloc_host
+    std::unique_ptr<std::byte[]> data;  // plain host memory
     size_t bytes = 0;
-    std::vector<ImageSegment> segments;
+    std::vector<std::vector<ImageSegment>> parts;  // the segments written by each fill thread
     uint64_t last_use = 0;
   };
   // Staging buffers and the next one to fill: one set for the calling thread, one for the upload thread.
@@ -189,13 +196,17 @@ class LoraStacks {
   // are off, there is none (and not `build`), the adapter does not fit the budget or the host memory
   // cannot be had.
   const HostImage* host_image(const std::shared_ptr<const LoraAdapter>& adapter, bool build);
-  // The copies of an image into `slot` on the upload staging's queue, waited for; returns the bytes.
+  // An image's regions copied into `slot` through the fill threads' staging buffers, waited for; returns
+  // the bytes.
   size_t upload_from_image(int32_t slot, const HostImage& image);
   void free_image(HostImage& image);
   void free_images();
   // The slot's scales from `adapter` (zeros for what it does not adapt), uploaded; held_ updated.
   void activate(int32_t slot, const LoraAdapter& adapter);
   void zero_scales(int32_t slot);
+  // Forgets what the slot holds; returns the adapter of its last asynchronous upload if it is alive, not
+  // `incoming` and images are on (its image is to be asked for: it may come back), else nullptr.
+  std::shared_ptr<const LoraAdapter> leave(int32_t slot, const std::shared_ptr<const LoraAdapter>& incoming);
   void upload_main();
   void stop_upload_thread();
 
@@ -227,7 +238,7 @@ class LoraStacks {
   std::thread thread_;
   // Host images: used by the upload thread only (and by release() once it is idle).
   std::vector<HostImage> images_;
-  // Images to build once no copy waits (an adapter's first copy asks for one), under mu_.
+  // Images to build once no copy waits (an adapter leaving a slot asks for one), under mu_.
   std::deque<std::weak_ptr<const LoraAdapter>> image_jobs_;
   bool image_building_ = false;
   uint64_t image_clock_ = 0;

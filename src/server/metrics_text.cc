@@ -162,6 +162,11 @@ std::string prometheus_text(const EngineSnapshot& snap, const std::string& model
   o << "polylora:adapter_upload_seconds_count{" << labels << "} " << t.upload_count << "\n";
   counter("polylora:adapter_upload_bytes_total", "Bytes written into device slots by those copies.",
           t.upload_bytes);
+  counter(
+      "polylora:adapter_uploads_from_host_image_total",
+      "Those copies made out of the adapter's host image (converted once when it left a slot) rather than "
+      "converted through the staging buffers.",
+      static_cast<double>(t.uploads_from_image));
   gauge("polylora:adapters_uploading", "Device slots whose copy is under way.",
         static_cast<double>(t.uploading_device));
   // Per-adapter request and token counters ("base" for the base model).

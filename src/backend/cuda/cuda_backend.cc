@@ -132,11 +132,6 @@ class CudaUploadStaging final : public UploadStaging {
                                b.transpose, convert_);
     CUDA_CHECK(cudaEventRecord(converted_[idx], convert_));
   }
-  void copy_from_host(void* dst, const void* src, size_t bytes) override {
-    if (bytes == 0) return;
-    CUDA_CHECK(cudaSetDevice(device_));
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_));
-  }
   void finish() override {
     CUDA_CHECK(cudaStreamSynchronize(copy_));
     CUDA_CHECK(cudaStreamSynchronize(convert_));

@@ -138,8 +138,9 @@ __global__ void __launch_bounds__(kPipeThreads, 2) moe_gemv_pipe_kernel(GemvTcPa
   __shared__ int64_t s_off[kPipeTok];  // activation row offset (elements) per routed row of the pass, −1 none
   if (gemv_tc_lora_cta<P, kPipeWarps>(p)) return;
   const int j = blockIdx.y;
-  if (j >= *p.num_active) return;
-  const int e = p.active[j];
+  // Both loads at once (active has an entry per y-plane: grid.y <= E): one dependent round trip fewer.
+  const int num_active = *p.num_active, e = p.active[j];
+  if (j >= num_active) return;
   const int count = p.counts[e], base = p.offsets[e];
   const ExpertView& ex = p.experts[e];
   const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
