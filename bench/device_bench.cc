@@ -20,9 +20,9 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "greedy_run.h"
-#include "random_adapter.h"
 #include "lora/adapter.h"
 #include "model/model.h"
+#include "random_adapter.h"
 
 namespace polylora::bench {
 namespace {

@@ -34,7 +34,8 @@ double since(std::chrono::steady_clock::time_point t0) {
 }
 
 int run_lora_swap_bench(int argc, char** argv) {
-  CLI::App app{"Adapter swap into a device slot: staging path against host images", "polylora_bench lora-swap"};
+  CLI::App app{"Adapter swap into a device slot: staging path against host images",
+               "polylora_bench lora-swap"};
   std::string config_dir, device = "cuda", json_path;
   int64_t rank = 16, swaps = 8;
   bool no_experts = false;
@@ -61,8 +62,11 @@ int run_lora_swap_bench(int argc, char** argv) {
     st.begin_upload(0, ad[i % 2]);
     st.finish_upload(0);
   };
-  nlohmann::json out = {{"device", be->name()}, {"config", config_dir}, {"rank", rank},
-                        {"stack_dtype", dtype_name(st.dtype())}, {"swaps", swaps}};
+  nlohmann::json out = {{"device", be->name()},
+                        {"config", config_dir},
+                        {"rank", rank},
+                        {"stack_dtype", dtype_name(st.dtype())},
+                        {"swaps", swaps}};
   // Staging: images off.
   st.set_host_image_budget(0);
   swap(0);  // the fill threads' staging buffers are made on the first upload: not timed
@@ -71,7 +75,8 @@ int run_lora_swap_bench(int argc, char** argv) {
   auto t_after = st.upload_timing();
   const double staged_s = (t_after.seconds - t_before.seconds) / static_cast<double>(swaps);
   const double bytes = static_cast<double>(t_after.bytes - t_before.bytes) / static_cast<double>(swaps);
-  std::printf("adapter: %.1f MB in the stacks' %s per swap\n", bytes / 1e6, std::string(dtype_name(st.dtype())).c_str());
+  std::printf("adapter: %.1f MB in the stacks' %s per swap\n", bytes / 1e6,
+              std::string(dtype_name(st.dtype())).c_str());
   std::printf("staging path: %.2f ms per swap, %.1f GB/s\n", staged_s * 1e3, bytes / staged_s / 1e9);
   // Images: on; one swap each way makes both images (the adapter leaving the slot gets its image).
   st.set_host_image_budget(size_t{1} << 40);
@@ -85,9 +90,10 @@ int run_lora_swap_bench(int argc, char** argv) {
   t_after = st.upload_timing();
   const int64_t imaged = t_after.from_image - t_before.from_image;
   const double image_s = (t_after.seconds - t_before.seconds) / static_cast<double>(swaps);
-  std::printf("image path: %.2f ms per swap, %.1f GB/s (%ld of %ld swaps out of an image; %ld images, %.1f MB)\n",
-              image_s * 1e3, bytes / image_s / 1e9, static_cast<long>(imaged), static_cast<long>(swaps),
-              static_cast<long>(st.host_images()), static_cast<double>(st.host_image_bytes()) / 1e6);
+  std::printf(
+      "image path: %.2f ms per swap, %.1f GB/s (%ld of %ld swaps out of an image; %ld images, %.1f MB)\n",
+      image_s * 1e3, bytes / image_s / 1e9, static_cast<long>(imaged), static_cast<long>(swaps),
+      static_cast<long>(st.host_images()), static_cast<double>(st.host_image_bytes()) / 1e6);
   // The limits beside them: page-locked host to device, one block; plain host memcpy, one thread.
   const size_t block = size_t{256} << 20;
   void* dev = be->alloc(block);
