@@ -6,11 +6,11 @@
 //   image    host images on, each adapter's image made once (when it left the slot): every swap copies out
 //            of its image (upload_timing().from_image counts them; the run fails if any swap did not)
 // beside the backend's plain host-to-device rate from page-locked memory (Backend::alloc_host +
-// copy_to_device of one 256 MiB block) and the single-thread memcpy rate of plain host memory, both in
-// the same run. Prints one line per figure and, with --json-out, a JSON object.
+// copy_to_device of one 256 MiB block) and the single-thread memcpy rate of plain host memory (medians,
+// machine_limits.h's time_per_call), both in the same run. Prints one line per figure and, with
+// --json-out, a JSON object.
 // Must not: start an engine or a server.
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -23,15 +23,12 @@
 #include "bench_command.h"
 #include "common/error.h"
 #include "config/model_config.h"
+#include "machine_limits.h"
 #include "model/lora_stacks.h"
 #include "random_adapter.h"
 
 namespace polylora::bench {
 namespace {
-
-double since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 int run_lora_swap_bench(int argc, char** argv) {
   CLI::App app{"Adapter swap into a device slot: staging path against host images",
@@ -99,19 +96,16 @@ int run_lora_swap_bench(int argc, char** argv) {
   void* dev = be->alloc(block);
   void* pinned = be->alloc_host(block);
   std::memset(pinned, 1, block);
-  be->copy_to_device(dev, pinned, block);
-  be->synchronize();
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 4; ++i) be->copy_to_device(dev, pinned, block);
-  be->synchronize();
-  const double pinned_gbps = 4.0 * static_cast<double>(block) / since(t0) / 1e9;
+  const double pinned_gbps = static_cast<double>(block) / time_per_call([&] {
+                               be->copy_to_device(dev, pinned, block);
+                               be->synchronize();
+                             }) /
+                             1e9;
   be->free_host(pinned);
   be->free(dev);
   std::vector<std::byte> a(block, std::byte{1}), b(block);
-  std::memcpy(b.data(), a.data(), block);
-  t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 4; ++i) std::memcpy(b.data(), a.data(), block);
-  const double memcpy_gbps = 4.0 * static_cast<double>(block) / since(t0) / 1e9;
+  const double memcpy_gbps =
+      static_cast<double>(block) / time_per_call([&] { std::memcpy(b.data(), a.data(), block); }) / 1e9;
   std::printf("page-locked host-to-device copy: %.1f GB/s; plain host memcpy (one thread): %.1f GB/s\n",
               pinned_gbps, memcpy_gbps);
   out["adapter_MB"] = bytes / 1e6;

@@ -491,10 +491,14 @@ void LoraStacks::clear(int32_t slot) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     image_jobs_.push_back(leaving);
-    stop_ = false;
-    if (!thread_.joinable()) thread_ = std::thread([this] { upload_main(); });
+    start_upload_thread_locked();
   }
   cv_.notify_all();
+}
+
+void LoraStacks::start_upload_thread_locked() {
+  stop_ = false;
+  if (!thread_.joinable()) thread_ = std::thread([this] { upload_main(); });
 }
 
 std::shared_ptr<const LoraAdapter> LoraStacks::leave(int32_t slot,
@@ -525,8 +529,7 @@ void LoraStacks::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> a
     if (leaving) image_jobs_.push_back(leaving);
     jobs_.push_back(
         {.slot = slot, .adapter = std::move(adapter), .done = false, .error = {}, .delay_ms = delay_ms});
-    stop_ = false;
-    if (!thread_.joinable()) thread_ = std::thread([this] { upload_main(); });
+    start_upload_thread_locked();
   }
   cv_.notify_all();
 }

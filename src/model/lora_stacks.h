@@ -208,6 +208,8 @@ class LoraStacks {
   // `incoming` and images are on (its image is to be asked for: it may come back), else nullptr.
   std::shared_ptr<const LoraAdapter> leave(int32_t slot, const std::shared_ptr<const LoraAdapter>& incoming);
   void upload_main();
+  // Under mu_: the upload thread runs (started if it is not), to take the jobs just queued.
+  void start_upload_thread_locked();
   void stop_upload_thread();
 
   Backend& be_;

@@ -117,30 +117,9 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
   const uint32_t lane_smem = smem0 + warp * Cfg::kWarpBytes + lane * 16;
   float* red = reinterpret_cast<float*>(mx_smem);  // [warp][kAccPerLane][32] after the K loop
 
-  // Stage sb (this warp's super-block index) into buffer sb % kStages, codes and activations apart; past
-  // the warp's range nothing is copied (the group is still committed, so the wait counts stay uniform).
-  auto issue_codes = [&](int sb) {
-    if (sb >= nsb) return;
-    const int blk = (sb_begin + sb) * 4 + t;
-    const bool kin = blk < nblocks;
-    const uint32_t dst = lane_smem + (sb % kStages) * Cfg::kStageBytes;
-#pragma unroll
-    for (int mt = 0; mt < kMxMT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* r = s_codes[mt * 16 + g + 8 * h];
-        const bool ok = kin && r != nullptr;
-        mma::cp_async16(dst + (mt * 2 + h) * Cfg::kSlotBytes, ok ? r + blk * 16 : valid_codes, ok ? 16 : 0);
-      }
-  };
-
   for (int tok0 = 0; tok0 < count; tok0 += 8 * NT) {
     const int nvalid = count - tok0 < 8 * NT ? count - tok0 : 8 * NT;
-    __syncthreads();  // the previous pass no longer reads s_off or the reduction (s_codes written, first)
-    // The codes of the first stages depend only on the expert: on their way while the routed rows'
-    // offsets are read (committed with the first stage's activations below).
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) issue_codes(s);
+    __syncthreads();  // the previous pass no longer reads s_off or the reduction
     pass_row_offsets<P>(p, base + tok0, nvalid, 8 * NT, s_off);
     __syncthreads();
     const int nfrag = (nvalid + 7) / 8;  // n8 fragments holding routed rows (warp-uniform)
@@ -150,11 +129,21 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
       const int64_t off = s_off[i * 8 + g];
       xrow[i] = off >= 0 ? p.a + off : nullptr;
     }
-    auto issue_act = [&](int sb) {
+    // Stage sb (this warp's super-block index) into buffer sb % kStages; past the warp's range nothing is
+    // copied (the group is still committed, so the wait counts stay uniform).
+    auto issue = [&](int sb) {
       if (sb >= nsb) return;
       const int blk = (sb_begin + sb) * 4 + t;
       const bool kin = blk < nblocks;
       const uint32_t dst = lane_smem + (sb % kStages) * Cfg::kStageBytes;
+#pragma unroll
+      for (int mt = 0; mt < kMxMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* r = s_codes[mt * 16 + g + 8 * h];
+          const bool ok = kin && r != nullptr;
+          mma::cp_async16(dst + (mt * 2 + h) * Cfg::kSlotBytes, ok ? r + blk * 16 : valid_codes, ok ? 16 : 0);
+        }
 #pragma unroll
       for (int i = 0; i < NT; ++i)
 #pragma unroll
@@ -166,10 +155,6 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
                                  : static_cast<const void*>(valid_codes);
             mma::cp_async16(dst + (Cfg::kW + (i * C + c) * 4 + q) * Cfg::kSlotBytes, src, ok ? 16 : 0);
           }
-    };
-    auto issue = [&](int sb) {
-      issue_codes(sb);
-      issue_act(sb);
     };
     // This lane's block scales of stage sb (0 past K or the rows: the codes are zero there).
     auto load_scales = [&](int sb, uint32_t(&s)[kMxMT][2]) {
@@ -192,8 +177,8 @@ __global__ void __launch_bounds__(kMxThreads, 3) moe_gemv_mxfp4_kernel(GemvTcPar
         for (int q = 0; q < 4; ++q) acc[mt][i][q] = 0.0f;
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      issue_act(s);
-      mma::cp_async_commit();  // the first group holds every prologue stage's codes: waited for first
+      issue(s);
+      mma::cp_async_commit();
     }
     uint32_t sc_next[kMxMT][2];
     load_scales(0, sc_next);
