@@ -517,8 +517,7 @@ void LoraStacks::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> a
             adapter->max_rank, rank_);
   CHECK_MSG(!upload_pending(slot), "LoRA slot {} is uploaded while an upload into it is pending", slot);
   if (async_.empty()) {  // the upload threads' staging, made on first use (after the allocations)
-    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    async_.resize(std::min<size_t>(kUploadThreads, hw));
+    async_.resize(upload_threads());
     for (Stager& st : async_) st.staging = be_.make_upload_staging(kStagingBuffers, kAsyncStagingBytes);
   }
   // Steps launched from now on skip the slot (its stale rows are overwritten while they may run).
@@ -532,6 +531,25 @@ void LoraStacks::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> a
     start_upload_thread_locked();
   }
   cv_.notify_all();
+}
+
+void LoraStacks::set_upload_threads(size_t n) {
+  CHECK_MSG(n >= 1 && n <= 64, "LoRA upload threads: {} outside 1..64", n);
+  CHECK_MSG(async_.empty(), "LoRA upload threads are set after the first upload");
+  upload_threads_ = n;
+}
+
+size_t LoraStacks::upload_threads() const {
+  if (upload_threads_ > 0) return upload_threads_;
+  if (const char* v = std::getenv("POLYLORA_LORA_UPLOAD_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    CHECK_MSG(end != v && *end == '\0' && n >= 1 && n <= 64, "POLYLORA_LORA_UPLOAD_THREADS={} is not 1..64",
+              v);
+    return static_cast<size_t>(n);
+  }
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  return std::min<size_t>(kUploadThreads, hw);
 }
 
 void LoraStacks::upload_main() {

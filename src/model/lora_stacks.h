@@ -95,6 +95,10 @@ class LoraStacks {
   // fractional).
   void set_host_image_budget(size_t bytes) { image_budget_.store(bytes); }
   size_t host_image_budget() const { return image_budget_.load(); }
+  // Fill threads of the asynchronous uploads, each with its own staging buffers (and an image's parts:
+  // one per thread); only before the first begin_upload. Default 8 (at most the cores); env
+  // POLYLORA_LORA_UPLOAD_THREADS (1 to 64) for A/B runs.
+  void set_upload_threads(size_t n);
   // Images held now and their bytes.
   int64_t host_images() const { return image_count_.load(); }
   // Waits until the copies queued and the images asked for are done (tests).
@@ -199,6 +203,7 @@ class LoraStacks {
   // An image's regions copied into `slot` through the fill threads' staging buffers, waited for; returns
   // the bytes.
   size_t upload_from_image(int32_t slot, const HostImage& image);
+  size_t upload_threads() const;  // set_upload_threads, else the env, else the default
   void free_image(HostImage& image);
   void free_images();
   // The slot's scales from `adapter` (zeros for what it does not adapt), uploaded; held_ updated.
@@ -246,6 +251,7 @@ class LoraStacks {
   uint64_t image_clock_ = 0;
   bool image_logged_ = false;
   std::atomic<size_t> image_budget_{0};
+  size_t upload_threads_ = 0;  // 0: the default
   std::atomic<size_t> image_bytes_{0};
   std::atomic<int64_t> image_count_{0};
 };
