@@ -675,8 +675,9 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
   // 0: the item shrinks launched apart and the tiled activation); variant 0 takes the by-row kernels.
   // Variant 6: the shrinks by groups of up to 4 same-key rows (moe_lora_shrink_group 4, cp.async pipeline)
   // and the expands with their B loads batched (moe_lora_expand_batched), the activation by groups of 4 rows
-  // (moe_lora_act_group).
-  for (int variant = 0; variant < 7; ++variant) {
+  // (moe_lora_act_group). Variant 7: variant 6 with the group shrink's k-major products
+  // (moe_lora_shrink_group_kmajor).
+  for (int variant = 0; variant < 8; ++variant) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_delta_rows = variant == 1 || variant == 3 || variant == 4 ? 100000 : 0;
     if (variant == 2) {  // and the tiled shrinks and activation, not the by-row kernels
@@ -684,9 +685,10 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
       t.moe_lora_by_row = 0;
     }
     if (variant == 5) t.moe_lora_by_row = 0;
-    t.moe_lora_shrink_group = variant == 6 ? 4 : 0;
-    t.moe_lora_expand_batched = variant == 6 ? 1 : 0;
-    t.moe_lora_act_group = variant == 6 ? 4 : 0;
+    t.moe_lora_shrink_group = variant >= 6 ? 4 : 0;
+    t.moe_lora_shrink_group_kmajor = variant == 7 ? 1 : 0;
+    t.moe_lora_expand_batched = variant >= 6 ? 1 : 0;
+    t.moe_lora_act_group = variant >= 6 ? 4 : 0;
     t.moe_lora_delta_cluster = variant == 3 ? 8 : variant == 4 ? 2 : 0;
     t.moe_lora_delta_cluster_rows = 100000;
     k::override_kernel_tuning(t);
@@ -772,12 +774,15 @@ void moe_ranks_case() {
 
 // With the by-row shrinks and with the shrinks by groups of 8 rows (moe_lora_shrink_group: ranks of 32 and
 // 64 take two and four blocks of rank rows), the batched expands (moe_lora_expand_batched, ranks <= 16) and
-// the activation by groups of 8 rows (moe_lora_act_group; ranks above 16 read B per row).
+// the activation by groups of 8 rows (moe_lora_act_group; ranks above 16 read B per row); the group shrink
+// both ways (moe_lora_shrink_group_kmajor 0 and 1).
 TEST(GpuLoraStack, MoeRanks) {
   SKIP_WITHOUT_GPU();
-  for (int64_t group : {0, 8}) {
+  for (int64_t variant : {0, 8, 9}) {
+    const int64_t group = variant == 0 ? 0 : 8;
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_shrink_group = group;
+    t.moe_lora_shrink_group_kmajor = variant == 9 ? 1 : 0;
     t.moe_lora_expand_batched = group > 0 ? 1 : 0;
     t.moe_lora_act_group = group;
     k::override_kernel_tuning(t);

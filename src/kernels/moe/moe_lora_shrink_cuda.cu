@@ -136,13 +136,15 @@ void launch_stack_shrink(dim3 grid, cudaStream_t st, const StackParams<TW>& p, c
 // kSgK inputs, with the rows' inputs, kSgStages deep through cp.async (the loads in flight are shared
 // memory, not registers: ~48 KB per CTA instead of the by-row kernel's ~40 B per thread). Thread t takes
 // rank row t / 8 of the stage and the 8-element pieces t % 8 + 8q (a quarter warp reads 128 contiguous
-// bytes: no bank conflicts for BF16); the 8 partial sums of a rank row meet by shuffles (fixed order).
+// bytes of A, but its input pieces 32 bytes apart: bank conflicts, see KM below); the 8 partial sums of a
+// rank row meet by shuffles (fixed order).
 // Needs K % 8 == 0 and 16-byte aligned A, input rows and row stride (launch_group_shrink checks; otherwise
 // the by-row kernel runs). Same outputs as the by-row kernel (rows without LoRA store nothing).
 constexpr int kSgThreads = 256;
 constexpr int kSgRankRows = 32;
 constexpr int kSgK = 256;
 constexpr int kSgStages = 3;
+constexpr int kKmPass = 1;  // k-major: rank rows per pass over the group's inputs (2: spills at 80 registers)
 
 template <typename TW>
 constexpr int sg_stage_bytes(int G) {
@@ -165,8 +167,53 @@ __device__ __forceinline__ void smem8(const __nv_bfloat16* w, float* v) {
   }
 }
 
-template <typename TW>
-__global__ void __launch_bounds__(kSgThreads)
+// 4 weights from shared memory (8- or 16-byte aligned) as f32.
+__device__ __forceinline__ void smem4(const float* w, float* v) {
+  const float4 a = *reinterpret_cast<const float4*>(w);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+}
+__device__ __forceinline__ void smem4(const __nv_bfloat16* w, float* v) {
+  const uint2 u = *reinterpret_cast<const uint2*>(w);
+  v[0] = __uint_as_float(u.x << 16);
+  v[1] = __uint_as_float(u.x & 0xffff0000u);
+  v[2] = __uint_as_float(u.y << 16);
+  v[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+
+// One step of warp_transpose_sum32: lanes with bit H keep the upper H of their 2H values and send the lower H,
+// the others the reverse; each kept value adds its partner's sent one.
+template <int H>
+__device__ __forceinline__ void transpose_sum_step(float (&v)[32], int lane) {
+  const bool upper = (lane & H) != 0;
+#pragma unroll
+  for (int i = 0; i < H; ++i) {
+    const float send = upper ? v[i] : v[i + H];
+    const float keep = upper ? v[i + H] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, H);
+  }
+}
+
+// The sums over a warp's 32 lanes of each lane's 32 values v[0..31], by a butterfly that halves the values
+// at every step (31 shuffles instead of 5 per value): lane l ends with the total of value l in v[0]. Fixed
+// order (deterministic).
+__device__ __forceinline__ float warp_transpose_sum32(float (&v)[32]) {
+  const int lane = threadIdx.x & 31;
+  transpose_sum_step<16>(v, lane);
+  transpose_sum_step<8>(v, lane);
+  transpose_sum_step<4>(v, lane);
+  transpose_sum_step<2>(v, lane);
+  transpose_sum_step<1>(v, lane);
+  return v[0];
+}
+
+// KM (tuning moe_lora_shrink_group_kmajor): the stage's products split by k instead of by rank row. By
+// rank row (KM false), thread t takes rank row t / 8 and every row of the group reads its input pieces again
+// per rank row (ncu, H100, M = 256: 7.2-way shared-memory bank conflicts on those reads, the FMAs waiting
+// on them, 78-92 us per call). K-major: warp w takes rank rows 4w..4w+3, lane l the inputs 4l..4l+3 and
+// 128+4l..128+4l+3 of the stage (a warp reads each A row and each input row once, 16 contiguous bytes per
+// lane: no conflicts), the 32 sums per lane (4 rank rows x up to 8 rows) meet by warp_transpose_sum32.
+template <typename TW, bool KM>
+__global__ void __launch_bounds__(kSgThreads, KM ? 3 : 1)
     moe_lora_shrink_group_kernel(StackParams<TW> p, const float* in, int64_t ld_in, float* out, bool down,
                                  int G) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
@@ -218,9 +265,11 @@ __global__ void __launch_bounds__(kSgThreads)
                         ok ? 16 : 0);
       }
     };
-    float acc[kSgMaxGroup];
+    constexpr int kRowsPerWarp = kSgRankRows / (kSgThreads / 32);
+    static_assert(kRowsPerWarp * kSgMaxGroup == 32 && kSgK == 256, "warp_transpose_sum32: 32 sums per lane");
+    float acc[KM ? 32 : kSgMaxGroup];  // KM: [rank row r of the warp's][group row g] at r · 8 + g
 #pragma unroll
-    for (int g = 0; g < kSgMaxGroup; ++g) acc[g] = 0.0f;
+    for (int i = 0; i < (KM ? 32 : kSgMaxGroup); ++i) acc[i] = 0.0f;
 #pragma unroll
     for (int st = 0; st < kSgStages - 1; ++st) {
       if (st < nkc) load_stage(st, st);
@@ -233,44 +282,95 @@ __global__ void __launch_bounds__(kSgThreads)
       if (nk < nkc) load_stage(static_cast<int>(nk % kSgStages), nk);
       mma::cp_async_commit();
       const unsigned char* sa = sg_smem + static_cast<int>(kc % kSgStages) * stage_bytes;
-      const TW* as = reinterpret_cast<const TW*>(sa) + j * kSgK;
       const float* xs = reinterpret_cast<const float*>(sa + kSgRankRows * kSgK * sizeof(TW));
+      if constexpr (KM) {
+        const int w = tid >> 5, l = tid & 31;
 #pragma unroll
-      for (int q = 0; q < kSgK / 64; ++q) {
-        const int k = q * 64 + sub * 8;
-        float w[8];
-        smem8(as + k, w);
+        for (int r0 = 0; r0 < kRowsPerWarp; r0 += kKmPass) {  // kKmPass rank rows' A values in registers
+          float wv[kKmPass][8];
 #pragma unroll
-        for (int g = 0; g < kSgMaxGroup; ++g) {
-          if (g >= n) break;
-          float xv[8];
-          smem8(xs + g * kSgK + k, xv);
-          float s = acc[g];
+          for (int r = 0; r < kKmPass; ++r) {
+            const TW* as = reinterpret_cast<const TW*>(sa) + (w * kRowsPerWarp + r0 + r) * kSgK;
+            smem4(as + 4 * l, wv[r]);
+            smem4(as + 128 + 4 * l, wv[r] + 4);
+          }
 #pragma unroll
-          for (int e = 0; e < 8; ++e) s = fmaf(w[e], xv[e], s);
-          acc[g] = s;
+          for (int g = 0; g < kSgMaxGroup; ++g) {
+            if (g >= n) break;
+            float xv[8];
+            smem4(xs + g * kSgK + 4 * l, xv);
+            smem4(xs + g * kSgK + 128 + 4 * l, xv + 4);
+#pragma unroll
+            for (int r = 0; r < kKmPass; ++r) {
+              float s = acc[(r0 + r) * kSgMaxGroup + g];
+#pragma unroll
+              for (int e = 0; e < 8; ++e) s = fmaf(wv[r][e], xv[e], s);
+              acc[(r0 + r) * kSgMaxGroup + g] = s;
+            }
+          }
+        }
+      } else {
+        const TW* as = reinterpret_cast<const TW*>(sa) + j * kSgK;
+#pragma unroll
+        for (int q = 0; q < kSgK / 64; ++q) {
+          const int k = q * 64 + sub * 8;
+          float w[8];
+          smem8(as + k, w);
+#pragma unroll
+          for (int g = 0; g < kSgMaxGroup; ++g) {
+            if (g >= n) break;
+            float xv[8];
+            smem8(xs + g * kSgK + k, xv);
+            float s = acc[g];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s = fmaf(w[e], xv[e], s);
+            acc[g] = s;
+          }
         }
       }
     }
     mma::cp_async_wait<0>();
     __syncthreads();  // the next rank block refills the stages
+    if constexpr (KM) {
+      const int l = tid & 31;
+      const float total = warp_transpose_sum32(acc);  // value l: rank row l / 8 of the warp's, group row l % 8
+      const int g = l % kSgMaxGroup;
+      const int64_t jr = jb + (tid >> 5) * kRowsPerWarp + l / kSgMaxGroup;
+      if (g < n && jr < GR) s_o[g][jr] = total;
+    } else {
 #pragma unroll
-    for (int g = 0; g < kSgMaxGroup; ++g) {
-      if (g >= n) break;
-      float v = acc[g];
-      v += __shfl_xor_sync(0xffffffffu, v, 1);
-      v += __shfl_xor_sync(0xffffffffu, v, 2);
-      v += __shfl_xor_sync(0xffffffffu, v, 4);
-      if (sub == 0 && jb + j < GR) s_o[g][jb + j] = v;
+      for (int g = 0; g < kSgMaxGroup; ++g) {
+        if (g >= n) break;
+        float v = acc[g];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        if (sub == 0 && jb + j < GR) s_o[g][jb + j] = v;
+      }
     }
   }
 }
-
 // Launches moe_lora_shrink_group_kernel with groups of G rows when the shapes allow it (false: they do not,
 // the caller runs the by-row kernel).
+template <typename TW, bool KM>
+void launch_group_shrink_kernel(int G, const StackParams<TW>& p, const float* in, int64_t ld_in, float* out,
+                                bool down, int64_t rows, cudaStream_t st) {
+  static const bool configured = [] {
+    prefer_max_shared(moe_lora_shrink_group_kernel<TW, KM>);
+    CUDA_CHECK(cudaFuncSetAttribute(moe_lora_shrink_group_kernel<TW, KM>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kSgStages * sg_stage_bytes<TW>(kSgMaxGroup)));
+    return true;
+  }();
+  (void)configured;
+  const size_t smem = static_cast<size_t>(kSgStages) * sg_stage_bytes<TW>(G);
+  cuda_util::launch_pdl(moe_lora_shrink_group_kernel<TW, KM>, dim3(static_cast<unsigned>(rows)), kSgThreads,
+                        smem, st, p, in, ld_in, out, down, G);
+}
+
 template <typename TW>
-bool launch_group_shrink(int G, const StackParams<TW>& p, const StackBuffers& ws, const MoeExpertsArgs& a,
-                         const MoeLoraStack& s, bool down, cudaStream_t st) {
+bool launch_group_shrink(int G, bool kmajor, const StackParams<TW>& p, const StackBuffers& ws,
+                         const MoeExpertsArgs& a, const MoeLoraStack& s, bool down, cudaStream_t st) {
   const float* in = down ? static_cast<const float*>(ws.act) : a.x;
   const int64_t ld_in = down ? a.inter : a.ldx, K = down ? a.inter : a.hidden;
   const void* A = down ? s.a_down : s.a_gu;
@@ -278,17 +378,12 @@ bool launch_group_shrink(int G, const StackParams<TW>& p, const StackBuffers& ws
       (reinterpret_cast<uintptr_t>(A) & 15) != 0)
     return false;
   G = std::min(G, kSgMaxGroup);
-  static const bool configured = [] {
-    prefer_max_shared(moe_lora_shrink_group_kernel<TW>);
-    CUDA_CHECK(cudaFuncSetAttribute(moe_lora_shrink_group_kernel<TW>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    kSgStages * sg_stage_bytes<TW>(kSgMaxGroup)));
-    return true;
-  }();
-  (void)configured;
-  const size_t smem = static_cast<size_t>(kSgStages) * sg_stage_bytes<TW>(G);
-  cuda_util::launch_pdl(moe_lora_shrink_group_kernel<TW>, dim3(static_cast<unsigned>(ws.max_rows)),
-                        kSgThreads, smem, st, p, in, ld_in, down ? ws.lora_down : ws.lora_gu, down, G);
+  float* out = down ? ws.lora_down : ws.lora_gu;
+  if (kmajor) {
+    launch_group_shrink_kernel<TW, true>(G, p, in, ld_in, out, down, ws.max_rows, st);
+  } else {
+    launch_group_shrink_kernel<TW, false>(G, p, in, ld_in, out, down, ws.max_rows, st);
+  }
   return true;
 }
 
@@ -329,7 +424,8 @@ void launch_shrink_step(bool down, const StackParams<TW>& p, const StackBuffers&
                         const KernelTuning& t, cudaStream_t st) {
   const MoeLoraStack& s = a.lora_stack;
   if (row_shrink(t, ws)) {
-    if (!launch_group_shrink<TW>(static_cast<int>(t.moe_lora_shrink_group), p, ws, a, s, down, st))
+    if (!launch_group_shrink<TW>(static_cast<int>(t.moe_lora_shrink_group),
+                                 t.moe_lora_shrink_group_kmajor != 0, p, ws, a, s, down, st))
       launch_row_shrink<TW>(p, ws, a, s, down, st);
     return;
   }
