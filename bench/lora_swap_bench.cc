@@ -35,7 +35,8 @@ namespace {
 int run_lora_swap_bench(int argc, char** argv) {
   CLI::App app{"Adapter swap into a device slot: staging path against host images",
                "polylora_bench lora-swap"};
-  std::string config_dir, device = "cuda", json_path, threads_text = "8";
+  std::string config_dir, device = "cuda", json_path;
+  std::vector<int64_t> thread_counts = {8};
   int64_t rank = 16, swaps = 8;
   bool no_experts = false;
   app.add_option("--config", config_dir, "Folder with config.json")->required();
@@ -43,20 +44,11 @@ int run_lora_swap_bench(int argc, char** argv) {
   app.add_option("--rank", rank, "LoRA rank")->check(CLI::Range(1, 512));
   app.add_option("--swaps", swaps, "Timed swaps per way")->check(CLI::Range(1, 1000));
   app.add_flag("--no-experts", no_experts, "Adapters on q/k/v/o only");
-  app.add_option("--threads", threads_text, "Comma-separated fill-thread counts, each a run of its own");
+  app.add_option("--threads", thread_counts, "Comma-separated fill-thread counts, each a run of its own")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
   app.add_option("--json-out", json_path, "Also write the results as JSON here");
   CLI11_PARSE(app, argc, argv);
-  std::vector<int64_t> thread_counts;
-  for (size_t b = 0; b <= threads_text.size();) {
-    const size_t e = std::min(threads_text.find(',', b), threads_text.size());
-    const std::string item = threads_text.substr(b, e - b);
-    char* end = nullptr;
-    const long n = std::strtol(item.c_str(), &end, 10);
-    CHECK_MSG(!item.empty() && *end == '\0' && n >= 1 && n <= 64, "--threads: '{}' is not 1..64", item);
-    thread_counts.push_back(n);
-    b = e + 1;
-  }
-
   const ModelConfig c = ModelConfig::from_file(config_dir + "/config.json");
   BackendOptions bo;
   bo.device = device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;

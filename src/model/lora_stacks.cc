@@ -86,6 +86,20 @@ size_t default_image_budget(DeviceKind kind) {
   return static_cast<size_t>(pages) * static_cast<size_t>(page) / 4;
 }
 
+// Fill threads of the asynchronous uploads (lora_stacks.h): POLYLORA_LORA_UPLOAD_THREADS, else
+// kUploadThreads (at most the cores).
+size_t default_upload_threads() {
+  if (const char* v = std::getenv("POLYLORA_LORA_UPLOAD_THREADS"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    CHECK_MSG(end != v && *end == '\0' && n >= 1 && n <= 64, "POLYLORA_LORA_UPLOAD_THREADS={} is not 1..64",
+              v);
+    return static_cast<size_t>(n);
+  }
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  return std::min<size_t>(kUploadThreads, hw);
+}
+
 // fn(k) for k in [0, n): k = 0 on the calling thread, the others on threads of their own; the first
 // error (in k order) is thrown once all are done.
 void on_threads(size_t n, const std::function<void(size_t)>& fn) {
@@ -112,6 +126,7 @@ LoraStacks::LoraStacks(Backend& backend, const ModelConfig& config) : be_(backen
                                                                                         : DType::kF32;
   gu_slices_ = config.expert_activation == ExpertActivation::kGptOssClampedSwiglu ? 1 : 2;
   image_budget_.store(default_image_budget(backend.kind()));
+  upload_threads_ = default_upload_threads();
 }
 
 LoraStacks::~LoraStacks() {
@@ -517,7 +532,7 @@ void LoraStacks::begin_upload(int32_t slot, std::shared_ptr<const LoraAdapter> a
             adapter->max_rank, rank_);
   CHECK_MSG(!upload_pending(slot), "LoRA slot {} is uploaded while an upload into it is pending", slot);
   if (async_.empty()) {  // the upload threads' staging, made on first use (after the allocations)
-    async_.resize(upload_threads());
+    async_.resize(upload_threads_);
     for (Stager& st : async_) st.staging = be_.make_upload_staging(kStagingBuffers, kAsyncStagingBytes);
   }
   // Steps launched from now on skip the slot (its stale rows are overwritten while they may run).
@@ -537,19 +552,6 @@ void LoraStacks::set_upload_threads(size_t n) {
   CHECK_MSG(n >= 1 && n <= 64, "LoRA upload threads: {} outside 1..64", n);
   CHECK_MSG(async_.empty(), "LoRA upload threads are set after the first upload");
   upload_threads_ = n;
-}
-
-size_t LoraStacks::upload_threads() const {
-  if (upload_threads_ > 0) return upload_threads_;
-  if (const char* v = std::getenv("POLYLORA_LORA_UPLOAD_THREADS")) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    CHECK_MSG(end != v && *end == '\0' && n >= 1 && n <= 64, "POLYLORA_LORA_UPLOAD_THREADS={} is not 1..64",
-              v);
-    return static_cast<size_t>(n);
-  }
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  return std::min<size_t>(kUploadThreads, hw);
 }
 
 void LoraStacks::upload_main() {

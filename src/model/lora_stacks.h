@@ -203,7 +203,6 @@ class LoraStacks {
   // An image's regions copied into `slot` through the fill threads' staging buffers, waited for; returns
   // the bytes.
   size_t upload_from_image(int32_t slot, const HostImage& image);
-  size_t upload_threads() const;  // set_upload_threads, else the env, else the default
   void free_image(HostImage& image);
   void free_images();
   // The slot's scales from `adapter` (zeros for what it does not adapt), uploaded; held_ updated.
@@ -251,7 +250,7 @@ class LoraStacks {
   uint64_t image_clock_ = 0;
   bool image_logged_ = false;
   std::atomic<size_t> image_budget_{0};
-  size_t upload_threads_ = 0;  // 0: the default
+  size_t upload_threads_ = 1;  // set_upload_threads, else default_upload_threads()
   std::atomic<size_t> image_bytes_{0};
   std::atomic<int64_t> image_count_{0};
 };

@@ -21,6 +21,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "gpu_test_util.h"
 #include "kernels/lora_stack_util.h"
@@ -778,11 +779,10 @@ void moe_ranks_case() {
 // both ways (moe_lora_shrink_group_kmajor 0 and 1).
 TEST(GpuLoraStack, MoeRanks) {
   SKIP_WITHOUT_GPU();
-  for (int64_t variant : {0, 8, 9}) {
-    const int64_t group = variant == 0 ? 0 : 8;
+  for (const auto [group, kmajor] : {std::pair<int64_t, int64_t>{0, 0}, {8, 0}, {8, 1}}) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_shrink_group = group;
-    t.moe_lora_shrink_group_kmajor = variant == 9 ? 1 : 0;
+    t.moe_lora_shrink_group_kmajor = kmajor;
     t.moe_lora_expand_batched = group > 0 ? 1 : 0;
     t.moe_lora_act_group = group;
     k::override_kernel_tuning(t);

@@ -144,7 +144,6 @@ constexpr int kSgThreads = 256;
 constexpr int kSgRankRows = 32;
 constexpr int kSgK = 256;
 constexpr int kSgStages = 3;
-constexpr int kKmPass = 1;  // k-major: rank rows per pass over the group's inputs (2: spills at 80 registers)
 
 template <typename TW>
 constexpr int sg_stage_bytes(int G) {
@@ -180,8 +179,8 @@ __device__ __forceinline__ void smem4(const __nv_bfloat16* w, float* v) {
   v[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
-// One step of warp_transpose_sum32: lanes with bit H keep the upper H of their 2H values and send the lower H,
-// the others the reverse; each kept value adds its partner's sent one.
+// One step of warp_transpose_sum32: lanes with bit H keep the upper H of their 2H values and send the lower
+// H, the others the reverse; each kept value adds its partner's sent one.
 template <int H>
 __device__ __forceinline__ void transpose_sum_step(float (&v)[32], int lane) {
   const bool upper = (lane & H) != 0;
@@ -213,7 +212,7 @@ __device__ __forceinline__ float warp_transpose_sum32(float (&v)[32]) {
 // 128+4l..128+4l+3 of the stage (a warp reads each A row and each input row once, 16 contiguous bytes per
 // lane: no conflicts), the 32 sums per lane (4 rank rows x up to 8 rows) meet by warp_transpose_sum32.
 template <typename TW, bool KM>
-__global__ void __launch_bounds__(kSgThreads, KM ? 3 : 1)
+__global__ void __launch_bounds__(kSgThreads)
     moe_lora_shrink_group_kernel(StackParams<TW> p, const float* in, int64_t ld_in, float* out, bool down,
                                  int G) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
@@ -285,28 +284,23 @@ __global__ void __launch_bounds__(kSgThreads, KM ? 3 : 1)
       const float* xs = reinterpret_cast<const float*>(sa + kSgRankRows * kSgK * sizeof(TW));
       if constexpr (KM) {
         const int w = tid >> 5, l = tid & 31;
+        // One rank row's A values in registers at a time (79 registers: 3 CTAs per SM, as the shared memory).
 #pragma unroll
-        for (int r0 = 0; r0 < kRowsPerWarp; r0 += kKmPass) {  // kKmPass rank rows' A values in registers
-          float wv[kKmPass][8];
-#pragma unroll
-          for (int r = 0; r < kKmPass; ++r) {
-            const TW* as = reinterpret_cast<const TW*>(sa) + (w * kRowsPerWarp + r0 + r) * kSgK;
-            smem4(as + 4 * l, wv[r]);
-            smem4(as + 128 + 4 * l, wv[r] + 4);
-          }
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          const TW* as = reinterpret_cast<const TW*>(sa) + (w * kRowsPerWarp + r) * kSgK;
+          float wv[8];
+          smem4(as + 4 * l, wv);
+          smem4(as + 128 + 4 * l, wv + 4);
 #pragma unroll
           for (int g = 0; g < kSgMaxGroup; ++g) {
             if (g >= n) break;
             float xv[8];
             smem4(xs + g * kSgK + 4 * l, xv);
             smem4(xs + g * kSgK + 128 + 4 * l, xv + 4);
+            float s = acc[r * kSgMaxGroup + g];
 #pragma unroll
-            for (int r = 0; r < kKmPass; ++r) {
-              float s = acc[(r0 + r) * kSgMaxGroup + g];
-#pragma unroll
-              for (int e = 0; e < 8; ++e) s = fmaf(wv[r][e], xv[e], s);
-              acc[(r0 + r) * kSgMaxGroup + g] = s;
-            }
+            for (int e = 0; e < 8; ++e) s = fmaf(wv[e], xv[e], s);
+            acc[r * kSgMaxGroup + g] = s;
           }
         }
       } else {
@@ -333,7 +327,8 @@ __global__ void __launch_bounds__(kSgThreads, KM ? 3 : 1)
     __syncthreads();  // the next rank block refills the stages
     if constexpr (KM) {
       const int l = tid & 31;
-      const float total = warp_transpose_sum32(acc);  // value l: rank row l / 8 of the warp's, group row l % 8
+      const float total =
+          warp_transpose_sum32(acc);  // value l: rank row l / 8 of the warp's, group row l % 8
       const int g = l % kSgMaxGroup;
       const int64_t jr = jb + (tid >> 5) * kRowsPerWarp + l / kSgMaxGroup;
       if (g < n && jr < GR) s_o[g][jr] = total;
