@@ -18,6 +18,7 @@
 // by far more than that tolerance (so a missing or misplaced LoRA fails).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -414,6 +415,107 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
         float dmax = 0;
         for (size_t i = 0; i < x_ref.size(); ++i) dmax = std::max(dmax, std::fabs(x_ref[i] - x_plain[i]));
         EXPECT_GT(dmax, 0.05f) << "add_rms_norm " << what_norm << ": the LoRA term too small to test";
+      }
+    }
+  }
+}
+
+// add_rms_norm with the o_proj LoRA term at model sizes: the one-CTA kernel and the cluster kernel
+// (add_norm_lora_cluster_rows; rows of more than kWarpRowMax elements run by 512 threads) agree bit for bit,
+// and rows without an adapter (slot -1) come out bit-identical to add_rms_norm without LoRA (a base-model
+// request's output must not depend on the adapters in its batch: GraphGpuTest.ReplayWithAdaptersEqualsEager
+// found the cluster kernel's first form summing the squares in another order). Rows of 2,880 (GPT-OSS,
+// float4), 2,050 (scalar), 1,500 (384 threads: no cluster) and 600 elements (one warp per row).
+TEST(GpuLoraStack, AddRmsNormLoraBaseRowsBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const int64_t S = 4, R = 16, in = 64;
+  const std::vector<float> scales = {0.5f, 1.0f, -0.75f, 2.0f};
+  for (int64_t H : {2880, 2050, 1500, 600}) {
+    kt::DenseStack st(S, R, in, H, {16, 3, 16, 9}, scales, DType::kBF16, 77, 0.3f, 0.4f);
+    for (int64_t m : {1, 3, 8}) {
+      const std::string what = "H=" + std::to_string(H) + " m=" + std::to_string(m);
+      Arena ar(backend(kBf16Mode));
+      std::vector<int32_t> slots(static_cast<size_t>(m));
+      for (int64_t t = 0; t < m; ++t) slots[t] = t % 3 == 0 ? -1 : static_cast<int32_t>(t % S);
+      const int64_t ld_tmp = R + 1;
+      const std::vector<float> tmp = kt::random_vec(static_cast<size_t>(m * ld_tmp), 51),
+                               x0 = kt::random_vec(static_cast<size_t>(m * H), 52),
+                               delta = kt::random_vec(static_cast<size_t>(m * H), 53),
+                               w = kt::random_vec(static_cast<size_t>(H), 54, 0.5f, 1.5f);
+      k::LoraExpandIn l;
+      l.tmp = tmp.data();
+      l.ld_tmp = ld_tmp;
+      l.token_slots = slots.data();
+      l.w = st.stack();
+      std::vector<float> x_ref = x0, y_ref(x0.size());
+      k::ref::add_rms_norm({.x = x_ref.data(),
+                            .ldx = H,
+                            .delta = delta.data(),
+                            .ld_delta = H,
+                            .y = y_ref.data(),
+                            .ldy = H,
+                            .m = m,
+                            .n = H,
+                            .w = w.data(),
+                            .eps = 1e-6f,
+                            .lora_delta = l});
+      k::LoraExpandIn dl = l;
+      dl.tmp = ar.up(tmp);
+      dl.token_slots = ar.up(slots);
+      dl.w.a = up_stack(ar, st.a);
+      dl.w.b = up_stack(ar, st.b);
+      dl.w.scale = ar.up(st.scale);
+      const float* ddelta = ar.up(delta);
+      const float* dw = ar.up(w);
+      // Runs add_rms_norm on the device (with or without the term); x and y back.
+      auto run = [&](bool lora) {
+        float* dx = ar.up(x0);
+        float* dy = ar.up(std::vector<float>(x0.size(), 0.0f));
+        k::AddRmsNormArgs a{.x = dx,
+                            .ldx = H,
+                            .delta = ddelta,
+                            .ld_delta = H,
+                            .y = dy,
+                            .ldy = H,
+                            .m = m,
+                            .n = H,
+                            .w = dw,
+                            .eps = 1e-6f};
+        if (lora) a.lora_delta = dl;
+        ar.be().add_rms_norm(a);
+        return std::make_pair(ar.down(dx, x0.size()), ar.down(dy, x0.size()));
+      };
+      const auto plain = run(false);
+      std::vector<std::pair<std::vector<float>, std::vector<float>>> with;
+      for (int64_t cluster_rows : {0, 64}) {
+        k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
+        tune.add_norm_lora_cluster_rows = cluster_rows;
+        k::override_kernel_tuning(tune);
+        with.push_back(run(true));
+        k::override_kernel_tuning(std::nullopt);
+        const std::string wc = what + (cluster_rows > 0 ? " cluster" : " one CTA");
+        kt::expect_close(with.back().first, x_ref, 1e-5f, 1e-4f, "add_rms_norm x " + wc);
+        kt::expect_close(with.back().second, y_ref, 1e-5f, 1e-4f, "add_rms_norm y " + wc);
+      }
+      const size_t bytes = static_cast<size_t>(H) * sizeof(float);
+      for (int64_t t = 0; t < m; ++t) {
+        const size_t o = static_cast<size_t>(t * H);
+        EXPECT_EQ(std::memcmp(&with[0].first[o], &with[1].first[o], bytes), 0)
+            << what << " row " << t << " x: cluster vs one CTA";
+        EXPECT_EQ(std::memcmp(&with[0].second[o], &with[1].second[o], bytes), 0)
+            << what << " row " << t << " y: cluster vs one CTA";
+        const auto& lw = with[1];
+        if (slots[t] < 0) {
+          EXPECT_EQ(std::memcmp(&lw.first[o], &plain.first[o], bytes), 0)
+              << what << " row " << t << " (no adapter) x";
+          EXPECT_EQ(std::memcmp(&lw.second[o], &plain.second[o], bytes), 0)
+              << what << " row " << t << " (no adapter) y";
+        } else {
+          float dmax = 0;
+          for (int64_t i = 0; i < H; ++i)
+            dmax = std::max(dmax, std::fabs(lw.first[o + i] - plain.first[o + i]));
+          EXPECT_GT(dmax, 0.05f) << what << " row " << t << ": the LoRA term too small to test";
+        }
       }
     }
   }

@@ -106,6 +106,14 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t ldx, const float* delta, 
   row_scale<VEC>(xr, yr, w, n, inv, lane, 32);
 }
 
+// Threads per row of the plain path (launch below): one warp up to kWarpRowMax elements, else one block of
+// up to 512 threads; the LoRA kernels use the same count, so a row's sum is added in the same order.
+int row_threads(int64_t n, bool vec) {
+  if (n <= kWarpRowMax) return 32;
+  const int64_t units = vec ? n / 4 : n;
+  return units >= 512 ? 512 : static_cast<int>(std::max<int64_t>(32, (units + 31) / 32 * 32));
+}
+
 bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
@@ -130,44 +138,49 @@ __global__ void add_rms_norm_lora_kernel(float* x, int64_t ldx, const float* del
 }
 
 // The same for few rows (KernelTuning::add_norm_lora_cluster_rows): a cluster of kNormCluster CTAs per row
-// (blockIdx.y), CTA c adding delta and the LoRA term into its slice of the columns (reading only its slice's
-// B rows: the one-CTA kernel reads all of them on one SM, 2,880 rows of r = 16 for GPT-OSS-20B's o_proj,
-// ~4.9 us per layer at batch 1 in session 40's timeline) and summing its squares; the slices' sums meet
-// through distributed shared memory in rank order (deterministic), then each CTA scales its slice.
+// (blockIdx.y) sharing the one-CTA kernel's work, so that each CTA reads only its share of the term's B
+// rows (the one-CTA kernel reads all of them on one SM, 2,880 rows of r = 16 for GPT-OSS-20B's o_proj,
+// ~4.9 us per layer at batch 1 in session 40's timeline). Bit-identical to the one-CTA kernel and to the
+// plain add_rms_norm (a base-model row's output must not depend on whether adapters share its batch):
+// with T = row_threads(n) threads there (blockDim.x · kNormCluster here), CTA c runs that kernel's threads
+// [c · blockDim.x, (c + 1) · blockDim.x) (the same units, summed in the same order, so the same warp sums),
+// and the warps' sums meet through distributed shared memory in block_sum's order.
 constexpr int kNormCluster = 8;
-constexpr int kNormClusterThreads = 128;
 
 template <bool VEC>
-__global__ void __launch_bounds__(kNormClusterThreads)
+__global__ void __launch_bounds__(512 / kNormCluster)
     add_rms_norm_lora_cluster_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y,
                                      int64_t ldy, int64_t n, const float* w, float eps, LoraExpandIn lora,
                                      int64_t t0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
-  __shared__ float s_part;
+  __shared__ float s_warp[512 / kNormCluster / 32];  // this CTA's warp sums
   const int64_t row = blockIdx.y;
   float* xr = x + row * ldx;
   const float* dr = delta + row * ld_delta;
   float* yr = y + row * ldy;
-  // This CTA's units (float4 with VEC: n % 4 == 0) [u0, u1).
   constexpr int64_t kUnit = VEC ? 4 : 1;
-  const int64_t units = n / kUnit, per = (units + kNormCluster - 1) / kNormCluster;
-  const int64_t c = static_cast<int64_t>(cluster.block_rank());
-  const int64_t u0 = c * per < units ? c * per : units, u1 = u0 + per < units ? u0 + per : units;
+  const int bd = static_cast<int>(blockDim.x), c = static_cast<int>(cluster.block_rank());
+  const int T = bd * kNormCluster, vt = c * bd + static_cast<int>(threadIdx.x);
+  const int64_t units = n / kUnit;
   const lora_fused::ExpandToken tok = lora_fused::expand_token(lora, t0 + row);
-  lora_fused::prefetch_b_rows(lora, tok, u0 * kUnit, (u1 - u0) * kUnit, threadIdx.x, blockDim.x);
+  // This CTA's B rows: units [k·T + c·bd, k·T + (c + 1)·bd) for k = 0, 1, ...
+  for (int64_t u = static_cast<int64_t>(c) * bd; u < units; u += T)
+    lora_fused::prefetch_b_rows(lora, tok, u * kUnit, (units - u < bd ? units - u : bd) * kUnit, threadIdx.x,
+                                bd);
   cuda_util::pdl_begin();  // launched with the PDL attribute as launch_pdl does
-  // row_sumsq / row_scale visit j = first·kUnit, + step·kUnit, ... below their n: this slice's units.
-  const float part = cuda_util::block_sum(
-      row_sumsq<VEC, true>(xr, dr, u1 * kUnit, u0 + threadIdx.x, blockDim.x, &lora, &tok));
-  if (threadIdx.x == 0) s_part = part;
+  const float v = cuda_util::warp_sum(row_sumsq<VEC, true>(xr, dr, n, vt, T, &lora, &tok));
+  const int lane = threadIdx.x & 31, wpc = bd / 32;
+  if (lane == 0) s_warp[threadIdx.x >> 5] = v;
   cluster.sync();
-  float sum = 0.0f;
-  for (int r = 0; r < kNormCluster; ++r) sum += *cluster.map_shared_rank(&s_part, r);
-  cluster.sync();  // no CTA leaves while another still reads its s_part
+  // block_sum's second step: lane l holds warp l's sum (l < T / 32), then one warp_sum.
+  const int warps = T / 32;
+  const float r = lane < warps ? *cluster.map_shared_rank(&s_warp[lane % wpc], lane / wpc) : 0.0f;
+  const float sum = cuda_util::warp_sum(r);
+  cluster.sync();  // no CTA leaves while another still reads its s_warp
   const float inv = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
-  row_scale<VEC>(xr, yr, w, u1 * kUnit, inv, u0 + threadIdx.x, blockDim.x);
+  row_scale<VEC>(xr, yr, w, n, inv, vt, T);
 #else
   (void)x, (void)ldx, (void)delta, (void)ld_delta, (void)y, (void)ldy, (void)n, (void)w, (void)eps;
   (void)lora, (void)t0;
@@ -176,10 +189,10 @@ __global__ void __launch_bounds__(kNormClusterThreads)
 }
 
 template <bool VEC>
-void launch_add_rms_norm_lora_cluster(const AddRmsNormArgs& a, cudaStream_t st) {
+void launch_add_rms_norm_lora_cluster(const AddRmsNormArgs& a, int threads, cudaStream_t st) {
   cuda_util::launch_pdl_cluster(add_rms_norm_lora_cluster_kernel<VEC>,
-                                dim3(kNormCluster, static_cast<unsigned>(a.m)), dim3(kNormClusterThreads), 0,
-                                kNormCluster, st, a.x, a.ldx, a.delta, a.ld_delta, a.y, a.ldy, a.n, a.w,
+                                dim3(kNormCluster, static_cast<unsigned>(a.m)), dim3(threads / kNormCluster),
+                                0, kNormCluster, st, a.x, a.ldx, a.delta, a.ld_delta, a.y, a.ldy, a.n, a.w,
                                 a.eps, a.lora_delta, int64_t{0});
 }
 
@@ -206,9 +219,7 @@ void launch(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* 
     }
     return;
   }
-  const int64_t per_thread_units = vec ? n / 4 : n;
-  int threads = per_thread_units >= 512 ? 512 : static_cast<int>((per_thread_units + 31) / 32 * 32);
-  if (threads < 32) threads = 32;
+  const int threads = row_threads(n, vec);
   for (int64_t r0 = 0; r0 < m; r0 += 65535LL * 32) {  // grid.x limit is 2^31−1; chunk to stay far below
     int64_t rows = m - r0 < 65535LL * 32 ? m - r0 : 65535LL * 32;
     const float* d = ADD ? d0 + r0 * ld_delta : nullptr;
@@ -238,11 +249,11 @@ void add_rms_norm(const AddRmsNormArgs& a, const CudaContext& ctx) {
   KERNEL_CHECK(a.lora_delta.w.out == a.n, "add_rms_norm: the LoRA's outputs differ from the row size");
   const bool vec = a.n % 4 == 0 && a.ldx % 4 == 0 && a.ldy % 4 == 0 && a.ld_delta % 4 == 0 &&
                    aligned16(a.x) && aligned16(a.y) && aligned16(a.w) && aligned16(a.delta);
-  const int64_t units = vec ? a.n / 4 : a.n;
-  const int threads = units >= 512 ? 512 : static_cast<int>(std::max<int64_t>(32, (units + 31) / 32 * 32));
+  const int threads = row_threads(a.n, vec);
   cudaStream_t st = cuda_util::stream(ctx);
-  if (a.m <= kernel_tuning(TuningShape{}).add_norm_lora_cluster_rows) {
-    vec ? launch_add_rms_norm_lora_cluster<true>(a, st) : launch_add_rms_norm_lora_cluster<false>(a, st);
+  if (a.m <= kernel_tuning(TuningShape{}).add_norm_lora_cluster_rows && threads % (32 * kNormCluster) == 0) {
+    vec ? launch_add_rms_norm_lora_cluster<true>(a, threads, st)
+        : launch_add_rms_norm_lora_cluster<false>(a, threads, st);
     return;
   }
   for (int64_t r0 = 0; r0 < a.m; r0 += 65535LL * 32) {
