@@ -28,6 +28,22 @@ TEST(Tuning, ShippedH200FileParsesAndSetsTheBounds) {
   EXPECT_EQ(t.lora_dense_gemv_shrink_rows, 64);
 }
 
+// The H100 file (polylora_bench tune on an H100 80GB HBM3) applies to that device name and GPT-OSS-20B's
+// expert shape only; another shape on the same device keeps the defaults.
+TEST(Tuning, ShippedH100FileAppliesToItsDeviceAndShape) {
+  const std::vector<TuningFile>& files = builtin_tuning_files();
+  const KernelTuning t =
+      resolve_tuning(files, "NVIDIA H100 80GB HBM3", {.hidden = 2880, .inter = 2880, .experts = 32});
+  EXPECT_EQ(t.moe_tc_min_per_expert, 4);
+  EXPECT_EQ(t.mxfp4_mma_per_expert, 64);
+  EXPECT_EQ(t.moe_wgmma_per_expert, 16);
+  const KernelTuning d;
+  const KernelTuning other =
+      resolve_tuning(files, "NVIDIA H100 80GB HBM3", {.hidden = 2048, .inter = 768, .experts = 128});
+  EXPECT_EQ(other.moe_tc_min_per_expert, d.moe_tc_min_per_expert);
+  EXPECT_EQ(other.mxfp4_mma_per_expert, d.mxfp4_mma_per_expert);
+}
+
 TEST(Tuning, UnknownDeviceGetsTheDefaults) {
   const std::vector<TuningFile> files = {parse_tuning_file(
       R"({"device": "GPU A", "entries": [{"mxfp4_mma_per_expert": 3, "moe_small_pairs": 100}]})", "a")};
