@@ -110,9 +110,10 @@ struct KernelTuning {
   int64_t moe_lora_shrink_group = 8;
   // 1: that kernel's products split by k (each warp 4 rank rows, each lane 8 of a stage's 256 inputs)
   // instead of by rank row (each thread one rank row, every group row's inputs read again per rank row:
-  // ncu on the H100, M = 256, 7.2-way shared-memory bank conflicts, 67 us per call; session 44). Default 0
-  // until measured on a GPU; env POLYLORA_MOE_LORA_SHRINK_GROUP_KMAJOR.
-  int64_t moe_lora_shrink_group_kmajor = 0;
+  // ncu on the H100, M = 256, 7.2-way shared-memory bank conflicts, 67 us per call; session 44). Default 1
+  // (H100, session 45, MXFP4 experts, 8 adapters: LoRA cost at M = 16 / 64 / 256 11.4 / 35.7 / 93.6 us vs
+  // 13.6 / 35.8 / 105.1); env POLYLORA_MOE_LORA_SHRINK_GROUP_KMAJOR.
+  int64_t moe_lora_shrink_group_kmajor = 1;
   // 1: the by-row activation and the combine with the expert LoRA expands issue all of a row's / token's B
   // loads before their sums for ranks up to 16 (with the group shrink above: M = 256 97.3 vs 108.7 us);
   // env POLYLORA_MOE_LORA_EXPAND_BATCHED.
