@@ -140,12 +140,14 @@ int run_serve(int argc, char** argv) {
   app.add_option("--disable-access-log-for-endpoints", sc.disable_access_log_for_endpoints,
                  "Paths without access log lines, comma-separated (e.g. /health,/metrics)");
   app.add_flag("--enable-force-include-usage", sc.enable_force_include_usage,
-               "Usage in every streamed response (and every chunk), whatever stream_options says");
+               "Usage at the end of every streamed response, whatever stream_options.include_usage says");
   app.add_option("--default-chat-template-kwargs", sc.default_chat_template_kwargs,
                  "JSON object of chat template variables; a request's chat_template_kwargs win");
   app.add_option("--host", sc.host)->capture_default_str();
   app.add_option("--port", sc.port)->capture_default_str();
-  app.add_option("--api-key", sc.api_key, "Require this key (Authorization: Bearer) on /v1 routes");
+  app.add_option("--api-key", sc.api_keys,
+                 "Require one of these keys (Authorization: Bearer) on the /v1 routes, /tokenize, /detokenize, "
+                 "/invocations and the admin routes");
   app.add_option("--served-model-name", sc.served_model_names, "Name(s) the base model answers to");
   app.add_flag("--enable-lora-runtime-updating", sc.allow_runtime_lora_updating,
                "Enable /v1/load_lora_adapter and /v1/unload_lora_adapter");
@@ -208,9 +210,14 @@ int run_serve(int argc, char** argv) {
   sc.allowed_methods = cors_list(methods, "--allowed-methods", sc.allowed_methods);
   sc.allowed_headers = cors_list(headers, "--allowed-headers", sc.allowed_headers);
   sc.chat_template = chat_template_file(sc.chat_template);
-  if (sc.api_key.empty())
-    for (const char* env : {"POLYLORA_API_KEY", "VLLM_API_KEY"})
-      if (const char* v = std::getenv(env)) sc.api_key = v;
+  if (sc.api_keys.empty())
+    for (const char* env : {"VLLM_API_KEY", "POLYLORA_API_KEY"})
+      if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {
+        sc.api_keys = {v};
+        break;
+      }
+  for (const std::string& k : sc.api_keys)
+    if (k.empty()) fail("--api-key: a key must not be empty");
   if (const char* v = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
     if (std::string(v) == "True" || std::string(v) == "true" || std::string(v) == "1")
       sc.allow_runtime_lora_updating = true;

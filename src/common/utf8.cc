@@ -29,6 +29,15 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
   return len;
 }
 
+size_t utf8_char_count(std::string_view s) {
+  size_t count = 0;
+  for (size_t i = 0; i < s.size(); ++count) {
+    const size_t len = utf8_sequence_length(s, i);
+    i += len == 0 ? 1 : len;
+  }
+  return count;
+}
+
 std::string sanitize_utf8(std::string_view s) {
   std::string out;
   out.reserve(s.size());

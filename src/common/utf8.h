@@ -13,6 +13,10 @@ namespace polylora {
 // surrogates, values above U+10FFFF, truncated sequences; RFC 3629).
 size_t utf8_sequence_length(std::string_view s, size_t i);
 
+// Characters in `s` (code points; each byte of an invalid sequence counts as one, as a replacement
+// character would): the unit of Python's len(), in which vLLM's completion text_offset counts.
+size_t utf8_char_count(std::string_view s);
+
 // Bytes of `s` with every invalid UTF-8 sequence replaced by U+FFFD.
 std::string sanitize_utf8(std::string_view s);
 

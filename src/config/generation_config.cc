@@ -82,18 +82,21 @@ GenerationDefaults load_generation_defaults(const std::string& mode, const std::
                                             const std::string& override_json) {
   namespace fs = std::filesystem;
   GenerationDefaults d;
-  if (mode != "vllm") {
-    bool is_auto = mode.empty() || mode == "auto";
-    fs::path file = fs::path(is_auto ? model_dir : mode) / "generation_config.json";
-    if (fs::exists(file)) {
-      std::ifstream in(file);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      d = GenerationDefaults::from_json(ss.str(), file.string());
-    } else if (!is_auto) {
-      fail("--generation-config {}: no generation_config.json there (use auto, vllm or a directory holding one)",
-           mode);
-    }
+  const bool is_model_file = mode.empty() || mode == "auto" || mode == "vllm";
+  fs::path file = fs::path(is_model_file ? model_dir : mode) / "generation_config.json";
+  if (fs::exists(file)) {
+    std::ifstream in(file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    d = GenerationDefaults::from_json(ss.str(), file.string());
+  } else if (!is_model_file) {
+    fail("--generation-config {}: no generation_config.json there (use auto, vllm or a directory holding one)",
+         mode);
+  }
+  if (mode == "vllm") {  // vLLM still reads the model's file for its special tokens, not for defaults
+    GenerationDefaults eos_only;
+    eos_only.eos_token_ids = std::move(d.eos_token_ids);
+    d = std::move(eos_only);
   }
   d.apply_override(override_json);
   return d;

@@ -1,11 +1,12 @@
 // config/generation_config.h: vLLM's --generation-config / --override-generation-config: request defaults
 // and extra EOS ids from a model's generation_config.json.
 //   auto (vLLM's default): read <model>/generation_config.json
-//   vllm: ignore the file (polylora's own defaults)
+//   vllm: the model's file gives only its EOS ids (polylora's own sampling defaults, no max_tokens cap)
 //   DIR:  read DIR/generation_config.json
-// Its temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens (as max_tokens) become the
-// defaults of requests that omit them; its eos_token_id (an id or a list) adds stop ids. The override JSON
-// (same keys, plus max_tokens) is applied on top in every mode, as vLLM does.
+// Its temperature, top_p, top_k, min_p and repetition_penalty become the defaults of requests that omit
+// them, its max_new_tokens (as max_tokens) caps every request (vLLM's get_max_tokens); its eos_token_id (an
+// id or a list) adds stop ids. The override JSON (same keys, plus max_tokens) is applied on top in every
+// mode, as vLLM does.
 #pragma once
 
 #include <cstdint>

@@ -66,6 +66,14 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   if (config_.scheduler.max_model_len > mc.max_position_embeddings)
     spdlog::warn("--max-model-len {} exceeds the model's max_position_embeddings {}", max_model_len_,
                  mc.max_position_embeddings);
+  // vLLM's check: without chunked prefill a prompt is scheduled whole, so a longer one than a step's token
+  // budget could never run (and would hold the queue).
+  if (!config_.scheduler.enable_chunked_prefill && config_.scheduler.max_num_batched_tokens < max_model_len_)
+    fail(
+        "max_num_batched_tokens ({}) is smaller than max_model_len ({}). This effectively limits the maximum "
+        "sequence length to max_num_batched_tokens and makes polylora reject longer sequences. Please increase "
+        "--max-num-batched-tokens or decrease --max-model-len (or leave chunked prefill on)",
+        config_.scheduler.max_num_batched_tokens, max_model_len_);
   int64_t bs = config_.cache.block_size;
   // Every tensor-parallel rank holds the blocks for its KV heads: counted together where they share memory
   // (the host on the CPU; ranks on one GPU), once per GPU where each rank has its own.
@@ -134,6 +142,8 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
       kv_dtype == DType::kBF16 ? "bfloat16" : "float32",
       max_model_len_,
       static_cast<double>(num_kv_blocks_) / static_cast<double>(blocks_per_seq));
+  // A sequence ends (by length) where the whole cache is full: one that outgrew it could never run again.
+  context_limit_ = std::min(max_model_len_, num_kv_blocks_ * bs);
   auto kv = std::make_unique<KvCacheManager>(num_kv_blocks_, bs, config_.cache.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, config_.lora, std::move(kv));
   AdapterRegistry::Options ro;
@@ -378,6 +388,14 @@ void Engine::add_request(EngineRequest request) {
         "This model's maximum context length is {} tokens. However, your request has {} input tokens. Please "
         "reduce the length of the input messages.",
         max_model_len_, prompt_len);
+  // A prompt the whole KV cache cannot hold (with a cache smaller than --max-model-len, as
+  // --num-gpu-blocks-override allows) could never be admitted: refused, not queued forever.
+  const int64_t bs = config_.cache.block_size;
+  if ((prompt_len + 1 + bs - 1) / bs > num_kv_blocks_)
+    fail(
+        "the prompt ({} tokens) does not fit in the KV cache ({} blocks of {} tokens: at most {} tokens of "
+        "prompt and output); send a shorter prompt, or start the server with a larger cache",
+        prompt_len, num_kv_blocks_, bs, num_kv_blocks_ * bs - 1);
   request.sampling.validate(mc.vocab_size);
   std::shared_ptr<const structured::CompiledGrammar> grammar;
   if (request.sampling.structured_output) grammar = compile_grammar(*request.sampling.structured_output);
@@ -413,7 +431,7 @@ void Engine::add_request(EngineRequest request) {
     auto sr = std::make_unique<SchedRequest>();
     sr->id = seq->id;
     sr->tokens = g.request.prompt_ids;
-    sr->max_total_tokens = std::min(max_model_len_, prompt_len + max_tokens);
+    sr->max_total_tokens = std::min(context_limit_, prompt_len + max_tokens);
     sr->cache_key = {adapter, g.request.cache_salt};
     sr->adapter = adapter;
     sr->priority = g.request.priority;
@@ -592,7 +610,7 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
         continue;
       }
     }
-    if (reached_length(num_out, total, sp, max_model_len_))
+    if (reached_length(num_out, total, sp, context_limit_))
       finish_sequence(seq, FinishReason::kLength, std::nullopt);
   }
   for (auto& [rid, group] : groups_)

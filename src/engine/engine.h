@@ -169,6 +169,7 @@ class Engine {
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<structured::GrammarCompiler> grammar_compiler_;  // structured output; built on first use
   int64_t max_model_len_ = 0;
+  int64_t context_limit_ = 0;  // max_model_len_, or the whole KV cache's tokens where that is less
   int64_t num_kv_blocks_ = 0;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/utf8.h"
 #include "server/api_error.h"
 #include "server/json_body.h"
 
@@ -262,7 +263,16 @@ void Generation::pump() {
       if (prompt_logprobs_[i].empty() && !o->prompt_logprobs.empty())
         prompt_logprobs_[i] = o->prompt_logprobs;
       if (parsed_.stream && !chat_ && parsed_.echo && parsed_.logprobs) write_echo_chunks(i, out);
-      for (const auto& so : o->sequences) {
+      for (const SequenceOutput& out_seq : o->sequences) {
+        // echo with max_tokens 0: the generated token is counted (as vLLM's usage does) and dropped.
+        SequenceOutput dropped;
+        if (parsed_.echo_only) {
+          completion_tokens_ += static_cast<int64_t>(out_seq.new_token_ids.size());
+          dropped.index = out_seq.index;
+          dropped.finish_reason = out_seq.finish_reason;
+          dropped.stop_reason = out_seq.stop_reason;
+        }
+        const SequenceOutput& so = parsed_.echo_only ? dropped : out_seq;
         size_t c = i * static_cast<size_t>(parsed_.n) + static_cast<size_t>(so.index);
         ChoiceState& ch = choices_[c];
         ch.text += so.new_text;
@@ -283,8 +293,9 @@ void Generation::pump() {
         json lp = nullptr;
         if (parsed_.logprobs && !so.new_logprobs.empty())
           lp = chat_ ? chat_logprobs_json(so.new_logprobs, parsed_, tokenizer_)
-                     : completion_logprobs_json(so.new_logprobs, parsed_, tokenizer_,
-                                                ch.text.size() - so.new_text.size());
+                     : completion_logprobs_json(
+                           so.new_logprobs, parsed_, tokenizer_,
+                           utf8_char_count(std::string_view(ch.text).substr(0, ch.text.size() - so.new_text.size())));
         json choice;
         if (chat_)
           choice = {{"index", c},
@@ -292,8 +303,11 @@ void Generation::pump() {
                     {"logprobs", lp},
                     {"finish_reason", finish_json(ch)}};
         else
-          choice = {
-              {"index", c}, {"text", so.new_text}, {"logprobs", lp}, {"finish_reason", finish_json(ch)}};
+          choice = {{"index", c},
+                    {"text", so.new_text},
+                    {"logprobs", lp},
+                    {"finish_reason", finish_json(ch)},
+                    {"stop_reason", nullptr}};  // vLLM's completion chunks carry it, null until the end
         if (so.finish_reason) choice["stop_reason"] = stop_reason_json(so.stop_reason);
         add_token_ids(c, choice, so.new_token_ids);
         json j = chunk(std::move(choice));

@@ -214,16 +214,31 @@ void HttpServer::stop(std::chrono::milliseconds drain) {
 
 bool HttpServer::authorized(const HttpRequest& req) const {
   const std::string& p = req.path;
-  const std::string* key = nullptr;
   if (is_preflight(req)) return true;  // CORS preflights carry no credentials (vLLM lets OPTIONS through)
+  std::vector<std::string> metrics_key;
+  const std::vector<std::string>* keys = nullptr;
   if (p.rfind("/v1/", 0) == 0 || p == "/v1" || p == "/tokenize" || p == "/detokenize" ||
-      p == "/invocations" || p == "/reset_prefix_cache" || p == "/server_info")
-    key = &config_.api_key;
-  else if (p == "/metrics")
-    key = &config_.metrics_api_key;
-  if (!key || key->empty()) return true;
+      p == "/invocations" || p == "/reset_prefix_cache" || p == "/server_info") {
+    keys = &config_.api_keys;
+  } else if (p == "/metrics" && !config_.metrics_api_key.empty()) {
+    metrics_key = {config_.metrics_api_key};
+    keys = &metrics_key;
+  }
+  if (!keys || keys->empty()) return true;
+  // "Authorization: Bearer KEY", the scheme in any case (vLLM: scheme.lower() == "bearer").
   const std::string* auth = req.header("authorization");
-  return auth && same_secret(*auth, "Bearer " + *key);
+  if (!auth) return false;
+  const size_t space = auth->find(' ');
+  if (space == std::string::npos) return false;
+  std::string scheme = auth->substr(0, space);
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (scheme != "bearer") return false;
+  const std::string token = auth->substr(auth->find_first_not_of(' ', space) == std::string::npos
+                                             ? auth->size()
+                                             : auth->find_first_not_of(' ', space));
+  bool ok = false;
+  for (const std::string& k : *keys) ok |= same_secret(token, k);  // every key compared: no early exit
+  return ok;
 }
 
 void HttpServer::handle(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {

@@ -36,8 +36,16 @@ void resolve_model(const json& body, const ParseContext& ctx, ParsedRequest& out
   }
   if (!m->is_string()) fail("'model' must be a string");
   out.model = m->get<std::string>();
+  if (out.model.empty()) {  // vLLM: an empty name means the served model
+    out.model = ctx.served_model_names.empty() ? "" : ctx.served_model_names.front();
+    return;
+  }
+  // vLLM answers with the first served name whichever of them was asked for.
   for (const auto& name : ctx.served_model_names)
-    if (name == out.model) return;
+    if (name == out.model) {
+      out.model = ctx.served_model_names.front();
+      return;
+    }
   if (ctx.has_adapter && ctx.has_adapter(out.model)) {
     out.adapter = out.model;
     return;
@@ -78,21 +86,16 @@ void check_fields(const json& body, ApiKind kind) {
 }
 
 // --generation-config: the model's generation_config.json (or --override-generation-config) gives the
-// defaults of the fields a request omits, as vLLM's default_sampling_params. max_new_tokens is the default
-// max_tokens of chat requests only: completions keep max_tokens 16 (vLLM's CompletionRequest default).
-// Returns whether max_tokens came from the defaults (it is then clamped to the context, not refused).
-bool apply_generation_defaults(const json& body, const ParseContext& ctx, ApiKind kind, SamplingParams& sp) {
+// defaults of the sampling fields a request omits, as vLLM's default_sampling_params. Its max_new_tokens
+// (max_tokens) is not a default but a cap on every request (check_length; vLLM's get_max_tokens).
+void apply_generation_defaults(const ParseContext& ctx, SamplingParams& sp) {
   const GenerationDefaults* d = ctx.generation_defaults;
-  if (!d) return false;
+  if (!d) return;
   if (d->temperature) sp.temperature = *d->temperature;
   if (d->top_p) sp.top_p = *d->top_p;
   if (d->top_k) sp.top_k = *d->top_k;
   if (d->min_p) sp.min_p = *d->min_p;
   if (d->repetition_penalty) sp.repetition_penalty = *d->repetition_penalty;
-  if (kind != ApiKind::kChat || !d->max_tokens || get(body, "max_tokens") || get(body, "max_completion_tokens"))
-    return false;
-  sp.max_tokens = *d->max_tokens;
-  return true;
 }
 
 void read_common(const json& body, ParsedRequest& out, SamplingParams& sp, const ParseContext& ctx) {
@@ -111,10 +114,12 @@ void read_common(const json& body, ParsedRequest& out, SamplingParams& sp, const
   if (const json* so = get(body, "stream_options")) {
     if (!so->is_object()) fail("'stream_options' must be an object");
     if (!out.stream) fail("'stream_options' is only allowed when 'stream' is true");
-    out.include_usage = bool_field(*so, "include_usage", false);
-    out.continuous_usage = bool_field(*so, "continuous_usage_stats", false);
+    // vLLM's StreamOptions: include_usage defaults to true; continuous stats need include_usage too.
+    out.include_usage = bool_field(*so, "include_usage", true) || ctx.force_include_usage;
+    out.continuous_usage = out.include_usage && bool_field(*so, "continuous_usage_stats", false);
+  } else if (out.stream) {
+    out.include_usage = ctx.force_include_usage;  // vLLM's should_include_usage
   }
-  if (ctx.force_include_usage && out.stream) out.include_usage = out.continuous_usage = true;  // as vLLM
   out.return_tokens_as_token_ids = bool_field(body, "return_tokens_as_token_ids", ctx.return_tokens_as_token_ids);
   out.return_token_ids = bool_field(body, "return_token_ids", false);
   out.n = sp.n;
@@ -162,6 +167,12 @@ void check_length(EngineRequest& r, const ParseContext& ctx) {
         "has {} "
         "input tokens ({} > {} - {}).",
         *r.sampling.max_tokens, ctx.max_model_len, prompt, *r.sampling.max_tokens, ctx.max_model_len, prompt);
+  // The generation config's max_new_tokens caps every request, clamped to the context (vLLM's
+  // get_max_tokens: the least of the request's, the default's and what the context leaves).
+  if (ctx.generation_defaults && ctx.generation_defaults->max_tokens) {
+    const int64_t cap = std::min(*ctx.generation_defaults->max_tokens, ctx.max_model_len - prompt);
+    r.sampling.max_tokens = r.sampling.max_tokens ? std::min(*r.sampling.max_tokens, cap) : cap;
+  }
 }
 
 std::vector<int32_t> ids_of(const json& list, int64_t ctx_vocab) {
@@ -355,8 +366,21 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   resolve_model(body, ctx, out);
   check_fields(body, ApiKind::kCompletion);
   SamplingParams sp;  // completions default: max_tokens 16, temperature 1
-  apply_generation_defaults(body, ctx, ApiKind::kCompletion, sp);
-  read_common(body, out, sp, ctx);
+  apply_generation_defaults(ctx, sp);
+  // An explicit null max_tokens is vLLM's None: up to the context (absent keeps CompletionRequest's 16).
+  if (body.contains("max_tokens") && body.at("max_tokens").is_null()) sp.max_tokens.reset();
+  // echo with max_tokens 0 (the legacy way of scoring a prompt): the prompt alone comes back, with its
+  // logprobs; one token is generated and dropped, as vLLM does (its usage counts it).
+  json echo_body;
+  const json* fields = &body;
+  if (bool_field(body, "echo", false) && get(body, "max_tokens") && get(body, "max_tokens")->is_number() &&
+      get(body, "max_tokens")->get<double>() == 0.0) {
+    echo_body = body;
+    echo_body["max_tokens"] = 1;
+    fields = &echo_body;
+    out.echo_only = true;
+  }
+  read_common(*fields, out, sp, ctx);
   out.echo = bool_field(body, "echo", false);
   if (sp.logprobs) out.logprobs = sp.logprobs;
   out.prompt_logprobs = sp.prompt_logprobs;
@@ -424,7 +448,7 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   SamplingParams sp;
   check_fields(body, ApiKind::kChat);
   sp.max_tokens.reset();  // chat: up to the context length unless max_tokens / max_completion_tokens
-  bool default_max_tokens = apply_generation_defaults(body, ctx, ApiKind::kChat, sp);
+  apply_generation_defaults(ctx, sp);
   read_common(body, out, sp, ctx);
   if (const json* lp = get(body, "logprobs")) {
     if (!lp->is_boolean()) fail("'logprobs' must be a boolean for chat completions");
@@ -432,7 +456,7 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
       out.logprobs = sp.logprobs.value_or(0);
     else
       sp.logprobs.reset();
-  } else if (get(body, "top_logprobs")) {
+  } else if (const json* tl = get(body, "top_logprobs"); tl && !(tl->is_number() && tl->get<double>() == 0.0)) {
     fail("'top_logprobs' requires 'logprobs': true");
   }
   if (!ctx.tokenizer) fail("this server has no tokenizer, which chat completions need");
@@ -559,9 +583,6 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   EngineRequest r = base_request(body, out, sp);
   r.prompt_ids = tok.encode(rendered, bool_field(body, "add_special_tokens", false));
   truncate_prompt(r);
-  if (default_max_tokens)  // a default from --generation-config is clamped to the context (vLLM's get_max_tokens)
-    r.sampling.max_tokens =
-        std::min<int64_t>(*r.sampling.max_tokens, ctx.max_model_len - static_cast<int64_t>(r.prompt_ids.size()));
   check_length(r, ctx);
   out.prompt_texts.push_back(rendered);
   out.prompts.push_back(std::move(r));
@@ -657,7 +678,7 @@ json completion_logprobs_positions(const std::vector<LogprobPosition>& positions
     std::string t = token_text(p.id, req, tok);
     tokens.push_back(t);
     offsets.push_back(text_offset);
-    text_offset += t.size();
+    text_offset += utf8_char_count(t);  // characters, as vLLM's len() of the token's text
     if (!p.entry) {
       token_logprobs.push_back(nullptr);
       top.push_back(nullptr);

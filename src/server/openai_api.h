@@ -32,6 +32,7 @@ struct ParsedRequest {
   bool include_usage = false;
   bool continuous_usage = false;
   bool echo = false;
+  bool echo_only = false;  // completions: echo with max_tokens 0 (the prompt alone; one token made and dropped)
   bool return_tokens_as_token_ids = false;
   // vLLM's return_token_ids: the prompt's token ids (chat: the response's / first chunk's prompt_token_ids;
   // completions: each choice's) and each choice's generated ids (streamed: each chunk's new ones) as
@@ -108,7 +109,7 @@ std::string tool_call_id();
 // Builders. `token_text(id)` renders one token for logprobs.
 nlohmann::ordered_json completion_logprobs_json(const std::vector<LogprobEntry>& entries,
                                                 const ParsedRequest& req, const tokenizer::Tokenizer* tok,
-                                                size_t text_offset_start);
+                                                size_t text_offset_start);  // in characters
 nlohmann::ordered_json chat_logprobs_json(const std::vector<LogprobEntry>& entries, const ParsedRequest& req,
                                           const tokenizer::Tokenizer* tok);
 // `max_top`: alternatives per position kept (the engine may have computed more).

@@ -61,15 +61,19 @@ describe('--generation-config DIR: the file\'s sampling values are the defaults 
     assert.deepEqual(mixed, ids(await completion(server.url, { seed: 4, ...explicit, temperature: 1.3 })));
   });
 
-  test('max_new_tokens is the default max_tokens of chat requests; completions keep 16, as vLLM', async () => {
+  test('max_new_tokens caps every request (vLLM\'s get_max_tokens: the least of the request\'s, the file\'s and the context\'s)', async () => {
     const chat = await request(`${server.url}/v1/chat/completions`, { body: { messages: MESSAGES, ignore_eos: true } });
     assert.equal(chat.status, 200, chat.text);
     assert.equal(chat.json.usage.completion_tokens, 5);
     assert.equal(chat.json.choices[0].finish_reason, 'length');
     const given = await request(`${server.url}/v1/chat/completions`, { body: { messages: MESSAGES, ignore_eos: true, max_tokens: 9 } });
-    assert.equal(given.json.usage.completion_tokens, 9);
+    assert.equal(given.json.usage.completion_tokens, 5);
+    const fewer = await request(`${server.url}/v1/chat/completions`, { body: { messages: MESSAGES, ignore_eos: true, max_tokens: 3 } });
+    assert.equal(fewer.json.usage.completion_tokens, 3);
     const cmpl = await request(`${server.url}/v1/completions`, { body: { prompt: PROMPT, ignore_eos: true } });
-    assert.equal(cmpl.json.usage.completion_tokens, 16);
+    assert.equal(cmpl.json.usage.completion_tokens, 5);
+    const big = await request(`${server.url}/v1/completions`, { body: { prompt: PROMPT, ignore_eos: true, max_tokens: 40 } });
+    assert.equal(big.json.usage.completion_tokens, 5);
   });
 
   test('--generation-config vllm ignores the file: vLLM\'s own defaults', async () => {
@@ -139,14 +143,21 @@ describe('--response-role, --return-tokens-as-token-ids, --enable-force-include-
     }
   });
 
-  test('streams carry usage (and per-chunk usage) without stream_options', async () => {
+  test('streams end with usage without stream_options (vLLM\'s should_include_usage: no per-chunk usage unless asked)', async () => {
     const s = await fetch(`${server.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify({ prompt: PROMPT, max_tokens: 4, ignore_eos: true, stream: true }) });
     const { events } = await readSse(s);
     const last = events.at(-1);
     assert.equal(last.usage.completion_tokens, 4);
     assert.equal(last.usage.prompt_tokens, PROMPT.length);
-    assert.ok(events.filter((e) => e.choices.length > 0).every((e) => e.usage && e.usage.prompt_tokens === PROMPT.length));
+    assert.ok(events.filter((e) => e.choices.length > 0).every((e) => !e.usage));
+    // include_usage false is overridden by the flag; continuous stats when asked.
+    const c = await fetch(`${server.url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: PROMPT, max_tokens: 3, ignore_eos: true, stream: true,
+        stream_options: { include_usage: false, continuous_usage_stats: true } }) });
+    const cont = (await readSse(c)).events;
+    assert.equal(cont.at(-1).usage.completion_tokens, 3);
+    assert.ok(cont.filter((e) => e.choices.length > 0).every((e) => e.usage && e.usage.prompt_tokens === PROMPT.length));
   });
 
   test('the default chat template kwargs render, and a request\'s kwargs win', async () => {

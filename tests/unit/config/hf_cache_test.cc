@@ -141,7 +141,10 @@ TEST(GenerationConfig, FileOverrideAndModes) {
   fs::create_directories(dir);
   std::ofstream(dir / "generation_config.json") << R"({"temperature": 0.7, "eos_token_id": 4})";
   EXPECT_EQ(load_generation_defaults("auto", dir.string(), "").temperature, 0.7);
-  EXPECT_TRUE(load_generation_defaults("vllm", dir.string(), "").empty());
+  // vllm: no sampling defaults from the file, but its EOS ids still stop generation (as vLLM).
+  const GenerationDefaults v = load_generation_defaults("vllm", dir.string(), "");
+  EXPECT_FALSE(v.temperature);
+  EXPECT_EQ(v.eos_token_ids, std::vector<int64_t>{4});
   EXPECT_EQ(load_generation_defaults("vllm", dir.string(), R"({"top_k": 3})").top_k, 3);
   EXPECT_EQ(load_generation_defaults(dir.string(), "/nonexistent", "").eos_token_ids, std::vector<int64_t>{4});
   EXPECT_TRUE(load_generation_defaults("auto", "/nonexistent", "").empty());
