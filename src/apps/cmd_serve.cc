@@ -101,7 +101,7 @@ int run_serve(int argc, char** argv) {
   add_engine_flags(app, ec, mf);
   app.add_option("--config", "vLLM config file: a flat YAML of `flag-name: value` (the command line wins)");
   app.add_option("--seed", seed, "Seeds the generators of requests that give no seed (default: random)");
-  app.add_flag("--enable-lora", mf.enable_lora, "Accepted for vLLM compatibility: LoRA is always on");
+  app.add_flag("--enable-lora,!--no-enable-lora", mf.enable_lora, "Accepted for vLLM compatibility: LoRA is always on");
   app.add_option("--generation-config", mf.generation_config,
                  "auto: defaults and EOS ids from the model's generation_config.json; vllm: ignore it; DIR: "
                  "read DIR/generation_config.json")
@@ -110,15 +110,15 @@ int run_serve(int argc, char** argv) {
                  "JSON over the generation config, e.g. '{\"temperature\": 0.5}'");
   app.add_flag("--enable-log-requests,!--no-enable-log-requests", sc.enable_log_requests, "Log every request");
   app.add_flag("--disable-log-requests", disable_log_requests, "No request logs (the default; vLLM's old flag)");
-  app.add_flag("--disable-log-stats", sc.disable_log_stats, "No periodic stats line");
+  app.add_flag("--disable-log-stats,!--no-disable-log-stats", sc.disable_log_stats, "No periodic stats line");
   app.add_option("--log-stats-interval", sc.log_stats_interval, "Seconds between stats lines")
       ->capture_default_str();
   app.add_option("--uvicorn-log-level", sc.uvicorn_log_level, "Log level of the HTTP server's access log")
       ->check(CLI::IsMember({"critical", "error", "warning", "info", "debug", "trace"}))
       ->capture_default_str();
-  app.add_flag("--enable-request-id-headers", sc.enable_request_id_headers, "X-Request-Id on every response");
+  app.add_flag("--enable-request-id-headers,!--no-enable-request-id-headers", sc.enable_request_id_headers, "X-Request-Id on every response");
   app.add_option("--response-role", sc.response_role, "Role of generated chat messages")->capture_default_str();
-  app.add_flag("--enable-auto-tool-choice", sc.enable_auto_tool_choice,
+  app.add_flag("--enable-auto-tool-choice,!--no-enable-auto-tool-choice", sc.enable_auto_tool_choice,
                "tool_choice \"auto\": parse tool calls out of the output (needs --tool-call-parser)");
   app.add_option("--tool-call-parser", sc.tool_call_parser, "Tool-call format: hermes, openai, llama3_json, mistral");
   app.add_option("--chat-template-content-format", sc.chat_template_content_format,
@@ -126,20 +126,20 @@ int run_serve(int argc, char** argv) {
                  "parts joined) or openai (a list of {\"type\": \"text\", \"text\"} parts)")
       ->check(CLI::IsMember({"auto", "string", "openai"}))
       ->capture_default_str();
-  app.add_flag("--exclude-tools-when-tool-choice-none", sc.exclude_tools_when_tool_choice_none,
+  app.add_flag("--exclude-tools-when-tool-choice-none,!--no-exclude-tools-when-tool-choice-none", sc.exclude_tools_when_tool_choice_none,
                "With tool_choice \"none\" the chat template gets no tools");
   app.add_option("--reasoning-parser", sc.reasoning_parser,
                  "Reasoning format: qwen3 (<think>), openai_gptoss (harmony channels)");
-  app.add_flag("--return-tokens-as-token-ids", sc.return_tokens_as_token_ids,
+  app.add_flag("--return-tokens-as-token-ids,!--no-return-tokens-as-token-ids", sc.return_tokens_as_token_ids,
                "Logprob tokens as 'token_id:N' (tokens that are not valid UTF-8 stay identifiable)");
   app.add_option("--allowed-origins", origins, "CORS origins: a JSON list or values (default [\"*\"])");
   app.add_option("--allowed-methods", methods, "CORS methods: a JSON list or values (default [\"*\"])");
   app.add_option("--allowed-headers", headers, "CORS headers: a JSON list or values (default [\"*\"])");
-  app.add_flag("--allow-credentials", sc.allow_credentials, "CORS: allow credentials (default off)");
-  app.add_flag("--disable-uvicorn-access-log", sc.disable_uvicorn_access_log, "No HTTP access log lines");
+  app.add_flag("--allow-credentials,!--no-allow-credentials", sc.allow_credentials, "CORS: allow credentials (default off)");
+  app.add_flag("--disable-uvicorn-access-log,!--no-disable-uvicorn-access-log", sc.disable_uvicorn_access_log, "No HTTP access log lines");
   app.add_option("--disable-access-log-for-endpoints", sc.disable_access_log_for_endpoints,
                  "Paths without access log lines, comma-separated (e.g. /health,/metrics)");
-  app.add_flag("--enable-force-include-usage", sc.enable_force_include_usage,
+  app.add_flag("--enable-force-include-usage,!--no-enable-force-include-usage", sc.enable_force_include_usage,
                "Usage at the end of every streamed response, whatever stream_options.include_usage says");
   app.add_option("--default-chat-template-kwargs", sc.default_chat_template_kwargs,
                  "JSON object of chat template variables; a request's chat_template_kwargs win");
@@ -149,7 +149,7 @@ int run_serve(int argc, char** argv) {
                  "Require one of these keys (Authorization: Bearer) on the /v1 routes, /tokenize, /detokenize, "
                  "/invocations and the admin routes");
   app.add_option("--served-model-name", sc.served_model_names, "Name(s) the base model answers to");
-  app.add_flag("--enable-lora-runtime-updating", sc.allow_runtime_lora_updating,
+  app.add_flag("--enable-lora-runtime-updating,!--no-enable-lora-runtime-updating", sc.allow_runtime_lora_updating,
                "Enable /v1/load_lora_adapter and /v1/unload_lora_adapter");
   app.add_option("--lora-allowed-dirs", sc.lora_allowed_dirs,
                  "Directories runtime adapter loads may read from");

@@ -110,9 +110,10 @@ void add_engine_flags(CLI::App& app, EngineConfig& c, ModelFlags& f) {
       ->capture_default_str();
   app.add_option("--max-cpu-loras", f.max_cpu_loras,
                  "Adapters held in host memory, LRU; the rest reload from disk (default: --max-loras, as vLLM)");
-  app.add_flag("--enforce-eager", c.execution.enforce_eager, "Run every step eagerly (no CUDA graphs)");
+  app.add_flag("--enforce-eager,!--no-enforce-eager", c.execution.enforce_eager, "Run every step eagerly (no CUDA graphs)");
   app.add_option("--cuda-graph-sizes", c.execution.cuda_graph_sizes,
-                 "Decode batch sizes captured as CUDA graphs (default: 1 2 4 8 16 ... --max-num-seqs)")
+                 "Decode batch sizes captured as CUDA graphs (default: 1 2 4 8 16 ... --max-num-seqs); one "
+                 "value N: 1 2 4 and the multiples of 8 up to N, as vLLM")
       ->delimiter(',');
   app.add_flag_function(
       "--async-scheduling,!--no-async-scheduling",
@@ -170,6 +171,17 @@ void finish_model_flags(ModelFlags& f, EngineConfig& c) {
   if (!f.max_num_batched_tokens.empty())
     c.scheduler.max_num_batched_tokens = parse_human_int(f.max_num_batched_tokens, "--max-num-batched-tokens");
   c.scheduler.enable_chunked_prefill = f.chunked_prefill;
+  // vLLM's --cuda-graph-sizes: one value N is the largest size, captured as 1, 2, 4 and the multiples of 8
+  // up to N; several values are the sizes themselves.
+  if (c.execution.cuda_graph_sizes.size() == 1) {
+    const int64_t n = c.execution.cuda_graph_sizes.front();
+    if (n < 1) fail("--cuda-graph-sizes: sizes must be positive, got {}", n);
+    std::vector<int64_t> sizes;
+    for (int64_t v : {1, 2, 4})
+      if (v <= n) sizes.push_back(v);
+    for (int64_t v = 8; v <= n; v += 8) sizes.push_back(v);
+    c.execution.cuda_graph_sizes = std::move(sizes);
+  }
   if (f.max_cpu_loras) {
     c.lora.max_cpu_loras = *f.max_cpu_loras;
   } else {

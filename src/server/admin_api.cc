@@ -24,6 +24,7 @@ void require_object(const json& body) {
 
 TokenizeResult tokenize_request(const json& body, const ParseContext& ctx) {
   require_object(body);
+  check_model(body, ctx);
   if (!ctx.tokenizer) fail("this server has no tokenizer");
   TokenizeResult out;
   if (body.contains("messages")) {
@@ -48,8 +49,10 @@ TokenizeResult tokenize_request(const json& body, const ParseContext& ctx) {
   return out;
 }
 
-std::vector<int32_t> detokenize_request(const json& body, int64_t vocab_size) {
+std::vector<int32_t> detokenize_request(const json& body, const ParseContext& ctx) {
   require_object(body);
+  check_model(body, ctx);
+  const int64_t vocab_size = ctx.vocab_size;
   auto tokens = body.find("tokens");
   if (tokens == body.end() || !tokens->is_array()) fail("'tokens' (a list of token ids) is required");
   std::vector<int32_t> ids;

@@ -21,7 +21,7 @@ struct TokenizeResult {
 TokenizeResult tokenize_request(const nlohmann::ordered_json& body, const ParseContext& ctx);
 
 // {"tokens": [ids]}: ids checked against the vocabulary.
-std::vector<int32_t> detokenize_request(const nlohmann::ordered_json& body, int64_t vocab_size);
+std::vector<int32_t> detokenize_request(const nlohmann::ordered_json& body, const ParseContext& ctx);
 
 struct LoadAdapterRequest {
   std::string name;

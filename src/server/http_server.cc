@@ -589,7 +589,7 @@ void HttpServer::tokenize(HttpRequest& req, const std::shared_ptr<HttpResponder>
 }
 
 void HttpServer::detokenize(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
-  std::vector<int32_t> ids = detokenize_request(body_json(req), engine_.model_config().vocab_size);
+  std::vector<int32_t> ids = detokenize_request(body_json(req), parse_context());
   if (!tokenizer_) fail("this server has no tokenizer");
   res->send(json_response(200, {{"prompt", tokenizer_->decode(ids)}}));
 }

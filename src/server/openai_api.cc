@@ -56,7 +56,8 @@ void resolve_model(const json& body, const ParseContext& ctx, ParsedRequest& out
 void check_fields(const json& body, ApiKind kind) {
   const auto& known = known_fields(kind);
   for (const auto& [key, value] : body.items()) {
-    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    // null is "not set" (pydantic's None): nothing is asked for, so nothing is dropped.
+    if (value.is_null() || std::find(known.begin(), known.end(), key) != known.end()) continue;
     fail("'{}' is not a field polylora accepts on {} (unknown or not implemented)",
          sanitize_utf8(key), kind == ApiKind::kChat ? "/v1/chat/completions" : "/v1/completions");
   }
@@ -358,6 +359,11 @@ std::optional<OutputParserOptions> choose_output_parser(const json& body, const 
 }
 
 }  // namespace
+
+void check_model(const json& body, const ParseContext& ctx) {
+  ParsedRequest unused;
+  resolve_model(body, ctx, unused);
+}
 
 ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   if (!body.is_object()) fail("the request body must be a JSON object");

@@ -77,6 +77,9 @@ struct ParseContext {
 // field is refused with a 400 naming it. "/v1/completions" or "/v1/chat/completions".
 const std::vector<std::string>& known_fields(ApiKind kind);
 
+// The request's `model` (when given) names the served model or a registered adapter: else the 404 of the
+// completion routes (/tokenize and /detokenize check it too, as vLLM's _check_model).
+void check_model(const nlohmann::ordered_json& body, const ParseContext& ctx);
 // Throws polylora::Error (kInvalid -> 400, kNotFound -> 404) naming the offending field.
 ParsedRequest parse_completion(const nlohmann::ordered_json& body, const ParseContext& ctx);
 ParsedRequest parse_chat(const nlohmann::ordered_json& body, const ParseContext& ctx);

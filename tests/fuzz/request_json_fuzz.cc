@@ -86,7 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         tokenize_request(j, f.ctx);
         break;
       case 3:
-        detokenize_request(j, f.ctx.vocab_size);
+        detokenize_request(j, f.ctx);
         break;
       case 4:
         load_adapter_request(j);
