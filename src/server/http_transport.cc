@@ -754,8 +754,14 @@ HttpTransport::~HttpTransport() {
 
 int HttpTransport::bind(const std::string& host, int port) {
   beast::error_code ec;
-  auto address = net::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
-  if (ec) fail("--host '{}' is not an IP address", host);
+  // "" is every interface (vLLM binds (host or "", port)); a name other than an address is resolved.
+  auto address = net::ip::make_address(host.empty() ? "0.0.0.0" : host == "localhost" ? "127.0.0.1" : host, ec);
+  if (ec) {
+    tcp::resolver resolver(impl_->ioc);
+    auto found = resolver.resolve(host, std::to_string(port), ec);
+    if (ec || found.empty()) fail("--host '{}' is neither an IP address nor a name that resolves", host);
+    address = found.begin()->endpoint().address();
+  }
   tcp::endpoint ep(address, static_cast<unsigned short>(port));
   auto& a = impl_->acceptor;
   a.open(ep.protocol(), ec);
