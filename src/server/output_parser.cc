@@ -179,6 +179,7 @@ std::optional<ToolParserKind> tool_parser_from_name(std::string_view name) {
 
 std::optional<ReasoningParserKind> reasoning_parser_from_name(std::string_view name) {
   if (name == "qwen3") return ReasoningParserKind::kQwen3;
+  if (name == "deepseek_r1") return ReasoningParserKind::kDeepSeekR1;
   if (name == "openai_gptoss" || name == "gpt_oss") return ReasoningParserKind::kGptOss;
   return std::nullopt;
 }
@@ -188,7 +189,7 @@ const char* tool_parser_names() {
 }
 
 const char* reasoning_parser_names() {
-  return "qwen3, openai_gptoss";
+  return "qwen3, deepseek_r1, openai_gptoss";
 }
 
 bool needs_special_tokens(ToolParserKind tools, ReasoningParserKind reasoning) {
@@ -462,13 +463,20 @@ OutputParser::Snapshot OutputParser::snapshot(bool final) const {
     sink.has_reasoning = options_.reasoning == ReasoningParserKind::kGptOss && !sink.reasoning.empty();
   } else {
     std::string_view rest = s;
-    if (options_.reasoning == ReasoningParserKind::kQwen3) {
+    if (options_.reasoning == ReasoningParserKind::kQwen3 ||
+        options_.reasoning == ReasoningParserKind::kDeepSeekR1) {
       size_t start = std::string_view::npos;
-      if (options_.starts_in_reasoning) {
+      // deepseek_r1: reasoning until </think> (or to the end without one), a <think> written by the model
+      // skipped, as vLLM's DeepSeekR1ReasoningParser.
+      if (options_.starts_in_reasoning || options_.reasoning == ReasoningParserKind::kDeepSeekR1) {
         start = 0;
-        // some templates leave the model to write <think> itself
+        // some templates leave the model to write <think> itself (held back while it may still be one)
         size_t a = skip_space(s, 0);
-        if (s.substr(a, kThinkOpen.size()) == kThinkOpen) start = a + kThinkOpen.size();
+        std::string_view head = s.substr(a);
+        if (head.substr(0, kThinkOpen.size()) == kThinkOpen)
+          start = a + kThinkOpen.size();
+        else if (!final && !head.empty() && kThinkOpen.substr(0, head.size()) == head)
+          start = s.size();  // undecided: "<thi" may still become "<think>"
       } else {
         size_t a = skip_space(s, 0);
         std::string_view head = s.substr(a);

@@ -27,8 +27,9 @@ enum class ToolParserKind {
 
 enum class ReasoningParserKind {
   kNone,
-  kQwen3,   // <think>reasoning</think>content (the <think> may be in the prompt)
-  kGptOss,  // harmony channels: analysis -> reasoning, final (and commentary preambles) -> content
+  kQwen3,       // <think>reasoning</think>content (the <think> may be in the prompt)
+  kDeepSeekR1,  // the same tags, the output always starting inside the reasoning (vLLM's deepseek_r1)
+  kGptOss,      // harmony channels: analysis -> reasoning, final (and commentary preambles) -> content
 };
 
 // vLLM's names; nullopt for a name polylora does not know.

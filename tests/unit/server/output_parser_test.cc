@@ -222,6 +222,30 @@ TEST(HermesParser, ThinkThenAnswer) {
   expect_stream_matches(o, "Greeting.</think>Hi");
 }
 
+// deepseek_r1 (vLLM's DeepSeekR1ReasoningParser): the output starts inside the reasoning whether or not the
+// model writes <think>; without </think> everything is reasoning; tool calls after it still parse.
+TEST(DeepSeekR1Parser, ReasoningFirstWithOrWithoutTheOpeningTag) {
+  auto o = opts(ToolParserKind::kNone, ReasoningParserKind::kDeepSeekR1);
+  for (const std::string out :
+       {"Think it over.</think>\n\nThe answer is 4.", "<think>Think it over.</think>\n\nThe answer is 4."}) {
+    auto r = OutputParser::parse(o, out);
+    EXPECT_TRUE(r.has_reasoning) << out;
+    EXPECT_EQ(r.reasoning, "Think it over.") << out;
+    EXPECT_EQ(r.content, "The answer is 4.") << out;
+    expect_stream_matches(o, out);
+  }
+  auto r = OutputParser::parse(o, "still thinking, cut off by max_tokens");
+  EXPECT_EQ(r.reasoning, "still thinking, cut off by max_tokens");
+  EXPECT_EQ(r.content, "");
+  expect_stream_matches(o, "still thinking, cut off by max_tokens");
+  o = opts(ToolParserKind::kHermes, ReasoningParserKind::kDeepSeekR1);
+  r = OutputParser::parse(o,
+                          "plan</think><tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>");
+  EXPECT_EQ(r.reasoning, "plan");
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].name, "f");
+}
+
 TEST(HermesParser, OneToolCallAsTheTemplateRendersIt) {
   json assistant = {{"role", "assistant"},
                     {"content", ""},
@@ -344,7 +368,8 @@ TEST(ParserNames, VllmNames) {
   EXPECT_FALSE(tool_parser_from_name("pythonic").has_value());
   EXPECT_EQ(reasoning_parser_from_name("openai_gptoss"), ReasoningParserKind::kGptOss);
   EXPECT_EQ(reasoning_parser_from_name("qwen3"), ReasoningParserKind::kQwen3);
-  EXPECT_FALSE(reasoning_parser_from_name("deepseek_r1").has_value());
+  EXPECT_EQ(reasoning_parser_from_name("deepseek_r1"), ReasoningParserKind::kDeepSeekR1);
+  EXPECT_FALSE(reasoning_parser_from_name("deepseek_v3").has_value());
 }
 
 }  // namespace
