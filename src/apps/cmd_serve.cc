@@ -93,14 +93,17 @@ int run_serve(int argc, char** argv) {
   ServerConfig sc;
   sc.web_root = (fs::path(POLYLORA_SOURCE_DIR) / "web/dist").string();
   IgnoredFlags ignored;
-  std::optional<uint64_t> seed;
+  std::optional<uint64_t> seed = 0;  // vLLM V1's default: unseeded requests repeat across restarts
   bool disable_log_requests = false;
   std::vector<std::string> origins, methods, headers;
   app.add_option("model_tag", mf.model_tag, "The model (as vLLM's `serve MODEL`): same as --model");
   add_model_flags(app, mf, false);
   add_engine_flags(app, ec, mf);
   app.add_option("--config", "vLLM config file: a flat YAML of `flag-name: value` (the command line wins)");
-  app.add_option("--seed", seed, "Seeds the generators of requests that give no seed (default: random)");
+  app.add_option(
+      "--seed", seed,
+      "Seeds the generators of requests that give no seed (default 0, as vLLM: the same requests in "
+      "the same order sample the same tokens after a restart)");
   app.add_flag("--enable-lora,!--no-enable-lora", mf.enable_lora, "Accepted for vLLM compatibility: LoRA is always on");
   app.add_option("--generation-config", mf.generation_config,
                  "auto: defaults and EOS ids from the model's generation_config.json; vllm: ignore it; DIR: "
