@@ -23,8 +23,8 @@ const json* get(const json& body, const char* name) {
 bool bool_field(const json& body, const char* name, bool fallback) {
   const json* f = get(body, name);
   if (!f) return fallback;
-  if (!f->is_boolean()) fail("'{}' must be a boolean, got {}", name, f->type_name());
-  return f->get<bool>();
+  if (std::optional<bool> b = lax_bool(*f)) return *b;  // pydantic's lax mode, as vLLM reads requests
+  fail("'{}' must be a boolean, got {}", name, f->type_name());
 }
 
 // Resolves `model` to the base model or an adapter; 404 when it is neither.
@@ -73,7 +73,7 @@ void check_fields(const json& body, ApiKind kind) {
   // store (nothing is stored), metadata, service_tier, prompt_cache_key (prefix caching is automatic),
   // safety_identifier. Their types are still checked.
   if (const json* v = get(body, "store"))
-    if (!v->is_boolean()) fail("'store' must be a boolean");
+    if (!lax_bool(*v)) fail("'store' must be a boolean");
   if (const json* v = get(body, "metadata")) {
     if (!v->is_object()) fail("'metadata' must be an object of string values");
     for (const auto& [k, x] : v->items())

@@ -1,6 +1,8 @@
 // server/request_json.cc: sampling fields from JSON with precise type errors.
 #include "server/request_json.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -10,6 +12,39 @@
 namespace polylora::server {
 
 using json = nlohmann::ordered_json;
+
+std::optional<double> lax_number(const json& v) {
+  if (v.is_number()) return v.get<double>();
+  if (!v.is_string()) return std::nullopt;
+  const std::string& t = v.get_ref<const std::string&>();
+  size_t a = t.find_first_not_of(" \t\n\r"), b = t.find_last_not_of(" \t\n\r");
+  if (a == std::string::npos) return std::nullopt;
+  const char* first = t.data() + a;
+  const char* last = t.data() + b + 1;
+  if (*first == '+') ++first;  // from_chars takes no plus sign; Python's float() does
+  double d = 0;
+  auto [end, ec] = std::from_chars(first, last, d);
+  if (ec != std::errc() || end != last || first == last) return std::nullopt;
+  return d;
+}
+
+std::optional<bool> lax_bool(const json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_integer()) {
+    const int64_t i = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), 2))
+                                             : v.get<int64_t>();
+    if (i == 0 || i == 1) return i == 1;
+    return std::nullopt;
+  }
+  if (!v.is_string()) return std::nullopt;
+  std::string t = v.get<std::string>();
+  for (char& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* yes : {"true", "t", "yes", "y", "on", "1"})
+    if (t == yes) return true;
+  for (const char* no : {"false", "f", "no", "n", "off", "0"})
+    if (t == no) return false;
+  return std::nullopt;
+}
 
 namespace {
 
@@ -21,8 +56,9 @@ const json* field(const json& body, const char* name) {
 
 double number(const json& body, const char* name) {
   const json* f = field(body, name);
-  if (!f->is_number()) fail("'{}' must be a number, got {}", name, f->type_name());
-  return f->get<double>();
+  if (f->is_number()) return f->get<double>();
+  if (std::optional<double> v = lax_number(*f)) return *v;
+  fail("'{}' must be a number, got {}", name, f->type_name());
 }
 
 // An integer field; floats with an integral value are accepted (as Python's int() of a JSON 2.0 would
@@ -35,10 +71,10 @@ int64_t integer(const json& body, const char* name) {
     return static_cast<int64_t>(f->get<uint64_t>());
   }
   if (f->is_number_integer()) return f->get<int64_t>();
-  if (f->is_number_float()) {
-    double d = f->get<double>();
-    if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) <= 9007199254740992.0)
-      return static_cast<int64_t>(d);
+  if (f->is_number_float() || f->is_string()) {
+    const std::optional<double> d = f->is_string() ? lax_number(*f) : std::optional<double>(f->get<double>());
+    if (d && std::isfinite(*d) && std::floor(*d) == *d && std::fabs(*d) <= 9007199254740992.0)
+      return static_cast<int64_t>(*d);
   }
   fail("'{}' must be an integer, got {}", name,
        f->is_number() ? f->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
@@ -47,8 +83,8 @@ int64_t integer(const json& body, const char* name) {
 
 bool boolean(const json& body, const char* name) {
   const json* f = field(body, name);
-  if (!f->is_boolean()) fail("'{}' must be a boolean, got {}", name, f->type_name());
-  return f->get<bool>();
+  if (std::optional<bool> b = lax_bool(*f)) return *b;
+  fail("'{}' must be a boolean, got {}", name, f->type_name());
 }
 
 std::vector<int32_t> id_list(const json& body, const char* name) {

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -20,6 +21,12 @@ void read_sampling_fields(const nlohmann::ordered_json& body, SamplingParams& pa
 // Fills params.bad_words_token_ids from params.bad_words with `encode` (no special tokens), as vLLM.
 void tokenize_bad_words(SamplingParams& params,
                         const std::function<std::vector<int32_t>(const std::string&)>& encode);
+
+// pydantic's lax mode, in which vLLM reads requests: a number also from a string holding one ("0.5",
+// " 2 "), a boolean also from 0 / 1 and the strings true/false, t/f, yes/no, y/n, on/off, 1/0 (any case).
+// nullopt when `v` is none of these.
+std::optional<double> lax_number(const nlohmann::ordered_json& v);
+std::optional<bool> lax_bool(const nlohmann::ordered_json& v);
 
 // The largest `n` a request may ask for (checked before anything is allocated).
 inline constexpr int64_t kMaxN = 1024;

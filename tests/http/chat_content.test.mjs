@@ -99,7 +99,7 @@ describe('chat template content format', () => {
       safety_identifier: 'u1' });
     assert.equal(r.status, 200, r.text);
     assert.equal(r.json.usage.prompt_tokens, plain.json.usage.prompt_tokens);
-    for (const [extra, re] of [[{ store: 'no' }, /'store' must be a boolean/],
+    for (const [extra, re] of [[{ store: 'maybe' }, /'store' must be a boolean/],
       [{ metadata: { n: 1 } }, /'metadata': the value of 'n' must be a string/],
       [{ service_tier: 3 }, /'service_tier' must be a string/],
       [{ frobnicate: true }, /'frobnicate' is not a field/]]) {

@@ -154,7 +154,7 @@ describe('request fields and routes', () => {
     const b = await complete({ prompt: [5, 6, 7], max_tokens: 4, ...GREEDY });
     assert.equal(a.status, 200, a.text);
     assert.equal(a.json.choices[0].text, b.json.choices[0].text);
-    const bad = await complete({ prompt: [5, 6, 7], max_tokens: 4, spaces_between_special_tokens: 'no' });
+    const bad = await complete({ prompt: [5, 6, 7], max_tokens: 4, spaces_between_special_tokens: 'perhaps' });
     assert.equal(bad.status, 400, bad.text);
   });
 
@@ -245,7 +245,7 @@ describe('request fields and routes', () => {
     for (const e of events.slice(1)) assert.equal(e.prompt_token_ids, undefined);
     assert.deepEqual(events.slice(1).flatMap((e) => e.choices[0].token_ids), m.json.choices[0].token_ids);
     // Its type is checked.
-    const bad = await chat({ messages, max_tokens: 2, return_token_ids: 'yes' });
+    const bad = await chat({ messages, max_tokens: 2, return_token_ids: 'maybe' });
     assert.equal(bad.status, 400, bad.text);
     assert.match(bad.json.error.message, /'return_token_ids' must be a boolean/);
   });

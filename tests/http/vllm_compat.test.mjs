@@ -127,6 +127,21 @@ describe('request fields as vLLM reads them', () => {
     assert.equal(r.status, 400, r.text);
   });
 
+  test('numbers and booleans sent as strings are read as pydantic\'s lax mode reads them', async () => {
+    const lax = await post('/v1/completions', { prompt: PROMPT, max_tokens: '3', temperature: '0', ignore_eos: 'true',
+      echo: 0, stream: 'false' }, { key: 'k1' });
+    assert.equal(lax.status, 200, lax.text);
+    const strict = await post('/v1/completions', { prompt: PROMPT, max_tokens: 3, temperature: 0, ignore_eos: true },
+      { key: 'k1' });
+    assert.equal(lax.json.choices[0].text, strict.json.choices[0].text);
+    assert.equal(lax.json.usage.completion_tokens, 3);
+    for (const [field, value] of [['max_tokens', 'three'], ['temperature', '0.5x'], ['ignore_eos', 'maybe'], ['max_tokens', '2.5']]) {
+      const bad = await post('/v1/completions', { prompt: PROMPT, [field]: value }, { key: 'k1' });
+      assert.equal(bad.status, 400, `${field}: ${bad.text}`);
+      assert.match(bad.json.error.message, new RegExp(`'${field}'`));
+    }
+  });
+
   test('a null field is unset whatever its name; a set unknown field is still a 400 naming it', async () => {
     let r = await post('/v1/completions', { prompt: PROMPT, max_tokens: 1, vllm_xargs: null, functions: null }, { key: 'k1' });
     assert.equal(r.status, 200, r.text);
