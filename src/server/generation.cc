@@ -56,8 +56,11 @@ Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokeniz
     for (auto& ch : choices_) ch.parser.emplace(parsed_.output_parser.value_or(OutputParserOptions{}));
   if (parsed_.echo)
     for (size_t i = 0; i < num_prompts; ++i)
-      for (int64_t k = 0; k < parsed_.n; ++k)
-        choices_[i * parsed_.n + k].text = chat_ ? parsed_.chat_echo : parsed_.prompt_texts[i];
+      for (int64_t k = 0; k < parsed_.n; ++k) {
+        ChoiceState& ch = choices_[i * parsed_.n + k];
+        ch.text = chat_ ? parsed_.chat_echo : parsed_.prompt_texts[i];
+        ch.text_chars = utf8_char_count(ch.text);
+      }
 }
 
 void Generation::start() {
@@ -275,7 +278,9 @@ void Generation::pump() {
         const SequenceOutput& so = parsed_.echo_only ? dropped : out_seq;
         size_t c = i * static_cast<size_t>(parsed_.n) + static_cast<size_t>(so.index);
         ChoiceState& ch = choices_[c];
+        const size_t chars_before = ch.text_chars;
         ch.text += so.new_text;
+        ch.text_chars += utf8_char_count(so.new_text);
         ch.token_ids.insert(ch.token_ids.end(), so.new_token_ids.begin(), so.new_token_ids.end());
         ch.logprobs.insert(ch.logprobs.end(), so.new_logprobs.begin(), so.new_logprobs.end());
         completion_tokens_ += static_cast<int64_t>(so.new_token_ids.size());
@@ -293,9 +298,7 @@ void Generation::pump() {
         json lp = nullptr;
         if (parsed_.logprobs && !so.new_logprobs.empty())
           lp = chat_ ? chat_logprobs_json(so.new_logprobs, parsed_, tokenizer_)
-                     : completion_logprobs_json(
-                           so.new_logprobs, parsed_, tokenizer_,
-                           utf8_char_count(std::string_view(ch.text).substr(0, ch.text.size() - so.new_text.size())));
+                     : completion_logprobs_json(so.new_logprobs, parsed_, tokenizer_, chars_before);
         json choice;
         if (chat_)
           choice = {{"index", c},

@@ -89,6 +89,7 @@ ParsedRequest parse_responses(const nlohmann::ordered_json& body, const ParseCon
 // Accumulated state of one choice while streaming or collecting.
 struct ChoiceState {
   std::string text;
+  size_t text_chars = 0;  // characters in text (completion logprobs' text_offset counts them)
   std::vector<int32_t> token_ids;
   std::vector<LogprobEntry> logprobs;
   std::optional<FinishReason> finish_reason;
