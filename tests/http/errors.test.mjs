@@ -83,7 +83,7 @@ describe('errors (runtime adapter updating enabled, API key)', () => {
       [{ n: 0 }, /\bn\b/],
       [{ n: 1.5 }, /\bn\b/],
       [{ logprobs: 99 }, /logprobs/],
-      [{ stream: 'yes' }, /stream/],
+      [{ stream: 'sometimes' }, /stream/],
       [{ stop: 5 }, /stop/],
       [{ presence_penalty: 3 }, /presence_penalty/],
       [{ seed: 'x' }, /seed/],
