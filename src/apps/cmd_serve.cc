@@ -104,7 +104,8 @@ int run_serve(int argc, char** argv) {
       "--seed", seed,
       "Seeds the generators of requests that give no seed (default 0, as vLLM: the same requests in "
       "the same order sample the same tokens after a restart)");
-  app.add_flag("--enable-lora,!--no-enable-lora", mf.enable_lora, "Accepted for vLLM compatibility: LoRA is always on");
+  app.add_flag("--enable-lora,!--no-enable-lora", mf.enable_lora,
+               "Accepted for vLLM compatibility: LoRA is always on");
   app.add_option("--generation-config", mf.generation_config,
                  "auto: defaults and EOS ids from the model's generation_config.json; vllm: ignore it; DIR: "
                  "read DIR/generation_config.json")
@@ -119,7 +120,8 @@ int run_serve(int argc, char** argv) {
   app.add_option("--uvicorn-log-level", sc.uvicorn_log_level, "Log level of the HTTP server's access log")
       ->check(CLI::IsMember({"critical", "error", "warning", "info", "debug", "trace"}))
       ->capture_default_str();
-  app.add_flag("--enable-request-id-headers,!--no-enable-request-id-headers", sc.enable_request_id_headers, "X-Request-Id on every response");
+  app.add_flag("--enable-request-id-headers,!--no-enable-request-id-headers", sc.enable_request_id_headers,
+               "X-Request-Id on every response");
   app.add_option("--response-role", sc.response_role, "Role of generated chat messages")->capture_default_str();
   app.add_flag("--enable-auto-tool-choice,!--no-enable-auto-tool-choice", sc.enable_auto_tool_choice,
                "tool_choice \"auto\": parse tool calls out of the output (needs --tool-call-parser)");
@@ -129,17 +131,20 @@ int run_serve(int argc, char** argv) {
                  "parts joined) or openai (a list of {\"type\": \"text\", \"text\"} parts)")
       ->check(CLI::IsMember({"auto", "string", "openai"}))
       ->capture_default_str();
-  app.add_flag("--exclude-tools-when-tool-choice-none,!--no-exclude-tools-when-tool-choice-none", sc.exclude_tools_when_tool_choice_none,
+  app.add_flag("--exclude-tools-when-tool-choice-none,!--no-exclude-tools-when-tool-choice-none",
+               sc.exclude_tools_when_tool_choice_none,
                "With tool_choice \"none\" the chat template gets no tools");
   app.add_option("--reasoning-parser", sc.reasoning_parser,
-                 "Reasoning format: qwen3 (<think>), openai_gptoss (harmony channels)");
+                 "Reasoning format: qwen3 or deepseek_r1 (<think>), openai_gptoss (harmony channels)");
   app.add_flag("--return-tokens-as-token-ids,!--no-return-tokens-as-token-ids", sc.return_tokens_as_token_ids,
                "Logprob tokens as 'token_id:N' (tokens that are not valid UTF-8 stay identifiable)");
   app.add_option("--allowed-origins", origins, "CORS origins: a JSON list or values (default [\"*\"])");
   app.add_option("--allowed-methods", methods, "CORS methods: a JSON list or values (default [\"*\"])");
   app.add_option("--allowed-headers", headers, "CORS headers: a JSON list or values (default [\"*\"])");
-  app.add_flag("--allow-credentials,!--no-allow-credentials", sc.allow_credentials, "CORS: allow credentials (default off)");
-  app.add_flag("--disable-uvicorn-access-log,!--no-disable-uvicorn-access-log", sc.disable_uvicorn_access_log, "No HTTP access log lines");
+  app.add_flag("--allow-credentials,!--no-allow-credentials", sc.allow_credentials,
+               "CORS: allow credentials (default off)");
+  app.add_flag("--disable-uvicorn-access-log,!--no-disable-uvicorn-access-log", sc.disable_uvicorn_access_log,
+               "No HTTP access log lines");
   app.add_option("--disable-access-log-for-endpoints", sc.disable_access_log_for_endpoints,
                  "Paths without access log lines, comma-separated (e.g. /health,/metrics)");
   app.add_flag("--enable-force-include-usage,!--no-enable-force-include-usage", sc.enable_force_include_usage,
@@ -148,12 +153,13 @@ int run_serve(int argc, char** argv) {
                  "JSON object of chat template variables; a request's chat_template_kwargs win");
   app.add_option("--host", sc.host)->capture_default_str();
   app.add_option("--port", sc.port)->capture_default_str();
-  app.add_option("--api-key", sc.api_keys,
-                 "Require one of these keys (Authorization: Bearer) on the /v1 routes, /tokenize, /detokenize, "
-                 "/invocations and the admin routes");
+  app.add_option(
+      "--api-key", sc.api_keys,
+      "Require one of these keys (Authorization: Bearer) on the /v1 routes, /tokenize, /detokenize, "
+      "/invocations and the admin routes");
   app.add_option("--served-model-name", sc.served_model_names, "Name(s) the base model answers to");
-  app.add_flag("--enable-lora-runtime-updating,!--no-enable-lora-runtime-updating", sc.allow_runtime_lora_updating,
-               "Enable /v1/load_lora_adapter and /v1/unload_lora_adapter");
+  app.add_flag("--enable-lora-runtime-updating,!--no-enable-lora-runtime-updating",
+               sc.allow_runtime_lora_updating, "Enable /v1/load_lora_adapter and /v1/unload_lora_adapter");
   app.add_option("--lora-allowed-dirs", sc.lora_allowed_dirs,
                  "Directories runtime adapter loads may read from");
   app.add_option("--chat-template", sc.chat_template,

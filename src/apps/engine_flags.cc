@@ -110,7 +110,8 @@ void add_engine_flags(CLI::App& app, EngineConfig& c, ModelFlags& f) {
       ->capture_default_str();
   app.add_option("--max-cpu-loras", f.max_cpu_loras,
                  "Adapters held in host memory, LRU; the rest reload from disk (default: --max-loras, as vLLM)");
-  app.add_flag("--enforce-eager,!--no-enforce-eager", c.execution.enforce_eager, "Run every step eagerly (no CUDA graphs)");
+  app.add_flag("--enforce-eager,!--no-enforce-eager", c.execution.enforce_eager,
+               "Run every step eagerly (no CUDA graphs)");
   app.add_option("--cuda-graph-sizes", c.execution.cuda_graph_sizes,
                  "Decode batch sizes captured as CUDA graphs (default: 1 2 4 8 16 ... --max-num-seqs); one "
                  "value N: 1 2 4 and the multiples of 8 up to N, as vLLM")

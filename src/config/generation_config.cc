@@ -90,8 +90,9 @@ GenerationDefaults load_generation_defaults(const std::string& mode, const std::
     ss << in.rdbuf();
     d = GenerationDefaults::from_json(ss.str(), file.string());
   } else if (!is_model_file) {
-    fail("--generation-config {}: no generation_config.json there (use auto, vllm or a directory holding one)",
-         mode);
+    fail(
+        "--generation-config {}: no generation_config.json there (use auto, vllm or a directory holding one)",
+        mode);
   }
   if (mode == "vllm") {  // vLLM still reads the model's file for its special tokens, not for defaults
     GenerationDefaults eos_only;

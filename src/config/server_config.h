@@ -13,7 +13,7 @@ namespace polylora {
 struct ServerConfig {
   std::string host = "0.0.0.0";                 // --host
   int port = 8000;                              // --port
-  std::vector<std::string> api_keys;            // --api-key KEY... (also VLLM_API_KEY / POLYLORA_API_KEY): any one
+  std::vector<std::string> api_keys;  // --api-key KEY... (also VLLM_API_KEY / POLYLORA_API_KEY): any one
   std::vector<std::string> served_model_names;  // --served-model-name (first is the main name)
   bool allow_runtime_lora_updating =
       false;  // --enable-lora-runtime-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING)

@@ -71,8 +71,8 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   if (!config_.scheduler.enable_chunked_prefill && config_.scheduler.max_num_batched_tokens < max_model_len_)
     fail(
         "max_num_batched_tokens ({}) is smaller than max_model_len ({}). This effectively limits the maximum "
-        "sequence length to max_num_batched_tokens and makes polylora reject longer sequences. Please increase "
-        "--max-num-batched-tokens or decrease --max-model-len (or leave chunked prefill on)",
+        "sequence length to max_num_batched_tokens and makes polylora reject longer sequences. Please "
+        "increase --max-num-batched-tokens or decrease --max-model-len (or leave chunked prefill on)",
         config_.scheduler.max_num_batched_tokens, max_model_len_);
   int64_t bs = config_.cache.block_size;
   // Every tensor-parallel rank holds the blocks for its KV heads: counted together where they share memory

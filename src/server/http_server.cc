@@ -231,11 +231,11 @@ bool HttpServer::authorized(const HttpRequest& req) const {
   const size_t space = auth->find(' ');
   if (space == std::string::npos) return false;
   std::string scheme = auth->substr(0, space);
-  std::transform(scheme.begin(), scheme.end(), scheme.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   if (scheme != "bearer") return false;
-  const std::string token = auth->substr(auth->find_first_not_of(' ', space) == std::string::npos
-                                             ? auth->size()
-                                             : auth->find_first_not_of(' ', space));
+  const size_t start = auth->find_first_not_of(' ', space);
+  const std::string token = start == std::string::npos ? std::string() : auth->substr(start);
   bool ok = false;
   for (const std::string& k : *keys) ok |= same_secret(token, k);  // every key compared: no early exit
   return ok;

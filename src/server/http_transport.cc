@@ -755,7 +755,10 @@ HttpTransport::~HttpTransport() {
 int HttpTransport::bind(const std::string& host, int port) {
   beast::error_code ec;
   // "" is every interface (vLLM binds (host or "", port)); a name other than an address is resolved.
-  auto address = net::ip::make_address(host.empty() ? "0.0.0.0" : host == "localhost" ? "127.0.0.1" : host, ec);
+  auto address = net::ip::make_address(host.empty()          ? "0.0.0.0"
+                                       : host == "localhost" ? "127.0.0.1"
+                                                             : host,
+                                       ec);
   if (ec) {
     tcp::resolver resolver(impl_->ioc);
     auto found = resolver.resolve(host, std::to_string(port), ec);

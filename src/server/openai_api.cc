@@ -379,8 +379,8 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   // logprobs; one token is generated and dropped, as vLLM does (its usage counts it).
   json echo_body;
   const json* fields = &body;
-  if (bool_field(body, "echo", false) && get(body, "max_tokens") && get(body, "max_tokens")->is_number() &&
-      get(body, "max_tokens")->get<double>() == 0.0) {
+  if (const json* mt = get(body, "max_tokens");
+      bool_field(body, "echo", false) && mt && mt->is_number() && mt->get<double>() == 0.0) {
     echo_body = body;
     echo_body["max_tokens"] = 1;
     fields = &echo_body;
@@ -462,7 +462,8 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
       out.logprobs = sp.logprobs.value_or(0);
     else
       sp.logprobs.reset();
-  } else if (const json* tl = get(body, "top_logprobs"); tl && !(tl->is_number() && tl->get<double>() == 0.0)) {
+  } else if (const json* tl = get(body, "top_logprobs");
+             tl && !(tl->is_number() && tl->get<double>() == 0.0)) {
     fail("'top_logprobs' requires 'logprobs': true");
   }
   if (!ctx.tokenizer) fail("this server has no tokenizer, which chat completions need");

@@ -32,7 +32,8 @@ struct ParsedRequest {
   bool include_usage = false;
   bool continuous_usage = false;
   bool echo = false;
-  bool echo_only = false;  // completions: echo with max_tokens 0 (the prompt alone; one token made and dropped)
+  // Completions: echo with max_tokens 0 (the prompt alone; one token made and dropped).
+  bool echo_only = false;
   bool return_tokens_as_token_ids = false;
   // vLLM's return_token_ids: the prompt's token ids (chat: the response's / first chunk's prompt_token_ids;
   // completions: each choice's) and each choice's generated ids (streamed: each chunk's new ones) as

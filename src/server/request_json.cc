@@ -1,7 +1,6 @@
 // server/request_json.cc: sampling fields from JSON with precise type errors.
 #include "server/request_json.h"
 
-#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -31,9 +30,7 @@ std::optional<double> lax_number(const json& v) {
 std::optional<bool> lax_bool(const json& v) {
   if (v.is_boolean()) return v.get<bool>();
   if (v.is_number_integer()) {
-    const int64_t i = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), 2))
-                                             : v.get<int64_t>();
-    if (i == 0 || i == 1) return i == 1;
+    if (v == 0 || v == 1) return v == 1;
     return std::nullopt;
   }
   if (!v.is_string()) return std::nullopt;
@@ -56,7 +53,6 @@ const json* field(const json& body, const char* name) {
 
 double number(const json& body, const char* name) {
   const json* f = field(body, name);
-  if (f->is_number()) return f->get<double>();
   if (std::optional<double> v = lax_number(*f)) return *v;
   fail("'{}' must be a number, got {}", name, f->type_name());
 }

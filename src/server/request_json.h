@@ -3,8 +3,8 @@
 // parameters. Errors (polylora::Error) name the field and say what was expected.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
