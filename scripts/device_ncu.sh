@@ -60,6 +60,10 @@ for ti, (h, rs) in enumerate(tables):
     total = sum(num(r[allc]) for r in rs) or 1.0
     print(f"\n== launch {ti}: {len(rs)} SASS lines, {total:.0f} stall samples; top 40 (share, all, not-issued, sass)")
     reason_cols = [i for i, c in enumerate(h) if c.lower().startswith("stall_") or "(stall" in c.lower()]
+    # The whole launch's samples by reason (all samples, not-issued ones apart), largest first.
+    totals = sorted(((sum(num(r[i]) for r in rs), h[i]) for i in reason_cols if "Not Issued" not in h[i]),
+                    reverse=True)
+    print("by reason: " + ", ".join(f"{n}={v / total:.1%}" for v, n in totals if v > 0))
     for r in sorted(rs, key=lambda r: -num(r[allc]))[:40]:
         extra = ""
         if reason_cols:
