@@ -313,30 +313,55 @@ __global__ void __launch_bounds__(kFaThreads) attention_prefill_kernel(Attention
 // ---- decode: flash decoding ----
 
 // Merges the splits' partial states of (row t, head h) with the sink logit into the output (all threads of
-// the CTA). L2: read the partials past L1 (written by other CTAs of the same kernel: the fused combine).
+// the CTA, at least 32; splits <= 64, decode_split's bound). L2: read the partials past L1 (written by other
+// CTAs of the same kernel: the fused combine). Warp 0 reads every split's max and sum at once (lane i
+// splits i and i + 32), reduces them and leaves each split's weight exp(m_s − max) / denominator in shared
+// memory; then each output dimension is the weighted sum over the splits, its loads independent of each
+// other. (A loop over the splits per thread for the max, again for the denominator and again per
+// dimension chained ~3·splits dependent L2 reads: 5.4 us per layer at batch 1 on the H100, session 46.)
 template <bool L2>
 __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int splits, const float* part, int64_t t,
                                              int64_t h) {
+  constexpr int kMaxSplits = 64;
+  __shared__ float s_w[kMaxSplits];
   const int64_t D = a.cache.head_dim;
   const float* src = part + (t * a.num_heads + h) * splits * (D + 2);
   auto ld = [&](const float* p) { return L2 ? __ldcg(p) : *p; };
-  float mx = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
-  for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, ld(src + sp * (D + 2) + D));
-  float denom = a.sinks != nullptr ? expf(a.sinks[h] - mx) : 0.0f;
-  for (int sp = 0; sp < splits; ++sp) {
-    const float ms = ld(src + sp * (D + 2) + D);
-    if (ms != -INFINITY) denom += ld(src + sp * (D + 2) + D + 1) * expf(ms - mx);
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int sp = lane + 32 * i;
+      if (sp < splits) {
+        m[i] = ld(src + sp * (D + 2) + D);
+        l[i] = ld(src + sp * (D + 2) + D + 1);
+      }
+    }
+    float mx = cuda_util::warp_max(fmaxf(m[0], m[1]));
+    if (a.sinks != nullptr) mx = fmaxf(mx, a.sinks[h]);
+    float w[2], den = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      w[i] = m[i] != -INFINITY ? expf(m[i] - mx) : 0.0f;
+      den += l[i] * w[i];
+    }
+    den = cuda_util::warp_sum(den);
+    if (a.sinks != nullptr) den += expf(a.sinks[h] - mx);
+    const float inv = 1.0f / den;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (lane + 32 * i < splits) s_w[lane + 32 * i] = w[i] * inv;
   }
-  const float inv = 1.0f / denom;
+  __syncthreads();
   float* out = a.out + t * a.ldo + h * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float sum = 0.0f;
-    for (int sp = 0; sp < splits; ++sp) {
-      const float ms = ld(src + sp * (D + 2) + D);
-      if (ms != -INFINITY) sum += ld(src + sp * (D + 2) + d) * expf(ms - mx);
-    }
-    out[d] = sum * inv;
+#pragma unroll 4
+    for (int sp = 0; sp < splits; ++sp) sum += s_w[sp] * ld(src + sp * (D + 2) + d);
+    out[d] = sum;
   }
+  __syncthreads();  // s_w is rewritten by the next merge of this CTA (the GQA kernel's heads)
 }
 
 // After a CTA wrote its split's partial state: counts it in *counter (one per (row, head) or head group)
