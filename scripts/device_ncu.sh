@@ -64,6 +64,18 @@ for ti, (h, rs) in enumerate(tables):
     totals = sorted(((sum(num(r[i]) for r in rs), h[i]) for i in reason_cols if "Not Issued" not in h[i]),
                     reverse=True)
     print("by reason: " + ", ".join(f"{n}={v / total:.1%}" for v, n in totals if v > 0))
+    # The executed instructions by opcode (warp level; the predicate and modifiers dropped), largest first.
+    exc = col("Instructions Executed")
+    if exc is not None:
+        mix = {}
+        for r in rs:
+            words = [w for w in r[src].split() if not w.startswith("@")]
+            if words:
+                op = words[0].split(".")[0]
+                mix[op] = mix.get(op, 0.0) + num(r[exc])
+        ex_total = sum(mix.values()) or 1.0
+        print(f"executed {ex_total:.0f} warp instructions; by opcode: " +
+              ", ".join(f"{op}={v / ex_total:.1%}" for op, v in sorted(mix.items(), key=lambda x: -x[1])[:16]))
     for r in sorted(rs, key=lambda r: -num(r[allc]))[:40]:
         extra = ""
         if reason_cols:
