@@ -125,7 +125,8 @@ int run_serve(int argc, char** argv) {
   app.add_option("--response-role", sc.response_role, "Role of generated chat messages")->capture_default_str();
   app.add_flag("--enable-auto-tool-choice,!--no-enable-auto-tool-choice", sc.enable_auto_tool_choice,
                "tool_choice \"auto\": parse tool calls out of the output (needs --tool-call-parser)");
-  app.add_option("--tool-call-parser", sc.tool_call_parser, "Tool-call format: hermes, openai, llama3_json, mistral");
+  app.add_option("--tool-call-parser", sc.tool_call_parser,
+                 "Tool-call format: hermes, openai, llama3_json, mistral, qwen3_coder");
   app.add_option("--chat-template-content-format", sc.chat_template_content_format,
                  "Message content as the template gets it: auto (detected from the template), string (text "
                  "parts joined) or openai (a list of {\"type\": \"text\", \"text\"} parts)")

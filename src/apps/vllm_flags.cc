@@ -171,8 +171,8 @@ const std::vector<Ignored>& ignored_table() {
       {"--tool-parser-plugin",
        true,
        {},
-       "tool-call parsers are built in (--tool-call-parser hermes, openai, llama3_json, mistral), not Python "
-       "plugins",
+       "tool-call parsers are built in (--tool-call-parser hermes, openai, llama3_json, mistral, "
+       "qwen3_coder), not Python plugins",
        true},
       {"--structured-outputs-config",
        true,

@@ -326,6 +326,7 @@ std::optional<OutputParserOptions> choose_output_parser(const json& body, const 
     if (!ctx.enable_auto_tool_choice || ctx.tool_parser == ToolParserKind::kNone)
       fail("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
     if (has_tools) o.tools = ctx.tool_parser;
+    if (o.tools == ToolParserKind::kQwen3Coder) o.tools_json = tools.dump();  // its parameters' types
   } else if (choice == "required") {
     if (!has_tools) fail("'tool_choice' is \"required\" but no 'tools' were given");
     o.tools = ToolParserKind::kRequired;

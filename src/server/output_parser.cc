@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "server/qwen3_coder_tools.h"
 
 namespace polylora::server {
 
@@ -174,6 +175,7 @@ std::optional<ToolParserKind> tool_parser_from_name(std::string_view name) {
   if (name == "openai") return ToolParserKind::kOpenai;
   if (name == "llama3_json") return ToolParserKind::kLlama3Json;
   if (name == "mistral") return ToolParserKind::kMistral;
+  if (name == "qwen3_coder") return ToolParserKind::kQwen3Coder;
   return std::nullopt;
 }
 
@@ -185,7 +187,7 @@ std::optional<ReasoningParserKind> reasoning_parser_from_name(std::string_view n
 }
 
 const char* tool_parser_names() {
-  return "hermes, openai, llama3_json, mistral";
+  return "hermes, openai, llama3_json, mistral, qwen3_coder";
 }
 
 const char* reasoning_parser_names() {
@@ -197,7 +199,9 @@ bool needs_special_tokens(ToolParserKind tools, ReasoningParserKind reasoning) {
          tools == ToolParserKind::kLlama3Json || reasoning == ReasoningParserKind::kGptOss;
 }
 
-OutputParser::OutputParser(OutputParserOptions options) : options_(std::move(options)) {}
+OutputParser::OutputParser(OutputParserOptions options) : options_(std::move(options)) {
+  if (options_.tools == ToolParserKind::kQwen3Coder) param_types_ = tool_param_types(options_.tools_json);
+}
 
 OutputDelta OutputParser::feed(std::string_view text) {
   text_.append(text);
@@ -257,8 +261,10 @@ struct Sink {
   bool has_reasoning = false;
 };
 
-// Tool calls in `s` (the text after reasoning), for the JSON-based parsers.
-void parse_tool_text(const OutputParserOptions& o, std::string_view s, bool final, Sink& out) {
+// Tool calls in `s` (the text after reasoning), for the JSON-based parsers and qwen3_coder (`types`: its
+// tools' parameter types).
+void parse_tool_text(const OutputParserOptions& o, const ToolParamTypes& types, std::string_view s,
+                     bool final, Sink& out) {
   auto add_call = [&](const CallObject& c) {
     if (c.name_known) out.calls.push_back({c.name, c.arguments});
   };
@@ -281,6 +287,12 @@ void parse_tool_text(const OutputParserOptions& o, std::string_view s, bool fina
     case ToolParserKind::kOpenai:  // harmony is parsed with its channels
       out.content.append(s);
       return;
+    case ToolParserKind::kQwen3Coder: {
+      Qwen3CoderParse q = parse_qwen3_coder(s, final, types);
+      out.content.append(q.content);
+      for (auto& c : q.calls) out.calls.push_back(std::move(c));
+      return;
+    }
     case ToolParserKind::kNamed: {
       size_t a = skip_space(s, 0);
       size_t end = scan_json_value(s, a);
@@ -499,7 +511,7 @@ OutputParser::Snapshot OutputParser::snapshot(bool final) const {
         }
       }
     }
-    if (!rest.empty()) parse_tool_text(options_, rest, final, sink);
+    if (!rest.empty()) parse_tool_text(options_, param_types_, rest, final, sink);
   }
   Snapshot snap;
   snap.reasoning = std::move(sink.reasoning);

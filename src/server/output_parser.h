@@ -1,13 +1,14 @@
 // server/output_parser.h: splits a chat model's generated text into reasoning, content and tool calls, as
 // vLLM's reasoning parsers (--reasoning-parser qwen3 | openai_gptoss) and tool-call parsers
-// (--tool-call-parser hermes | openai | llama3_json | mistral) do, fed in chunks of any size (a chunk may
-// end inside a marker such as "<tool_call>" or "<|channel|>"): each feed returns what can be sent now, and
-// what has been sent is never taken back. Also the output forms of tool_choice "required" (a JSON array of
-// {"name", "parameters"}) and of a named function (the arguments object alone).
+// (--tool-call-parser hermes | openai | llama3_json | mistral | qwen3_coder) do, fed in chunks of any size (a
+// chunk may end inside a marker such as "<tool_call>" or "<|channel|>"): each feed returns what can be sent
+// now, and what has been sent is never taken back. Also the output forms of tool_choice "required" (a JSON
+// array of {"name", "parameters"}) and of a named function (the arguments object alone).
 // Must not: know about HTTP, requests or the engine; build response JSON (generation.cc does).
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,6 +22,7 @@ enum class ToolParserKind {
   kOpenai,      // GPT-OSS harmony: a commentary message to=functions.NAME whose body is the arguments
   kLlama3Json,  // Llama 3: [<|python_tag|>]{"name": ..., "parameters": {...}}[; {...}]
   kMistral,     // [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] or [TOOL_CALLS]NAME[ARGS]{...}
+  kQwen3Coder,  // Qwen3-Coder's XML: <tool_call><function=NAME><parameter=P>v</parameter>...</function>...
   kRequired,    // tool_choice "required": the whole output is [{"name": ..., "parameters": {...}}, ...]
   kNamed,       // tool_choice naming a function: the whole output is its arguments object
 };
@@ -46,6 +48,7 @@ struct OutputParserOptions {
   ToolParserKind tools = ToolParserKind::kNone;
   std::string named_function;         // kNamed: the function's name
   bool starts_in_reasoning = false;   // qwen3: the prompt ends inside an open <think>
+  std::string tools_json;             // kQwen3Coder: the request's tools (their parameters' types)
 };
 
 struct ParsedToolCall {
@@ -102,6 +105,8 @@ class OutputParser {
   OutputDelta diff(const Snapshot& now);
 
   OutputParserOptions options_;
+  // kQwen3Coder: per function, its parameters' declared types (qwen3_coder_tools.h's ToolParamTypes).
+  std::map<std::string, std::map<std::string, std::string>> param_types_;
   std::string text_;
   Snapshot sent_;
   Result final_;

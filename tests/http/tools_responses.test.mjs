@@ -228,6 +228,58 @@ describe('tools, reasoning and /v1/responses', () => {
 // --exclude-tools-when-tool-choice-none: with tool_choice "none" the prompt is the one without tools (the
 // qwen2.5 template renders tools into the system turn, so they cost prompt tokens); without the flag (the
 // server above, as vLLM) the tools stay in. The structured-outputs backend flags are accepted and logged.
+describe('--tool-call-parser qwen3_coder with an XML tool-call template', () => {
+  let server;
+  let client;
+  before(async () => {
+    server = await startServer([
+      '--model', MODEL, '--max-model-len', '4096',
+      '--chat-template', path.join(REPO, 'tests/data/chat_templates/qwen3-agentic.jinja'),
+      '--enable-auto-tool-choice', '--tool-call-parser', 'qwen3_coder', '--reasoning-parser', 'qwen3',
+    ]);
+    client = new OpenAI({ baseURL: server.base, apiKey: 'none', maxRetries: 0, timeout: 60_000 });
+  });
+  after(async () => {
+    assert.deepEqual(await server.stop(), { code: 0, signal: null }, server.log());
+  });
+
+  test('streamed chat with tools: the deltas add up to what the same request returns whole', async () => {
+    const body = {
+      model: MODEL, messages: [{ role: 'user', content: 'Weather in Rome?' }], tools: TOOLS, max_tokens: 16,
+      temperature: 0, ignore_eos: true,
+    };
+    const whole = await client.chat.completions.create(body);
+    const m = whole.choices[0].message;
+    assert.ok(Array.isArray(m.tool_calls), JSON.stringify(m));
+    const stream = await client.chat.completions.create({ ...body, stream: true });
+    let content = '';
+    const calls = [];
+    for await (const chunk of stream) {
+      const c = chunk.choices[0];
+      if (!c) continue;
+      content += c.delta.content ?? '';
+      for (const tc of c.delta.tool_calls ?? []) {
+        if (tc.id) calls[tc.index] = { name: tc.function.name, arguments: '' };
+        calls[tc.index].arguments += tc.function.arguments ?? '';
+      }
+    }
+    assert.equal(content, m.content ?? '');
+    assert.equal(calls.length, m.tool_calls.length);
+  });
+
+  test('a history with an assistant call renders it as <function=...> with its parameters', async () => {
+    const ask = [{ role: 'user', content: 'Weather in Paris?' }];
+    const messages = [...ask,
+      { role: 'assistant', content: null,
+        tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: '21 C, sunny' }];
+    const short = await client.chat.completions.create({ model: MODEL, messages: ask, tools: TOOLS, max_tokens: 1 });
+    const long = await client.chat.completions.create({ model: MODEL, messages, tools: TOOLS, max_tokens: 1 });
+    assert.ok(long.usage.prompt_tokens > short.usage.prompt_tokens + 10,
+      `${long.usage.prompt_tokens} vs ${short.usage.prompt_tokens}`);
+  });
+});
+
 describe('--exclude-tools-when-tool-choice-none', () => {
   let server;
   let plain;

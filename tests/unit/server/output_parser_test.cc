@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 
+#include "server/qwen3_coder_tools.h"
 #include "tokenizer/chat_template.h"
 
 namespace polylora::server {
@@ -114,6 +115,11 @@ std::string rendered_turn(const std::string& tmpl_name, const json& assistant, c
   size_t end = turn.rfind(end_marker);
   EXPECT_NE(end, std::string::npos) << turn;
   return turn.substr(0, end);
+}
+
+std::string rtrim_copy(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
 }
 
 OutputParserOptions opts(ToolParserKind t, ReasoningParserKind r) {
@@ -362,9 +368,163 @@ TEST(RequiredAndNamed, SchemaListsEveryTool) {
   EXPECT_EQ(schema["items"]["anyOf"][0]["properties"]["parameters"]["required"][0], "city");
 }
 
+// ---- qwen3_coder ----
+
+OutputParserOptions coder_opts(const json& tools, ReasoningParserKind r = ReasoningParserKind::kNone) {
+  OutputParserOptions o = opts(ToolParserKind::kQwen3Coder, r);
+  o.tools_json = tools.dump();
+  return o;
+}
+
+TEST(Qwen3CoderParser, CallsAsTheTemplateRendersThem) {
+  json assistant = {
+      {"role", "assistant"},
+      {"content", "Checking both."},
+      {"tool_calls",
+       json::array(
+           {{{"type", "function"},
+             {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}}}}}},
+            {{"type", "function"}, {"function", {{"name", "get_time"}, {"arguments", {{"tz", "CET"}}}}}}})}};
+  std::string out = rendered_turn("qwen3-agentic.jinja", assistant, "<|im_start|>assistant\n", "<|im_end|>");
+  ASSERT_NE(out.find("<parameter=city>"), std::string::npos) << out;
+  auto o = coder_opts(kTools, ReasoningParserKind::kQwen3);
+  auto r = OutputParser::parse(o, out);
+  ASSERT_EQ(r.tool_calls.size(), 2u) << out;
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+  EXPECT_EQ(r.tool_calls[1].name, "get_time");
+  EXPECT_EQ(r.tool_calls[1].arguments, "{\"tz\": \"CET\"}");
+  EXPECT_EQ(rtrim_copy(r.content), "Checking both.") << out;
+  expect_stream_matches(o, out);
+}
+
+// Values converted by the types the tools declare, as vLLM's _convert_param_value: the exact arguments text
+// (Python's json.dumps form) is checked, not just its JSON value.
+TEST(Qwen3CoderParser, ParameterTypesFromTheTools) {
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "search", "parameters": {
+      "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"},
+      "ratio": {"type": "number"}, "whole": {"type": "Number "}, "exact": {"type": "boolean"},
+      "filters": {"type": "object"}, "ids": {"type": "array"}, "note": {"type": "string"},
+      "bad_int": {"type": "integer"}, "any": {"type": ["string", "null"]}, "plain": {}}}}}])");
+  std::string out =
+      "Let me look.\n<tool_call>\n<function=search>\n<parameter=query>\nrust \"async\" traits\n</parameter>\n"
+      "<parameter=limit>\n 10 \n</parameter>\n<parameter=ratio>\n2.50\n</parameter>\n<parameter=whole>\n3.0\n"
+      "</parameter>\n<parameter=exact>\nTrue\n</"
+      "parameter>\n<parameter=filters>\n{\"lang\":\"en\",\"year\":2024}\n"
+      "</parameter>\n<parameter=ids>\n[1,2, 3]\n</parameter>\n<parameter=note>\nNULL\n</parameter>\n"
+      "<parameter=extra>\n42\n</parameter>\n<parameter=bad_int>\nten\n</parameter>\n<parameter=any>\n7\n"
+      "</parameter>\n<parameter=plain>\n  two\nlines \n</parameter>\n</function>\n</tool_call>";
+  auto o = coder_opts(tools);
+  auto r = OutputParser::parse(o, out);
+  EXPECT_EQ(r.content, "Let me look.\n");
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].name, "search");
+  EXPECT_EQ(r.tool_calls[0].arguments,
+            "{\"query\": \"rust \\\"async\\\" traits\", \"limit\": 10, \"ratio\": 2.5, \"whole\": 3, "
+            "\"exact\": true, "
+            "\"filters\": {\"lang\": \"en\", \"year\": 2024}, \"ids\": [1, 2, 3], \"note\": null, \"extra\": "
+            "\"42\", "
+            "\"bad_int\": \"ten\", \"any\": 7, \"plain\": \"  two\\nlines \"}");
+  expect_stream_matches(o, out);
+  // A function the request does not list: every value a string ("null" still null).
+  r = OutputParser::parse(
+      o,
+      "<tool_call>\n<function=other>\n<parameter=n>\n5\n</parameter>\n<parameter=z>\nnull\n"
+      "</parameter>\n</function>\n</tool_call>");
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].arguments, "{\"n\": \"5\", \"z\": null}");
+}
+
+TEST(Qwen3CoderParser, ValueConversions) {
+  auto v = [](std::string_view raw, const char* type) {
+    std::string t = type ? type : "";
+    return qwen3_coder_value_json(raw, type ? &t : nullptr);
+  };
+  EXPECT_EQ(v("1_000", "int"), "1000");
+  EXPECT_EQ(v("-7", "uint32"), "-7");
+  EXPECT_EQ(v("5.5", "integer"), "\"5.5\"");  // int("5.5") fails: the text
+  EXPECT_EQ(v("1e3", "float"), "1000");
+  EXPECT_EQ(v("-0.25", "number"), "-0.25");
+  EXPECT_EQ(v("inf", "number"), "\"inf\"");
+  EXPECT_EQ(v("0x10", "number"), "\"0x10\"");
+  EXPECT_EQ(v("yes", "bool"), "false");
+  EXPECT_EQ(v("TRUE", "binary"), "true");
+  EXPECT_EQ(v("[1, {\"a\": true}]", "list"), "[1, {\"a\": true}]");
+  EXPECT_EQ(v("not json", "object"), "\"not json\"");
+  EXPECT_EQ(v("None", "<non-string>"), "null");
+  EXPECT_EQ(v("[true]", "<non-string>"), "\"[true]\"");  // not a Python literal
+  EXPECT_EQ(v("\"quoted\"", "<non-string>"), "\"quoted\"");
+  EXPECT_EQ(v("caf\xc3\xa9", nullptr), "\"caf\xc3\xa9\"");  // non-ASCII kept (ensure_ascii=False)
+  EXPECT_EQ(v("Null", "integer"), "null");
+}
+
+TEST(Qwen3CoderParser, UnclosedCallsAndCallsWithoutTheWrapper) {
+  auto o = coder_opts(kTools);
+  // The output ends inside the call: the last parameter runs to the end, less one final newline.
+  auto r = OutputParser::parse(o, "<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC\n");
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].arguments, "{\"tz\": \"UTC\"}");
+  EXPECT_EQ(r.content, "");
+  // A parameter ended by the next one, no </parameter>; no parameters at all.
+  std::string out =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nLima\n<parameter=unit>\nC\n</function>\n</"
+      "tool_call>\n"
+      "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
+  r = OutputParser::parse(o, out);
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(r.tool_calls[0].arguments, "{\"city\": \"Lima\", \"unit\": \"C\"}");
+  EXPECT_EQ(r.tool_calls[1].arguments, "{}");
+  expect_stream_matches(o, out);
+  // <function=...> with no <tool_call>: still a call; the text before it is content.
+  out = "Sure: <function=get_time>\n<parameter=tz>\nUTC\n</parameter>\n</function>";
+  r = OutputParser::parse(o, out);
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.content, "Sure: ");
+  expect_stream_matches(o, out);
+  // No <function= at all: everything is content, a <tool_call> included.
+  r = OutputParser::parse(o, "a <tool_call> b");
+  EXPECT_TRUE(r.tool_calls.empty());
+  EXPECT_EQ(r.content, "a <tool_call> b");
+  expect_stream_matches(o, "a <tool_call> b <function");
+}
+
+TEST(Qwen3CoderParser, BrokenCallIsContent) {
+  std::string out = "<tool_call>\n<function=get_time\n</function>\n</tool_call>";
+  auto r = OutputParser::parse(coder_opts(kTools), out);
+  EXPECT_TRUE(r.tool_calls.empty());
+  EXPECT_EQ(r.content, out);
+  out = "<tool_call>\n<function=get_time>\n<parameter=tz\nUTC</parameter>\n</function>\n</tool_call>";
+  r = OutputParser::parse(coder_opts(kTools), out);
+  EXPECT_TRUE(r.tool_calls.empty());
+  EXPECT_EQ(r.content, out);
+}
+
+TEST(Qwen3CoderParser, ArgumentsStreamAsParametersEnd) {
+  OutputParser p(coder_opts(kTools));
+  OutputDelta d = p.feed("On it.<tool_ca");
+  EXPECT_EQ(d.content, "On it.");
+  d = p.feed("ll>\n<function=get_wea");
+  EXPECT_TRUE(d.empty());
+  d = p.feed("ther>\n<parameter=city>\nRo");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_TRUE(d.calls[0].is_new);
+  EXPECT_EQ(d.calls[0].name, "get_weather");
+  EXPECT_EQ(d.calls[0].arguments, "{");
+  d = p.feed("me\n</parameter>\n</func");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments, "\"city\": \"Rome\"");
+  d = p.feed("tion>\n</tool_call>");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments, "}");
+  d = p.finish();
+  EXPECT_TRUE(d.empty());
+  EXPECT_EQ(p.result().tool_calls.size(), 1u);
+}
+
 TEST(ParserNames, VllmNames) {
   EXPECT_EQ(tool_parser_from_name("hermes"), ToolParserKind::kHermes);
   EXPECT_EQ(tool_parser_from_name("openai"), ToolParserKind::kOpenai);
+  EXPECT_EQ(tool_parser_from_name("qwen3_coder"), ToolParserKind::kQwen3Coder);
   EXPECT_FALSE(tool_parser_from_name("pythonic").has_value());
   EXPECT_EQ(reasoning_parser_from_name("openai_gptoss"), ReasoningParserKind::kGptOss);
   EXPECT_EQ(reasoning_parser_from_name("qwen3"), ReasoningParserKind::kQwen3);
