@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "server/qwen3_coder_tools.h"
+#include "server/text_markers.h"
 
 namespace polylora::server {
 
@@ -34,13 +35,6 @@ size_t skip_space(std::string_view s, size_t pos) {
 std::string_view rtrim(std::string_view s) {
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   return s;
-}
-
-// Length of the longest suffix of `s` that is a proper prefix of `marker` (text that may still become it).
-size_t partial_suffix(std::string_view s, std::string_view marker) {
-  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
-    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
-  return 0;
 }
 
 // Harmony markers all start with "<|": a trailing "<", "<|" or "<|xyz" (no closing "|>") may be one.

@@ -16,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/text_markers.h"
+
 namespace polylora::server {
 
 using json = nlohmann::ordered_json;
@@ -41,13 +43,6 @@ std::string_view strip(std::string_view s) {
   while (!s.empty() && space(s.front())) s.remove_prefix(1);
   while (!s.empty() && space(s.back())) s.remove_suffix(1);
   return s;
-}
-
-// Length of the longest suffix of `s` that is a proper prefix of `marker`.
-size_t held_suffix(std::string_view s, std::string_view marker) {
-  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
-    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
-  return 0;
 }
 
 // `s` with the underscores Python allows in numbers (one between two digits) removed; nullopt for any other.
@@ -258,8 +253,8 @@ Qwen3CoderParse parse_qwen3_coder(std::string_view s, bool final, const ToolPara
   if (first_func == npos) {  // no call (yet): content, less what may become a marker
     size_t end = s.size();
     if (!final)
-      end =
-          first_open != npos ? first_open : s.size() - std::max(held_suffix(s, kOpen), held_suffix(s, kFunc));
+      end = first_open != npos ? first_open
+                               : s.size() - std::max(partial_suffix(s, kOpen), partial_suffix(s, kFunc));
     r.content = std::string(s.substr(0, end));
     return r;
   }
