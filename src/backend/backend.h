@@ -195,7 +195,8 @@ class Backend {
   // lora_pdl_max_tokens (POLYLORA_PDL_LORA=1 keeps it always): on the H200, batch-1 decode of GPT-OSS-20B
   // with an adapter took 3.336 ms per step with PDL against 3.202 without before the expert LoRA's delta
   // mode, while the base model gains from it (2.580 vs 2.681 ms; docs/pdl.md); with delta mode, steps of 1
-  // and 4 tokens gain from it again (session 36). Others ignore it.
+  // and 4 tokens gain from it again (session 36), and since the expand-fused activation is launched plainly
+  // every size does (H100, session 47: the bound is now unlimited). Others ignore it.
   virtual void set_lora_step(bool lora, int64_t tokens) { (void)lora, (void)tokens; }
 
   virtual void embedding(const kernels::EmbeddingArgs& args) = 0;

@@ -56,6 +56,7 @@ const std::vector<Field>& fields() {
       {"moe_gemv_mxfp4_stages", &KernelTuning::moe_gemv_mxfp4_stages, "POLYLORA_MOE_GEMV_MXFP4_STAGES"},
       {"moe_gemv_fused_act", &KernelTuning::moe_gemv_fused_act, "POLYLORA_MOE_GEMV_FUSED_ACT"},
       {"moe_lora_delta_rows", &KernelTuning::moe_lora_delta_rows, "POLYLORA_MOE_LORA_DELTA_ROWS"},
+      {"moe_lora_delta_min_rows", &KernelTuning::moe_lora_delta_min_rows, "POLYLORA_MOE_LORA_DELTA_MIN_ROWS"},
       {"moe_lora_delta_cluster", &KernelTuning::moe_lora_delta_cluster, "POLYLORA_MOE_LORA_DELTA_CLUSTER"},
       {"moe_lora_delta_cluster_rows", &KernelTuning::moe_lora_delta_cluster_rows,
        "POLYLORA_MOE_LORA_DELTA_CLUSTER_ROWS"},

@@ -86,6 +86,13 @@ struct KernelTuning {
   // product, moe_lora_delta_kernel) instead of the expand-fused activation and combine; 0: never; env
   // POLYLORA_MOE_LORA_DELTA_ROWS.
   int64_t moe_lora_delta_rows = 16;
+  // ... and from which (sorted rows; 0: every call up to moe_lora_delta_rows). At batch 1 (4 rows) the
+  // delta kernel beside the MXFP4 gate/up product slowed the product by 7.6 us per layer (it is bound by
+  // instruction issue there, and the two share the multiprocessors), more than the expand-fused activation
+  // costs: H100, GPT-OSS-20B MXFP4, 8 adapters (session 47, `polylora_bench device --loras 8`, two runs
+  // each) batch 1 3.131 / 3.138 ms per step from 5 rows against 3.192 / 3.180 from 1; batch 4 (16 rows, delta
+  // mode either way) 5.086 / 5.088; env POLYLORA_MOE_LORA_DELTA_MIN_ROWS.
+  int64_t moe_lora_delta_min_rows = 5;
   // Delta mode's kernel: 0, one CTA per (row, column part), each computing the row's shrink; 2..8, a
   // cluster of that many CTAs per group of rows splitting the shrink's K and the expand's columns
   // (moe_lora_delta_cluster_kernel), for calls of up to moe_lora_delta_cluster_rows sorted rows. H200,
@@ -149,7 +156,10 @@ struct KernelTuning {
   int64_t attention_decode_split_keys = 32;
   // Steps with LoRA kernels of up to this many tokens keep programmatic dependent launch (Backend::
   // set_lora_step; larger ones launch plainly); env POLYLORA_LORA_PDL_MAX_TOKENS.
-  int64_t lora_pdl_max_tokens = 4;
+  // Every size since session 47 (H100, GPT-OSS-20B MXFP4, 8 adapters, with moe_lora_delta_min_rows 5:
+  // batch 16 8.664 / 8.668 ms per step against 8.736 / 8.746 with 4, batch 1 / 4 / 64 within the spread;
+  // the expand-fused activation, which PDL made slower, is launched plainly in any case).
+  int64_t lora_pdl_max_tokens = int64_t{1} << 40;
   // add_rms_norm with the o_proj LoRA term (kernels/norm/rms_norm_cuda.cu): rows (tokens) up to which a
   // cluster of 8 CTAs takes each row (each adding the term for its slice of the columns) instead of one CTA
   // (which reads every B row on one SM: 4.9 us per layer at batch 1 with 8 adapters, session 40's timeline).

@@ -783,6 +783,7 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
   for (int variant = 0; variant < 8; ++variant) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_delta_rows = variant == 1 || variant == 3 || variant == 4 ? 100000 : 0;
+    t.moe_lora_delta_min_rows = 0;  // delta mode from one row
     if (variant == 2) {  // and the tiled shrinks and activation, not the by-row kernels
       t.lora_gemv_shrink_rows = 0;
       t.moe_lora_by_row = 0;

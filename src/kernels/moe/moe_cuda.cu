@@ -158,10 +158,11 @@ bool lora_beside_enabled() {
 }
 
 // Delta mode of the slot-stacked expert LoRA (StackStep::kDeltaGateUp / kDeltaDown): on the tensor-core
-// weight-streaming path, up to moe_lora_delta_rows token-expert pairs.
+// weight-streaming path, from moe_lora_delta_min_rows up to moe_lora_delta_rows token-expert pairs.
 bool lora_delta(const MoeExpertsArgs& a, Path path) {
+  const KernelTuning t = tuning_of(a);
   return path == Path::kGemvTc && a.token_slots != nullptr && !a.lora_stack.empty() &&
-         a.m * a.top_k <= tuning_of(a).moe_lora_delta_rows;
+         a.m * a.top_k <= t.moe_lora_delta_rows && a.m * a.top_k >= t.moe_lora_delta_min_rows;
 }
 
 // Workspace layout of a path (each part 256-byte aligned).
