@@ -7,7 +7,7 @@
 
 namespace polylora {
 
-void SamplingParams::validate(int64_t vocab_size) const {
+void SamplingParams::validate(int64_t vocab_size, int64_t max_logprobs) const {
   if (n < 1) fail("n must be at least 1, got {}", n);
   if (!(temperature >= 0.0) || !std::isfinite(temperature))
     fail("temperature must be >= 0, got {}", temperature);
@@ -44,10 +44,20 @@ void SamplingParams::validate(int64_t vocab_size) const {
         fail("bad_words: token id {} is outside the vocabulary (size {})", id, vocab_size);
   if (truncate_prompt_tokens && *truncate_prompt_tokens < 1)
     fail("truncate_prompt_tokens must be at least 1, got {}", *truncate_prompt_tokens);
-  if (logprobs && (*logprobs < 0 || *logprobs > kMaxLogprobs))
-    fail("logprobs must be in [0, {}], got {}", kMaxLogprobs, *logprobs);
-  if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > kMaxLogprobs))
-    fail("prompt_logprobs must be in [0, {}], got {}", kMaxLogprobs, *prompt_logprobs);
+  // vLLM's -1 (every token of the vocabulary) is checked against the cap as the vocabulary's size.
+  if (logprobs && *logprobs == -1 && vocab_size > max_logprobs)
+    fail("Requested sample logprobs of {} (-1: the whole vocabulary), which is greater than max allowed: {}",
+         vocab_size, max_logprobs);
+  if (logprobs && *logprobs < 0) fail("logprobs must be >= 0, got {}", *logprobs);
+  if (logprobs && *logprobs > max_logprobs)
+    fail("Requested sample logprobs of {}, which is greater than max allowed: {}", *logprobs, max_logprobs);
+  if (prompt_logprobs && *prompt_logprobs == -1 && vocab_size > max_logprobs)
+    fail("Requested prompt logprobs of {} (-1: the whole vocabulary), which is greater than max allowed: {}",
+         vocab_size, max_logprobs);
+  if (prompt_logprobs && *prompt_logprobs < 0) fail("prompt_logprobs must be >= 0, got {}", *prompt_logprobs);
+  if (prompt_logprobs && *prompt_logprobs > max_logprobs)
+    fail("Requested prompt logprobs of {}, which is greater than max allowed: {}", *prompt_logprobs,
+         max_logprobs);
 }
 
 }  // namespace polylora

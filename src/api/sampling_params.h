@@ -30,6 +30,9 @@ struct SamplingParams {
   bool include_stop_str_in_output = false;
   bool ignore_eos = false;
   static constexpr int64_t kMaxLogprobs = 20;  // vLLM's default --max-logprobs
+  // The most alternatives per token the samplers report (--max-logprobs at most this; the device sampler's
+  // kernels::kSampleMaxTop).
+  static constexpr int64_t kLogprobsLimit = 1024;
   std::optional<int64_t> logprobs;         // top alternatives per generated token (0: the sampled one only)
   std::optional<int64_t> prompt_logprobs;  // top alternatives per prompt token
   bool skip_special_tokens = true;
@@ -54,7 +57,9 @@ struct SamplingParams {
   // are applied by either sampler (worker/model_runner.h).
   bool needs_host_masks() const { return !allowed_token_ids.empty() || !bad_words_token_ids.empty(); }
   // Throws polylora::Error naming the field, e.g. "temperature must be >= 0, got -1".
-  void validate(int64_t vocab_size) const;
+  // max_logprobs: the server's --max-logprobs (logprobs and prompt_logprobs above it are refused with
+  // vLLM's message).
+  void validate(int64_t vocab_size, int64_t max_logprobs = kMaxLogprobs) const;
 };
 
 // How the model runner samples one sequence: fixed when the request arrives, carried to the runner inside

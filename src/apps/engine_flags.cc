@@ -10,6 +10,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "api/sampling_params.h"
 #include "apps/backend_flags.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -80,6 +81,9 @@ void add_engine_flags(CLI::App& app, EngineConfig& c, ModelFlags& f) {
   app.add_option("--max-num-batched-tokens", f.max_num_batched_tokens,
                  "Token budget per step (8192; 8k, 8K forms as vLLM)");
   app.add_option("--max-num-seqs", c.scheduler.max_num_seqs, "Sequences per step")->capture_default_str();
+  app.add_option("--max-logprobs", f.max_logprobs,
+                 "Most log-probs a request may ask for per token (logprobs, top_logprobs, prompt_logprobs; "
+                 "default 20, at most 1024; -1: 1024)");
   app.add_option("--max-model-len", f.max_model_len,
                  "Context length (default: the model's; 32k = 32000, 32K = 32768, auto or -1: the model's)");
   app.add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", f.chunked_prefill,
@@ -167,6 +171,16 @@ void finish_model_flags(ModelFlags& f, EngineConfig& c) {
       int64_t v = parse_human_int(f.max_model_len, "--max-model-len");
       if (v < -1 || v == 0) fail("--max-model-len must be positive (or -1 / auto: the model's), got {}", v);
       c.scheduler.max_model_len = v == -1 ? 0 : v;
+    }
+  }
+  if (f.max_logprobs) {
+    // vLLM's -1 is the whole vocabulary; the samplers report at most SamplingParams::kLogprobsLimit.
+    if (*f.max_logprobs == -1) {
+      spdlog::warn("--max-logprobs -1: requests may ask for up to {} log-probs per token (polylora's limit)",
+                   SamplingParams::kLogprobsLimit);
+      c.max_logprobs = SamplingParams::kLogprobsLimit;
+    } else {
+      c.max_logprobs = *f.max_logprobs;
     }
   }
   if (!f.max_num_batched_tokens.empty())

@@ -32,6 +32,7 @@ struct ModelFlags {
   std::string max_num_batched_tokens;  // --max-num-batched-tokens (human-readable)
   std::optional<int64_t> max_cpu_loras;  // --max-cpu-loras (unset: --max-loras, as vLLM)
   std::optional<uint64_t> seed;       // --seed
+  std::optional<int64_t> max_logprobs;  // --max-logprobs (-1: SamplingParams::kLogprobsLimit)
   bool enable_lora = false;           // --enable-lora (LoRA is always on here)
   bool chunked_prefill = true;        // --enable-chunked-prefill[=false] / --no-enable-chunked-prefill
   std::string generation_config = "auto";  // --generation-config auto | vllm | DIR

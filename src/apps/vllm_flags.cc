@@ -63,7 +63,6 @@ const std::vector<Ignored>& ignored_table() {
       {"--tokenizer-pool-size", true, {}, "tokenization runs on the HTTP worker threads"},
       {"--tokenizer-pool-type", true, {}, "tokenization runs on the HTTP worker threads"},
       {"--tokenizer-pool-extra-config", true, {}, "tokenization runs on the HTTP worker threads"},
-      {"--max-logprobs", true, {"20"}, "the number of logprobs per token is capped at vLLM's default of 20"},
       {"--logprobs-mode", true, {"raw_logprobs"}, "logprobs are those of the raw model output"},
       {"--disable-sliding-window", false, {}, "sliding-window layers follow config.json", true},
       {"--disable-cascade-attn", false, {}, "there is no cascade attention"},

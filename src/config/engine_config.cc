@@ -26,6 +26,9 @@ void EngineConfig::validate() const {
   if (execution.cuda_graph_max_context < 1)
     fail("--cuda-graph-max-context must be at least 1, got {}", execution.cuda_graph_max_context);
   if (lora.max_lora_rank < 1) fail("--max-lora-rank must be at least 1, got {}", lora.max_lora_rank);
+  // 1024: SamplingParams::kLogprobsLimit (api/ is above config/), what the samplers report at most.
+  if (max_logprobs < 0 || max_logprobs > 1024)
+    fail("--max-logprobs must be in [0, 1024] (or -1: 1024), got {}", max_logprobs);
   if (lora.max_cpu_loras < lora.max_loras)
     fail("--max-cpu-loras ({}) must be at least --max-loras ({})", lora.max_cpu_loras, lora.max_loras);
 }

@@ -85,6 +85,10 @@ struct EngineConfig {
   // --seed: seeds the generators of requests that give no seed of their own (unset: random per request),
   // so a server started with the same seed answers the same unseeded request sequence the same way.
   std::optional<uint64_t> seed;
+  // --max-logprobs: the most alternatives a request may ask for per token (logprobs, top_logprobs,
+  // prompt_logprobs), 0 .. SamplingParams::kLogprobsLimit; vLLM's -1 (the whole vocabulary) is read as that
+  // limit. The device sampler's buffers are sized for it.
+  int64_t max_logprobs = 20;
   // Throws polylora::Error naming the flag.
   void validate() const;
 };

@@ -110,7 +110,7 @@ Engine::Engine(std::shared_ptr<Model> model, const EngineConfig& config,
   std::unique_ptr<DeviceSampler> device_sampler;
   if (config_.execution.device_sampling.value_or(gpu))
     device_sampler = std::make_unique<DeviceSampler>(be, mc.vocab_size, config_.scheduler.max_num_seqs,
-                                                     SamplingParams::kMaxLogprobs);
+                                                     config_.max_logprobs);
   const size_t sampler_bytes = device_sampler ? device_sampler->device_bytes() : 0;
   constexpr double kGraphReserve = 256.0 * (1 << 20);  // CUDA graphs, cuBLAS and allocator slack
   double budget_total = 0;
@@ -396,7 +396,7 @@ void Engine::add_request(EngineRequest request) {
         "the prompt ({} tokens) does not fit in the KV cache ({} blocks of {} tokens: at most {} tokens of "
         "prompt and output); send a shorter prompt, or start the server with a larger cache",
         prompt_len, num_kv_blocks_, bs, num_kv_blocks_ * bs - 1);
-  request.sampling.validate(mc.vocab_size);
+  request.sampling.validate(mc.vocab_size, config_.max_logprobs);
   std::shared_ptr<const structured::CompiledGrammar> grammar;
   if (request.sampling.structured_output) grammar = compile_grammar(*request.sampling.structured_output);
   if (!request.sampling.stop.empty() && !tokenizer_)

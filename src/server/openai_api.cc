@@ -109,7 +109,8 @@ void read_common(const json& body, ParsedRequest& out, SamplingParams& sp, const
     if (!ctx.tokenizer) fail("'bad_words' needs a tokenizer, which this server has not");
     const tokenizer::Tokenizer* tok = ctx.tokenizer;
     tokenize_bad_words(sp, [tok](const std::string& w) { return tok->encode(w, false); });
-    if (ctx.vocab_size > 0) sp.validate(ctx.vocab_size);
+    // (the engine checks logprobs against --max-logprobs)
+    if (ctx.vocab_size > 0) sp.validate(ctx.vocab_size, SamplingParams::kLogprobsLimit);
   }
   out.stream = bool_field(body, "stream", false);
   if (const json* so = get(body, "stream_options")) {

@@ -173,7 +173,8 @@ void read_sampling_fields(const json& body, SamplingParams& p) {
   }
   if (field(body, "top_logprobs")) {
     int64_t k = integer(body, "top_logprobs");
-    if (k < 0 || k > 20) fail("'top_logprobs' must be in [0, 20], got {}", k);
+    // The upper bound is the server's --max-logprobs (the engine's check, with vLLM's message).
+    if (k < -1) fail("'top_logprobs' must be >= 0 (or -1), got {}", k);
     if (p.logprobs) p.logprobs = k;
   }
   if (field(body, "prompt_logprobs")) p.prompt_logprobs = integer(body, "prompt_logprobs");

@@ -99,7 +99,7 @@ describe('errors (runtime adapter updating enabled, API key)', () => {
     assertError(await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], logprobs: 3 }), 400, /logprobs/);
     assertError(
       await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], logprobs: true, top_logprobs: 50 }),
-      400, /top_logprobs/,
+      400, /Requested sample logprobs of 50, which is greater than max allowed: 20/,
     );
   });
 

@@ -225,7 +225,7 @@ describe('vLLM command-line forms', () => {
       '--enable-auto-tool-choice', '--tool-call-parser', 'hermes', '--reasoning-parser', 'qwen3']);
     try {
       const log = s.log();
-      for (const flag of ['--max-logprobs 20', '--disable-cascade-attn', '--api-server-count 1', '--limit-mm-per-prompt',
+      for (const flag of ['--disable-cascade-attn', '--api-server-count 1', '--limit-mm-per-prompt',
         '--root-path /api'])
         assert.equal(log.split(`${flag}`).length - 1 >= 1, true, `${flag} logged:\n${log}`);
       // a real setting now (tests/http/chat_content.test.mjs): the template's content form, as set
@@ -238,11 +238,44 @@ describe('vLLM command-line forms', () => {
     }
   });
 
+  test('--max-logprobs caps the log-probs a request may ask for, with vLLM\'s message above it', async () => {
+    const s = await startServer(['--model', MODEL, '--max-logprobs', '30']);
+    try {
+      const chat = (k) => request(`${s.url}/v1/chat/completions`, {
+        body: { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, logprobs: true, top_logprobs: k, temperature: 0 },
+      });
+      const ok = await chat(25);  // past the default cap of 20
+      assert.equal(ok.status, 200, ok.text);
+      const content = ok.json.choices[0].logprobs.content;
+      assert.ok(content.length >= 1);
+      for (const c of content) assert.equal(c.top_logprobs.length, 25);
+      const over = await chat(31);
+      assert.equal(over.status, 400, over.text);
+      assert.match(over.text, /Requested sample logprobs of 31, which is greater than max allowed: 30/);
+      const comp = await request(`${s.url}/v1/completions`, { body: { prompt: PROMPT, max_tokens: 2, logprobs: 30, temperature: 0 } });
+      assert.equal(comp.status, 200, comp.text);
+      // (a dict keyed by token text, as vLLM's: ids that decode alike share a key, so fewer keys than 30
+      // may come back; more than the default cap of 20 shows the cap was raised)
+      for (const alts of comp.json.choices[0].logprobs.top_logprobs) {
+        const n = Object.keys(alts).length;
+        assert.ok(n > 20 && n <= 31, `${n} alternatives`);
+      }
+      const prompt = await request(`${s.url}/v1/completions`, { body: { prompt: PROMPT, max_tokens: 1, prompt_logprobs: 31 } });
+      assert.equal(prompt.status, 400, prompt.text);
+      assert.match(prompt.text, /Requested prompt logprobs of 31, which is greater than max allowed: 30/);
+      const all = await request(`${s.url}/v1/completions`, { body: { prompt: PROMPT, max_tokens: 1, logprobs: -1 } });
+      assert.equal(all.status, 400, all.text);
+      assert.match(all.text, /-1: the whole vocabulary\), which is greater than max allowed: 30/);
+    } finally {
+      await s.stop();
+    }
+  });
+
   for (const [args, words] of [
     [['--ssl-keyfile', '/tmp/k.pem', '--ssl-certfile', '/tmp/c.pem'], ['--ssl-', 'TLS']],
     [['--speculative-config', '{"method": "ngram"}'], ['--speculative-config', 'speculative']],
     [['--headless'], ['--headless']],
-    [['--max-logprobs', '50'], ['--max-logprobs 50', '20']],
+    [['--max-logprobs', '2000'], ['--max-logprobs', '1024', '2000']],
     [['--uds', '/tmp/polylora.sock'], ['--uds', 'TCP']],
     [['-dcp', '2'], ['--decode-context-parallel-size 2']],
     [['--preemption-mode', 'swap'], ['--preemption-mode swap']],

@@ -145,5 +145,40 @@ TEST(SamplerMasks, ValidateRefusesOutOfVocabularyIds) {
   EXPECT_NO_THROW(ok.validate(10));
 }
 
+// --max-logprobs: logprobs and prompt_logprobs up to the server's cap pass, above it vLLM's message names
+// the count and the cap; -1 (the whole vocabulary) is checked as the vocabulary's size.
+TEST(SamplerMasks, ValidateCapsLogprobsAtMaxLogprobs) {
+  auto message = [](const SamplingParams& p, int64_t vocab, int64_t cap) -> std::string {
+    try {
+      p.validate(vocab, cap);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  SamplingParams p;
+  p.logprobs = 20;
+  EXPECT_EQ(message(p, 1000, 20), "");
+  EXPECT_NE(
+      message(p, 1000, 19).find("Requested sample logprobs of 20, which is greater than max allowed: 19"),
+      std::string::npos);
+  p.logprobs = 300;
+  EXPECT_EQ(message(p, 1000, 300), "");
+  p.logprobs = -1;
+  EXPECT_NE(message(p, 1000, 300).find("Requested sample logprobs of 1000 (-1: the whole vocabulary)"),
+            std::string::npos);
+  p.logprobs = -2;
+  EXPECT_NE(message(p, 1000, 300).find("logprobs must be >= 0, got -2"), std::string::npos);
+  SamplingParams q;
+  q.prompt_logprobs = 6;
+  EXPECT_EQ(message(q, 1000, 6), "");
+  EXPECT_NE(message(q, 1000, 5).find("Requested prompt logprobs of 6, which is greater than max allowed: 5"),
+            std::string::npos);
+  // The default cap is vLLM's 20.
+  SamplingParams d;
+  d.logprobs = 21;
+  EXPECT_THROW(d.validate(1000), std::exception);
+}
+
 }  // namespace
 }  // namespace polylora
