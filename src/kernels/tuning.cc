@@ -75,6 +75,7 @@ const std::vector<Field>& fields() {
       {"attention_decode_split_keys", &KernelTuning::attention_decode_split_keys,
        "POLYLORA_ATTENTION_DECODE_SPLIT_KEYS"},
       {"lora_pdl_max_tokens", &KernelTuning::lora_pdl_max_tokens, "POLYLORA_LORA_PDL_MAX_TOKENS"},
+      {"rope_lora_b_regs", &KernelTuning::rope_lora_b_regs, "POLYLORA_ROPE_LORA_B_REGS"},
       {"add_norm_lora_cluster_rows", &KernelTuning::add_norm_lora_cluster_rows,
        "POLYLORA_ADD_NORM_LORA_CLUSTER_ROWS"},
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,

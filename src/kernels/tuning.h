@@ -160,6 +160,11 @@ struct KernelTuning {
   // batch 16 8.664 / 8.668 ms per step against 8.736 / 8.746 with 4, batch 1 / 4 / 64 within the spread;
   // the expand-fused activation, which PDL made slower, is launched plainly in any case).
   int64_t lora_pdl_max_tokens = int64_t{1} << 40;
+  // 1: rope_kv_write's dense q/k/v LoRA expands read each lane's B rows into registers before pdl_wait (head
+  // dims that are multiples of 64, bf16 stacks, rank · head_dim / 256 <= 8 pieces), so only the shrink sums
+  // wait on the q/k/v product; bit-identical. Written in session 47 with the device time spent: not yet
+  // measured, so off; env POLYLORA_ROPE_LORA_B_REGS.
+  int64_t rope_lora_b_regs = 0;
   // add_rms_norm with the o_proj LoRA term (kernels/norm/rms_norm_cuda.cu): rows (tokens) up to which a
   // cluster of 8 CTAs takes each row (each adding the term for its slice of the columns) instead of one CTA
   // (which reads every B row on one SM: 4.9 us per layer at batch 1 with 8 adapters, session 40's timeline).

@@ -235,6 +235,99 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
   }
 }
 
+// rope_kv_write with each lane's B rows in registers (KernelTuning::rope_lora_b_regs) against the same op
+// reading them after the wait: bit for bit on q and on the cache's k and v, for head dims 64 and 128, stack
+// ranks 8, 16 and 32 (rank 32 at head dim 128 does not fit the registers: the plain path), with and without
+// q/k norms, tokens of every slot kind; and the LoRA terms change the result.
+TEST(GpuLoraStack, RopeKvWriteBRowsInRegistersBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const int64_t S = 4, H = 64, heads = 4, kv_heads = 2, m = 5, blocks = 2, bs = 16;
+  const std::vector<float> scales = {0.5f, 1.0f, -0.75f, 2.0f};
+  for (int64_t D : {64, 128})
+    for (int64_t R : {8, 16, 32})
+      for (bool qk_norm : {false, true}) {
+        const int64_t qs = heads * D, kvs = kv_heads * D;
+        const std::string what =
+            "D=" + std::to_string(D) + " R=" + std::to_string(R) + (qk_norm ? " qk_norm" : "");
+        std::vector<std::unique_ptr<kt::DenseStack>> st;
+        const int64_t outs[3] = {qs, kvs, kvs};
+        for (int i = 0; i < 3; ++i)
+          st.push_back(std::make_unique<kt::DenseStack>(S, R, H, outs[i],
+                                                        std::vector<int64_t>{R, R / 2, 0, R}, scales,
+                                                        DType::kBF16, static_cast<uint32_t>(60 + i)));
+        Arena ar(backend(kBf16Mode));
+        const std::vector<int32_t> slots = {0, -1, 1, 2, 3};
+        const int64_t ld_tmp = 3 * R;
+        std::vector<float> tmp = kt::random_vec(static_cast<size_t>(m * ld_tmp), 61);
+        std::vector<float> q = kt::random_vec(static_cast<size_t>(m * qs), 62),
+                           kk = kt::random_vec(static_cast<size_t>(m * kvs), 63),
+                           v = kt::random_vec(static_cast<size_t>(m * kvs), 64);
+        std::vector<int32_t> pos = {3, 8, 13, 18, 23};
+        std::vector<int64_t> slot_map = {0, 7, -1, 21, 30};
+        std::vector<float> inv_freq(static_cast<size_t>(D / 2)), qn = kt::random_vec(D, 65, 0.5f, 1.5f),
+                                                                 kn = kt::random_vec(D, 66, 0.5f, 1.5f);
+        for (int64_t i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / D);
+        const size_t cache_n = static_cast<size_t>(blocks * bs * kvs);
+        const int32_t* dslots = ar.up(slots);
+        const float* dtmp = ar.up(tmp);
+        std::vector<k::LoraStack> dw(3);
+        for (int i = 0; i < 3; ++i) {
+          dw[i] = st[i]->stack();
+          dw[i].a = up_stack(ar, st[i]->a);
+          dw[i].b = up_stack(ar, st[i]->b);
+          dw[i].scale = ar.up(st[i]->scale);
+        }
+        std::vector<float> got[3][3];  // [plain without LoRA, plain, registers][q, k, v]
+        for (int variant = 0; variant < 3; ++variant) {
+          k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+          t.rope_lora_b_regs = variant == 2 ? 1 : 0;
+          k::override_kernel_tuning(t);
+          float* dq = ar.up(q);
+          float* dck = ar.up(std::vector<float>(cache_n, 0.0f));
+          float* dcv = ar.up(std::vector<float>(cache_n, 0.0f));
+          k::RopeKvWriteArgs da{.q = dq,
+                                .ldq = qs,
+                                .k = ar.up(kk),
+                                .ldk = kvs,
+                                .v = ar.up(v),
+                                .ldv = kvs,
+                                .m = m,
+                                .num_heads = heads,
+                                .num_kv_heads = kv_heads,
+                                .head_dim = D,
+                                .positions = ar.up(pos),
+                                .inv_freq = ar.up(inv_freq),
+                                .q_norm = qk_norm ? ar.up(qn) : nullptr,
+                                .k_norm = qk_norm ? ar.up(kn) : nullptr,
+                                .slot_mapping = ar.up(slot_map),
+                                .cache = {dck, dcv, blocks, bs, kv_heads, D}};
+          if (variant > 0) {
+            for (int i = 0; i < 3; ++i) {
+              k::LoraExpandIn l;
+              l.token_slots = dslots;
+              l.tmp = dtmp;
+              l.ld_tmp = ld_tmp;
+              l.first = i * R;
+              l.w = dw[i];
+              (i == 0 ? da.lora_q : i == 1 ? da.lora_k : da.lora_v) = l;
+            }
+          }
+          ar.be().rope_kv_write(da);
+          got[variant][0] = ar.down(dq, q.size());
+          got[variant][1] = ar.down(dck, cache_n);
+          got[variant][2] = ar.down(dcv, cache_n);
+          k::override_kernel_tuning(std::nullopt);
+        }
+        for (int o = 0; o < 3; ++o) {
+          EXPECT_EQ(got[2][o], got[1][o]) << what << " output " << o;
+          float diff = 0.0f;
+          for (size_t i = 0; i < got[1][o].size(); ++i)
+            diff = std::max(diff, std::fabs(got[1][o][i] - got[0][o][i]));
+          EXPECT_GT(diff, 0.01f) << what << " output " << o << ": the LoRA term changes nothing";
+        }
+      }
+}
+
 // The dense LoRA expand applied by the ops consuming the projections (lora.h LoraExpandIn): rope_kv_write
 // adds the q/k/v terms before its norms, rotation and cache write, add_rms_norm the o_proj term with the
 // residual add; against the references given the same tmp (ref::lora_shrink). Tokens of every slot kind (no

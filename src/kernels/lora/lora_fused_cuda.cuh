@@ -158,6 +158,48 @@ __device__ __forceinline__ float expand_at(const LoraExpandIn& l, const ExpandTo
   return k.sc * sum;
 }
 
+// A lane's B rows in registers (loaded before pdl_wait: adapter weights, which no kernel of the step
+// writes), for a lane that adds the terms of outputs o0 + lane + 32·i, i < n: then only the shrink sums
+// wait on the previous kernel. BF16 stacks whose rank R is a multiple of 8, n · R / 8 <= kExpandRegs
+// 16-byte pieces (expand_regs_fit; the same sums in the same order as expand_at, so the same bits).
+constexpr int kExpandRegs = 8;
+__device__ __forceinline__ bool expand_regs_fit(const LoraExpandIn& l, int n) {
+  return l.w.dtype == DType::kBF16 && l.w.rank > 0 && (l.w.rank & 7) == 0 &&
+         n * (l.w.rank / 8) <= kExpandRegs;
+}
+__device__ __forceinline__ void load_b_regs(const LoraExpandIn& l, const ExpandToken& k, int64_t o0, int n,
+                                            int lane, uint4 (&v)[kExpandRegs]) {
+  if (k.b == nullptr) return;
+  const int64_t R = l.w.rank;
+  const int pieces = static_cast<int>(R / 8);
+  const auto* b = static_cast<const __nv_bfloat16*>(k.b);
+#pragma unroll
+  for (int q = 0; q < kExpandRegs; ++q)
+    if (q < n * pieces)
+      v[q] =
+          __ldg(reinterpret_cast<const uint4*>(b + (o0 + lane + 32 * (q / pieces)) * R + (q % pieces) * 8));
+}
+// expand_at(l, k, o0 + lane + 32·i) from the rows load_b_regs loaded.
+__device__ __forceinline__ float expand_regs(const LoraExpandIn& l, const ExpandToken& k,
+                                             const uint4 (&v)[kExpandRegs], int i) {
+  if (k.b == nullptr) return 0.0f;
+  const int pieces = static_cast<int>(l.w.rank / 8);
+  const float* tp = k.tp;
+  float sum = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kExpandRegs; ++q) {
+    if (q / pieces != i) continue;
+    const int r = (q % pieces) * 8;
+    const uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sum = fmaf(__uint_as_float(w[e] << 16), __ldg(tp + r + 2 * e), sum);
+      sum = fmaf(__uint_as_float(w[e] & 0xffff0000u), __ldg(tp + r + 2 * e + 1), sum);
+    }
+  }
+  return k.sc * sum;
+}
+
 // The terms of outputs o .. o + N − 1 (N consecutive outputs of one token), every B row's loads issued
 // before the sums (bf16 stacks with 16-byte rows: R/8 loads per row, all in flight together).
 template <int N>

@@ -14,6 +14,7 @@
 #include "kernels/cuda_util.cuh"
 #include "kernels/lora/lora_fused_cuda.cuh"
 #include "kernels/rope/rope.h"
+#include "kernels/tuning.h"
 
 namespace polylora::kernels::cuda {
 namespace {
@@ -43,8 +44,11 @@ constexpr int kRkvWarps = 4;  // heads per CTA
 
 // Grid (m, ⌈(num_heads + num_kv_heads) / kRkvWarps⌉), kRkvWarps·32 threads, 2·(head_dim / 2) floats of
 // dynamic shared memory. Heads [0, num_heads) are q's, the rest k's (and v's).
+// b_regs (KernelTuning::rope_lora_b_regs; head_dim a multiple of 64 up to 128): each lane loads the B rows
+// of its LoRA outputs (head · head_dim + lane + 32·i) into registers before pdl_wait where they fit
+// (lora_fused::load_b_regs), so after the wait only the shrink sums are read; the same sums, bit for bit.
 template <bool B16>
-__global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
+__global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
   extern __shared__ float cs[];  // cos [half], then sin [half]
   const int64_t t = blockIdx.x, d = a.head_dim, half = d / 2;
   // Before waiting on the previous kernel (q/k/v's product), what step inputs and weights alone give (no
@@ -60,20 +64,39 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
   const int64_t head = static_cast<int64_t>(blockIdx.y) * kRkvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   lora_fused::ExpandToken tq, tk, tv;
+  // B rows in registers: b0 for q (q heads) or k (k/v heads), b1 for v.
+  const int per_lane = static_cast<int>(d / 32);
+  const auto aligned = [](const lora_fused::ExpandToken& e) {
+    return (reinterpret_cast<uintptr_t>(e.b) & 15) == 0;
+  };
+  uint4 b0[lora_fused::kExpandRegs], b1[lora_fused::kExpandRegs];
+  bool r0 = false, r1 = false;
   if (head < a.num_heads) {
     if (a.lora_q.active()) {
       tq = lora_fused::expand_token(a.lora_q, t);
-      lora_fused::prefetch_b_rows(a.lora_q, tq, head * d, d, lane, 32);
+      r0 = b_regs && lora_fused::expand_regs_fit(a.lora_q, per_lane) && aligned(tq);
+      if (r0)
+        lora_fused::load_b_regs(a.lora_q, tq, head * d, per_lane, lane, b0);
+      else
+        lora_fused::prefetch_b_rows(a.lora_q, tq, head * d, d, lane, 32);
     }
   } else if (head < a.num_heads + a.num_kv_heads) {
     const int64_t h = head - a.num_heads;
     if (a.lora_k.active()) {
       tk = lora_fused::expand_token(a.lora_k, t);
-      lora_fused::prefetch_b_rows(a.lora_k, tk, h * d, d, lane, 32);
+      r0 = b_regs && lora_fused::expand_regs_fit(a.lora_k, per_lane) && aligned(tk);
+      if (r0)
+        lora_fused::load_b_regs(a.lora_k, tk, h * d, per_lane, lane, b0);
+      else
+        lora_fused::prefetch_b_rows(a.lora_k, tk, h * d, d, lane, 32);
     }
     if (a.lora_v.active()) {
       tv = lora_fused::expand_token(a.lora_v, t);
-      lora_fused::prefetch_b_rows(a.lora_v, tv, h * d, d, lane, 32);
+      r1 = b_regs && lora_fused::expand_regs_fit(a.lora_v, per_lane) && aligned(tv);
+      if (r1)
+        lora_fused::load_b_regs(a.lora_v, tv, h * d, per_lane, lane, b1);
+      else
+        lora_fused::prefetch_b_rows(a.lora_v, tv, h * d, d, lane, 32);
     }
   }
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
@@ -90,7 +113,9 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     src = qdst;
     norm_w = a.q_norm;
     if (a.lora_q.active()) {  // q += its LoRA term, in place (each lane its own elements)
-      for (int64_t j = lane; j < d; j += 32) qdst[j] += lora_fused::expand_at(a.lora_q, tq, head * d + j);
+      for (int64_t j = lane; j < d; j += 32)
+        qdst[j] += r0 ? lora_fused::expand_regs(a.lora_q, tq, b0, static_cast<int>(j >> 5))
+                      : lora_fused::expand_at(a.lora_q, tq, head * d + j);
       __syncwarp();
     }
   } else {
@@ -105,7 +130,9 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
     const float* vs = a.v + t * a.ldv + kh * d;
     if (a.lora_v.active()) {
       for (int64_t j = lane; j < d; j += 32)
-        kv_store<B16>(a.cache.v, koff + j, vs[j] + lora_fused::expand_at(a.lora_v, tv, kh * d + j));
+        kv_store<B16>(a.cache.v, koff + j,
+                      vs[j] + (r1 ? lora_fused::expand_regs(a.lora_v, tv, b1, static_cast<int>(j >> 5))
+                                  : lora_fused::expand_at(a.lora_v, tv, kh * d + j)));
     } else {
       for (int64_t j = lane; j < d; j += 32) kv_store<B16>(a.cache.v, koff + j, vs[j]);
     }
@@ -114,7 +141,9 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a) {
   // Element j of the head before the norm and rotation.
   auto x_of = [&](int64_t j) {
     float x = src[j];
-    if (klora) x += lora_fused::expand_at(a.lora_k, tk, kh * d + j);
+    if (klora)
+      x += r0 ? lora_fused::expand_regs(a.lora_k, tk, b0, static_cast<int>(j >> 5))
+              : lora_fused::expand_at(a.lora_k, tk, kh * d + j);
     return x;
   };
   auto put = [&](int64_t j, float v) {
@@ -168,9 +197,13 @@ void rope_kv_write(const RopeKvWriteArgs& a, const CudaContext& ctx) {
   const int64_t heads = a.num_heads + a.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>((heads + kRkvWarps - 1) / kRkvWarps));
   const size_t smem = static_cast<size_t>(2 * (a.head_dim / 2)) * sizeof(float);
+  // Lane j's outputs are lane + 32·i only when head_dim is a multiple of 64 (odd heads and other halves
+  // take expand_at).
+  const bool b_regs = kernel_tuning(TuningShape{}).rope_lora_b_regs != 0 && a.head_dim % 64 == 0 &&
+                      a.head_dim <= 32 * lora_fused::kExpandRegs;
   attention_detail::with_cache_type(a.cache, [&](auto b16) {
     cuda_util::launch_pdl(rope_kv_write_kernel<decltype(b16)::value>, grid, kRkvWarps * 32, smem,
-                          cuda_util::stream(ctx), a);
+                          cuda_util::stream(ctx), a, b_regs);
   });
   CUDA_CHECK_LAUNCH();
 }
