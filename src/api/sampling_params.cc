@@ -44,20 +44,19 @@ void SamplingParams::validate(int64_t vocab_size, int64_t max_logprobs) const {
         fail("bad_words: token id {} is outside the vocabulary (size {})", id, vocab_size);
   if (truncate_prompt_tokens && *truncate_prompt_tokens < 1)
     fail("truncate_prompt_tokens must be at least 1, got {}", *truncate_prompt_tokens);
-  // vLLM's -1 (every token of the vocabulary) is checked against the cap as the vocabulary's size.
-  if (logprobs && *logprobs == -1 && vocab_size > max_logprobs)
-    fail("Requested sample logprobs of {} (-1: the whole vocabulary), which is greater than max allowed: {}",
-         vocab_size, max_logprobs);
-  if (logprobs && *logprobs < 0) fail("logprobs must be >= 0, got {}", *logprobs);
-  if (logprobs && *logprobs > max_logprobs)
-    fail("Requested sample logprobs of {}, which is greater than max allowed: {}", *logprobs, max_logprobs);
-  if (prompt_logprobs && *prompt_logprobs == -1 && vocab_size > max_logprobs)
-    fail("Requested prompt logprobs of {} (-1: the whole vocabulary), which is greater than max allowed: {}",
-         vocab_size, max_logprobs);
-  if (prompt_logprobs && *prompt_logprobs < 0) fail("prompt_logprobs must be >= 0, got {}", *prompt_logprobs);
-  if (prompt_logprobs && *prompt_logprobs > max_logprobs)
-    fail("Requested prompt logprobs of {}, which is greater than max allowed: {}", *prompt_logprobs,
-         max_logprobs);
+  // Against the server's cap with vLLM's messages; vLLM's -1 (every token of the vocabulary) counts as the
+  // vocabulary's size.
+  auto check_logprobs = [&](const std::optional<int64_t>& v, const char* field, const char* kind) {
+    if (!v) return;
+    if (*v == -1 && vocab_size > max_logprobs)
+      fail("Requested {} logprobs of {} (-1: the whole vocabulary), which is greater than max allowed: {}",
+           kind, vocab_size, max_logprobs);
+    if (*v < 0) fail("{} must be >= 0, got {}", field, *v);
+    if (*v > max_logprobs)
+      fail("Requested {} logprobs of {}, which is greater than max allowed: {}", kind, *v, max_logprobs);
+  };
+  check_logprobs(logprobs, "logprobs", "sample");
+  check_logprobs(prompt_logprobs, "prompt_logprobs", "prompt");
 }
 
 }  // namespace polylora

@@ -42,6 +42,15 @@ const void* up_stack(Arena& ar, const kt::StackBuffer& b) {
   return ar.up(b.f32);
 }
 
+// A dense stack's view with its A, B and scales in device memory.
+k::LoraStack up_dense_stack(Arena& ar, const kt::DenseStack& s) {
+  k::LoraStack w = s.stack();
+  w.a = up_stack(ar, s.a);
+  w.b = up_stack(ar, s.b);
+  w.scale = ar.up(s.scale);
+  return w;
+}
+
 // ---------------------------------------------------------------- dense ----
 
 struct DenseCase {
@@ -98,9 +107,7 @@ void run_dense(const DenseCase& c) {
   d.token_slots = ar.up(slots);
   std::vector<float*> dy(3);
   for (int i = 0; i < c.num; ++i) {
-    d.w[i].a = up_stack(ar, stacks[i]->a);
-    d.w[i].b = up_stack(ar, stacks[i]->b);
-    d.w[i].scale = ar.up(stacks[i]->scale);
+    d.w[i] = up_dense_stack(ar, *stacks[i]);
     dy[i] = ar.up(y0[i]);
     d.y[i] = dy[i];
   }
@@ -205,11 +212,7 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
         k::LoraBatchArgs d = la;
         d.x = ar.up(x);
         d.token_slots = ar.up(slots);
-        for (int i = 0; i < 3; ++i) {
-          d.w[i].a = up_stack(ar, stacks[i]->a);
-          d.w[i].b = up_stack(ar, stacks[i]->b);
-          d.w[i].scale = ar.up(stacks[i]->scale);
-        }
+        for (int i = 0; i < 3; ++i) d.w[i] = up_dense_stack(ar, *stacks[i]);
         float* dtmp = ar.up(std::vector<float>(tmp_expect.size(), -7.0f));
         float* dy = ar.up(std::vector<float>(y_expect.size(), 0.0f));
         ar.be().linear({.x = d.x,
@@ -270,13 +273,8 @@ TEST(GpuLoraStack, RopeKvWriteBRowsInRegistersBitIdentical) {
         const size_t cache_n = static_cast<size_t>(blocks * bs * kvs);
         const int32_t* dslots = ar.up(slots);
         const float* dtmp = ar.up(tmp);
-        std::vector<k::LoraStack> dw(3);
-        for (int i = 0; i < 3; ++i) {
-          dw[i] = st[i]->stack();
-          dw[i].a = up_stack(ar, st[i]->a);
-          dw[i].b = up_stack(ar, st[i]->b);
-          dw[i].scale = ar.up(st[i]->scale);
-        }
+        std::vector<k::LoraStack> dw;
+        for (int i = 0; i < 3; ++i) dw.push_back(up_dense_stack(ar, *st[i]));
         std::vector<float> got[3][3];  // [plain without LoRA, plain, registers][q, k, v]
         for (int variant = 0; variant < 3; ++variant) {
           k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
@@ -380,13 +378,8 @@ TEST(GpuLoraStack, DenseExpandInRopeKvWriteAndAddRmsNorm) {
         return l;
       };
       // Device copies of the stacks (b and scale are what the expand reads).
-      std::vector<k::LoraStack> dw(4);
-      for (int i = 0; i < 4; ++i) {
-        dw[i] = st[i]->stack();
-        dw[i].a = up_stack(ar, st[i]->a);
-        dw[i].b = up_stack(ar, st[i]->b);
-        dw[i].scale = ar.up(st[i]->scale);
-      }
+      std::vector<k::LoraStack> dw;
+      for (int i = 0; i < 4; ++i) dw.push_back(up_dense_stack(ar, *st[i]));
       const int32_t* dslots = ar.up(slots);
       const float* dtmp = ar.up(tmp);
       const float* dtmp_o = ar.up(tmp_o);

@@ -129,6 +129,19 @@ __device__ __forceinline__ ExpandToken expand_token(const LoraExpandIn& l, int64
   return k;
 }
 
+// sum + Σ bf16 value e of u (8 values, the low half of each word first) · x(e), for e = 0 .. 7 in turn: the
+// one order of every expand below, so their sums are the same bits.
+template <typename X>
+__device__ __forceinline__ float fma_bf16x8(const uint4& u, X x, float sum) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    sum = fmaf(__uint_as_float(w[e] << 16), x(2 * e), sum);
+    sum = fmaf(__uint_as_float(w[e] & 0xffff0000u), x(2 * e + 1), sum);
+  }
+  return sum;
+}
+
 // The term of output o for a token whose expand_token is k (0 when it has none).
 __device__ __forceinline__ float expand_at(const LoraExpandIn& l, const ExpandToken& k, int64_t o) {
   if (k.b == nullptr) return 0.0f;
@@ -142,12 +155,8 @@ __device__ __forceinline__ float expand_at(const LoraExpandIn& l, const ExpandTo
 #pragma unroll 2
       for (; r < R; r += 8) {
         const uint4 u = __ldg(reinterpret_cast<const uint4*>(b + r));
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sum = fmaf(__uint_as_float(w[e] << 16), __ldg(tp + r + 2 * e), sum);
-          sum = fmaf(__uint_as_float(w[e] & 0xffff0000u), __ldg(tp + r + 2 * e + 1), sum);
-        }
+        sum = fma_bf16x8(
+            u, [&](int e) { return __ldg(tp + r + e); }, sum);
       }
     }
     for (; r < R; ++r) sum = fmaf(__bfloat162float(b[r]), __ldg(tp + r), sum);
@@ -190,12 +199,8 @@ __device__ __forceinline__ float expand_regs(const LoraExpandIn& l, const Expand
   for (int q = 0; q < kExpandRegs; ++q) {
     if (q / pieces != i) continue;
     const int r = (q % pieces) * 8;
-    const uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      sum = fmaf(__uint_as_float(w[e] << 16), __ldg(tp + r + 2 * e), sum);
-      sum = fmaf(__uint_as_float(w[e] & 0xffff0000u), __ldg(tp + r + 2 * e + 1), sum);
-    }
+    sum = fma_bf16x8(
+        v[q], [&](int e) { return __ldg(tp + r + e); }, sum);
   }
   return k.sc * sum;
 }
@@ -234,14 +239,9 @@ __device__ __forceinline__ void expand_n(const LoraExpandIn& l, const ExpandToke
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t w[4] = {u[i][h].x, u[i][h].y, u[i][h].z, u[i][h].w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sum[i] = fmaf(__uint_as_float(w[e] << 16), t[8 * h + 2 * e], sum[i]);
-          sum[i] = fmaf(__uint_as_float(w[e] & 0xffff0000u), t[8 * h + 2 * e + 1], sum[i]);
-        }
-      }
+      for (int h = 0; h < 2; ++h)
+        sum[i] = fma_bf16x8(
+            u[i][h], [&](int e) { return t[8 * h + e]; }, sum[i]);
   }
 #pragma unroll
   for (int i = 0; i < N; ++i) out[i] = k.sc * sum[i];

@@ -64,41 +64,36 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
   const int64_t head = static_cast<int64_t>(blockIdx.y) * kRkvWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   lora_fused::ExpandToken tq, tk, tv;
-  // B rows in registers: b0 for q (q heads) or k (k/v heads), b1 for v.
+  // B rows in registers: b0 for q (q heads) or k (k/v heads), b1 for v; r0 / r1 whether they are there.
   const int per_lane = static_cast<int>(d / 32);
-  const auto aligned = [](const lora_fused::ExpandToken& e) {
-    return (reinterpret_cast<uintptr_t>(e.b) & 15) == 0;
-  };
   uint4 b0[lora_fused::kExpandRegs], b1[lora_fused::kExpandRegs];
   bool r0 = false, r1 = false;
+  // The token's term of module l (outputs o0 ..): its slot and scale, and its B rows into registers where
+  // they fit, else into L2. Returns whether they are in registers.
+  auto stage = [&](const LoraExpandIn& l, lora_fused::ExpandToken& tok, int64_t o0,
+                   uint4(&regs)[lora_fused::kExpandRegs]) {
+    tok = lora_fused::expand_token(l, t);
+    const bool in_regs =
+        b_regs && lora_fused::expand_regs_fit(l, per_lane) && (reinterpret_cast<uintptr_t>(tok.b) & 15) == 0;
+    if (in_regs)
+      lora_fused::load_b_regs(l, tok, o0, per_lane, lane, regs);
+    else
+      lora_fused::prefetch_b_rows(l, tok, o0, d, lane, 32);
+    return in_regs;
+  };
   if (head < a.num_heads) {
-    if (a.lora_q.active()) {
-      tq = lora_fused::expand_token(a.lora_q, t);
-      r0 = b_regs && lora_fused::expand_regs_fit(a.lora_q, per_lane) && aligned(tq);
-      if (r0)
-        lora_fused::load_b_regs(a.lora_q, tq, head * d, per_lane, lane, b0);
-      else
-        lora_fused::prefetch_b_rows(a.lora_q, tq, head * d, d, lane, 32);
-    }
+    if (a.lora_q.active()) r0 = stage(a.lora_q, tq, head * d, b0);
   } else if (head < a.num_heads + a.num_kv_heads) {
     const int64_t h = head - a.num_heads;
-    if (a.lora_k.active()) {
-      tk = lora_fused::expand_token(a.lora_k, t);
-      r0 = b_regs && lora_fused::expand_regs_fit(a.lora_k, per_lane) && aligned(tk);
-      if (r0)
-        lora_fused::load_b_regs(a.lora_k, tk, h * d, per_lane, lane, b0);
-      else
-        lora_fused::prefetch_b_rows(a.lora_k, tk, h * d, d, lane, 32);
-    }
-    if (a.lora_v.active()) {
-      tv = lora_fused::expand_token(a.lora_v, t);
-      r1 = b_regs && lora_fused::expand_regs_fit(a.lora_v, per_lane) && aligned(tv);
-      if (r1)
-        lora_fused::load_b_regs(a.lora_v, tv, h * d, per_lane, lane, b1);
-      else
-        lora_fused::prefetch_b_rows(a.lora_v, tv, h * d, d, lane, 32);
-    }
+    if (a.lora_k.active()) r0 = stage(a.lora_k, tk, h * d, b0);
+    if (a.lora_v.active()) r1 = stage(a.lora_v, tv, h * d, b1);
   }
+  // The term of output o0 + j (j = lane + 32·i) of module l, from the registers or through expand_at.
+  auto term = [&](const LoraExpandIn& l, const lora_fused::ExpandToken& tok, bool in_regs,
+                  const uint4(&regs)[lora_fused::kExpandRegs], int64_t o0, int64_t j) {
+    return in_regs ? lora_fused::expand_regs(l, tok, regs, static_cast<int>(j >> 5))
+                   : lora_fused::expand_at(l, tok, o0 + j);
+  };
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   __syncthreads();
   if (head >= a.num_heads + a.num_kv_heads) return;  // whole warps leave, after the barrier
@@ -113,9 +108,7 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
     src = qdst;
     norm_w = a.q_norm;
     if (a.lora_q.active()) {  // q += its LoRA term, in place (each lane its own elements)
-      for (int64_t j = lane; j < d; j += 32)
-        qdst[j] += r0 ? lora_fused::expand_regs(a.lora_q, tq, b0, static_cast<int>(j >> 5))
-                      : lora_fused::expand_at(a.lora_q, tq, head * d + j);
+      for (int64_t j = lane; j < d; j += 32) qdst[j] += term(a.lora_q, tq, r0, b0, head * d, j);
       __syncwarp();
     }
   } else {
@@ -130,9 +123,7 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
     const float* vs = a.v + t * a.ldv + kh * d;
     if (a.lora_v.active()) {
       for (int64_t j = lane; j < d; j += 32)
-        kv_store<B16>(a.cache.v, koff + j,
-                      vs[j] + (r1 ? lora_fused::expand_regs(a.lora_v, tv, b1, static_cast<int>(j >> 5))
-                                  : lora_fused::expand_at(a.lora_v, tv, kh * d + j)));
+        kv_store<B16>(a.cache.v, koff + j, vs[j] + term(a.lora_v, tv, r1, b1, kh * d, j));
     } else {
       for (int64_t j = lane; j < d; j += 32) kv_store<B16>(a.cache.v, koff + j, vs[j]);
     }
@@ -141,9 +132,7 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
   // Element j of the head before the norm and rotation.
   auto x_of = [&](int64_t j) {
     float x = src[j];
-    if (klora)
-      x += r0 ? lora_fused::expand_regs(a.lora_k, tk, b0, static_cast<int>(j >> 5))
-              : lora_fused::expand_at(a.lora_k, tk, kh * d + j);
+    if (klora) x += term(a.lora_k, tk, r0, b0, kh * d, j);
     return x;
   };
   auto put = [&](int64_t j, float v) {
