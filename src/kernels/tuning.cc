@@ -55,6 +55,8 @@ const std::vector<Field>& fields() {
       {"lora_gemv_shrink_rows", &KernelTuning::lora_gemv_shrink_rows, "POLYLORA_LORA_GEMV_SHRINK_ROWS"},
       {"moe_gemv_mxfp4_stages", &KernelTuning::moe_gemv_mxfp4_stages, "POLYLORA_MOE_GEMV_MXFP4_STAGES"},
       {"moe_gemv_fused_act", &KernelTuning::moe_gemv_fused_act, "POLYLORA_MOE_GEMV_FUSED_ACT"},
+      {"moe_route_fused_max_tokens", &KernelTuning::moe_route_fused_max_tokens,
+       "POLYLORA_MOE_ROUTE_FUSED_MAX_TOKENS"},
       {"moe_lora_delta_rows", &KernelTuning::moe_lora_delta_rows, "POLYLORA_MOE_LORA_DELTA_ROWS"},
       {"moe_lora_delta_min_rows", &KernelTuning::moe_lora_delta_min_rows, "POLYLORA_MOE_LORA_DELTA_MIN_ROWS"},
       {"moe_lora_delta_cluster", &KernelTuning::moe_lora_delta_cluster, "POLYLORA_MOE_LORA_DELTA_CLUSTER"},

@@ -52,6 +52,11 @@ struct KernelTuning {
   // GPT-OSS-20B MXFP4, 2 stages, moe-lora M = 1 53.6 vs 47.8 us, batch-1 decode 3.091 vs 2.765 ms per step
   // (batch 8 6.542 vs 6.627): off; env POLYLORA_MOE_GEMV_FUSED_ACT.
   int64_t moe_gemv_fused_act = 0;
+  // Tokens up to which moe_experts with its routing (MoeExpertsArgs::route) routes them, sorts the pairs by
+  // expert and casts the activations to bf16 in one launch on the weight-streaming paths (one CTA routes
+  // and sorts, the others cast); larger batches take route_kernel's CTAs and the separate sort. 0: never;
+  // env POLYLORA_MOE_ROUTE_FUSED_MAX_TOKENS.
+  int64_t moe_route_fused_max_tokens = 0;
   // BF16/F16 experts on the grouped-GEMM path without the LoRA epilogue, on compute capability 9.0: pairs
   // per expert (on average) from which the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh: 128-row tiles,
   // wgmma from 128-byte-swizzled cp.async stages) replaces the mma.sync one; 0: never. H200, GPT-OSS-20B

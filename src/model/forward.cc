@@ -270,48 +270,52 @@ void Model::ForwardPass::moe_block(int64_t l) {
               .bias = lw.moe.router.bias,
               .y = router,
               .ldy = E_});
-  be_.route({.logits = router,
-             .m = T_,
-             .num_experts = E_,
-             .top_k = K_,
-             .scoring = c_.router == RouterKind::kTopKSoftmax ? k::RouterScoring::kTopKSoftmax
-                                                              : k::RouterScoring::kSoftmaxTopK,
-             .renormalize = c_.norm_topk_prob,
-             .ids = route_ids,
-             .weights = route_w,
-             // Expert parallelism by masking: ids in this rank's numbering, other ranks' experts skipped.
-             .id_begin = ep_mask ? m_.tp_.expert_begin : 0});
+  const k::RouteArgs routing{
+      .logits = router,
+      .m = T_,
+      .num_experts = E_,
+      .top_k = K_,
+      .scoring = c_.router == RouterKind::kTopKSoftmax ? k::RouterScoring::kTopKSoftmax
+                                                       : k::RouterScoring::kSoftmaxTopK,
+      .renormalize = c_.norm_topk_prob,
+      .ids = route_ids,
+      .weights = route_w,
+      // Expert parallelism by masking: ids in this rank's numbering, other ranks' experts skipped.
+      .id_begin = ep_mask ? m_.tp_.expert_begin : 0};
   // The stacks are passed whenever they exist (the workspace is sized with them), the token slots only
   // where LoRA runs in this layer.
   const k::MoeLoraStack expert_lora = m_.lora_ ? m_.lora_->experts(l) : k::MoeLoraStack{};
   const bool layer_lora =
       !expert_lora.empty() &&
       (si_.all_lora || (!si_.adapters.empty() && si_.adapters.experts[static_cast<size_t>(l)]));
-  const k::MoeExpertsArgs moe{.x = h_,
-                              .ldx = H_,
-                              .m = T_,
-                              .hidden = H_,
-                              .inter = c_.moe_intermediate_size,
-                              .num_experts = c_.num_experts,
-                              .top_k = K_,
-                              .ids = route_ids,
-                              .weights = route_w,
-                              .experts = lw.moe.experts_on_device,
-                              .experts_mxfp4 = lw.moe.experts.front().gate_up.mxfp4(),
-                              .experts_int8 = lw.moe.experts.front().down.int8(),
-                              .act = c_.expert_activation == ExpertActivation::kGptOssClampedSwiglu
-                                         ? k::ExpertAct::kGptOssSwiglu
-                                         : k::ExpertAct::kSiluGate,
-                              .swiglu_alpha = static_cast<float>(c_.swiglu_alpha),
-                              .swiglu_limit = static_cast<float>(c_.swiglu_limit),
-                              .token_slots = layer_lora ? d_tslots_ : nullptr,
-                              .lora_stack = expert_lora,
-                              .out = tmp_,
-                              .ldo = H_};
-  if (m_.tp_.expert_parallel && !ep_mask)
+  k::MoeExpertsArgs moe{.x = h_,
+                        .ldx = H_,
+                        .m = T_,
+                        .hidden = H_,
+                        .inter = c_.moe_intermediate_size,
+                        .num_experts = c_.num_experts,
+                        .top_k = K_,
+                        .ids = route_ids,
+                        .weights = route_w,
+                        .experts = lw.moe.experts_on_device,
+                        .experts_mxfp4 = lw.moe.experts.front().gate_up.mxfp4(),
+                        .experts_int8 = lw.moe.experts.front().down.int8(),
+                        .act = c_.expert_activation == ExpertActivation::kGptOssClampedSwiglu
+                                   ? k::ExpertAct::kGptOssSwiglu
+                                   : k::ExpertAct::kSiluGate,
+                        .swiglu_alpha = static_cast<float>(c_.swiglu_alpha),
+                        .swiglu_limit = static_cast<float>(c_.swiglu_limit),
+                        .token_slots = layer_lora ? d_tslots_ : nullptr,
+                        .lora_stack = expert_lora,
+                        .out = tmp_,
+                        .ldo = H_};
+  if (m_.tp_.expert_parallel && !ep_mask) {
+    be_.route(routing);
     m_.moe_expert_parallel(moe, si_.adapters.token_slots);  // dispatch, local experts, combine
-  else
+  } else {
+    moe.route = routing;   // routed by moe_experts: with the sort in one launch on small CUDA batches
     be_.moe_experts(moe);  // (expert parallelism by masking: this rank's experts over every token)
+  }
 }
 
 void Model::ForwardPass::residual_and_next_norm(int64_t l) {

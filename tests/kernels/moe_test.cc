@@ -287,5 +287,61 @@ TEST(MoeCpu, ExpertParallelRanksSkipOtherRanksExperts) {
   }
 }
 
+// moe_experts with its routing (MoeExpertsArgs::route): the same as route() then moe_experts, in the
+// reference and the CPU kernels.
+TEST(MoeCpu, MoeExpertsWithRoutingRoutesFirst) {
+  namespace k = polylora::kernels;
+  const int64_t m = 5, E = 8, K = 2, H = 16, I = 8;
+  std::vector<k::test::TestWeight> weights;
+  std::vector<k::ExpertView> experts(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    weights.push_back(k::test::make_weight(2 * I, H, DType::kF32, static_cast<uint32_t>(10 + e), 0.3f));
+    experts[e].gate_up = weights.back().view;
+    weights.push_back(k::test::make_weight(H, I, DType::kF32, static_cast<uint32_t>(30 + e), 0.3f));
+    experts[e].down = weights.back().view;
+  }
+  std::vector<float> logits = k::test::random_vec(static_cast<size_t>(m * E), 5, -2.0f, 2.0f);
+  std::vector<float> x = k::test::random_vec(static_cast<size_t>(m * H), 6);
+  auto run = [&](bool with_route, bool reference) {
+    std::vector<int32_t> ids(static_cast<size_t>(m * K));
+    std::vector<float> w(ids.size()), y(static_cast<size_t>(m * H));
+    const k::RouteArgs r{.logits = logits.data(),
+                         .m = m,
+                         .num_experts = E,
+                         .top_k = K,
+                         .scoring = k::RouterScoring::kSoftmaxTopK,
+                         .renormalize = true,
+                         .ids = ids.data(),
+                         .weights = w.data()};
+    k::MoeExpertsArgs a{.x = x.data(),
+                        .ldx = H,
+                        .m = m,
+                        .hidden = H,
+                        .inter = I,
+                        .num_experts = E,
+                        .top_k = K,
+                        .ids = ids.data(),
+                        .weights = w.data(),
+                        .experts = experts.data(),
+                        .out = y.data(),
+                        .ldo = H,
+                        .route = {}};
+    if (with_route) {
+      a.route = r;
+    } else {
+      k::ref::route(r);
+    }
+    if (reference) {
+      k::ref::moe_experts(a);
+    } else {
+      k::cpu::moe_experts(a);
+    }
+    return y;
+  };
+  const std::vector<float> ref = run(false, true);
+  k::test::expect_close(run(true, true), ref, 0.0f, 0.0f, "ref with route");
+  k::test::expect_close(run(true, false), ref, 1e-6f, 1e-5f, "cpu with route");
+}
+
 }  // namespace
 }  // namespace polylora::kernels

@@ -106,6 +106,12 @@ struct MoeExpertsArgs {
   MoeLoraStack lora_stack;
   float* out = nullptr;  // [m, hidden], row stride ldo; overwritten
   int64_t ldo = 0;
+  // Optional: the routing that gives ids and weights (route.logits != nullptr; route.ids / route.weights
+  // must be ids / weights and route.m, top_k and num_experts these args'). moe_experts then routes first, as
+  // route(route) would; on CUDA, small batches route in the launch that sorts the pairs by expert (one
+  // launch where route, the sort and the activations' bf16 cast took three; KernelTuning::
+  // moe_route_fused_max_tokens).
+  RouteArgs route;
 };
 
 namespace ref {

@@ -97,6 +97,12 @@ void route(const RouteArgs& a) {
 }
 
 void moe_experts(const MoeExpertsArgs& in) {
+  if (in.route.logits != nullptr) {  // route first (MoeExpertsArgs::route)
+    route(in.route);
+    MoeExpertsArgs a = in;
+    a.route = {};
+    return moe_experts(a);
+  }
   // Slot-stacked LoRA: F32 stacks become a table of views into the stack (no copy); BF16 stacks and
   // separate gate/up LoRA on interleaved gate/up rows go through the reference.
   const MoeLoraStack& st = in.lora_stack;

@@ -280,15 +280,10 @@ __device__ __forceinline__ bool ahead(float v1, int i1, float v2, int i2) {
 
 constexpr int kRouteWarps = 4;
 
-__global__ void route_kernel(RouteArgs a) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  extern __shared__ float route_smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+// Token t's top-k by one whole warp: vals and taken are the warp's E floats and E bytes of shared memory.
+__device__ __forceinline__ void route_token(const RouteArgs& a, int64_t t, float* vals, unsigned char* taken,
+                                            int lane) {
   const int64_t E = a.num_experts;
-  float* vals = route_smem + warp * E;
-  unsigned char* taken = reinterpret_cast<unsigned char*>(route_smem + kRouteWarps * E) + warp * E;
-  if (t >= a.m) return;
   const float* logits = a.logits + t * E;
   const bool softmax_first = a.scoring == RouterScoring::kSoftmaxTopK;
   float mx = -INFINITY;
@@ -335,17 +330,36 @@ __global__ void route_kernel(RouteArgs a) {
     }
     __syncwarp();
   }
-  if (lane != 0) return;
-  if (softmax_first) {
-    if (!a.renormalize) return;
-    float total = 0.0f;
-    for (int64_t k = 0; k < a.top_k; ++k) total += w[k];
-    for (int64_t k = 0; k < a.top_k; ++k) w[k] /= total;
-  } else {
-    float top = w[0], total = 0.0f;
-    for (int64_t k = 0; k < a.top_k; ++k) total += w[k] = expf(w[k] - top);
-    for (int64_t k = 0; k < a.top_k; ++k) w[k] /= total;
+  if (lane == 0) {
+    if (softmax_first) {
+      if (a.renormalize) {
+        float total = 0.0f;
+        for (int64_t k = 0; k < a.top_k; ++k) total += w[k];
+        for (int64_t k = 0; k < a.top_k; ++k) w[k] /= total;
+      }
+    } else {
+      float top = w[0], total = 0.0f;
+      for (int64_t k = 0; k < a.top_k; ++k) total += w[k] = expf(w[k] - top);
+      for (int64_t k = 0; k < a.top_k; ++k) w[k] /= total;
+    }
   }
+  __syncwarp();
+}
+
+// Shared memory of route_token for `warps` warps.
+size_t route_smem(int64_t E, int64_t warps) {
+  return static_cast<size_t>(warps * E) * (sizeof(float) + 1);
+}
+
+__global__ void route_kernel(RouteArgs a) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  extern __shared__ float route_smem_f[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  const int64_t E = a.num_experts;
+  if (t >= a.m) return;
+  route_token(a, t, route_smem_f + warp * E,
+              reinterpret_cast<unsigned char*>(route_smem_f + kRouteWarps * E) + warp * E, lane);
 }
 
 // ---- align ----
@@ -368,12 +382,22 @@ size_t align_small_smem(int64_t E, int64_t buckets) {
 // and the pairs in expert order. Within an expert the results do not depend on the order (each pair is
 // computed on its own); with slot buckets (slot-stacked LoRA) the pairs are grouped by adapter slot, so
 // consecutive rows mostly share one (slot, expert) and the tiled LoRA shrink reads its A once per tile.
-__global__ void align_small_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32_t* counts,
-                                   int32_t* offsets, int32_t* active, int32_t* num_active, int32_t* num_rows,
-                                   int32_t* sorted, const int32_t* token_slots, int64_t top_k,
-                                   int64_t buckets) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  extern __shared__ int32_t align_smem[];
+struct SmallSortArgs {
+  const int32_t* ids = nullptr;
+  int64_t pairs = 0, E = 0;
+  int32_t *counts = nullptr, *offsets = nullptr, *active = nullptr, *num_active = nullptr,
+          *num_rows = nullptr, *sorted = nullptr;
+  const int32_t* token_slots = nullptr;
+  int64_t top_k = 0, buckets = 1;
+};
+
+// The body of align_small_kernel for one whole block (align_smem: align_small_smem bytes).
+__device__ __forceinline__ void align_small_block(const SmallSortArgs& s, int32_t* align_smem) {
+  const int32_t* ids = s.ids;
+  const int64_t pairs = s.pairs, E = s.E, top_k = s.top_k, buckets = s.buckets;
+  int32_t *counts = s.counts, *offsets = s.offsets, *active = s.active, *num_active = s.num_active,
+          *num_rows = s.num_rows, *sorted = s.sorted;
+  const int32_t* token_slots = s.token_slots;
   int32_t* cnt = align_smem;  // [E]
   int32_t* cursor = cnt + E;  // [E]
   int32_t* sub = cursor + E;  // [E][buckets] with buckets > 1
@@ -438,6 +462,12 @@ __global__ void align_small_kernel(const int32_t* ids, int64_t pairs, int64_t E,
     int32_t* cur = by_slot ? &sub[e * buckets + slot_bucket(token_slots, top_k, buckets, p)] : &cursor[e];
     sorted[atomicAdd(cur, 1)] = static_cast<int32_t>(p);
   }
+}
+
+__global__ void align_small_kernel(SmallSortArgs s) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  extern __shared__ int32_t align_smem[];
+  align_small_block(s, align_smem);
 }
 
 // Pairs per expert, and per (expert, slot bucket) when there are buckets.
@@ -520,12 +550,19 @@ __device__ __forceinline__ void pack_bf16x8(const float (&v)[8], uint4* hi, uint
 
 // x [m, H] (row stride ldx) -> bf16 rows of copies·lda: hi in columns [0, lda) and, with the split
 // (copies = 2), lo in [lda, 2·lda); columns past H zero; 8 columns per thread.
-__global__ void cast_x_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64_t H, int64_t lda,
-                                   int64_t copies, __nv_bfloat16* out) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  const int64_t per_row = lda / 8, total = m * per_row;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+struct CastArgs {
+  const float* x = nullptr;
+  int64_t ldx = 0, m = 0, H = 0, lda = 0, copies = 1;
+  __nv_bfloat16* out = nullptr;
+};
+
+// Items first, first + stride, ... of the cast (8 columns each).
+__device__ __forceinline__ void cast_x_bf16_items(const CastArgs& c, int64_t first, int64_t stride) {
+  const float* x = c.x;
+  const int64_t ldx = c.ldx, H = c.H, lda = c.lda, copies = c.copies;
+  __nv_bfloat16* out = c.out;
+  const int64_t per_row = lda / 8, total = c.m * per_row;
+  for (int64_t idx = first; idx < total; idx += stride) {
     const int64_t t = idx / per_row, k0 = (idx % per_row) * 8;
     const float* src = x + t * ldx;
     float v[8];
@@ -535,6 +572,33 @@ __global__ void cast_x_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64
     pack_bf16x8(v, reinterpret_cast<uint4*>(row + k0),
                 copies == 2 ? reinterpret_cast<uint4*>(row + lda + k0) : nullptr);
   }
+}
+
+__global__ void cast_x_bf16_kernel(CastArgs c) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  cast_x_bf16_items(c, blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x,
+                    static_cast<int64_t>(gridDim.x) * blockDim.x);
+}
+
+// Small batches with their routing (MoeExpertsArgs::route, KernelTuning::moe_route_fused_max_tokens): CTA 0
+// routes every token (warp w the tokens w, w + warps, ...; route_token as route_kernel) and then sorts the
+// pairs (align_small_block); CTAs 1.. cast x to bf16 (with.out != nullptr), which does not need the
+// routing. One launch for what took three.
+__global__ void route_sort_small_kernel(RouteArgs r, SmallSortArgs s, CastArgs c) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  extern __shared__ __align__(16) unsigned char route_sort_smem[];
+  if (blockIdx.x > 0) {
+    cast_x_bf16_items(c, (blockIdx.x - 1) * static_cast<int64_t>(blockDim.x) + threadIdx.x,
+                      static_cast<int64_t>(gridDim.x - 1) * blockDim.x);
+    return;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int64_t E = r.num_experts;
+  auto* vals = reinterpret_cast<float*>(route_sort_smem);
+  auto* taken = route_sort_smem + static_cast<size_t>(warps * E) * sizeof(float);
+  for (int64_t t = warp; t < r.m; t += warps) route_token(r, t, vals + warp * E, taken + warp * E, lane);
+  __syncthreads();  // the ids (global memory, written by this block) are visible to the whole block
+  align_small_block(s, reinterpret_cast<int32_t*>(route_sort_smem));
 }
 
 // ---- fp32 grouped GEMM (F32 weights, large batches) ----
@@ -826,7 +890,7 @@ moe_detail::LoraExpandMma lora_expand_params(const MoeExpertsArgs& a, const MoeW
 void route(const RouteArgs& a, const CudaContext& ctx) {
   if (a.m == 0) return;
   KERNEL_CHECK(a.top_k >= 1 && a.top_k <= a.num_experts, "route: top_k must be in 1..num_experts");
-  size_t smem = static_cast<size_t>(kRouteWarps * a.num_experts) * (sizeof(float) + 1);
+  const size_t smem = route_smem(a.num_experts, kRouteWarps);
   KERNEL_CHECK(smem <= 48 * 1024, "route: too many experts for one block's shared memory");
   unsigned blocks = static_cast<unsigned>((a.m + kRouteWarps - 1) / kRouteWarps);
   cuda_util::launch_pdl(route_kernel, blocks, kRouteWarps * 32, smem, cuda_util::stream(ctx), a);
@@ -935,18 +999,57 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                                   ws.lda_i, ws.copies, a, st);
   };
 
-  if (tc_gemv) {
-    // Slot order where its counters fit in shared memory (expert order otherwise: still correct).
-    const int64_t nb = align_small_smem(E, ws.buckets) <= 48 * 1024 ? ws.buckets : 1;
+  // 0. The routing (when given): here unless the small-batch sort below does it in its own launch.
+  const bool small_sort = tc_gemv || path == Path::kGemv;
+  const bool routing = a.route.logits != nullptr;
+  if (routing)
+    KERNEL_CHECK(a.route.ids == a.ids && a.route.weights == a.weights && a.route.m == a.m &&
+                     a.route.top_k == a.top_k && a.route.num_experts == E,
+                 "moe_experts: the routing must write this call's ids and weights");
+  constexpr int kSortWarps = kAlignSmallThreads / 32;
+  // Slot order where its counters fit in shared memory (expert order otherwise: still correct).
+  const int64_t nb = align_small_smem(E, ws.buckets) <= 48 * 1024 ? ws.buckets : 1;
+  const size_t fused_smem = std::max(align_small_smem(E, nb), route_smem(E, kSortWarps));
+  const bool route_fused = routing && small_sort && a.m <= tuning_of(a).moe_route_fused_max_tokens &&
+                           a.top_k >= 1 && a.top_k <= E && fused_smem <= 48 * 1024;
+  if (routing && !route_fused) route(a.route, ctx);
+  const CastArgs cast_args{
+      .x = a.x, .ldx = a.ldx, .m = a.m, .H = H, .lda = ws.lda_h, .copies = ws.copies, .out = ws.x_bf16};
+  // 1. The pairs sorted by expert (one block) and, with `cast`, x cast to bf16 rows: one launch with the
+  // routing when it is fused, else one each.
+  auto sort_small = [&](bool cast) {
+    const SmallSortArgs ss{.ids = a.ids,
+                           .pairs = ws.pairs,
+                           .E = E,
+                           .counts = ws.counts,
+                           .offsets = ws.offsets,
+                           .active = ws.active,
+                           .num_active = ws.num_active,
+                           .num_rows = ws.num_tiles,
+                           .sorted = ws.sorted,
+                           .token_slots = a.token_slots,
+                           .top_k = a.top_k,
+                           .buckets = nb};
+    if (route_fused) {
+      const unsigned cast_blocks =
+          cast ? cuda_util::blocks_for(a.m * ws.lda_h / 8, kAlignSmallThreads, 8192) : 0u;
+      cuda_util::launch_pdl(route_sort_small_kernel, 1 + cast_blocks, kAlignSmallThreads, fused_smem, st,
+                            a.route, ss, cast_args);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
     const size_t smem = align_small_smem(E, nb);
     KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
-    cuda_util::launch_pdl(align_small_kernel, 1, kAlignSmallThreads, smem, st, a.ids, ws.pairs, E, ws.counts,
-                          ws.offsets, ws.active, ws.num_active, ws.num_tiles, ws.sorted, a.token_slots,
-                          a.top_k, nb);
+    cuda_util::launch_pdl(align_small_kernel, 1, kAlignSmallThreads, smem, st, ss);
     CUDA_CHECK_LAUNCH();
+    if (!cast) return;
     cuda_util::launch_pdl(cast_x_bf16_kernel, cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0,
-                          st, a.x, a.ldx, a.m, H, ws.lda_h, ws.copies, ws.x_bf16);
+                          st, cast_args);
     CUDA_CHECK_LAUNCH();
+  };
+
+  if (tc_gemv) {
+    sort_small(true);
     moe_detail::GemvTcParams tp;
     tp.split = ws.copies == 2;
     tp.mx_stages = static_cast<int>(std::clamp<int64_t>(tuning_of(a).moe_gemv_mxfp4_stages, 2, 4));
@@ -1036,14 +1139,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                                     side_step(StackStep::kDeltaDown, StackStep::kShrinkDown), st);
   } else if (path == Path::kGemv) {
     // 1. sort the pairs by expert (one block)
-    // Slot order where its counters fit in shared memory (expert order otherwise: still correct).
-    const int64_t nb = align_small_smem(E, ws.buckets) <= 48 * 1024 ? ws.buckets : 1;
-    const size_t smem = align_small_smem(E, nb);
-    KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
-    cuda_util::launch_pdl(align_small_kernel, 1, kAlignSmallThreads, smem, st, a.ids, ws.pairs, E, ws.counts,
-                          ws.offsets, ws.active, ws.num_active, ws.num_tiles, ws.sorted, a.token_slots,
-                          a.top_k, nb);
-    CUDA_CHECK_LAUNCH();
+    sort_small(false);
     moe_detail::GemvParams gp;
     gp.experts = a.experts;
     gp.counts = ws.counts;
@@ -1149,7 +1245,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // 2. gate_up
     if (mma) {
       cuda_util::launch_pdl(cast_x_bf16_kernel, cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0,
-                            st, a.x, a.ldx, a.m, H, ws.lda_h, ws.copies, ws.x_bf16);
+                            st, cast_args);
       CUDA_CHECK_LAUNCH();
       mp.a = ws.x_bf16;
       mp.lda = ws.copies * ws.lda_h;

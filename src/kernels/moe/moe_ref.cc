@@ -100,6 +100,7 @@ void route(const RouteArgs& a) {
 }
 
 void moe_experts(const MoeExpertsArgs& a) {
+  if (a.route.logits != nullptr) route(a.route);  // MoeExpertsArgs::route
   int64_t H = a.hidden, I = a.inter;
   std::vector<float> gu(static_cast<size_t>(2 * I)), h(static_cast<size_t>(I)), y(static_cast<size_t>(H));
   for (int64_t t = 0; t < a.m; ++t) {
