@@ -57,6 +57,7 @@ const std::vector<Field>& fields() {
       {"moe_gemv_fused_act", &KernelTuning::moe_gemv_fused_act, "POLYLORA_MOE_GEMV_FUSED_ACT"},
       {"moe_route_fused_max_tokens", &KernelTuning::moe_route_fused_max_tokens,
        "POLYLORA_MOE_ROUTE_FUSED_MAX_TOKENS"},
+      {"moe_combine_norm", &KernelTuning::moe_combine_norm, "POLYLORA_MOE_COMBINE_NORM"},
       {"moe_lora_delta_rows", &KernelTuning::moe_lora_delta_rows, "POLYLORA_MOE_LORA_DELTA_ROWS"},
       {"moe_lora_delta_min_rows", &KernelTuning::moe_lora_delta_min_rows, "POLYLORA_MOE_LORA_DELTA_MIN_ROWS"},
       {"moe_lora_delta_cluster", &KernelTuning::moe_lora_delta_cluster, "POLYLORA_MOE_LORA_DELTA_CLUSTER"},

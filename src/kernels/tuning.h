@@ -57,6 +57,10 @@ struct KernelTuning {
   // and sorts, the others cast); larger batches take route_kernel's CTAs and the separate sort. 0: never;
   // env POLYLORA_MOE_ROUTE_FUSED_MAX_TOKENS.
   int64_t moe_route_fused_max_tokens = 0;
+  // 1: moe_experts given the residual add and norm after it (MoeExpertsArgs::then_norm) runs them in the
+  // plain combine's launch (cuda::add_rms_norm_combined; bit-identical); 0: the combine, then add_rms_norm.
+  // env POLYLORA_MOE_COMBINE_NORM.
+  int64_t moe_combine_norm = 0;
   // BF16/F16 experts on the grouped-GEMM path without the LoRA epilogue, on compute capability 9.0: pairs
   // per expert (on average) from which the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh: 128-row tiles,
   // wgmma from 128-byte-swizzled cp.async stages) replaces the mma.sync one; 0: never. H200, GPT-OSS-20B

@@ -43,6 +43,11 @@ class Model::ForwardPass {
   // The residual add with the next norm: the next layer's input norm or, after the last layer, the final
   // norm (of every row: the LM head's rows are gathered from h); the add alone when no logits are wanted.
   void residual_and_next_norm(int64_t l);
+  // The norm after layer l (the next layer's input norm, or the final norm when logits are wanted), or
+  // nullptr.
+  const float* next_norm(int64_t l) const;
+  // Whether moe_block's experts already added the residual and ran that norm (MoeExpertsArgs::then_norm).
+  bool norm_done_ = false;
   // x += tmp_, then h_ = RMSNorm(x) with weights w (one fused op), with o's split LoRA term in the add.
   void add_norm(const float* w, const k::LoraExpandIn& lora_delta = {});
   void lm_head();
@@ -313,17 +318,30 @@ void Model::ForwardPass::moe_block(int64_t l) {
     be_.route(routing);
     m_.moe_expert_parallel(moe, si_.adapters.token_slots);  // dispatch, local experts, combine
   } else {
-    moe.route = routing;   // routed by moe_experts: with the sort in one launch on small CUDA batches
+    moe.route = routing;  // routed by moe_experts: with the sort in one launch on small CUDA batches
+    // The residual add and the next norm in the combine's launch, where nothing is all-reduced between.
+    const float* w = next_norm(l);
+    if (w != nullptr && m_.comm_ == nullptr) {
+      moe.then_norm = {.x = x_, .ldx = H_, .y = h_, .ldy = H_, .m = T_, .n = H_, .w = w, .eps = eps_};
+      norm_done_ = true;
+    }
     be_.moe_experts(moe);  // (expert parallelism by masking: this rank's experts over every token)
   }
 }
 
+const float* Model::ForwardPass::next_norm(int64_t l) const {
+  return l + 1 < c_.num_layers ? m_.weights_.layers[l + 1].input_norm
+                               : (R_ > 0 ? m_.weights_.final_norm : nullptr);
+}
+
 void Model::ForwardPass::residual_and_next_norm(int64_t l) {
+  if (norm_done_) {  // by the experts' combine (one rank: nothing to all-reduce)
+    norm_done_ = false;
+    return;
+  }
   m_.all_reduce_sum(tmp_, T_ * H_);  // row-parallel down / experts' down: the ranks' intermediate columns
-  const float* next_norm = l + 1 < c_.num_layers ? m_.weights_.layers[l + 1].input_norm
-                                                 : (R_ > 0 ? m_.weights_.final_norm : nullptr);
-  if (next_norm)
-    add_norm(next_norm);
+  if (const float* w = next_norm(l))
+    add_norm(w);
   else
     be_.add_inplace(x_, tmp_, T_ * H_);
 }

@@ -441,35 +441,48 @@ TEST(GpuMoe, RouteBothScorings) {
   }
 }
 
-// moe_experts with its routing (MoeExpertsArgs::route): small batches route, sort and cast in one launch
-// (moe_route_fused_max_tokens). Against route() then moe_experts on the same device arrays, with the fused
-// launch off: the same ids and weights and the same outputs, bit for bit (within an expert the pairs'
-// order may differ; each pair is computed on its own and the combine sums in k order), on both weight-
-// streaming paths (the tensor-core one with its bf16 cast, hi + lo and rounded; the fp32 GEMV), both
-// scorings, ties in the logits, 1 to 17 tokens (past the bound of 16: the separate route), per-adapter LoRA
-// (slot buckets in the sort) and ids in another rank's numbering (id_begin). The CPU backend routes first
-// and matches the reference.
-void run_route_fused(const Mode& md, int64_t m, int64_t E, int64_t K, k::RouterScoring scoring, bool renorm,
-                     bool tc, bool with_lora, int64_t id_begin) {
-  Arena ar(backend(md));
-  const int64_t H = 96, I = 40;
+// moe_experts with its routing (MoeExpertsArgs::route) and the residual add + norm after it (then_norm):
+// small batches route, sort and cast in one launch (moe_route_fused_max_tokens), and the plain combine runs
+// the add and norm in its launch (cuda::add_rms_norm_combined). Against route(), moe_experts, add_rms_norm
+// on the same device arrays with the fused launch off: the same ids, weights, outputs, residual and normed
+// rows, bit for bit (within an expert the pairs' order may differ; each pair is computed on its own and the
+// combine sums in k order), on both weight-streaming paths (the tensor-core one with its bf16 cast, hi + lo
+// and rounded; the fp32 GEMV) and the grouped GEMM, both scorings, ties in the logits, 1 to 17 tokens (past
+// the bound of 16: the separate route), per-adapter LoRA (slot buckets in the sort), ids in another rank's
+// numbering (id_begin), rows of up to 1,024 (a warp per row) and longer (a block), 16-byte and odd rows.
+struct RouteNormCase {
+  Mode md = kBf16Mode;
+  int64_t m = 1, E = 32, K = 4, H = 96;
+  k::RouterScoring scoring = k::RouterScoring::kTopKSoftmax;
+  bool renorm = false;
+  int path = 0;  // 0: tensor-core weight streaming, 1: fp32 GEMV, 2: grouped GEMM
+  bool lora = false;
+  int64_t id_begin = 0;
+  bool norm = true;
+};
+
+void run_route_norm(const RouteNormCase& c) {
+  Arena ar(backend(c.md));
+  const int64_t m = c.m, E = c.E, K = c.K, H = c.H, I = 40;
   std::vector<k::test::TestWeight> weights;
   weights.reserve(static_cast<size_t>(2 * E));
   std::vector<k::ExpertView> dexperts(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
-    weights.push_back(k::test::make_weight(2 * I, H, md.dtype, static_cast<uint32_t>(700 + e), 0.2f));
+    weights.push_back(k::test::make_weight(2 * I, H, c.md.dtype, static_cast<uint32_t>(700 + e), 0.2f));
     dexperts[e].gate_up = ar.weight(weights.back().view);
-    weights.push_back(k::test::make_weight(H, I, md.dtype, static_cast<uint32_t>(900 + e), 0.2f));
+    weights.push_back(k::test::make_weight(H, I, c.md.dtype, static_cast<uint32_t>(900 + e), 0.2f));
     dexperts[e].down = ar.weight(weights.back().view);
   }
   std::vector<float> logits = k::test::random_vec(static_cast<size_t>(m * E), 31, -3.0f, 3.0f);
   for (int64_t e = 1; e < E; e += 4) logits[e] = logits[0];  // ties in the first token
   std::vector<float> x = k::test::random_vec(static_cast<size_t>(m * H), 32, -2.0f, 2.0f);
+  std::vector<float> resid = k::test::random_vec(static_cast<size_t>(m * H), 33, -1.0f, 1.0f);
+  std::vector<float> norm_w = k::test::random_vec(static_cast<size_t>(H), 34, 0.5f, 1.5f);
   std::vector<int32_t> slots(static_cast<size_t>(m));
   for (int64_t t = 0; t < m; ++t) slots[t] = static_cast<int32_t>(t % 3) - 1;
   std::vector<std::vector<float>> mats;
   std::vector<k::ExpertLoraView> dl(static_cast<size_t>(2 * E));
-  if (with_lora)
+  if (c.lora)
     for (int64_t se = 0; se < 2 * E; ++se) {
       mats.push_back(k::test::random_vec(static_cast<size_t>(2 * H), static_cast<uint32_t>(40 + se)));
       mats.push_back(k::test::random_vec(static_cast<size_t>(2 * 2 * I), static_cast<uint32_t>(90 + se)));
@@ -482,32 +495,38 @@ void run_route_fused(const Mode& md, int64_t m, int64_t E, int64_t K, k::RouterS
     }
   const float* d_logits = ar.up(logits);
   const float* d_x = ar.up(x);
+  const float* d_norm_w = ar.up(norm_w);
   const k::ExpertView* d_experts = ar.up(dexperts);
-  const int32_t* d_slots = with_lora ? ar.up(slots) : nullptr;
-  const k::ExpertLoraView* d_lora = with_lora ? ar.up(dl) : nullptr;
+  const int32_t* d_slots = c.lora ? ar.up(slots) : nullptr;
+  const k::ExpertLoraView* d_lora = c.lora ? ar.up(dl) : nullptr;
   struct Out {
     std::vector<int32_t> ids;
-    std::vector<float> w, y;
+    std::vector<float> w, y, resid, h;
   };
   auto run = [&](bool fused) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_route_fused_max_tokens = fused ? 16 : 0;
-    t.moe_tc_min_per_expert = tc ? 0 : 1 << 20;
+    t.moe_combine_norm = fused ? 1 : 0;
+    t.moe_tc_min_per_expert = c.path == 0 ? 0 : 1 << 20;
     t.moe_tc_max_per_expert = 1 << 20;
-    t.moe_small_pairs = 1 << 20;
+    t.moe_small_pairs = c.path == 2 ? 0 : 1 << 20;
     k::override_kernel_tuning(t);
     int32_t* ids = ar.zeros<int32_t>(static_cast<size_t>(m * K));
     float* wts = ar.zeros<float>(static_cast<size_t>(m * K));
     float* y = ar.zeros<float>(static_cast<size_t>(m * H));
+    float* res = ar.up(resid);
+    float* h = ar.zeros<float>(static_cast<size_t>(m * H));
     const k::RouteArgs r{.logits = d_logits,
                          .m = m,
                          .num_experts = E,
                          .top_k = K,
-                         .scoring = scoring,
-                         .renormalize = renorm,
+                         .scoring = c.scoring,
+                         .renormalize = c.renorm,
                          .ids = ids,
                          .weights = wts,
-                         .id_begin = id_begin};
+                         .id_begin = c.id_begin};
+    const k::AddRmsNormArgs norm{
+        .x = res, .ldx = H, .delta = y, .ld_delta = H, .y = h, .ldy = H, .m = m, .n = H, .w = d_norm_w};
     k::MoeExpertsArgs a{.x = d_x,
                         .ldx = H,
                         .m = m,
@@ -521,46 +540,69 @@ void run_route_fused(const Mode& md, int64_t m, int64_t E, int64_t K, k::RouterS
                         .act = k::ExpertAct::kGptOssSwiglu,
                         .token_slots = d_slots,
                         .lora = d_lora,
-                        .num_slots = with_lora ? 2 : 0,
+                        .num_slots = c.lora ? 2 : 0,
                         .out = y,
                         .ldo = H,
-                        .route = {}};
+                        .route = {},
+                        .then_norm = {}};
     if (fused) {
       a.route = r;
+      if (c.norm) a.then_norm = norm;
+      ar.be().moe_experts(a);
     } else {
       ar.be().route(r);
+      ar.be().moe_experts(a);
+      if (c.norm) ar.be().add_rms_norm(norm);
     }
-    ar.be().moe_experts(a);
     Out o{ar.down(ids, static_cast<size_t>(m * K)), ar.down(wts, static_cast<size_t>(m * K)),
-          ar.down(y, static_cast<size_t>(m * H))};
+          ar.down(y, static_cast<size_t>(m * H)), ar.down(res, static_cast<size_t>(m * H)),
+          ar.down(h, static_cast<size_t>(m * H))};
     k::override_kernel_tuning(std::nullopt);
     return o;
   };
   const Out sep = run(false), fused = run(true);
-  const std::string what = std::string(md.name) + (tc ? " tensor-core GEMV" : " GEMV") +
+  const std::string what = std::string(c.md.name) + " path " + std::to_string(c.path) +
                            " m=" + std::to_string(m) + " E=" + std::to_string(E) + " K=" + std::to_string(K) +
-                           (scoring == k::RouterScoring::kTopKSoftmax ? " topk-softmax" : " softmax-topk") +
-                           (renorm ? " renorm" : "") + (with_lora ? " lora" : "") +
-                           " id_begin=" + std::to_string(id_begin);
+                           " H=" + std::to_string(H) +
+                           (c.scoring == k::RouterScoring::kTopKSoftmax ? " topk-softmax" : " softmax-topk") +
+                           (c.renorm ? " renorm" : "") + (c.lora ? " lora" : "") +
+                           " id_begin=" + std::to_string(c.id_begin) + (c.norm ? " norm" : "");
   EXPECT_EQ(fused.ids, sep.ids) << what;
   EXPECT_EQ(fused.w, sep.w) << what;
   EXPECT_EQ(fused.y, sep.y) << what;
-  // The routing really ran: every token has K distinct ids.
+  EXPECT_EQ(fused.resid, sep.resid) << what;
+  EXPECT_EQ(fused.h, sep.h) << what;
+  // The routing and the norm really ran: K distinct ids per token, the residual moved, h is not zero.
   for (int64_t t = 0; t < m; ++t)
     for (int64_t i = 0; i < K; ++i)
       for (int64_t j = i + 1; j < K; ++j) ASSERT_NE(fused.ids[t * K + i], fused.ids[t * K + j]) << what;
+  if (c.norm) {
+    EXPECT_NE(fused.resid, resid) << what;
+    EXPECT_NE(fused.h, std::vector<float>(fused.h.size(), 0.0f)) << what;
+  }
 }
 
-TEST(GpuMoe, RouteFusedWithSmallSortEqualsSeparate) {
+TEST(GpuMoe, RouteAndNormFusedEqualSeparate) {
   SKIP_WITHOUT_GPU();
   for (const Mode& md : {kBf16Mode, kBf16RoundMode})
-    for (bool tc : {true, false})
+    for (int path : {0, 1})
       for (int64_t m : {1, 3, 16, 17}) {
-        run_route_fused(md, m, 32, 4, k::RouterScoring::kTopKSoftmax, false, tc, false, 0);
-        run_route_fused(md, m, 8, 2, k::RouterScoring::kSoftmaxTopK, true, tc, m % 2 == 1, 0);
+        run_route_norm({.md = md, .m = m, .path = path});
+        run_route_norm({.md = md,
+                        .m = m,
+                        .E = 8,
+                        .K = 2,
+                        .scoring = k::RouterScoring::kSoftmaxTopK,
+                        .renorm = true,
+                        .path = path,
+                        .lora = m % 2 == 1,
+                        .norm = m != 3});
       }
-  run_route_fused(kBf16Mode, 5, 8, 2, k::RouterScoring::kSoftmaxTopK, false, true, false, 3);
-  run_route_fused(kF32Mode, 4, 16, 3, k::RouterScoring::kTopKSoftmax, false, false, true, 0);
+  run_route_norm({.md = kBf16Mode, .m = 5, .E = 8, .K = 2, .id_begin = 3});
+  run_route_norm({.md = kF32Mode, .m = 4, .E = 16, .K = 3, .path = 1, .lora = true});
+  run_route_norm({.md = kBf16Mode, .m = 6, .H = 1100, .path = 0});  // a block per row
+  run_route_norm({.md = kBf16Mode, .m = 6, .H = 1101, .path = 1});  // element loads
+  run_route_norm({.md = kBf16Mode, .m = 40, .E = 8, .K = 2, .H = 97, .path = 2, .lora = true});
 }
 
 }  // namespace

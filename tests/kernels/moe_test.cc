@@ -287,60 +287,83 @@ TEST(MoeCpu, ExpertParallelRanksSkipOtherRanksExperts) {
   }
 }
 
-// moe_experts with its routing (MoeExpertsArgs::route): the same as route() then moe_experts, in the
-// reference and the CPU kernels.
-TEST(MoeCpu, MoeExpertsWithRoutingRoutesFirst) {
+// moe_experts with its routing and the residual add + norm after it (MoeExpertsArgs::route, then_norm): the
+// same as route(), moe_experts, add_rms_norm, in the reference and in the CPU kernels (row sizes of 16 and
+// 19: the vector and scalar norms).
+TEST(MoeCpu, MoeExpertsWithRoutingAndNormEqualsSeparateOps) {
   namespace k = polylora::kernels;
-  const int64_t m = 5, E = 8, K = 2, H = 16, I = 8;
-  std::vector<k::test::TestWeight> weights;
-  std::vector<k::ExpertView> experts(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
-    weights.push_back(k::test::make_weight(2 * I, H, DType::kF32, static_cast<uint32_t>(10 + e), 0.3f));
-    experts[e].gate_up = weights.back().view;
-    weights.push_back(k::test::make_weight(H, I, DType::kF32, static_cast<uint32_t>(30 + e), 0.3f));
-    experts[e].down = weights.back().view;
+  for (const int64_t H : {16, 19}) {
+    const int64_t m = 5, E = 8, K = 2, I = 8;
+    std::vector<k::test::TestWeight> weights;
+    std::vector<k::ExpertView> experts(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      weights.push_back(k::test::make_weight(2 * I, H, DType::kF32, static_cast<uint32_t>(10 + e), 0.3f));
+      experts[e].gate_up = weights.back().view;
+      weights.push_back(k::test::make_weight(H, I, DType::kF32, static_cast<uint32_t>(30 + e), 0.3f));
+      experts[e].down = weights.back().view;
+    }
+    const std::vector<float> logits = k::test::random_vec(static_cast<size_t>(m * E), 5, -2.0f, 2.0f);
+    const std::vector<float> x = k::test::random_vec(static_cast<size_t>(m * H), 6);
+    const std::vector<float> resid0 = k::test::random_vec(static_cast<size_t>(m * H), 7);
+    const std::vector<float> norm_w = k::test::random_vec(static_cast<size_t>(H), 8, 0.5f, 1.5f);
+    struct Out {
+      std::vector<float> y, resid, h;
+    };
+    auto run = [&](bool in_one_call, bool reference) {
+      std::vector<int32_t> ids(static_cast<size_t>(m * K));
+      std::vector<float> w(ids.size()), y(static_cast<size_t>(m * H)), resid = resid0,
+                                                                       h(static_cast<size_t>(m * H));
+      const k::RouteArgs r{.logits = logits.data(),
+                           .m = m,
+                           .num_experts = E,
+                           .top_k = K,
+                           .scoring = k::RouterScoring::kSoftmaxTopK,
+                           .renormalize = true,
+                           .ids = ids.data(),
+                           .weights = w.data()};
+      const k::AddRmsNormArgs norm{.x = resid.data(),
+                                   .ldx = H,
+                                   .delta = y.data(),
+                                   .ld_delta = H,
+                                   .y = h.data(),
+                                   .ldy = H,
+                                   .m = m,
+                                   .n = H,
+                                   .w = norm_w.data()};
+      k::MoeExpertsArgs a{.x = x.data(),
+                          .ldx = H,
+                          .m = m,
+                          .hidden = H,
+                          .inter = I,
+                          .num_experts = E,
+                          .top_k = K,
+                          .ids = ids.data(),
+                          .weights = w.data(),
+                          .experts = experts.data(),
+                          .out = y.data(),
+                          .ldo = H,
+                          .route = {},
+                          .then_norm = {}};
+      if (in_one_call) {
+        a.route = r;
+        a.then_norm = norm;
+        a.then_norm.delta = nullptr;  // ignored: out is the delta
+      } else {
+        reference ? k::ref::route(r) : k::cpu::route(r);
+      }
+      reference ? k::ref::moe_experts(a) : k::cpu::moe_experts(a);
+      if (!in_one_call) reference ? k::ref::add_rms_norm(norm) : k::cpu::add_rms_norm(norm);
+      return Out{y, resid, h};
+    };
+    for (const bool reference : {true, false}) {
+      const std::string what = std::string(reference ? "ref" : "cpu") + " H=" + std::to_string(H);
+      const Out sep = run(false, reference), one = run(true, reference);
+      EXPECT_EQ(one.y, sep.y) << what;
+      EXPECT_EQ(one.resid, sep.resid) << what;
+      EXPECT_EQ(one.h, sep.h) << what;
+      EXPECT_NE(one.resid, resid0) << what;
+    }
   }
-  std::vector<float> logits = k::test::random_vec(static_cast<size_t>(m * E), 5, -2.0f, 2.0f);
-  std::vector<float> x = k::test::random_vec(static_cast<size_t>(m * H), 6);
-  auto run = [&](bool with_route, bool reference) {
-    std::vector<int32_t> ids(static_cast<size_t>(m * K));
-    std::vector<float> w(ids.size()), y(static_cast<size_t>(m * H));
-    const k::RouteArgs r{.logits = logits.data(),
-                         .m = m,
-                         .num_experts = E,
-                         .top_k = K,
-                         .scoring = k::RouterScoring::kSoftmaxTopK,
-                         .renormalize = true,
-                         .ids = ids.data(),
-                         .weights = w.data()};
-    k::MoeExpertsArgs a{.x = x.data(),
-                        .ldx = H,
-                        .m = m,
-                        .hidden = H,
-                        .inter = I,
-                        .num_experts = E,
-                        .top_k = K,
-                        .ids = ids.data(),
-                        .weights = w.data(),
-                        .experts = experts.data(),
-                        .out = y.data(),
-                        .ldo = H,
-                        .route = {}};
-    if (with_route) {
-      a.route = r;
-    } else {
-      k::ref::route(r);
-    }
-    if (reference) {
-      k::ref::moe_experts(a);
-    } else {
-      k::cpu::moe_experts(a);
-    }
-    return y;
-  };
-  const std::vector<float> ref = run(false, true);
-  k::test::expect_close(run(true, true), ref, 0.0f, 0.0f, "ref with route");
-  k::test::expect_close(run(true, false), ref, 1e-6f, 1e-5f, "cpu with route");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "kernels/cuda_context.h"
 #include "kernels/lora/lora.h"
+#include "kernels/norm/rms_norm.h"
 #include "kernels/tensor_view.h"
 
 namespace polylora::kernels {
@@ -112,6 +113,10 @@ struct MoeExpertsArgs {
   // launch where route, the sort and the activations' bf16 cast took three; KernelTuning::
   // moe_route_fused_max_tokens).
   RouteArgs route;
+  // Optional: the residual add and RMSNorm after the experts (then_norm.w != nullptr): add_rms_norm with
+  // delta = out (then_norm.delta / ld_delta are ignored), which moe_experts runs after writing out; on CUDA
+  // in the combine's launch where the combine is the plain one (cuda::add_rms_norm_combined). No LoRA term.
+  AddRmsNormArgs then_norm;
 };
 
 namespace ref {

@@ -1310,9 +1310,22 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
                                                                         ws.gu, ws.act, ws.y, true);
     CUDA_CHECK_LAUNCH();
   }
-  // 7. combine
-  if (stack && !mma_lora) return moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
-  moe_detail::launch_expert_combine(a, ws.y, nullptr, st);
+  // 7. combine, and with then_norm the residual add and norm after it (in the same launch after the plain
+  // combine)
+  AddRmsNormArgs norm = a.then_norm;
+  norm.delta = a.out;
+  norm.ld_delta = a.ldo;
+  if (stack && !mma_lora) {
+    moe_detail::stack_lora_step(StackStep::kCombine, a, sb, st);
+  } else if (norm.w != nullptr && tuning_of(a).moe_combine_norm != 0) {
+    return add_rms_norm_combined(
+        norm,
+        {.rows = ws.y, .ids = a.ids, .weights = a.weights, .top_k = a.top_k, .num_ids = E, .out = a.out},
+        ctx);
+  } else {
+    moe_detail::launch_expert_combine(a, ws.y, nullptr, st);
+  }
+  if (norm.w != nullptr) add_rms_norm(norm, ctx);
 }
 
 }  // namespace polylora::kernels::cuda

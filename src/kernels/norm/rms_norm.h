@@ -70,6 +70,22 @@ void rms_norm_row(const float* x, float* y, const float* w, int64_t n, float eps
 namespace cuda {
 void rms_norm(const RmsNormArgs& args, const CudaContext& ctx);
 void add_rms_norm(const AddRmsNormArgs& args, const CudaContext& ctx);
+// A weighted sum of rows (the MoE combine): row t of `out` [m, n] (row stride AddRmsNormArgs::ld_delta) is
+// Σ_k weights[t·top_k + k] · (rows[t·top_k + k] (+ rows_delta[t·top_k + k])) over the k, in order, with
+// 0 <= ids[t·top_k + k] < num_ids; rows / rows_delta [m·top_k, n] with row stride n.
+struct RowCombine {
+  const float* rows = nullptr;
+  const float* rows_delta = nullptr;  // nullptr: none
+  const int32_t* ids = nullptr;
+  const float* weights = nullptr;
+  int64_t top_k = 0, num_ids = 0;
+  float* out = nullptr;
+};
+// add_rms_norm whose delta is c's combine, computed in the same launch (moe_experts' combine fused with the
+// residual add and norm after it: MoeExpertsArgs::then_norm): out is written, then x += out and y =
+// rms_norm(x) · w, bit-identical to the combine followed by add_rms_norm (args.delta must be c.out; no LoRA
+// term).
+void add_rms_norm_combined(const AddRmsNormArgs& args, const RowCombine& c, const CudaContext& ctx);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

@@ -78,22 +78,52 @@ __device__ __forceinline__ void row_scale(const float* xr, float* yr, const floa
   }
 }
 
-// x is written only with ADD (rms_norm passes its const input through a cast).
-template <bool VEC, bool ADD>
+// COMB: row `row` of the combine c (cuda::RowCombine) into c.out over this thread's indices (those row_sumsq
+// then visits, so each thread reads back only what it wrote), each element as moe_combine_kernel sums it.
+template <bool VEC>
+__device__ __forceinline__ void row_combine(const RowCombine& c, int64_t row, int64_t ld_out, int64_t n,
+                                            int64_t first, int64_t step) {
+  float* out = c.out + row * ld_out;
+  const int64_t p0 = row * c.top_k;
+  const int64_t per = VEC ? 4 : 1;
+  for (int64_t j0 = first * per; j0 < n; j0 += step * per) {
+#pragma unroll
+    for (int u = 0; u < per; ++u) {
+      const int64_t j = j0 + u;
+      float sum = 0.0f;
+      for (int64_t k = 0; k < c.top_k; ++k) {
+        const int64_t p = p0 + k;
+        const int32_t e = c.ids[p];
+        if (e < 0 || e >= c.num_ids) continue;
+        const float v =
+            c.rows_delta != nullptr ? c.rows[p * n + j] + c.rows_delta[p * n + j] : c.rows[p * n + j];
+        sum += c.weights[p] * v;
+      }
+      out[j] = sum;
+    }
+  }
+}
+
+// x is written only with ADD (rms_norm passes its const input through a cast). COMB: delta is the combine c
+// (rows r0.. of it), computed first.
+template <bool VEC, bool ADD, bool COMB = false>
 __global__ void rms_norm_block_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y,
-                                      int64_t ldy, int64_t n, const float* w, float eps) {
+                                      int64_t ldy, int64_t n, const float* w, float eps, RowCombine c = {},
+                                      int64_t r0 = 0) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   float* xr = x + static_cast<int64_t>(blockIdx.x) * ldx;
   const float* dr = ADD ? delta + static_cast<int64_t>(blockIdx.x) * ld_delta : nullptr;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * ldy;
+  if (COMB) row_combine<VEC>(c, r0 + blockIdx.x, ld_delta, n, threadIdx.x, blockDim.x);
   float sum = cuda_util::block_sum(row_sumsq<VEC, ADD>(xr, dr, n, threadIdx.x, blockDim.x));
   float inv = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
   row_scale<VEC>(xr, yr, w, n, inv, threadIdx.x, blockDim.x);
 }
 
-template <bool VEC, bool ADD>
+template <bool VEC, bool ADD, bool COMB = false>
 __global__ void rms_norm_warp_kernel(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y,
-                                     int64_t ldy, int64_t m, int64_t n, const float* w, float eps) {
+                                     int64_t ldy, int64_t m, int64_t n, const float* w, float eps,
+                                     RowCombine c = {}, int64_t r0 = 0) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= m) return;  // whole warps exit together
@@ -101,6 +131,7 @@ __global__ void rms_norm_warp_kernel(float* x, int64_t ldx, const float* delta, 
   float* xr = x + row * ldx;
   const float* dr = ADD ? delta + row * ld_delta : nullptr;
   float* yr = y + row * ldy;
+  if (COMB) row_combine<VEC>(c, r0 + row, ld_delta, n, lane, 32);
   float sum = cuda_util::warp_sum(row_sumsq<VEC, ADD>(xr, dr, n, lane, 32));
   float inv = 1.0f / sqrtf(sum / static_cast<float>(n) + eps);
   row_scale<VEC>(xr, yr, w, n, inv, lane, 32);
@@ -197,9 +228,9 @@ void launch_add_rms_norm_lora_cluster(const AddRmsNormArgs& a, int threads, cuda
 }
 
 // Both ops: rows of x (with ADD: plus delta, stored back) normalized into y. delta is null without ADD.
-template <bool ADD>
+template <bool ADD, bool COMB = false>
 void launch(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* y, int64_t ldy, int64_t m,
-            int64_t n, const float* w, float eps, cudaStream_t st) {
+            int64_t n, const float* w, float eps, cudaStream_t st, const RowCombine& c = {}) {
   if (m == 0) return;
   const bool vec = n % 4 == 0 && ldx % 4 == 0 && ldy % 4 == 0 && aligned16(x) && aligned16(y) &&
                    aligned16(w) && (!ADD || (ld_delta % 4 == 0 && aligned16(delta)));
@@ -210,11 +241,11 @@ void launch(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* 
       unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
       const float* d = ADD ? d0 + r0 * ld_delta : nullptr;
       if (vec)
-        cuda_util::launch_pdl(rms_norm_warp_kernel<true, ADD>, blocks, 32 * kRowsPerBlock, 0, st,
-                              x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps);
+        cuda_util::launch_pdl(rms_norm_warp_kernel<true, ADD, COMB>, blocks, 32 * kRowsPerBlock, 0, st,
+                              x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps, c, r0);
       else
-        cuda_util::launch_pdl(rms_norm_warp_kernel<false, ADD>, blocks, 32 * kRowsPerBlock, 0, st,
-                              x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps);
+        cuda_util::launch_pdl(rms_norm_warp_kernel<false, ADD, COMB>, blocks, 32 * kRowsPerBlock, 0, st,
+                              x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, rows, n, w, eps, c, r0);
       CUDA_CHECK_LAUNCH();
     }
     return;
@@ -224,11 +255,11 @@ void launch(float* x, int64_t ldx, const float* delta, int64_t ld_delta, float* 
     int64_t rows = m - r0 < 65535LL * 32 ? m - r0 : 65535LL * 32;
     const float* d = ADD ? d0 + r0 * ld_delta : nullptr;
     if (vec)
-      cuda_util::launch_pdl(rms_norm_block_kernel<true, ADD>, static_cast<unsigned>(rows), threads, 0, st,
-                            x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps);
+      cuda_util::launch_pdl(rms_norm_block_kernel<true, ADD, COMB>, static_cast<unsigned>(rows), threads, 0,
+                            st, x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps, c, r0);
     else
-      cuda_util::launch_pdl(rms_norm_block_kernel<false, ADD>, static_cast<unsigned>(rows), threads, 0, st,
-                            x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps);
+      cuda_util::launch_pdl(rms_norm_block_kernel<false, ADD, COMB>, static_cast<unsigned>(rows), threads, 0,
+                            st, x + r0 * ldx, ldx, d, ld_delta, y + r0 * ldy, ldy, n, w, eps, c, r0);
     CUDA_CHECK_LAUNCH();
   }
 }
@@ -239,6 +270,13 @@ void rms_norm(const RmsNormArgs& a, const CudaContext& ctx) {
   // Without ADD the kernels only read x; the cast lets both ops share them.
   launch<false>(const_cast<float*>(a.x), a.ldx, nullptr, 0, a.y, a.ldy, a.m, a.n, a.w, a.eps,
                 cuda_util::stream(ctx));
+}
+
+void add_rms_norm_combined(const AddRmsNormArgs& a, const RowCombine& c, const CudaContext& ctx) {
+  KERNEL_CHECK(a.delta == c.out && !a.lora_delta.active() && c.rows != nullptr,
+               "add_rms_norm_combined: delta must be the combine's output, without a LoRA term");
+  launch<true, true>(a.x, a.ldx, a.delta, a.ld_delta, a.y, a.ldy, a.m, a.n, a.w, a.eps,
+                     cuda_util::stream(ctx), c);
 }
 
 void add_rms_norm(const AddRmsNormArgs& a, const CudaContext& ctx) {
