@@ -119,6 +119,25 @@ struct MoeExpertsArgs {
   AddRmsNormArgs then_norm;
 };
 
+// The host entry points' handling of MoeExpertsArgs::route and then_norm: when args has either, route, then
+// the experts on args without them, then add_rms_norm with delta = out; returns whether it ran them.
+template <typename Route, typename Experts, typename Norm>
+bool route_and_norm_around(const MoeExpertsArgs& args, Route route, Experts experts, Norm norm) {
+  if (args.route.logits == nullptr && args.then_norm.w == nullptr) return false;
+  if (args.route.logits != nullptr) route(args.route);
+  MoeExpertsArgs a = args;
+  a.route = {};
+  a.then_norm = {};
+  experts(a);
+  if (args.then_norm.w != nullptr) {
+    AddRmsNormArgs n = args.then_norm;
+    n.delta = args.out;
+    n.ld_delta = args.ldo;
+    norm(n);
+  }
+  return true;
+}
+
 namespace ref {
 void route(const RouteArgs& args);
 void moe_experts(const MoeExpertsArgs& args);

@@ -97,20 +97,10 @@ void route(const RouteArgs& a) {
 }
 
 void moe_experts(const MoeExpertsArgs& in) {
-  if (in.route.logits != nullptr || in.then_norm.w != nullptr) {  // MoeExpertsArgs::route, then_norm
-    if (in.route.logits != nullptr) route(in.route);
-    MoeExpertsArgs a = in;
-    a.route = {};
-    a.then_norm = {};
-    moe_experts(a);
-    if (in.then_norm.w != nullptr) {
-      AddRmsNormArgs n = in.then_norm;
-      n.delta = in.out;
-      n.ld_delta = in.ldo;
-      add_rms_norm(n);
-    }
+  if (route_and_norm_around(
+          in, [](const RouteArgs& r) { route(r); }, [](const MoeExpertsArgs& a) { moe_experts(a); },
+          [](const AddRmsNormArgs& n) { add_rms_norm(n); }))
     return;
-  }
   // Slot-stacked LoRA: F32 stacks become a table of views into the stack (no copy); BF16 stacks and
   // separate gate/up LoRA on interleaved gate/up rows go through the reference.
   const MoeLoraStack& st = in.lora_stack;

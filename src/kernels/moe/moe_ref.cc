@@ -100,20 +100,10 @@ void route(const RouteArgs& a) {
 }
 
 void moe_experts(const MoeExpertsArgs& in) {
-  if (in.route.logits != nullptr || in.then_norm.w != nullptr) {  // MoeExpertsArgs::route, then_norm
-    if (in.route.logits != nullptr) route(in.route);
-    MoeExpertsArgs a = in;
-    a.route = {};
-    a.then_norm = {};
-    moe_experts(a);
-    if (in.then_norm.w != nullptr) {
-      AddRmsNormArgs n = in.then_norm;
-      n.delta = in.out;
-      n.ld_delta = in.ldo;
-      add_rms_norm(n);
-    }
+  if (route_and_norm_around(
+          in, [](const RouteArgs& r) { route(r); }, [](const MoeExpertsArgs& a) { moe_experts(a); },
+          [](const AddRmsNormArgs& n) { add_rms_norm(n); }))
     return;
-  }
   const MoeExpertsArgs& a = in;
   int64_t H = a.hidden, I = a.inter;
   std::vector<float> gu(static_cast<size_t>(2 * I)), h(static_cast<size_t>(I)), y(static_cast<size_t>(H));
