@@ -24,7 +24,9 @@
 //   the CPU) and base_fraction_of_gemm_peak; issue_goal_lora_us (issue 15's goal for lora_delta_us at this M,
 //   null elsewhere); with --old-views: old_views_lora_us / old_views_lora_delta_us (the same LoRA through the
 //   per-adapter ExpertLoraView table of f32 matrices, the path before the stacks) and old_views_max_rel_diff
-//   (its output vs the stacked one, over the rms).
+//   (its output vs the stacked one, over the rms); with --route-norm: route_norm_separate_us (route,
+//   moe_experts, add_rms_norm as three calls) and route_norm_fused_us (one moe_experts given its routing and
+//   the norm, both fused launches on), after checking their outputs equal bit for bit.
 // --dtype mxfp4: the experts as GPT-OSS ships them (random codes, block scales 2^-7), bf16 compute; the
 // reference decodes the same codes.
 // Must not: run the vLLM harness (scripts do, in the same device run).
@@ -48,6 +50,7 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "kernels/moe/moe.h"
+#include "kernels/tuning.h"
 
 namespace polylora::bench {
 namespace {
@@ -62,7 +65,7 @@ int run_moe_lora_bench(int argc, char** argv) {
   std::string json_path;
   int64_t rank = 16, slots = 8, validate_tokens = 16, active = 0;
   int gu_slices = 2, iters = 0;
-  bool no_graphs = false, old_views = false;
+  bool no_graphs = false, old_views = false, route_norm = false;
   app.add_option("--device", device, "cuda | cpu")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--dtype", dtype,
                  "Expert weight dtype: bfloat16 | float32 (CUDA; the CPU keeps bf16) | mxfp4 (GPT-OSS as "
@@ -93,6 +96,10 @@ int run_moe_lora_bench(int argc, char** argv) {
       "--old-views", old_views,
       "Also time the per-adapter ExpertLoraView path (f32 matrices, one allocation each) on the same "
       "values (gu_slices 2 over the interleaved layout as one gate_up LoRA of rank 2r)");
+  app.add_flag("--route-norm", route_norm,
+               "Also the routing and the next add + norm around the experts (no LoRA): route, moe_experts, "
+               "add_rms_norm as three calls against one moe_experts given them with both fused launches on "
+               "(moe_route_fused_max_tokens, moe_combine_norm), checked bit for bit, then timed");
   app.add_option("--json-out", json_path, "Also write the results as a JSON array here");
   try {
     app.parse(argc, argv);
@@ -415,6 +422,89 @@ int run_moe_lora_bench(int argc, char** argv) {
     r["base_fraction_of_gemm_peak"] =
         gemm_tflops > 0 ? nlohmann::ordered_json(base_tflops / gemm_tflops) : nlohmann::ordered_json(nullptr);
     r["issue_goal_lora_us"] = goal();
+    if (route_norm) {
+      // The routing, the experts and the next add + norm: three calls, or one with both fused launches on
+      // (the same values, bit for bit: checked before timing).
+      const std::vector<float> resid0(static_cast<size_t>(M * H), 0.5f);
+      std::vector<float> norm_w(static_cast<size_t>(H));
+      for (float& v : norm_w) v = 1.0f + 0.25f * rng.uniform(1.0f);
+      const float* d_logits = static_cast<const float*>(dev.up(logits));
+      const float* d_norm_w = static_cast<const float*>(dev.up(norm_w));
+      struct Variant {
+        MoeExpertsArgs moe;
+        RouteArgs route;
+        AddRmsNormArgs norm;
+      };
+      auto variant = [&] {
+        Variant v;
+        v.moe = base;
+        v.moe.ids = static_cast<int32_t*>(dev.up(std::vector<int32_t>(ids.size(), 0)));
+        v.moe.weights = dev.zeros(w.size());
+        v.moe.out = dev.zeros(static_cast<size_t>(M * H));
+        v.route = {.logits = d_logits,
+                   .m = M,
+                   .num_experts = E,
+                   .top_k = K,
+                   .scoring = RouterScoring::kSoftmaxTopK,
+                   .renormalize = false,
+                   .ids = const_cast<int32_t*>(v.moe.ids),
+                   .weights = const_cast<float*>(v.moe.weights)};
+        v.norm = {.x = static_cast<float*>(dev.up(resid0)),
+                  .ldx = H,
+                  .delta = v.moe.out,
+                  .ld_delta = H,
+                  .y = dev.zeros(static_cast<size_t>(M * H)),
+                  .ldy = H,
+                  .m = M,
+                  .n = H,
+                  .w = d_norm_w,
+                  .eps = 1e-5f,
+                  .lora_delta = {}};
+        return v;
+      };
+      Variant sep = variant(), one = variant();
+      one.moe.route = one.route;
+      one.moe.then_norm = one.norm;
+      KernelTuning t0 = kernel_tuning(TuningShape{.hidden = H, .inter = I, .experts = E});
+      t0.moe_route_fused_max_tokens = 0;
+      t0.moe_combine_norm = 0;
+      KernelTuning t1 = t0;
+      t1.moe_route_fused_max_tokens = M;
+      t1.moe_combine_norm = 1;
+      auto run_sep = [&] {
+        override_kernel_tuning(t0);
+        be.route(sep.route);
+        be.moe_experts(sep.moe);
+        be.add_rms_norm(sep.norm);
+      };
+      auto run_one = [&] {
+        override_kernel_tuning(t1);
+        be.moe_experts(one.moe);
+      };
+      run_sep();
+      run_one();
+      auto down = [&](const float* p) {
+        std::vector<float> h(static_cast<size_t>(M * H));
+        be.copy_to_host(h.data(), p, h.size() * sizeof(float));
+        return h;
+      };
+      const bool same = down(sep.moe.out) == down(one.moe.out) && down(sep.norm.x) == down(one.norm.x) &&
+                        down(sep.norm.y) == down(one.norm.y);
+      if (!same) {
+        override_kernel_tuning(std::nullopt);
+        std::fprintf(stderr,
+                     "polylora_bench moe-lora: the fused routing / norm launches differ from the separate "
+                     "calls at M=%ld; not timing\n",
+                     static_cast<long>(M));
+        return 1;
+      }
+      // The tuning is read when the calls are queued (graph capture included).
+      const OpTiming ts = time_backend_op(be, run_sep, iters, !no_graphs);
+      const OpTiming tf = time_backend_op(be, run_one, iters, !no_graphs);
+      override_kernel_tuning(std::nullopt);
+      r["route_norm_separate_us"] = ts.seconds * 1e6;
+      r["route_norm_fused_us"] = tf.seconds * 1e6;
+    }
     if (old_views) {
       // The same LoRA through the ExpertLoraView table: checked against the stacked result, then timed.
       MoeExpertsArgs ov = lora;
