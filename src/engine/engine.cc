@@ -593,7 +593,8 @@ std::vector<RequestOutput> Engine::complete(const StepPlan& plan, const StepResu
     ++adapter_counters_[g.request.adapter].generation_tokens;
     const auto num_out = static_cast<int64_t>(seq.output_ids.size());
     const int64_t total = static_cast<int64_t>(g.request.prompt_ids.size()) + num_out;
-    const std::optional<TokenStop> token_stop = check_token_stop(tok.token, num_out, sp, eos_ids_);
+    const std::optional<TokenStop> token_stop =
+        check_token_stop(tok.token, num_out, sp, eos_ids_, tokenizer_ ? tokenizer_->eos_id() : std::nullopt);
     // The text of a stop token (EOS or stop_token_ids) is left out unless include_stop_str_in_output
     // (as vLLM's detokenizer does).
     if (!token_stop || sp.include_stop_str_in_output) seq.text->push(tok.token);

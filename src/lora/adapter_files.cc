@@ -136,8 +136,10 @@ std::string first_symlink(int base, const std::vector<std::string>& parts, const
            name, first_symlink(base, parts, base_display));
     case EXDEV:
       fail("adapter '{}': {} is outside the directories allowed by --lora-allowed-dirs", name, display);
-    case ENOENT:
-      if (is_dir) fail("adapter '{}': directory {} does not exist", name, display);
+    case ENOENT:  // a 404 on the HTTP routes, as vLLM's "No adapter found"
+      if (is_dir)
+        fail_with(ErrorKind::kNotFound, "adapter '{}': No adapter found: directory {} does not exist", name,
+                  display);
       fail("adapter '{}': {} is missing", name, display);
     case ENOTDIR:
       fail("adapter '{}': {} is not a directory", name, display);
@@ -170,7 +172,9 @@ AdapterDir open_adapter_dir(const std::string& dir, const std::string& name) {
   int fd = ::open(dir.c_str(), kDirFlags);
   if (fd < 0) {
     int err = errno;
-    if (err == ENOENT) fail("adapter '{}': directory {} does not exist", name, dir);
+    if (err == ENOENT)
+      fail_with(ErrorKind::kNotFound, "adapter '{}': No adapter found: directory {} does not exist", name,
+                dir);
     if (err == ENOTDIR) fail("adapter '{}': {} is not a directory", name, dir);
     fail("adapter '{}': cannot open directory {}: {}", name, dir, strerror_of(err));
   }
@@ -232,8 +236,11 @@ AdapterDir open_adapter_dir_confined(const std::vector<std::string>& allowed_dir
     bool missing = false;
     if (auto dir = open_in(base, allowed, *parts, &missing)) return std::move(*dir);
   }
-  fail("adapter '{}': directory {} does not exist in any of the directories allowed by --lora-allowed-dirs",
-       name, path);
+  fail_with(
+      ErrorKind::kNotFound,
+      "adapter '{}': No adapter found: directory {} does not exist in any of the directories allowed by "
+      "--lora-allowed-dirs",
+      name, path);
 }
 
 std::optional<AdapterFile> open_adapter_file(const AdapterDir& dir, const std::string& file,

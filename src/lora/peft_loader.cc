@@ -232,7 +232,7 @@ std::shared_ptr<LoraAdapter> load_from_dir(const AdapterDir& dir, const std::str
       fail("adapter '{}': module '{}' has rank {} in {}, but adapter_config.json says r = {}", name, module,
            rank, file, expected);
     if (rank > limits.max_lora_rank)
-      fail("adapter '{}': module '{}' has rank {}, above the maximum LoRA rank {} (raise --max-lora-rank)",
+      fail("adapter '{}': module '{}': LoRA rank {} is greater than max_lora_rank {} (raise --max-lora-rank)",
            name, module, rank, limits.max_lora_rank);
   };
   // A dense-style matrix: A [r, in], B [out, r].

@@ -442,7 +442,7 @@ void Generation::finish_body() {
                 {"logprobs", lp},
                 {"finish_reason", finish_json(ch)},
                 {"stop_reason", stop_reason_json(ch.stop_reason)}};
-    if (parsed_.prompt_logprobs && !prompt_logprobs_[p].empty())
+    if (!chat_ && parsed_.prompt_logprobs && !prompt_logprobs_[p].empty())
       choice["prompt_logprobs"] = prompt_logprobs_json(prompt_logprobs_[p], tokenizer_,
                                                        static_cast<size_t>(*parsed_.prompt_logprobs));
     if (parsed_.return_token_ids && !chat_) choice["prompt_token_ids"] = parsed_.prompts[p].prompt_ids;
@@ -453,8 +453,11 @@ void Generation::finish_body() {
       {"id", id_},           {"object", chat_ ? "chat.completion" : "text_completion"},
       {"created", created_}, {"model", parsed_.model},
       {"choices", choices},  {"usage", usage_json(prompt_tokens_, completion_tokens_, cached_tokens_)}};
-  // vLLM: a chat response's prompt ids at the top (completions carry them per choice).
+  // vLLM: a chat response's prompt ids and prompt logprobs at the top (completions carry them per choice).
   if (parsed_.return_token_ids && chat_) body["prompt_token_ids"] = parsed_.prompts.front().prompt_ids;
+  if (chat_ && parsed_.prompt_logprobs && !prompt_logprobs_.empty() && !prompt_logprobs_.front().empty())
+    body["prompt_logprobs"] = prompt_logprobs_json(prompt_logprobs_.front(), tokenizer_,
+                                                   static_cast<size_t>(*parsed_.prompt_logprobs));
   send_json(200, body);
 }
 

@@ -393,8 +393,12 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   if (sp.logprobs) out.logprobs = sp.logprobs;
   out.prompt_logprobs = sp.prompt_logprobs;
   // echo with logprobs: the prompt's tokens get logprobs too (first entry null), as vLLM and OpenAI do;
-  // they come from the engine's prompt logprobs with at least `logprobs` alternatives.
-  if (out.echo && sp.logprobs) sp.prompt_logprobs = std::max(sp.prompt_logprobs.value_or(0), *sp.logprobs);
+  // they come from the engine's prompt logprobs with at least `logprobs` alternatives. As in vLLM (echo sets
+  // prompt_logprobs = logprobs when none is given), each choice then carries prompt_logprobs as well.
+  if (out.echo && sp.logprobs) {
+    if (!out.prompt_logprobs) out.prompt_logprobs = sp.logprobs;
+    sp.prompt_logprobs = std::max(sp.prompt_logprobs.value_or(0), *sp.logprobs);
+  }
   if (get(body, "suffix")) fail("'suffix' is not supported");
   const json* prompt = get(body, "prompt");
   if (!prompt) fail("'prompt' is required");
@@ -458,6 +462,7 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   sp.max_tokens.reset();  // chat: up to the context length unless max_tokens / max_completion_tokens
   apply_generation_defaults(ctx, sp);
   read_common(body, out, sp, ctx);
+  out.prompt_logprobs = sp.prompt_logprobs;  // the response's top-level prompt_logprobs (vLLM)
   if (const json* lp = get(body, "logprobs")) {
     if (!lp->is_boolean()) fail("'logprobs' must be a boolean for chat completions");
     if (lp->get<bool>())

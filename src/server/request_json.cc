@@ -1,6 +1,7 @@
 // server/request_json.cc: sampling fields from JSON with precise type errors.
 #include "server/request_json.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -131,7 +132,9 @@ void read_sampling_fields(const json& body, SamplingParams& p) {
       if (ec == std::errc::result_out_of_range || id < 0 || id > INT32_MAX)
         fail("'logit_bias': token id {} is out of range", k);
       if (!v.is_number()) fail("'logit_bias': the bias of token {} must be a number", k);
-      p.logit_bias.emplace_back(static_cast<int32_t>(id), v.get<double>());
+      // Clamped to [-100, 100] as vLLM does (SamplingParams.from_optional, "per OpenAI API spec"): clients
+      // ban tokens with -1e9.
+      p.logit_bias.emplace_back(static_cast<int32_t>(id), std::clamp(v.get<double>(), -100.0, 100.0));
     }
   }
   if (field(body, "min_tokens")) p.min_tokens = integer(body, "min_tokens");

@@ -296,8 +296,10 @@ TEST_P(EngineSamplingTest, MinTokensHoldsBackStopTokenIdsAndEos) {
     sp.include_stop_str_in_output = true;
     EXPECT_EQ(run(sp)[0].text, tok().decode(r.tokens, true));
   }
-  // EOS (config eos_token_id 2) the same way, with no stop_reason; ignore_eos turns it off.
+  // EOS (config eos_token_id 2) the same way; ignore_eos turns it off. Its stop_reason: none for the
+  // tokenizer's own EOS, else its id (vLLM moves the model's other EOS ids into stop_token_ids).
   const int32_t eos = 2;
+  const bool primary = tok().eos_id() == eos;
   for (int64_t k : {0, 5}) {
     SamplingParams sp = greedy(16);
     sp.ignore_eos = false;
@@ -307,12 +309,14 @@ TEST_P(EngineSamplingTest, MinTokensHoldsBackStopTokenIdsAndEos) {
     ASSERT_EQ(r.tokens.size(), static_cast<size_t>(k + 1));
     EXPECT_EQ(r.tokens.back(), eos);
     EXPECT_EQ(r.finish, FinishReason::kStop);
-    EXPECT_FALSE(r.stop_reason.has_value());
-    // An EOS id also listed in stop_token_ids is still an EOS (no stop_reason), as vLLM.
+    const std::optional<StopReason> expected =
+        primary ? std::nullopt : std::optional<StopReason>(StopReason(eos));
+    EXPECT_EQ(r.stop_reason, expected);
+    // An EOS id also listed in stop_token_ids stops the same way (the tokenizer's own: no stop_reason).
     sp.stop_token_ids = {eos};
     auto both = run(sp)[0];
     EXPECT_EQ(both.tokens.size(), static_cast<size_t>(k + 1));
-    EXPECT_FALSE(both.stop_reason.has_value());
+    EXPECT_EQ(both.stop_reason, expected);
     sp.stop_token_ids.clear();
     sp.ignore_eos = true;
     auto ignored = run(sp)[0];

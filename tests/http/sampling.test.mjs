@@ -256,6 +256,31 @@ describe('sampling and stop conditions (demo model)', { skip: PRESENT ? false : 
     assert.equal(two.choices[0].text, 'zzzz');
   });
 
+  test('logit_bias beyond [-100, 100] is clamped as vLLM does: 1000 forces, -1e9 bans', async () => {
+    const [q] = await tokenize('Q');
+    const forced = await completion({ ...GREEDY, max_tokens: 6, logit_bias: { [q]: 1000 } });
+    assert.equal(forced.choices[0].text, 'QQQQQQ');
+    const [t] = await tokenize('t');
+    const banned = await completion({ ...GREEDY, max_tokens: 24, logit_bias: { [t]: -1e9 }, return_tokens_as_token_ids: true });
+    assert.ok(!banned.choices[0].token_ids.includes(t), JSON.stringify(banned.choices[0]));
+    // The same tokens as with the largest bias accepted before (the clamp, not some other value).
+    const hundred = await completion({ ...GREEDY, max_tokens: 24, logit_bias: { [t]: -100 }, return_tokens_as_token_ids: true });
+    assert.deepEqual(banned.choices[0].token_ids, hundred.choices[0].token_ids);
+  });
+
+  test('chat prompt_logprobs: at the top of the response (vLLM), one entry per prompt token', async () => {
+    const r = await chat({ ...GREEDY, max_tokens: 2, prompt_logprobs: 1 });
+    assert.ok(Array.isArray(r.prompt_logprobs), JSON.stringify(Object.keys(r)));
+    assert.equal(r.prompt_logprobs.length, r.usage.prompt_tokens);
+    assert.strictEqual(r.prompt_logprobs[0], null);
+    // The values of a completion over the same prompt text.
+    const c = await completion({ ...GREEDY, max_tokens: 1, prompt_logprobs: 1 });
+    assert.deepEqual(r.prompt_logprobs, c.choices[0].prompt_logprobs);
+    assert.equal(r.choices[0].prompt_logprobs, undefined);
+    // Not asked for: absent.
+    assert.equal((await chat({ ...GREEDY, max_tokens: 1 })).prompt_logprobs, undefined);
+  });
+
   test('min_tokens holds back stop_token_ids and EOS: exactly k tokens come first', async () => {
     const [s] = await tokenize('#');
     for (const k of [0, 1, 5, 9]) {
@@ -345,9 +370,10 @@ describe('sampling and stop conditions (demo model)', { skip: PRESENT ? false : 
       assert.equal(ch.prompt_logprobs.length, ids.length);
       assert.strictEqual(ch.prompt_logprobs[0], null);
       checkEchoLogprobs(ch, ids, text, ch.prompt_logprobs, k);
-      // Without prompt_logprobs in the request: the same logprobs, and no prompt_logprobs field.
+      // Without prompt_logprobs in the request: the same logprobs, and prompt_logprobs with `logprobs`
+      // alternatives all the same (vLLM: echo sets prompt_logprobs = logprobs when none is given).
       const plain = await post('completions', body);
-      assert.equal(plain.choices[0].prompt_logprobs, undefined);
+      assert.deepEqual(plain.choices[0].prompt_logprobs, ch.prompt_logprobs);
       assert.deepEqual(plain.choices[0].logprobs, ch.logprobs);
       // prompt_logprobs of a separate call without echo agree.
       const separate = await post('completions', { model: 'demo', prompt, max_tokens: 1, prompt_logprobs: k, ...GREEDY });

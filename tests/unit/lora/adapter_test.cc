@@ -108,7 +108,7 @@ TEST_F(AdapterTest, MissingFiles) {
 
 TEST_F(AdapterTest, RankAboveMaximum) {
   std::string err = error_of(model_dir("llama-tiny") / "adapters/attn-mlp-r8", 4);
-  EXPECT_NE(err.find("rank 8, above the maximum LoRA rank 4"), std::string::npos) << err;
+  EXPECT_NE(err.find("LoRA rank 8 is greater than max_lora_rank 4"), std::string::npos) << err;
   expect_model_usable();
 }
 

@@ -73,15 +73,18 @@ class ConfinedLoadTest : public ::testing::TestWithParam<bool> {
   std::shared_ptr<LoraAdapter> load(const std::string& path, LoraLimits limits = {}) {
     return load_peft_adapter_confined({allowed_.string()}, path, "x", cfg_, limits);
   }
-  std::string error_of(const std::string& path, LoraLimits limits = {}) {
+  std::string error_of(const std::string& path, LoraLimits limits = {},
+                       ErrorKind kind = ErrorKind::kInvalid) {
     try {
       load(path, limits);
     } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::kInvalid);
+      EXPECT_EQ(e.kind(), kind) << e.what();
       return e.what();
     }
     return "";
   }
+  // A path with no adapter directory: a not-found error (HTTP 404, as vLLM's "No adapter found").
+  std::string missing_error_of(const std::string& path) { return error_of(path, {}, ErrorKind::kNotFound); }
   ModelConfig cfg_;
   fs::path tmp_, allowed_, outside_;
 };
@@ -162,8 +165,9 @@ TEST_P(ConfinedLoadTest, PathsOutsideAreRefused) {
 }
 
 TEST_P(ConfinedLoadTest, NotAnAdapterDirectory) {
-  EXPECT_NE(error_of("missing").find("does not exist in any of the directories allowed"), std::string::npos);
-  EXPECT_NE(error_of((allowed_ / "missing").string()).find("does not exist"), std::string::npos);
+  EXPECT_NE(missing_error_of("missing").find("does not exist in any of the directories allowed"),
+            std::string::npos);
+  EXPECT_NE(missing_error_of((allowed_ / "missing").string()).find("No adapter found"), std::string::npos);
   write_file(allowed_ / "plain", "x");
   EXPECT_NE(error_of("plain").find("is not a directory"), std::string::npos) << error_of("plain");
   EXPECT_NE(error_of("").find("the adapter path is empty"), std::string::npos);
