@@ -264,6 +264,9 @@ int run_serve(int argc, char** argv) {
     sc.served_model_names.push_back(default_model ? fs::path(mf.model_dir).filename().string()
                                                   : mf.model_dir);
   sc.model_root = mf.model_dir;
+  for (const std::string& spec : mf.loras)
+    if (LoraModuleSpec m = parse_lora_module(spec); !m.base_model_name.empty())
+      sc.lora_parents[m.name] = m.base_model_name;
   {
     std::string dir = resolve_model_path(mf.model_dir, mf.revision, "model");
     sc.generation_defaults =

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,8 @@ struct ServerConfig {
   int64_t http_io_threads = 2;      // --http-io-threads: threads serving sockets
   int64_t http_worker_threads = 0;  // --http-worker-threads: request handlers (0: cores, 4..16)
   std::string model_root;           // reported as `root` in /v1/models
+  // --lora-modules' base_model_name per adapter: its `parent` in /v1/models (else the served name)
+  std::map<std::string, std::string> lora_parents;
   std::string web_root;             // --web-root: the playground's built files, served at / (web/dist)
 
   // vLLM frontend flags (issue 18). apps/ fills them; the server's use of each is noted.

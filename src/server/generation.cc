@@ -39,8 +39,12 @@ Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokeniz
       post_work_(std::move(post_work)) {
   chat_ = parsed_.kind != ApiKind::kCompletion;
   const bool responses = parsed_.kind == ApiKind::kResponses;
-  id_ = (responses ? "resp_" : chat_ ? "chatcmpl-" : "cmpl-") +
-        (parsed_.request_id.empty() ? random_suffix() : parsed_.request_id);
+  id_ = responses && !parsed_.response_id.empty()
+            ? parsed_.response_id
+            : (responses ? "resp_"
+               : chat_   ? "chatcmpl-"
+                         : "cmpl-") +
+                  (parsed_.request_id.empty() ? random_suffix() : parsed_.request_id);
   // A client's request id need not be unique: the engine's ids get a random part of their own.
   engine_id_ = parsed_.request_id.empty() ? id_ : id_ + "-" + random_suffix();
   created_ = static_cast<int64_t>(std::time(nullptr));
@@ -49,7 +53,6 @@ Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokeniz
   prompt_logprobs_.resize(num_prompts);
   streams_.resize(num_prompts);
   stream_done_.assign(num_prompts, false);
-  echo_sent_.assign(num_prompts, false);
   if (responses) responses_ = std::make_unique<ResponsesWriter>(parsed_, id_, created_);
   // Streamed chat with a parser (and every streamed response): each choice splits its text as it comes.
   if (parsed_.stream && (parsed_.output_parser || responses))
@@ -58,7 +61,7 @@ Generation::Generation(ParsedRequest parsed, EngineThread& engine, const tokeniz
     for (size_t i = 0; i < num_prompts; ++i)
       for (int64_t k = 0; k < parsed_.n; ++k) {
         ChoiceState& ch = choices_[i * parsed_.n + k];
-        ch.text = chat_ ? parsed_.chat_echo : parsed_.prompt_texts[i];
+        ch.text = chat_ ? parsed_.chat_echo : completion_echo_text(i);
         ch.text_chars = utf8_char_count(ch.text);
       }
 }
@@ -121,7 +124,9 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
     stream_started_ = true;
     std::string out;
     if (responses_) out += responses_->start();
-    if (chat_ && !responses_)  // the first chunk of every choice announces the role
+    if (chat_ && !responses_) {
+      // The first chunk of every choice announces the role; then (vLLM: after all of them) the echoed
+      // content.
       for (size_t c = 0; c < choices_.size(); ++c) {
         json j = chunk({{"index", c},
                         {"delta", {{"role", parsed_.role}, {"content", ""}}},
@@ -131,7 +136,9 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
         if (parsed_.return_token_ids)  // vLLM: the prompt's ids in the first chunk
           j["prompt_token_ids"] = parsed_.prompts[c / static_cast<size_t>(parsed_.n)].prompt_ids;
         out += sse(j);
-        if (parsed_.echo && !parsed_.chat_echo.empty()) {  // vLLM: the echoed content follows the role
+      }
+      if (parsed_.echo && !parsed_.chat_echo.empty())
+        for (size_t c = 0; c < choices_.size(); ++c) {
           json e = chunk({{"index", c},
                           {"delta", {{"content", parsed_.chat_echo}}},
                           {"logprobs", nullptr},
@@ -139,9 +146,7 @@ void Generation::on_added(size_t prompt_idx, std::shared_ptr<OutputStream> strea
           if (parsed_.continuous_usage) e["usage"] = continuous_usage(c);
           out += sse(e);
         }
-      }
-    if (!chat_ && parsed_.echo && !parsed_.logprobs)
-      for (size_t i = 0; i < parsed_.prompts.size(); ++i) write_echo_chunks(i, out);
+    }
     responder_->write(std::move(out));
   }
   pump();
@@ -196,25 +201,9 @@ void Generation::add_token_ids(size_t c, json& choice, const std::vector<int32_t
   choice["token_ids"] = new_token_ids;
 }
 
-void Generation::write_echo_chunks(size_t prompt_idx, std::string& out) {
-  if (echo_sent_[prompt_idx]) return;
-  echo_sent_[prompt_idx] = true;
-  json lp = nullptr;
-  if (parsed_.logprobs)
-    lp = completion_echo_logprobs_json(parsed_.prompts[prompt_idx].prompt_ids, prompt_logprobs_[prompt_idx],
-                                       {}, parsed_, tokenizer_);
-  for (int64_t k = 0; k < parsed_.n; ++k) {
-    size_t c = prompt_idx * static_cast<size_t>(parsed_.n) + static_cast<size_t>(k);
-    json choice = {{"index", c},
-                   {"text", parsed_.prompt_texts[prompt_idx]},
-                   {"logprobs", lp},
-                   {"finish_reason", nullptr},
-                   {"stop_reason", nullptr}};
-    add_token_ids(c, choice, {});
-    json j = chunk(std::move(choice));
-    if (parsed_.continuous_usage) j["usage"] = continuous_usage(c);
-    out += sse(j);
-  }
+// Completions, echo: the prompt's text (vLLM leaves it out when return_token_ids is on: the ids say it).
+std::string Generation::completion_echo_text(size_t prompt_idx) const {
+  return parsed_.return_token_ids ? std::string() : parsed_.prompt_texts[prompt_idx];
 }
 
 // One streamed step of a choice whose text is parsed: a chat chunk with the parsed delta (reasoning,
@@ -236,12 +225,13 @@ std::string Generation::parsed_delta_chunk(size_t c, ChoiceState& ch, const std:
     }
   }
   if (responses_) return responses_->on_delta(d);
+  if (!parsed_.include_reasoning) d.reasoning.clear();
   json delta = chat_delta_json(d, ch, parsed_.parallel_tool_calls);
   json lp = nullptr;
   if (parsed_.logprobs && !new_logprobs.empty()) lp = chat_logprobs_json(new_logprobs, parsed_, tokenizer_);
   if (delta.empty() && !finished && lp.is_null() && !(parsed_.return_token_ids && !new_token_ids.empty()))
     return "";
-  if (delta.empty()) delta["content"] = "";
+  // (an empty delta is sent as {}, as vLLM's DeltaMessage() and OpenAI's last chunk)
   json finish = nullptr;
   if (finished && ch.finish_reason)
     finish = chat_finish_reason(*ch.finish_reason, !ch.tool_call_ids.empty(), *parsed_.output_parser);
@@ -265,7 +255,6 @@ void Generation::pump() {
       }
       if (prompt_logprobs_[i].empty() && !o->prompt_logprobs.empty())
         prompt_logprobs_[i] = o->prompt_logprobs;
-      if (parsed_.stream && !chat_ && parsed_.echo && parsed_.logprobs) write_echo_chunks(i, out);
       for (const SequenceOutput& out_seq : o->sequences) {
         // echo with max_tokens 0: the generated token is counted (as vLLM's usage does) and dropped.
         SequenceOutput dropped;
@@ -296,9 +285,18 @@ void Generation::pump() {
           continue;
         }
         json lp = nullptr;
-        if (parsed_.logprobs && !so.new_logprobs.empty())
+        // Completions, echo: the prompt goes with each choice's first chunk, its logprobs before the
+        // chunk's own (vLLM's first chunk: prompt text + output text).
+        const bool with_echo = !chat_ && parsed_.echo && !ch.echo_sent;
+        if (with_echo) {
+          ch.echo_sent = true;
+          if (parsed_.logprobs)
+            lp = completion_echo_logprobs_json(parsed_.prompts[i].prompt_ids, prompt_logprobs_[i],
+                                               so.new_logprobs, parsed_, tokenizer_);
+        } else if (parsed_.logprobs && !so.new_logprobs.empty()) {
           lp = chat_ ? chat_logprobs_json(so.new_logprobs, parsed_, tokenizer_)
                      : completion_logprobs_json(so.new_logprobs, parsed_, tokenizer_, chars_before);
+        }
         json choice;
         if (chat_)
           choice = {{"index", c},
@@ -307,7 +305,7 @@ void Generation::pump() {
                     {"finish_reason", finish_json(ch)}};
         else
           choice = {{"index", c},
-                    {"text", so.new_text},
+                    {"text", with_echo ? completion_echo_text(i) + so.new_text : so.new_text},
                     {"logprobs", lp},
                     {"finish_reason", finish_json(ch)},
                     {"stop_reason", nullptr}};  // vLLM's completion chunks carry it, null until the end
@@ -383,10 +381,19 @@ void Generation::finish_stream() {
                 {"created", created_},
                 {"model", parsed_.model},
                 {"choices", json::array()},
-                {"usage", usage_json(prompt_tokens_, completion_tokens_, cached_tokens_)}});
+                {"usage", stream_usage_json()}});
   out += "data: [DONE]\n\n";
   responder_->write(std::move(out));
   responder_->end();
+}
+
+// The usage of a stream's last chunk: vLLM writes chunks without their null fields (exclude_none), so a
+// prompt_tokens_details of null is left out.
+json Generation::stream_usage_json() const {
+  json u = usage_json(prompt_tokens_, completion_tokens_, cached_tokens_);
+  if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_null())
+    u.erase("prompt_tokens_details");
+  return u;
 }
 
 void Generation::finish_body() {
@@ -394,8 +401,10 @@ void Generation::finish_body() {
   if (responses_) {
     const ChoiceState& ch = choices_[0];
     OutputParser::Result r = OutputParser::parse(parsed_.output_parser.value_or(OutputParserOptions{}), ch.text);
+    json lp = nullptr;
+    if (parsed_.logprobs) lp = chat_logprobs_json(ch.logprobs, parsed_, tokenizer_)["content"];
     send_json(200, responses_->response(r, ch.finish_reason.value_or(FinishReason::kStop),
-                                        {prompt_tokens_, completion_tokens_, cached_tokens_}));
+                                        {prompt_tokens_, completion_tokens_, cached_tokens_}, std::move(lp)));
     return;
   }
   json choices = json::array();
@@ -421,8 +430,13 @@ void Generation::finish_body() {
       json message = {{"role", parsed_.role}};
       std::string content = (parsed_.echo ? parsed_.chat_echo : std::string()) + r.content;
       message["content"] = content.empty() && !r.tool_calls.empty() ? json(nullptr) : json(content);
-      if (o.reasoning != ReasoningParserKind::kNone)
-        message["reasoning_content"] = r.has_reasoning ? json(r.reasoning) : json(nullptr);
+      if (o.reasoning != ReasoningParserKind::kNone) {
+        // vLLM's `reasoning` (and `reasoning_content`, its name before late 2025); none with
+        // include_reasoning false.
+        json reasoning = r.has_reasoning && parsed_.include_reasoning ? json(r.reasoning) : json(nullptr);
+        message["reasoning"] = reasoning;
+        message["reasoning_content"] = reasoning;
+      }
       message["tool_calls"] = tool_calls_json(r.tool_calls, parsed_.parallel_tool_calls);
       choice = {{"index", c},
                 {"message", std::move(message)},

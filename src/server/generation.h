@@ -37,7 +37,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void fail_request(int status, const std::string& message);
   nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;
   nlohmann::ordered_json finish_json(const ChoiceState& ch) const;
-  void write_echo_chunks(size_t prompt_idx, std::string& out);
+  std::string completion_echo_text(size_t prompt_idx) const;
+  nlohmann::ordered_json stream_usage_json() const;
   std::string parsed_delta_chunk(size_t choice, ChoiceState& ch, const std::string& new_text,
                                  const std::vector<int32_t>& new_token_ids,
                                  const std::vector<LogprobEntry>& new_logprobs, bool finished);
@@ -69,7 +70,6 @@ class Generation : public std::enable_shared_from_this<Generation> {
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0;
   std::optional<std::string> error_;
   bool error_is_shutdown_ = false;
-  std::vector<bool> echo_sent_;  // [prompts] streaming echo chunks written
   bool finished_ = false;
   bool stream_started_ = false;  // the 200 and its SSE headers have been sent
   std::atomic<bool> client_gone_{false};

@@ -412,23 +412,28 @@ json HttpServer::model_cards() const {
     data.push_back({{"id", name},
                     {"object", "model"},
                     {"created", created},
-                    {"owned_by", "polylora"},
+                    {"owned_by", "vllm"},  // vLLM's ModelCard (clients compare it)
                     {"root", config_.model_root.empty() ? name : config_.model_root},
                     {"parent", nullptr},
                     {"max_model_len", engine_.max_model_len()},
                     {"permission", permission()}});
   // Every registered adapter (resolver-loaded ones once loaded) with where its weights are now:
   // "gpu" (a device slot), "cpu" (host memory) or "disk" (read again on its next use).
-  for (const auto& a : engine_.snapshot().adapters)
+  // As vLLM's adapter cards: parent is --lora-modules' base_model_name (else the served name), and
+  // max_model_len is not set on them.
+  for (const auto& a : engine_.snapshot().adapters) {
+    auto parent = config_.lora_parents.find(a.name);
     data.push_back({{"id", a.name},
                     {"object", "model"},
                     {"created", created},
-                    {"owned_by", "polylora"},
+                    {"owned_by", "vllm"},
                     {"root", a.path},
-                    {"parent", config_.served_model_names.front()},
-                    {"max_model_len", engine_.max_model_len()},
+                    {"parent", parent != config_.lora_parents.end() ? parent->second
+                                                                    : config_.served_model_names.front()},
+                    {"max_model_len", nullptr},
                     {"permission", permission()},
                     {"residency", a.tier}});
+  }
   return data;
 }
 

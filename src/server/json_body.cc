@@ -62,4 +62,10 @@ std::string dump_json(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string string_member(const nlohmann::ordered_json& obj, const char* key, const std::string& otherwise) {
+  if (!obj.is_object()) return otherwise;
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : otherwise;
+}
+
 }  // namespace polylora::server

@@ -23,4 +23,9 @@ nlohmann::ordered_json parse_json_body(std::string_view body, const JsonLimits& 
 std::string dump_json(const nlohmann::ordered_json& j);
 std::string dump_json(const nlohmann::json& j);
 
+// obj[key] when obj is an object holding a string there, else `otherwise` (nlohmann's value() throws its
+// own type_error for a member of another type, which would escape as an internal error).
+std::string string_member(const nlohmann::ordered_json& obj, const char* key,
+                          const std::string& otherwise = "");
+
 }  // namespace polylora::server

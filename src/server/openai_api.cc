@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/utf8.h"
+#include "server/json_body.h"
 #include "server/request_json.h"
 #include "server/structured_fields.h"
 
@@ -224,7 +225,7 @@ void normalize_history_message(json& msg) {
     if (!msg.contains("reasoning")) msg["reasoning"] = r;
     if (!msg.contains("thinking")) msg["thinking"] = r;
   }
-  if (msg.value("role", "") == "assistant" && msg.contains("content") && msg["content"].is_null() &&
+  if (string_member(msg, "role") == "assistant" && msg.contains("content") && msg["content"].is_null() &&
       msg.contains("tool_calls"))
     msg["content"] = "";
 }
@@ -297,7 +298,10 @@ std::string content_text(const json& content) {
 
 void check_tools(const json& tools) {
   for (const auto& t : tools) {
-    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object())
+    // (vLLM's ChatCompletionToolsParam: type defaults to "function")
+    if (!t.is_object() ||
+        (t.contains("type") && !t["type"].is_null() && string_member(t, "type") != "function") ||
+        !t.contains("function") || !t["function"].is_object())
       fail("'tools': each tool must be {{\"type\": \"function\", \"function\": {{...}}}}");
     const json& f = t["function"];
     if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
@@ -320,23 +324,30 @@ std::optional<OutputParserOptions> choose_output_parser(const json& body, const 
   o.reasoning = ctx.reasoning_parser;
   const bool has_tools = tools.is_array() && !tools.empty();
   out.parallel_tool_calls = bool_field(body, "parallel_tool_calls", true);
+  out.include_reasoning = bool_field(body, "include_reasoning", true);
   const json* tc = get(body, "tool_choice");
   std::string choice = tc ? "" : (has_tools ? "auto" : "none");
   if (tc && tc->is_string()) choice = tc->get<std::string>();
+  // vLLM's check_tool_usage: a tool_choice other than "none" needs `tools`; "required" over an empty list
+  // is "none".
+  if (tc && choice != "none" && !tools.is_array()) fail("When using `tool_choice`, `tools` must be set.");
+  if (choice == "required" && !has_tools) choice = "none";
   if (choice == "auto") {
     if (!ctx.enable_auto_tool_choice || ctx.tool_parser == ToolParserKind::kNone)
       fail("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
     if (has_tools) o.tools = ctx.tool_parser;
     if (o.tools == ToolParserKind::kQwen3Coder) o.tools_json = tools.dump();  // its parameters' types
   } else if (choice == "required") {
-    if (!has_tools) fail("'tool_choice' is \"required\" but no 'tools' were given");
     o.tools = ToolParserKind::kRequired;
     out.output_schema = required_tools_schema(tools.dump());
   } else if (choice == "none") {
     // no tool-call parsing
   } else if (tc && tc->is_object()) {
     std::string name;
-    if (tc->value("type", "") == "function" && tc->contains("function") && (*tc)["function"].is_object() &&
+    // (vLLM's ChatCompletionNamedToolChoiceParam: type defaults to "function")
+    const bool function_type =
+        !tc->contains("type") || (*tc)["type"].is_null() || string_member(*tc, "type") == "function";
+    if (function_type && tc->contains("function") && (*tc)["function"].is_object() &&
         (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string())
       name = (*tc)["function"]["name"].get<std::string>();
     if (name.empty()) fail(kToolChoiceForms);
@@ -349,7 +360,7 @@ std::optional<OutputParserOptions> choose_output_parser(const json& body, const 
           if (t["function"].contains("parameters") && t["function"]["parameters"].is_object())
             params = &t["function"]["parameters"];
         }
-    if (!found) fail("Tool '{}' has not been passed in `tools`.", name);
+    if (!found) fail("The tool specified in `tool_choice` does not match any of the specified `tools`");
     o.tools = ToolParserKind::kNamed;
     o.named_function = name;
     out.output_schema = params ? params->dump() : json{{"type", "object"}}.dump();
@@ -463,16 +474,30 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   apply_generation_defaults(ctx, sp);
   read_common(body, out, sp, ctx);
   out.prompt_logprobs = sp.prompt_logprobs;  // the response's top-level prompt_logprobs (vLLM)
+  // vLLM's check_logprobs: a top_logprobs other than 0 needs logprobs true.
+  const json* tl = get(body, "top_logprobs");
+  const bool wants_top = tl && !(tl->is_number() && tl->get<double>() == 0.0);
   if (const json* lp = get(body, "logprobs")) {
     if (!lp->is_boolean()) fail("'logprobs' must be a boolean for chat completions");
-    if (lp->get<bool>())
+    if (lp->get<bool>()) {
       out.logprobs = sp.logprobs.value_or(0);
-    else
+    } else {
+      if (wants_top) fail("when using `top_logprobs`, `logprobs` must be set to true.");
       sp.logprobs.reset();
-  } else if (const json* tl = get(body, "top_logprobs");
-             tl && !(tl->is_number() && tl->get<double>() == 0.0)) {
-    fail("'top_logprobs' requires 'logprobs': true");
+    }
+  } else if (wants_top) {
+    fail("when using `top_logprobs`, `logprobs` must be set to true.");
   }
+  // OpenAI's output modalities: this server writes text only. `prediction` (a predicted output, a latency
+  // hint) changes no token, so it is accepted and not used.
+  if (const json* mod = get(body, "modalities")) {
+    if (!mod->is_array()) fail("'modalities' must be a list");
+    for (const auto& m : *mod)
+      if (!m.is_string() || m.get<std::string>() != "text")
+        fail("'modalities': this server produces text only (got {})", dump_json(m));
+  }
+  if (const json* pred = get(body, "prediction"); pred && !pred->is_object())
+    fail("'prediction' must be an object");
   if (!ctx.tokenizer) fail("this server has no tokenizer, which chat completions need");
   const json* messages = nullptr;
   if (obody.contains("messages")) messages = &obody.at("messages");
@@ -503,7 +528,7 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
   bool add_generation_prompt = bool_field(body, "add_generation_prompt", true);
   bool continue_final = bool_field(body, "continue_final_message", false);
   if (continue_final && add_generation_prompt && get(body, "add_generation_prompt"))
-    fail("'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    fail("Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
   if (continue_final) add_generation_prompt = false;
   in.add_generation_prompt = add_generation_prompt;
   // vLLM's get_chat_request_role: --response-role when a generation prompt is added, else the final
@@ -555,7 +580,7 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
     // vLLM: the final message's content is echoed when that message has the response's role.
     const json& last = in.messages.back();
     const std::string text = content_text(last["content"]);
-    if (last.value("role", "") == out.role && !text.empty()) out.chat_echo = text;
+    if (string_member(last, "role") == out.role && !text.empty()) out.chat_echo = text;
   }
   const tokenizer::Tokenizer& tok = *ctx.tokenizer;
   if (tok.bos_id()) in.bos_token = tok.id_to_token(*tok.bos_id());
@@ -580,10 +605,18 @@ ParsedRequest parse_chat(const json& body, const ParseContext& ctx) {
           break;
         }
     }
-    size_t pos = content.empty() ? std::string::npos : rendered.rfind(content);
+    // transformers' rule: find the content stripped of white space (a template may trim it); keep its
+    // trailing white space when the rendering kept it too.
+    constexpr const char* kSpace = " \t\n\r\v\f";
+    const size_t first = content.find_first_not_of(kSpace);
+    const std::string lstripped = first == std::string::npos ? "" : content.substr(first);
+    const size_t last_char = lstripped.find_last_not_of(kSpace);
+    const std::string stripped = last_char == std::string::npos ? "" : lstripped.substr(0, last_char + 1);
+    const size_t pos = rendered.rfind(stripped);
     if (pos == std::string::npos)
       fail("'continue_final_message': the final message's content was not found in the rendered prompt");
-    rendered.resize(pos + content.size());
+    const bool spacing_kept = rendered.compare(pos, lstripped.size(), content) == 0;
+    rendered.resize(pos + (spacing_kept ? lstripped.size() : stripped.size()));
   }
   if (parser) {
     // qwen3: a template that opens <think> in the generation prompt leaves the model inside the reasoning
@@ -659,11 +692,26 @@ const std::vector<std::string>& known_fields(ApiKind kind) {
   }();
   static const std::vector<std::string> chat = [] {
     std::vector<std::string> v = common_with_structured;
-    for (const char* f :
-         {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "chat_template",
-          "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "reasoning_effort",
-          "parallel_tool_calls", "include_reasoning", "store", "metadata", "service_tier", "prompt_cache_key",
-          "safety_identifier", "documents"})
+    for (const char* f : {"messages",
+                          "max_completion_tokens",
+                          "top_logprobs",
+                          "tools",
+                          "tool_choice",
+                          "chat_template",
+                          "chat_template_kwargs",
+                          "add_generation_prompt",
+                          "continue_final_message",
+                          "reasoning_effort",
+                          "parallel_tool_calls",
+                          "include_reasoning",
+                          "store",
+                          "metadata",
+                          "service_tier",
+                          "prompt_cache_key",
+                          "safety_identifier",
+                          "documents",
+                          "modalities",
+                          "prediction"})
       v.push_back(f);
     return v;
   }();
@@ -787,7 +835,11 @@ std::string tool_call_id() {
 
 json chat_delta_json(const OutputDelta& delta, ChoiceState& ch, bool parallel) {
   json d = json::object();
-  if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
+  // vLLM sends `reasoning` (since late 2025; `reasoning_content` before): both, for clients of either.
+  if (!delta.reasoning.empty()) {
+    d["reasoning"] = delta.reasoning;
+    d["reasoning_content"] = delta.reasoning;
+  }
   if (!delta.content.empty()) d["content"] = delta.content;
   json calls = json::array();
   for (const auto& c : delta.calls) {

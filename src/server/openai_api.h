@@ -28,6 +28,7 @@ struct ParsedRequest {
   std::vector<std::string> prompt_texts;  // for echo
   std::string chat_echo;                  // chat echo: the final message's content when it is the assistant's
   std::string request_id;                 // the client's request_id field (empty: none)
+  std::string response_id;                // /v1/responses: the body's request_id, the response's id as given
   bool stream = false;
   bool include_usage = false;
   bool continuous_usage = false;
@@ -44,6 +45,7 @@ struct ParsedRequest {
   // chat: how the generated text is split into reasoning, content and tool calls (server/output_parser.h)
   std::optional<OutputParserOptions> output_parser;  // nullopt: all of it is content
   bool parallel_tool_calls = true;                    // false: only the first tool call is returned
+  bool include_reasoning = true;                      // false: the parsed reasoning is left out (vLLM)
   std::optional<std::string> output_schema;           // tool_choice required / named: the schema it follows
   nlohmann::ordered_json responses;                   // /v1/responses: the request's fields echoed back
   std::optional<int64_t> logprobs;  // completions: top-N; chat: top_logprobs when logprobs is true
@@ -97,13 +99,15 @@ struct ChoiceState {
   std::optional<StopReason> stop_reason;
   bool role_sent = false;
   bool prompt_ids_sent = false;  // streamed completions with return_token_ids: the first chunk carried them
+  bool echo_sent = false;        // streamed completions with echo: the first chunk carried the prompt
   std::optional<OutputParser> parser;   // streaming chat with a parser: the text so far, split
   std::vector<std::string> tool_call_ids;  // ids of the tool calls announced
 };
 
-// A chat delta (streamed) from a parser's delta: reasoning_content, content, and tool-call deltas as
-// OpenAI sends them (the first with index, id, type and the name; then argument fragments). New call ids
-// are appended to `ch.tool_call_ids`. `parallel`: false drops every call after the first.
+// A chat delta (streamed) from a parser's delta: reasoning (as reasoning and reasoning_content), content, and
+// tool-call deltas as OpenAI sends them (the first with index, id, type and the name; then argument
+// fragments). New call ids are appended to `ch.tool_call_ids`. `parallel`: false drops every call after the
+// first.
 nlohmann::ordered_json chat_delta_json(const OutputDelta& delta, ChoiceState& ch, bool parallel);
 // The tool_calls list of a chat message, with new ids.
 nlohmann::ordered_json tool_calls_json(const std::vector<ParsedToolCall>& calls, bool parallel);

@@ -522,12 +522,14 @@ std::string required_tools_schema(std::string_view tools_json) {
     for (const auto& t : tools) {
       if (!t.is_object() || !t.contains("function") || !t["function"].is_object()) continue;
       const json& f = t["function"];
+      json name = f.contains("name") && f["name"].is_string() ? f["name"] : json("");
       json params = f.contains("parameters") && f["parameters"].is_object() ? f["parameters"]
                                                                                : json{{"type", "object"}};
-      any.push_back({{"type", "object"},
-                     {"properties", {{"name", {{"type", "string"}, {"enum", json::array({f.value("name", "")})}}},
-                                     {"parameters", params}}},
-                     {"required", json::array({"name", "parameters"})}});
+      any.push_back(
+          {{"type", "object"},
+           {"properties",
+            {{"name", {{"type", "string"}, {"enum", json::array({name})}}}, {"parameters", params}}},
+           {"required", json::array({"name", "parameters"})}});
     }
   json schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}};
   return schema.dump();

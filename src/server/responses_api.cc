@@ -32,12 +32,42 @@ const json* get(const json& body, const char* name) {
 // (store: nothing is stored; include, truncation, service_tier, prompt_cache_key, safety_identifier: no
 // meaning for a single local model), plus vLLM's sampling extras.
 const std::vector<std::string>& responses_fields() {
-  static const std::vector<std::string> f = {
-      "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
-      "max_output_tokens", "temperature", "top_p", "stream", "store", "metadata", "user", "truncation",
-      "include", "previous_response_id", "background", "service_tier", "prompt_cache_key",
-      "safety_identifier", "max_tool_calls", "top_k", "min_p", "seed", "repetition_penalty", "request_id",
-      "cache_salt", "priority", "stop", "presence_penalty", "frequency_penalty"};
+  static const std::vector<std::string> f = {"model",
+                                             "input",
+                                             "instructions",
+                                             "tools",
+                                             "tool_choice",
+                                             "parallel_tool_calls",
+                                             "text",
+                                             "reasoning",
+                                             "max_output_tokens",
+                                             "temperature",
+                                             "top_p",
+                                             "stream",
+                                             "store",
+                                             "metadata",
+                                             "user",
+                                             "truncation",
+                                             "include",
+                                             "previous_response_id",
+                                             "background",
+                                             "service_tier",
+                                             "prompt_cache_key",
+                                             "safety_identifier",
+                                             "max_tool_calls",
+                                             "top_k",
+                                             "min_p",
+                                             "seed",
+                                             "repetition_penalty",
+                                             "request_id",
+                                             "cache_salt",
+                                             "priority",
+                                             "stop",
+                                             "presence_penalty",
+                                             "frequency_penalty",
+                                             "top_logprobs",
+                                             "logit_bias",
+                                             "skip_special_tokens"};
   return f;
 }
 
@@ -47,7 +77,7 @@ std::string content_text(const json& content, const char* where) {
   if (!content.is_array()) fail("'input': the {} of an item must be a string or a list of content parts", where);
   std::string text;
   for (const auto& part : content) {
-    std::string type = part.is_object() ? part.value("type", "") : "";
+    std::string type = part.is_object() ? string_member(part, "type") : "";
     if ((type != "input_text" && type != "output_text" && type != "text" && type != "reasoning_text" &&
          type != "summary_text") ||
         !part.contains("text") || !part["text"].is_string())
@@ -74,7 +104,7 @@ json input_messages(const json& body) {
   std::string pending_reasoning;
   for (const auto& item : *input) {
     if (!item.is_object()) fail("'input': each item must be an object");
-    std::string type = item.value("type", item.contains("role") ? "message" : "");
+    std::string type = string_member(item, "type", item.contains("role") ? "message" : "");
     if (type == "message") {
       if (!item.contains("role") || !item["role"].is_string()) fail("'input': a message item needs a 'role'");
       std::string role = item["role"].get<std::string>();
@@ -92,7 +122,7 @@ json input_messages(const json& body) {
                    {"type", "function"},
                    {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}};
       // Calls in a row belong to one assistant turn.
-      if (messages.empty() || messages.back().value("role", "") != "assistant" ||
+      if (messages.empty() || string_member(messages.back(), "role") != "assistant" ||
           !messages.back().contains("tool_calls")) {
         json m = {{"role", "assistant"}, {"content", ""}, {"tool_calls", json::array()}};
         if (!pending_reasoning.empty()) m["reasoning_content"] = pending_reasoning;
@@ -126,9 +156,9 @@ json chat_tools(const json& tools) {
   if (!tools.is_array()) fail("'tools' must be a list");
   json out = json::array();
   for (const auto& t : tools) {
-    if (!t.is_object() || t.value("type", "") != "function")
+    if (!t.is_object() || string_member(t, "type") != "function")
       fail("'tools': only function tools are supported (got '{}')",
-           t.is_object() ? sanitize_utf8(t.value("type", "")) : std::string("not an object"));
+           t.is_object() ? sanitize_utf8(string_member(t, "type")) : std::string("not an object"));
     if (!t.contains("name") || !t["name"].is_string()) fail("'tools': a function tool needs a string 'name'");
     json f = {{"name", t["name"]}};
     if (t.contains("description") && t["description"].is_string()) f["description"] = t["description"];
@@ -147,21 +177,49 @@ ParsedRequest parse_responses(const json& body, const ParseContext& ctx) {
   for (const auto& [key, value] : body.items())
     if (std::find(known.begin(), known.end(), key) == known.end())
       fail("'{}' is not a field polylora accepts on /v1/responses (unknown or not implemented)", sanitize_utf8(key));
-  if (get(body, "previous_response_id"))
-    fail("'previous_response_id' is not supported: polylora stores no responses; send the whole conversation in 'input'");
+  // vLLM without a response store: the id is not found (404). The whole conversation goes in 'input'.
+  if (const json* prev = get(body, "previous_response_id"))
+    fail_with(ErrorKind::kNotFound, "Response with id '{}' not found.",
+              prev->is_string() ? sanitize_utf8(prev->get<std::string>()) : dump_json(*prev));
   if (const json* bg = get(body, "background"); bg && (!bg->is_boolean() || bg->get<bool>()))
     fail("'background' responses are not supported");
   json chat = json::object();
-  for (const char* k : {"model", "temperature", "top_p", "stream", "user", "top_k", "min_p", "seed",
-                        "repetition_penalty", "request_id", "cache_salt", "priority", "stop", "presence_penalty",
-                        "frequency_penalty", "parallel_tool_calls"})
+  for (const char* k :
+       {"model", "temperature", "top_p", "stream", "user", "top_k", "min_p", "seed", "repetition_penalty",
+        "request_id", "cache_salt", "priority", "stop", "presence_penalty", "frequency_penalty",
+        "parallel_tool_calls", "logit_bias", "skip_special_tokens"})
     if (const json* v = get(body, k)) chat[k] = *v;
   chat["messages"] = input_messages(body);
-  if (const json* m = get(body, "max_output_tokens")) chat["max_completion_tokens"] = *m;
+  // include: ["message.output_text.logprobs"] asks for the output's logprobs (with top_logprobs
+  // alternatives), as vLLM's is_include_output_logprobs.
+  bool output_logprobs = false;
+  if (const json* inc = get(body, "include")) {
+    if (!inc->is_array()) fail("'include' must be a list");
+    for (const auto& i : *inc)
+      if (i.is_string() && i.get<std::string>() == "message.output_text.logprobs") output_logprobs = true;
+  }
+  int64_t top_logprobs = 0;
+  if (const json* tl = get(body, "top_logprobs")) {
+    if (!tl->is_number_integer() || tl->get<int64_t>() < 0)
+      fail("'top_logprobs' must be a non-negative integer");
+    top_logprobs = tl->get<int64_t>();
+  }
+  if (output_logprobs) {
+    chat["logprobs"] = true;
+    chat["top_logprobs"] = top_logprobs;
+  }
+  // max_output_tokens: at most what the context leaves after the prompt (vLLM's
+  // min(max_output_tokens, max_model_len - prompt tokens)), applied once the prompt is known.
+  std::optional<int64_t> max_output;
+  if (const json* m = get(body, "max_output_tokens")) {
+    if (!m->is_number_integer() || m->get<int64_t>() < 1)
+      fail("'max_output_tokens' must be an integer of at least 1");
+    max_output = m->get<int64_t>();
+  }
   if (const json* t = get(body, "tools")) chat["tools"] = chat_tools(*t);
   if (const json* tc = get(body, "tool_choice")) {
     if (tc->is_object()) {
-      if (tc->value("type", "") != "function" || !tc->contains("name") || !(*tc)["name"].is_string())
+      if (string_member(*tc, "type") != "function" || !tc->contains("name") || !(*tc)["name"].is_string())
         fail("'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"name\": ...}}");
       chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*tc)["name"]}}}};
     } else {
@@ -179,14 +237,15 @@ ParsedRequest parse_responses(const json& body, const ParseContext& ctx) {
   if (const json* text = get(body, "text")) {
     if (!text->is_object()) fail("'text' must be an object");
     if (const json* f = get(*text, "format")) {
-      std::string type = f->is_object() ? f->value("type", "") : "";
+      std::string type = string_member(*f, "type");
       if (type == "json_schema") {
         if (!f->contains("schema") || !(*f)["schema"].is_object()) fail("'text.format.schema' must be an object");
         chat["response_format"] = {{"type", "json_schema"},
                                    {"json_schema",
-                                    {{"name", f->value("name", "response")},
+                                    {{"name", string_member(*f, "name", "response")},
                                      {"schema", (*f)["schema"]},
-                                     {"strict", f->value("strict", false)}}}};
+                                     {"strict", f->contains("strict") && (*f)["strict"].is_boolean() &&
+                                                    (*f)["strict"].get<bool>()}}}};
       } else if (type == "json_object") {
         chat["response_format"] = {{"type", "json_object"}};
       } else if (type != "text") {
@@ -200,10 +259,22 @@ ParsedRequest parse_responses(const json& body, const ParseContext& ctx) {
   }
   ParsedRequest out = parse_chat(chat, ctx);
   out.kind = ApiKind::kResponses;
+  SamplingParams& sp = out.prompts.front().sampling;
+  const auto prompt_len = static_cast<int64_t>(out.prompts.front().prompt_ids.size());
+  const int64_t room = ctx.max_model_len > 0 ? ctx.max_model_len - prompt_len : INT64_MAX;
+  if (max_output) sp.max_tokens = std::min(*max_output, sp.max_tokens.value_or(room));
+  // A body request_id is the response's id as given (vLLM: request_id defaults to "resp_<uuid>").
+  if (const json* rid = get(body, "request_id")) out.response_id = rid->get<std::string>();
   json echo = json::object();
-  for (const char* k : {"instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "reasoning", "store",
-                        "temperature", "text", "tool_choice", "tools", "top_p", "truncation", "user"})
+  for (const char* k : {"instructions", "metadata", "parallel_tool_calls", "reasoning", "store", "text",
+                        "tool_choice", "tools", "truncation", "user", "max_tool_calls"})
     echo[k] = body.contains(k) ? body[k] : json(nullptr);
+  // The values the sampling used (vLLM's ResponsesResponse.from_request takes them from its sampling
+  // parameters): the generation config's defaults and the token limit show.
+  echo["temperature"] = sp.temperature;
+  echo["top_p"] = sp.top_p;
+  echo["max_output_tokens"] = sp.max_tokens.value_or(room);
+  echo["top_logprobs"] = top_logprobs;
   out.responses = std::move(echo);
   return out;
 }
@@ -224,17 +295,21 @@ json ResponsesWriter::base(const std::string& status) const {
           {"incomplete_details", nullptr},
           {"instructions", or_default("instructions", nullptr)},
           {"max_output_tokens", or_default("max_output_tokens", nullptr)},
+          {"max_tool_calls", or_default("max_tool_calls", nullptr)},
           {"metadata", or_default("metadata", json::object())},
           {"model", request_.model},
           {"output", json::array()},
           {"parallel_tool_calls", request_.parallel_tool_calls},
           {"previous_response_id", nullptr},
+          {"prompt", nullptr},
           {"reasoning", reasoning},
+          {"service_tier", "auto"},
           {"store", false},
           {"temperature", or_default("temperature", 1.0)},
           {"text", or_default("text", json{{"format", {{"type", "text"}}}})},
           {"tool_choice", or_default("tool_choice", "auto")},
           {"tools", or_default("tools", json::array())},
+          {"top_logprobs", or_default("top_logprobs", 0)},
           {"top_p", or_default("top_p", 1.0)},
           {"truncation", or_default("truncation", "disabled")},
           {"usage", nullptr},
@@ -247,17 +322,21 @@ json usage_object(const ResponsesUsage& u) {
   return {{"input_tokens", u.input_tokens},
           {"input_tokens_details", {{"cached_tokens", u.cached_tokens}}},
           {"output_tokens", u.output_tokens},
-          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"output_tokens_details", {{"reasoning_tokens", 0}, {"tool_output_tokens", 0}}},
           {"total_tokens", u.input_tokens + u.output_tokens}};
 }
 
-json message_item(const std::string& id, const std::string& text, const char* status) {
+// logprobs: the output's (include "message.output_text.logprobs"), else null (vLLM).
+json message_item(const std::string& id, const std::string& text, const char* status,
+                  json logprobs = nullptr) {
   return {{"id", id},
           {"type", "message"},
           {"status", status},
           {"role", "assistant"},
-          {"content", json::array({{{"type", "output_text"}, {"text", text}, {"annotations", json::array()},
-                                    {"logprobs", json::array()}}})}};
+          {"content", json::array({{{"type", "output_text"},
+                                    {"text", text},
+                                    {"annotations", json::array()},
+                                    {"logprobs", std::move(logprobs)}}})}};
 }
 
 json reasoning_item(const std::string& id, const std::string& text) {
@@ -288,12 +367,13 @@ void set_status(json& r, FinishReason reason) {
 }  // namespace
 
 json ResponsesWriter::response(const OutputParser::Result& result, FinishReason reason,
-                               const ResponsesUsage& usage) const {
+                               const ResponsesUsage& usage, json logprobs) const {
   json r = base("completed");
   json output = json::array();
   if (!result.reasoning.empty()) output.push_back(reasoning_item(random_id("rs_"), result.reasoning));
-  if (!result.content.empty() || result.tool_calls.empty())
-    output.push_back(message_item(random_id("msg_"), result.content, "completed"));
+  // (vLLM adds the message only when it has content: an empty answer has no output item)
+  if (!result.content.empty())
+    output.push_back(message_item(random_id("msg_"), result.content, "completed", std::move(logprobs)));
   for (const auto& c : result.tool_calls) {
     output.push_back(call_item(random_id("fc_"), random_id("call_"), c.name, c.arguments, "completed"));
     if (!parallel_) break;
@@ -426,8 +506,7 @@ std::string ResponsesWriter::on_delta(const OutputDelta& d) {
 
 std::string ResponsesWriter::finish(FinishReason reason, const ResponsesUsage& usage) {
   std::string out;
-  if (output_.empty() && open_ == ItemKind::kNone) out += open_item(ItemKind::kMessage, nullptr);  // empty answer
-  out += close_item();
+  out += close_item();  // (an empty answer has no item, as in vLLM)
   json r = base("completed");
   r["output"] = output_;
   set_status(r, reason);

@@ -33,8 +33,10 @@ class ResponsesWriter {
   // Streaming: closes the open item and ends with response.completed.
   std::string finish(FinishReason reason, const ResponsesUsage& usage);
   // Not streaming: the response object of a whole, parsed output.
+  // `logprobs`: the output's logprobs in chat form (include "message.output_text.logprobs"), else null.
   nlohmann::ordered_json response(const OutputParser::Result& result, FinishReason reason,
-                                  const ResponsesUsage& usage) const;
+                                  const ResponsesUsage& usage,
+                                  nlohmann::ordered_json logprobs = nullptr) const;
 
  private:
   enum class ItemKind { kNone, kReasoning, kMessage, kCall };

@@ -92,7 +92,10 @@ TEST(ResponsesWriter, CutByMaxOutputTokensIsIncomplete) {
   std::vector<json> ev = events_of(sse);
   EXPECT_EQ(ev.back()["type"], "response.completed");
   EXPECT_EQ(ev.back()["response"]["status"], "incomplete");
-  EXPECT_EQ(ev.back()["response"]["output"][0]["type"], "message");  // an empty answer is still a message
+  // An empty answer has no output item (vLLM adds the message only when it has content), whole or streamed.
+  EXPECT_TRUE(ev.back()["response"]["output"].empty());
+  OutputParser::Result empty;
+  EXPECT_TRUE(w.response(empty, FinishReason::kLength, {3, 4, 0})["output"].empty());
 }
 
 }  // namespace
