@@ -296,12 +296,15 @@ std::string content_text(const json& content) {
   return out;
 }
 
+// A tool or a named tool_choice whose `type` is "function", or absent / null (vLLM's
+// ChatCompletionToolsParam and ChatCompletionNamedToolChoiceParam default it to "function").
+bool function_typed(const json& obj) {
+  return !obj.contains("type") || obj["type"].is_null() || string_member(obj, "type") == "function";
+}
+
 void check_tools(const json& tools) {
   for (const auto& t : tools) {
-    // (vLLM's ChatCompletionToolsParam: type defaults to "function")
-    if (!t.is_object() ||
-        (t.contains("type") && !t["type"].is_null() && string_member(t, "type") != "function") ||
-        !t.contains("function") || !t["function"].is_object())
+    if (!t.is_object() || !function_typed(t) || !t.contains("function") || !t["function"].is_object())
       fail("'tools': each tool must be {{\"type\": \"function\", \"function\": {{...}}}}");
     const json& f = t["function"];
     if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
@@ -344,10 +347,7 @@ std::optional<OutputParserOptions> choose_output_parser(const json& body, const 
     // no tool-call parsing
   } else if (tc && tc->is_object()) {
     std::string name;
-    // (vLLM's ChatCompletionNamedToolChoiceParam: type defaults to "function")
-    const bool function_type =
-        !tc->contains("type") || (*tc)["type"].is_null() || string_member(*tc, "type") == "function";
-    if (function_type && tc->contains("function") && (*tc)["function"].is_object() &&
+    if (function_typed(*tc) && tc->contains("function") && (*tc)["function"].is_object() &&
         (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string())
       name = (*tc)["function"]["name"].get<std::string>();
     if (name.empty()) fail(kToolChoiceForms);
