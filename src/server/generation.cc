@@ -79,19 +79,29 @@ void Generation::start() {
   for (size_t i = 0; i < parsed_.prompts.size(); ++i) {
     EngineRequest r = parsed_.prompts[i];
     r.request_id = engine_request_id(i);
-    engine_.add_request_async(std::move(r),
-                              [self, i](std::shared_ptr<OutputStream> stream, std::exception_ptr error) {
-                                self->post_work_([self, i, stream = std::move(stream), error]() mutable {
-                                  try {
-                                    self->on_added(i, std::move(stream), error);
-                                  } catch (const std::exception& e) {
-                                    std::lock_guard<std::mutex> lock(self->mu_);
-                                    spdlog::error("request {}: {}", self->id_, e.what());
-                                    self->abort_all();
-                                    self->fail_request(500, std::string("internal error: ") + e.what());
-                                  }
-                                });
-                              });
+    auto added = [self, i](std::shared_ptr<OutputStream> stream, std::exception_ptr error) {
+      self->post_work_([self, i, stream = std::move(stream), error]() mutable {
+        try {
+          self->on_added(i, std::move(stream), error);
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(self->mu_);
+          spdlog::error("request {}: {}", self->id_, e.what());
+          self->abort_all();
+          self->fail_request(500, std::string("internal error: ") + e.what());
+        }
+      });
+    };
+    if (parsed_.beam_search) {  // its stream carries the one final output of the search
+      auto search = std::make_shared<BeamSearch>(std::move(r), *parsed_.beam_search, engine_, tokenizer_,
+                                                 engine_.max_model_len(), post_work_, std::move(added));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        beam_searches_.push_back(search);
+      }
+      search->start();
+    } else {
+      engine_.add_request_async(std::move(r), std::move(added));
+    }
   }
 }
 
@@ -338,6 +348,7 @@ void Generation::pump() {
 }
 
 void Generation::abort_all() {
+  for (auto& search : beam_searches_) search->cancel();
   for (size_t i = 0; i < streams_.size(); ++i) {
     if (streams_[i]) streams_[i]->set_listener(nullptr);
     if (streams_[i] && !stream_done_[i]) engine_.abort(engine_request_id(i));

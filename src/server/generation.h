@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/engine_thread.h"
+#include "server/beam_search.h"
 #include "server/http_transport.h"
 #include "server/openai_api.h"
 #include "server/responses_api.h"
@@ -62,6 +63,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::mutex mu_;
   std::atomic<bool> wake_pending_{false};
   std::vector<std::shared_ptr<OutputStream>> streams_;  // [prompts]
+  std::vector<std::shared_ptr<BeamSearch>> beam_searches_;  // [prompts] with use_beam_search
   std::vector<bool> stream_done_;
   size_t num_answered_ = 0;  // prompts the engine has accepted or refused
   std::optional<std::pair<int, std::string>> add_error_;

@@ -62,12 +62,8 @@ void check_fields(const json& body, ApiKind kind) {
     fail("'{}' is not a field polylora accepts on {} (unknown or not implemented)",
          sanitize_utf8(key), kind == ApiKind::kChat ? "/v1/chat/completions" : "/v1/completions");
   }
-  if (bool_field(body, "use_beam_search", false))
-    fail("'use_beam_search' is not supported: polylora has no beam search");
-  if (const json* lp = get(body, "length_penalty")) {
-    if (!lp->is_number() || lp->get<double>() != 1.0)
-      fail("'length_penalty' applies to beam search only, which polylora does not have; only 1.0 is accepted");
-  }
+  if (const json* lp = get(body, "length_penalty"))  // (used by beam search only, as in vLLM)
+    if (!lp->is_number()) fail("'length_penalty' must be a number");
   if (const json* u = get(body, "user"))
     if (!u->is_string()) fail("'user' must be a string");
   // OpenAI's chat fields with no effect on the output (as /v1/responses takes them; vLLM drops them):
@@ -126,6 +122,17 @@ void read_common(const json& body, ParsedRequest& out, SamplingParams& sp, const
   out.return_tokens_as_token_ids = bool_field(body, "return_tokens_as_token_ids", ctx.return_tokens_as_token_ids);
   out.return_token_ids = bool_field(body, "return_token_ids", false);
   out.n = sp.n;
+  if (bool_field(body, "use_beam_search", false)) {
+    // vLLM's to_beam_search_params: width n; of the sampling fields only max_tokens, ignore_eos,
+    // include_stop_str_in_output and logprobs apply (docs/vllm-requests.md).
+    BeamSearchOptions bs;
+    bs.width = sp.n;
+    if (const json* lp = get(body, "length_penalty")) bs.length_penalty = lp->get<double>();
+    bs.ignore_eos = sp.ignore_eos;
+    bs.include_stop_str_in_output = sp.include_stop_str_in_output;
+    out.beam_search = bs;
+    if (sp.prompt_logprobs) fail("'prompt_logprobs' cannot be used with 'use_beam_search'");
+  }
   if (const json* bo = get(body, "best_of")) {
     if (!bo->is_number_integer() || bo->get<int64_t>() != sp.n)
       fail("'best_of' other than n is not supported (got {}, n = {})",
@@ -407,6 +414,8 @@ ParsedRequest parse_completion(const json& body, const ParseContext& ctx) {
   // they come from the engine's prompt logprobs with at least `logprobs` alternatives. As in vLLM (echo sets
   // prompt_logprobs = logprobs when none is given), each choice then carries prompt_logprobs as well.
   if (out.echo && sp.logprobs) {
+    if (out.beam_search)
+      fail("'echo' with 'logprobs' cannot be used with 'use_beam_search' (no prompt logprobs)");
     if (!out.prompt_logprobs) out.prompt_logprobs = sp.logprobs;
     sp.prompt_logprobs = std::max(sp.prompt_logprobs.value_or(0), *sp.logprobs);
   }

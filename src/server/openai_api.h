@@ -19,6 +19,15 @@ namespace polylora::server {
 
 enum class ApiKind { kCompletion, kChat, kResponses };
 
+// use_beam_search (vLLM's BeamSearchParams; server/beam_search.h runs it): width is n; max_tokens and
+// logprobs come from the request's sampling.
+struct BeamSearchOptions {
+  int64_t width = 1;
+  double length_penalty = 1.0;
+  bool ignore_eos = false;
+  bool include_stop_str_in_output = false;
+};
+
 // A parsed completion or chat request: one engine request per prompt (the engine fans out n).
 struct ParsedRequest {
   ApiKind kind = ApiKind::kCompletion;
@@ -51,6 +60,7 @@ struct ParsedRequest {
   std::optional<int64_t> logprobs;  // completions: top-N; chat: top_logprobs when logprobs is true
   std::optional<int64_t>
       prompt_logprobs;  // as the client asked (echo + logprobs may ask the engine for more)
+  std::optional<BeamSearchOptions> beam_search;  // use_beam_search: each prompt runs as a BeamSearch
 };
 
 struct ParseContext {
