@@ -1,6 +1,7 @@
 // server/openai_api.h: the OpenAI / vLLM request and response formats of /v1/completions and
 // /v1/chat/completions: JSON body -> engine requests (validated, fields named in errors), and engine
-// outputs -> response objects and streamed chunks. The only place completion JSON is built.
+// outputs -> response objects and streamed chunks (the pieces built in response_json.cc). The only place
+// completion JSON is built.
 // Must not: talk to sockets or the engine (http_server.cc does).
 #pragma once
 
