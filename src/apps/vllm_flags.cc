@@ -171,7 +171,7 @@ const std::vector<Ignored>& ignored_table() {
        true,
        {},
        "tool-call parsers are built in (--tool-call-parser hermes, openai, llama3_json, mistral, "
-       "qwen3_coder), not Python plugins",
+       "qwen3_coder, pythonic, llama4_pythonic), not Python plugins",
        true},
       {"--structured-outputs-config",
        true,

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "server/pythonic_tools.h"
 #include "server/qwen3_coder_tools.h"
 #include "server/text_markers.h"
 
@@ -21,6 +22,7 @@ namespace {
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 constexpr std::string_view kToolCallOpen = "<tool_call>", kToolCallClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kPythonStart = "<|python_start|>", kPythonEnd = "<|python_end|>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS]";
 
 bool is_space(char c) {
@@ -170,6 +172,8 @@ std::optional<ToolParserKind> tool_parser_from_name(std::string_view name) {
   if (name == "llama3_json") return ToolParserKind::kLlama3Json;
   if (name == "mistral") return ToolParserKind::kMistral;
   if (name == "qwen3_coder") return ToolParserKind::kQwen3Coder;
+  if (name == "pythonic") return ToolParserKind::kPythonic;
+  if (name == "llama4_pythonic") return ToolParserKind::kLlama4Pythonic;
   return std::nullopt;
 }
 
@@ -181,7 +185,7 @@ std::optional<ReasoningParserKind> reasoning_parser_from_name(std::string_view n
 }
 
 const char* tool_parser_names() {
-  return "hermes, openai, llama3_json, mistral, qwen3_coder";
+  return "hermes, openai, llama3_json, mistral, qwen3_coder, pythonic, llama4_pythonic";
 }
 
 const char* reasoning_parser_names() {
@@ -190,7 +194,8 @@ const char* reasoning_parser_names() {
 
 bool needs_special_tokens(ToolParserKind tools, ReasoningParserKind reasoning) {
   return tools == ToolParserKind::kOpenai || tools == ToolParserKind::kMistral ||
-         tools == ToolParserKind::kLlama3Json || reasoning == ReasoningParserKind::kGptOss;
+         tools == ToolParserKind::kLlama3Json || tools == ToolParserKind::kLlama4Pythonic ||
+         reasoning == ReasoningParserKind::kGptOss;
 }
 
 OutputParser::OutputParser(OutputParserOptions options) : options_(std::move(options)) {
@@ -361,6 +366,45 @@ void parse_tool_text(const OutputParserOptions& o, const ToolParamTypes& types, 
         return;
       }
       for (auto& c : calls.calls) out.calls.push_back(std::move(c));
+      return;
+    }
+    case ToolParserKind::kPythonic:
+    case ToolParserKind::kLlama4Pythonic: {
+      // vLLM: an output that starts with "[" (llama4: or <|python_start|>, its tags then dropped) may be a
+      // call list; anything else, or a list that does not parse in the end, is content.
+      size_t a = skip_space(s, 0);
+      std::string_view body = s.substr(a);
+      std::string stripped;
+      if (o.tools == ToolParserKind::kLlama4Pythonic) {
+        if (!final && !body.empty() && body.size() < kPythonStart.size() &&
+            kPythonStart.substr(0, body.size()) == body)
+          return;  // undecided: may still become <|python_start|>
+        if (body.substr(0, kPythonStart.size()) == kPythonStart) {
+          std::string_view inner = body.substr(kPythonStart.size());
+          for (size_t at; (at = inner.find(kPythonEnd)) != std::string_view::npos;) {
+            stripped.append(inner.substr(0, at));
+            inner.remove_prefix(at + kPythonEnd.size());
+          }
+          if (!final) inner.remove_suffix(partial_suffix(inner, kPythonEnd));
+          stripped.append(inner);
+          body = stripped;
+          body.remove_prefix(skip_space(body, 0));
+        }
+      }
+      if (body.empty()) {
+        if (final) out.content.append(s);
+        return;
+      }
+      if (body[0] != '[') {
+        out.content.append(s);
+        return;
+      }
+      PythonicParse pc = parse_pythonic_calls(body, final);
+      if (final && !pc.ok) {
+        out.content.append(s);
+        return;
+      }
+      for (auto& c : pc.calls) out.calls.push_back(std::move(c));
       return;
     }
     case ToolParserKind::kMistral: {

@@ -1,6 +1,7 @@
 // server/output_parser.h: splits a chat model's generated text into reasoning, content and tool calls, as
 // vLLM's reasoning parsers (--reasoning-parser qwen3 | openai_gptoss) and tool-call parsers
-// (--tool-call-parser hermes | openai | llama3_json | mistral | qwen3_coder) do, fed in chunks of any size (a
+// (--tool-call-parser hermes | openai | llama3_json | mistral | qwen3_coder | pythonic |
+// llama4_pythonic) do, fed in chunks of any size (a
 // chunk may end inside a marker such as "<tool_call>" or "<|channel|>"): each feed returns what can be sent
 // now, and what has been sent is never taken back. Also the output forms of tool_choice "required" (a JSON
 // array of {"name", "parameters"}) and of a named function (the arguments object alone).
@@ -23,8 +24,10 @@ enum class ToolParserKind {
   kLlama3Json,  // Llama 3: [<|python_tag|>]{"name": ..., "parameters": {...}}[; {...}]
   kMistral,     // [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] or [TOOL_CALLS]NAME[ARGS]{...}
   kQwen3Coder,  // Qwen3-Coder's XML: <tool_call><function=NAME><parameter=P>v</parameter>...</function>...
-  kRequired,    // tool_choice "required": the whole output is [{"name": ..., "parameters": {...}}, ...]
-  kNamed,       // tool_choice naming a function: the whole output is its arguments object
+  kPythonic,    // Llama 3.2 and others: [get_weather(city="Paris"), f()] (server/pythonic_tools.h)
+  kLlama4Pythonic,  // Llama 4: the same, optionally inside <|python_start|> ... <|python_end|>
+  kRequired,        // tool_choice "required": the whole output is [{"name": ..., "parameters": {...}}, ...]
+  kNamed,           // tool_choice naming a function: the whole output is its arguments object
 };
 
 enum class ReasoningParserKind {

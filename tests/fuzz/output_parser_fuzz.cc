@@ -1,4 +1,4 @@
-// fuzz-sources: src/server/output_parser.cc src/server/qwen3_coder_tools.cc
+// fuzz-sources: src/server/output_parser.cc src/server/qwen3_coder_tools.cc src/server/pythonic_tools.cc
 // tests/fuzz/output_parser_fuzz.cc: libFuzzer target for the reasoning and tool-call parsers
 // (server/output_parser.h) on arbitrary model text. Byte 0 picks the tool parser and byte 1 the reasoning
 // parser and the chunk sizes; the rest is the text, fed in those chunks. Owns: proving every parser
@@ -26,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const ToolParserKind kTools[] = {ToolParserKind::kNone,     ToolParserKind::kHermes,
                                           ToolParserKind::kOpenai,   ToolParserKind::kLlama3Json,
                                           ToolParserKind::kMistral,  ToolParserKind::kQwen3Coder,
-                                          ToolParserKind::kRequired, ToolParserKind::kNamed};
+                                          ToolParserKind::kRequired, ToolParserKind::kNamed,
+                                          ToolParserKind::kPythonic, ToolParserKind::kLlama4Pythonic};
   static const ReasoningParserKind kReasoning[] = {ReasoningParserKind::kNone, ReasoningParserKind::kQwen3,
                                                    ReasoningParserKind::kDeepSeekR1,
                                                    ReasoningParserKind::kGptOss};

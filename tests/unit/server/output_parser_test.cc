@@ -324,6 +324,85 @@ TEST(Llama3JsonParser, CallsAndContent) {
   EXPECT_TRUE(r.tool_calls.empty());
 }
 
+TEST(PythonicParser, CallsWithJsonDumpsArguments) {
+  auto o = opts(ToolParserKind::kPythonic, ReasoningParserKind::kNone);
+  std::string out = R"([get_weather(city="San Francisco", metric="celsius"), get_time()])";
+  auto r = OutputParser::parse(o, out);
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.tool_calls[0].arguments, R"({"city": "San Francisco", "metric": "celsius"})");
+  EXPECT_EQ(r.tool_calls[1].name, "get_time");
+  EXPECT_EQ(r.tool_calls[1].arguments, "{}");
+  expect_stream_matches(o, out);
+  // Every literal form, written back as Python's json.dumps(..., ensure_ascii=False) writes it.
+  std::string lits =
+      "[f(a=1, b=2.5, c=True, d=None, e=[1, 'x', False], g={'k': 'v', 1: 2, None: true}, "
+      "h='it\\'s \"q\"\\n', i=-3, j=1e3, k=0x1F, l=1_000, m=\"h\u00e9\\u00e9\\U0001F600\", n='a' \"b\", "
+      "o=r'\\d+', p=false, q=null, r=1.5e-7, s=.5, t=10.0, u='''x\ny''')]";
+  r = OutputParser::parse(o, lits);
+  ASSERT_EQ(r.tool_calls.size(), 1u) << r.content;
+  EXPECT_EQ(
+      r.tool_calls[0].arguments,
+      "{\"a\": 1, \"b\": 2.5, \"c\": true, \"d\": null, \"e\": [1, \"x\", false], \"g\": {\"k\": \"v\", "
+      "\"1\": "
+      "2, \"null\": true}, \"h\": \"it's \\\"q\\\"\\n\", \"i\": -3, \"j\": 1000.0, \"k\": 31, \"l\": 1000, "
+      "\"m\": \"h\u00e9\u00e9\U0001F600\", \"n\": \"ab\", \"o\": \"\\\\d+\", \"p\": false, \"q\": null, "
+      "\"r\": 1.5e-07, \"s\": 0.5, \"t\": 10.0, \"u\": \"x\\ny\"}");
+  EXPECT_NO_THROW((void)json::parse(r.tool_calls[0].arguments));
+  expect_stream_matches(o, lits);
+  // While streaming, a call's arguments grow by whole keyword arguments: every delta extends the text.
+  OutputParser p(o);
+  std::string args;
+  for (char c : out) {
+    OutputDelta d = p.feed(std::string(1, c));
+    for (const auto& call : d.calls)
+      if (call.index == 0) args += call.arguments;
+    EXPECT_EQ(d.content, "");
+  }
+  EXPECT_EQ(args, R"({"city": "San Francisco", "metric": "celsius"})");
+}
+
+TEST(PythonicParser, WhatIsNotACallListIsContent) {
+  auto o = opts(ToolParserKind::kPythonic, ReasoningParserKind::kNone);
+  for (const std::string out :
+       {"The weather is fine.", "[1, 2]", "[f(1)]", "[f(a=x)]", "[f(a=(1, 2))]", "[_f()]", "[]",
+        "[f()] and more", "[f(a=1),]", "[f(a=1)", "[f(a=1, b=)]", "[f(a=b'x')]", "[f(a='x\ny')]",
+        "[m.f(a=1)]", "[f(a=1 + 2)]", "[f(a={[1]: 2})]", "[f(a=\"\\N{DASH}\")]", "[f(a=1, a=2)]"}) {
+    SCOPED_TRACE(out);
+    auto r = OutputParser::parse(o, out);
+    EXPECT_EQ(r.content, out);
+    EXPECT_TRUE(r.tool_calls.empty());
+    // Streamed, a call announced before the text stopped parsing stays sent (as in vLLM); the text comes
+    // as content at the end.
+    std::vector<size_t> cuts;
+    for (size_t c : {1, 2, 3, 5, 8})
+      if (c < out.size()) cuts.push_back(c);
+    Streamed st = stream(o, out, cuts);
+    EXPECT_EQ(st.content, out);
+  }
+}
+
+TEST(PythonicParser, Llama4TagsAreDropped) {
+  auto o = opts(ToolParserKind::kLlama4Pythonic, ReasoningParserKind::kNone);
+  EXPECT_TRUE(needs_special_tokens(ToolParserKind::kLlama4Pythonic, ReasoningParserKind::kNone));
+  for (const std::string out :
+       {"<|python_start|>[get_weather(city=\"Oslo\")]<|python_end|>",
+        "<|python_start|>[get_weather(city=\"Oslo\")]", "[get_weather(city=\"Oslo\")]"}) {
+    SCOPED_TRACE(out);
+    auto r = OutputParser::parse(o, out);
+    EXPECT_EQ(r.content, "");
+    ASSERT_EQ(r.tool_calls.size(), 1u);
+    EXPECT_EQ(r.tool_calls[0].arguments, R"({"city": "Oslo"})");
+    expect_stream_matches(o, out);
+  }
+  auto r = OutputParser::parse(o, "<|python_start|>print('hi')<|python_end|>");
+  EXPECT_TRUE(r.tool_calls.empty());
+  EXPECT_EQ(r.content, "<|python_start|>print('hi')<|python_end|>");
+  ASSERT_TRUE(tool_parser_from_name("pythonic"));
+  ASSERT_TRUE(tool_parser_from_name("llama4_pythonic"));
+}
+
 TEST(MistralParser, ListAndNamedForms) {
   auto o = opts(ToolParserKind::kMistral, ReasoningParserKind::kNone);
   std::string list =
@@ -525,7 +604,9 @@ TEST(ParserNames, VllmNames) {
   EXPECT_EQ(tool_parser_from_name("hermes"), ToolParserKind::kHermes);
   EXPECT_EQ(tool_parser_from_name("openai"), ToolParserKind::kOpenai);
   EXPECT_EQ(tool_parser_from_name("qwen3_coder"), ToolParserKind::kQwen3Coder);
-  EXPECT_FALSE(tool_parser_from_name("pythonic").has_value());
+  EXPECT_EQ(tool_parser_from_name("pythonic"), ToolParserKind::kPythonic);
+  EXPECT_EQ(tool_parser_from_name("llama4_pythonic"), ToolParserKind::kLlama4Pythonic);
+  EXPECT_FALSE(tool_parser_from_name("granite").has_value());
   EXPECT_EQ(reasoning_parser_from_name("openai_gptoss"), ReasoningParserKind::kGptOss);
   EXPECT_EQ(reasoning_parser_from_name("qwen3"), ReasoningParserKind::kQwen3);
   EXPECT_EQ(reasoning_parser_from_name("deepseek_r1"), ReasoningParserKind::kDeepSeekR1);
