@@ -3,8 +3,8 @@
 # that are off until measured (docs/tuning.md: moe_route_fused_max_tokens, moe_combine_norm), one call of
 # ~5 minutes: build; the GPU tests with both on (golden and graph tests then run the fused paths); the kernels
 # alone (`moe-lora --route-norm`: checked bit for bit, then timed); then `polylora_bench device` with both off
-# and both on, twice each, on the MXFP4 and the bf16 config at batch 1 / 4 / 16 and with 8 adapters at
-# batch 1. Every figure lands under $OUT; the summary is printed at the end.
+# and both on, twice each, on the MXFP4 and the bf16 config at batch 1 / 4 / 16 / 64 and with 8 adapters at
+# batch 1 and 64. Every figure lands under $OUT; the summary is printed at the end.
 set -uo pipefail
 OUT=${OUT:-/tmp/fused_check}
 # shellcheck source=scripts/device_env.sh
@@ -30,12 +30,12 @@ for round in 1 2; do
       echo "== round $round $label $cfg" >> "$OUT/bench.txt"
       # shellcheck disable=SC2086
       env $vars timeout 150 "$B" device --config "tests/data/configs/$cfg" --device cuda --prompt-len 128 \
-        --decode-tokens 32 --batches 1,4,16 2>&1 >/dev/null | grep -E "^batch" >> "$OUT/bench.txt"
+        --decode-tokens 32 --batches 1,4,16,64 2>&1 >/dev/null | grep -E "^batch" >> "$OUT/bench.txt"
     done
     echo "== round $round $label gpt-oss-20b --loras 8" >> "$OUT/bench.txt"
     # shellcheck disable=SC2086
     env $vars timeout 150 "$B" device --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 128 \
-      --decode-tokens 32 --batches 1 --loras 8 2>&1 >/dev/null | grep -E "^batch" >> "$OUT/bench.txt"
+      --decode-tokens 32 --batches 1,64 --loras 8 2>&1 >/dev/null | grep -E "^batch" >> "$OUT/bench.txt"
     stamp "round $round $label"
   done
 done
