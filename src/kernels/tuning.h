@@ -139,6 +139,11 @@ struct KernelTuning {
   // POLYLORA_MOE_LORA_ACT_GROUP. Measured slower (session 40: M = 64 / 256 43.3 / 113.6 us with it, 31.5 /
   // 97.3 without): off.
   int64_t moe_lora_act_group = 0;
+  // With moe_lora_act_group 0: the act-group kernel with groups of 8 when the step has at least this many
+  // sorted rows (prefill: ~128 rows per slot and expert at 8,192 tokens over 8 adapters, where the by-row
+  // kernel reads each row's 2·I·R B values again: 28.6 of a 330 ms prefill step, H100 session 50); env
+  // POLYLORA_MOE_LORA_ACT_GROUP_MIN_ROWS. Never until measured.
+  int64_t moe_lora_act_group_min_rows = int64_t{1} << 40;
   // 1: on a BF16 backend, prefill attention (head_dim 64 or 128) on bf16 tensor cores
   // (kernels/attention/attention_mma_cuda.cu). H200, GPT-OSS-20B bf16, 8 x 2,048-token prompts (session 40):
   // prefill 23,491 vs 20,573 tok/s with the f32 kernel; the bf16 golden tests pass with it; env
