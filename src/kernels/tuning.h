@@ -55,11 +55,14 @@ struct KernelTuning {
   // Tokens up to which moe_experts with its routing (MoeExpertsArgs::route) routes them, sorts the pairs by
   // expert and casts the activations to bf16 in one launch on the weight-streaming paths (one CTA routes
   // and sorts, the others cast); larger batches take route_kernel's CTAs and the separate sort. 0: never;
-  // env POLYLORA_MOE_ROUTE_FUSED_MAX_TOKENS.
-  int64_t moe_route_fused_max_tokens = 0;
+  // env POLYLORA_MOE_ROUTE_FUSED_MAX_TOKENS. H100, GPT-OSS-20B MXFP4, `polylora_bench device` (session 50,
+  // two runs each): batch 1 375.3 / 375.4 tok/s with 1 against 369.3 / 370.1 with 0; with 16 (and the
+  // combine-norm launch) batches 4 / 16 lost 2-4%, so 1.
+  int64_t moe_route_fused_max_tokens = 1;
   // 1: moe_experts given the residual add and norm after it (MoeExpertsArgs::then_norm) runs them in the
   // plain combine's launch (cuda::add_rms_norm_combined; bit-identical); 0: the combine, then add_rms_norm.
-  // env POLYLORA_MOE_COMBINE_NORM.
+  // env POLYLORA_MOE_COMBINE_NORM. H100, MXFP4 (session 50): alone it lost 0.8% at batch 1 (366.7 vs 369.3 /
+  // 370.1 tok/s) and 3% at batch 4 (810.0 / 812.1 vs 836.0 / 836.9): off.
   int64_t moe_combine_norm = 0;
   // BF16/F16 experts on the grouped-GEMM path without the LoRA epilogue, on compute capability 9.0: pairs
   // per expert (on average) from which the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh: 128-row tiles,
@@ -142,8 +145,11 @@ struct KernelTuning {
   // With moe_lora_act_group 0: the act-group kernel with groups of 8 when the step has at least this many
   // sorted rows (prefill: ~128 rows per slot and expert at 8,192 tokens over 8 adapters, where the by-row
   // kernel reads each row's 2·I·R B values again: 28.6 of a 330 ms prefill step, H100 session 50); env
-  // POLYLORA_MOE_LORA_ACT_GROUP_MIN_ROWS. Never until measured.
-  int64_t moe_lora_act_group_min_rows = int64_t{1} << 40;
+  // POLYLORA_MOE_LORA_ACT_GROUP_MIN_ROWS. H100, MXFP4, 8 adapters, 512-token prompts (session 50): prefill
+  // 24,942 / 25,057 tok/s at batch 16 with groups against 24,541 / 24,380 (batch 64: 24,686 / 24,767 vs
+  // 24,246 / 24,245); at decode sizes groups are slower (batch 64 4,610 vs 4,703 tok/s), hence the bound:
+  // 4,096 rows (1,024 tokens of top-4 routing), which no decode step of --max-num-seqs 256 reaches.
+  int64_t moe_lora_act_group_min_rows = 4096;
   // 1: on a BF16 backend, prefill attention (head_dim 64 or 128) on bf16 tensor cores
   // (kernels/attention/attention_mma_cuda.cu). H200, GPT-OSS-20B bf16, 8 x 2,048-token prompts (session 40):
   // prefill 23,491 vs 20,573 tok/s with the f32 kernel; the bf16 golden tests pass with it; env
