@@ -123,6 +123,20 @@ describe('beam search', () => {
     for (const c of r2.json.choices) if (c.finish_reason === 'stop') assert.equal(c.token_ids.at(-1), EOS);
   });
 
+  test('several prompts: each its own search, choices numbered across them', async () => {
+    const prompts = [[31, 32, 33], [41, 42]];
+    const body = { n: 2, max_tokens: 3, use_beam_search: true, ignore_eos: true, return_token_ids: true };
+    const both = await complete({ ...body, prompt: prompts });
+    assert.equal(both.status, 200, both.text);
+    assert.deepEqual(both.json.choices.map((c) => c.index), [0, 1, 2, 3]);
+    for (const [i, prompt] of prompts.entries()) {
+      const one = await complete({ ...body, prompt });
+      assert.deepEqual(both.json.choices.slice(2 * i, 2 * i + 2).map((c) => c.token_ids), one.json.choices.map((c) => c.token_ids));
+    }
+    assert.equal(both.json.usage.prompt_tokens, 5);
+    assert.equal(both.json.usage.completion_tokens, 12);
+  });
+
   test('chat and streaming: the whole beams come as one final output', async () => {
     const body = { messages: [{ role: 'user', content: 'hello there' }], max_tokens: 4, use_beam_search: true, n: 2, ignore_eos: true };
     const r = await chat({ ...body, return_token_ids: true });
