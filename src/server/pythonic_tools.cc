@@ -25,6 +25,12 @@ bool is_alpha(char c) {
 bool is_digit(char c) {
   return c >= '0' && c <= '9';
 }
+int hex_value(char h) {
+  return is_digit(h)              ? h - '0'
+         : (h >= 'a' && h <= 'f') ? h - 'a' + 10
+         : (h >= 'A' && h <= 'F') ? h - 'A' + 10
+                                  : -1;
+}
 bool is_word(char c) {
   return is_alpha(c) || is_digit(c) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
 }
@@ -204,7 +210,7 @@ class Parser {
           uint32_t cp = 0;
           for (size_t i = 0; i < digits; ++i) {
             const char h = s_[pos_ + i];
-            const int v = is_digit(h) ? h - '0' : (h >= 'a' && h <= 'f') ? h - 'a' + 10 : (h >= 'A' && h <= 'F') ? h - 'A' + 10 : -1;
+            const int v = hex_value(h);
             if (v < 0) return R::kBad;
             cp = cp * 16 + static_cast<uint32_t>(v);
           }
@@ -216,7 +222,7 @@ class Parser {
             bool hex = true;
             for (size_t i = 2; i < 6 && hex; ++i) {
               const char h = s_[pos_ + i];
-              const int v = is_digit(h) ? h - '0' : (h >= 'a' && h <= 'f') ? h - 'a' + 10 : (h >= 'A' && h <= 'F') ? h - 'A' + 10 : -1;
+              const int v = hex_value(h);
               hex = v >= 0;
               lo = lo * 16 + static_cast<uint32_t>(v < 0 ? 0 : v);
             }
