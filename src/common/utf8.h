@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -19,6 +20,10 @@ size_t utf8_char_count(std::string_view s);
 
 // Bytes of `s` with every invalid UTF-8 sequence replaced by U+FFFD.
 std::string sanitize_utf8(std::string_view s);
+
+// Appends code point `cp` as UTF-8; a surrogate or a value above U+10FFFF becomes U+FFFD (the output stays
+// valid UTF-8).
+void append_utf8(std::string& out, uint32_t cp);
 
 // At most `max_bytes` of `s` for a message, cut on a character boundary (then "..."), valid UTF-8.
 std::string clip_utf8(std::string_view s, size_t max_bytes = 64);

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/utf8.h"  // append_utf8
 #include "tokenizer/jinja_value.h"
 
 namespace polylora::jinja {
@@ -22,7 +23,6 @@ uint32_t decode_at(std::string_view s, size_t i, size_t* len);
 bool is_py_space(uint32_t cp);
 std::string strip(std::string_view s, const std::string* chars, bool left, bool right);
 std::string strip_arg(const std::string& s, const CallArgs& a, bool left, bool right);
-void append_utf8(std::string& out, uint32_t cp);
 uint32_t case_map(uint32_t c, bool upper);
 std::string change_case(const std::string& s, bool upper);
 std::string to_upper(const std::string& s);

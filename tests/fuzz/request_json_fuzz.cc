@@ -1,5 +1,4 @@
-// fuzz-sources: src/server/[ajor]*.cc src/server/structured_fields.cc src/structured/*.cc src/api/*.cc
-// src/tokenizer/*.cc src/server/qwen3_coder_tools.cc src/server/pythonic_tools.cc
+// fuzz-sources: src/server/[ajopqrs]*.cc src/structured/*.cc src/api/*.cc src/tokenizer/*.cc
 //
 // tests/fuzz/request_json_fuzz.cc: arbitrary bytes as the body of every JSON route the server parses
 // (completions, chat completions, tokenize, detokenize, adapter load and unload), through the same code the

@@ -576,6 +576,10 @@ TEST(SafetensorsHostileTest, Utf8Safe) {
   EXPECT_EQ(sanitize_utf8("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
   EXPECT_EQ(sanitize_utf8("\xf4\x90\x80\x80").find("\xef\xbf\xbd"), 0u);             // above U+10FFFF
   expect_utf8(sanitize_utf8(std::string("\x80\xbf\xfe\xf8\x88\x80\x80\x80", 8)));
+  // append_utf8 (Jinja and pythonic-tool escapes): every length, and U+FFFD for what UTF-8 cannot hold.
+  std::string out;
+  for (uint32_t cp : {0x41u, 0xE9u, 0x20ACu, 0x1F600u, 0xD800u, 0x110000u}) append_utf8(out, cp);
+  EXPECT_EQ(out, "A\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\xef\xbf\xbd\xef\xbf\xbd");
 }
 
 TEST(SafetensorsHostileTest, HeaderNestingIsBounded) {
