@@ -18,8 +18,10 @@ FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 LIBS=$(pkg-config --cflags --libs libpcre2-8 libutf8proc zlib)
 for src in tests/fuzz/*_fuzz.cc; do
   name=$(basename "$src" .cc)
-  # Each target lists the library sources it needs in a "// fuzz-sources:" line.
-  deps=$(grep -m1 '^// fuzz-sources:' "$src" | sed 's|// fuzz-sources:||')
+  # Each target lists the library sources it needs in a "// fuzz-sources:" line (and in the "// src/..."
+  # comment lines right after it, should clang-format have wrapped it).
+  deps=$(awk '/^\/\/ fuzz-sources:/ && !done { sub("^// fuzz-sources:", ""); print; more = 1; done = 1; next }
+              more && /^\/\/ src\// { sub("^// ", ""); print; next } { more = 0 }' "$src" | tr '\n' ' ')
   $CXX "${FLAGS[@]}" "$src" $deps src/common/error.cc src/common/dtype.cc src/common/utf8.cc -lfmt $LIBS -o "$OUT/$name"
   corpus="$OUT/corpus-$name"
   mkdir -p "$corpus"
