@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "common/utf8.h"
 
 namespace polylora::server {
@@ -37,31 +39,10 @@ bool is_word(char c) {
   return is_alpha(c) || is_digit(c) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
 }
 
-// A string as json.dumps(ensure_ascii=False) writes it.
+// A string as json.dumps(ensure_ascii=False) writes it: nlohmann's escapes are Python's (qwen3_coder_tools
+// writes its strings the same way); invalid UTF-8 becomes U+FFFD.
 std::string json_string(std::string_view v) {
-  std::string out = "\"";
-  for (char ch : v) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          static const char* hex = "0123456789abcdef";
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        } else {
-          out += ch;
-        }
-    }
-  }
-  return out + "\"";
+  return nlohmann::json(std::string(v)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 class Parser {
@@ -93,8 +74,9 @@ class Parser {
     ws();
     if (at_end()) return R::kEnd;
     const char c = peek();
-    if (c == '"' || c == '\'' || ((c == 'r' || c == 'R' || c == 'u' || c == 'U') && pos_ + 1 < s_.size() &&
-                                  (s_[pos_ + 1] == '"' || s_[pos_ + 1] == '\''))) {
+    if (c == '"' || c == '\'' ||
+        ((c == 'r' || c == 'R' || c == 'u' || c == 'U') && pos_ + 1 < s_.size() &&
+         (s_[pos_ + 1] == '"' || s_[pos_ + 1] == '\''))) {
       std::string text;
       // Adjacent literals are one string, as in Python.
       while (true) {
@@ -121,10 +103,14 @@ class Parser {
       std::string id;
       R r = name(id);
       if (r != R::kOk) return r;
-      if (id == "True" || id == "true") out = "true";
-      else if (id == "False" || id == "false") out = "false";
-      else if (id == "None" || id == "null") out = "null";
-      else return R::kBad;  // a name, a call or an attribute: not a literal
+      if (id == "True" || id == "true")
+        out = "true";
+      else if (id == "False" || id == "false")
+        out = "false";
+      else if (id == "None" || id == "null")
+        out = "null";
+      else
+        return R::kBad;  // a name, a call or an attribute: not a literal
       return R::kOk;
     }
     return R::kBad;  // tuples, sets, expressions
@@ -173,17 +159,38 @@ class Parser {
       }
       pos_ += 2;
       switch (e) {
-        case '\n': break;  // a line continuation
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'v': out += '\v'; break;
+        case '\n':
+          break;  // a line continuation
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'v':
+          out += '\v';
+          break;
         case 'x':
         case 'u':
         case 'U': {
@@ -224,7 +231,7 @@ class Parser {
             append_utf8(out, cp);
           } else if (e == 'N') {
             return R::kBad;  // \N{NAME}: not supported
-          } else {  // an unknown escape keeps its backslash, as Python does
+          } else {           // an unknown escape keeps its backslash, as Python does
             out += '\\';
             out += e;
           }
@@ -236,8 +243,9 @@ class Parser {
   R number(std::string& out) {
     const size_t b = pos_;
     if (peek() == '-' || peek() == '+') ++pos_;
-    while (pos_ < s_.size() && (is_word(s_[pos_]) || s_[pos_] == '.' ||
-                                ((s_[pos_] == '-' || s_[pos_] == '+') && (s_[pos_ - 1] == 'e' || s_[pos_ - 1] == 'E'))))
+    while (pos_ < s_.size() &&
+           (is_word(s_[pos_]) || s_[pos_] == '.' ||
+            ((s_[pos_] == '-' || s_[pos_] == '+') && (s_[pos_ - 1] == 'e' || s_[pos_ - 1] == 'E'))))
       ++pos_;
     if (at_end()) return R::kEnd;  // it may go on
     std::string text;
@@ -246,7 +254,8 @@ class Parser {
     const bool negative = !text.empty() && text[0] == '-';
     std::string body = text.substr(!text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0);
     if (body.empty()) return R::kBad;
-    const bool radix = body.size() > 2 && body[0] == '0' && std::string("xXoObB").find(body[1]) != std::string::npos;
+    const bool radix =
+        body.size() > 2 && body[0] == '0' && std::string("xXoObB").find(body[1]) != std::string::npos;
     if (radix) {
       const int base = (body[1] == 'x' || body[1] == 'X') ? 16 : (body[1] == 'o' || body[1] == 'O') ? 8 : 2;
       uint64_t v = 0;
@@ -259,7 +268,8 @@ class Parser {
     if (!is_float) {
       for (char c : body)
         if (!is_digit(c)) return R::kBad;
-      if (body.size() > 1 && body[0] == '0' && body.find_first_not_of('0') != std::string::npos) return R::kBad;
+      if (body.size() > 1 && body[0] == '0' && body.find_first_not_of('0') != std::string::npos)
+        return R::kBad;
       const size_t nz = body.find_first_not_of('0');
       out = (negative ? "-" : "") + (nz == std::string::npos ? std::string("0") : body.substr(nz));
       return R::kOk;
@@ -371,7 +381,8 @@ class Parser {
 // One call's arguments object: `{` + the keyword arguments so far (+ `}` when closed).
 std::string arguments_json(const std::vector<std::pair<std::string, std::string>>& args, bool closed) {
   std::string out = "{";
-  for (size_t i = 0; i < args.size(); ++i) out += (i ? ", " : "") + json_string(args[i].first) + ": " + args[i].second;
+  for (size_t i = 0; i < args.size(); ++i)
+    out += (i ? ", " : "") + json_string(args[i].first) + ": " + args[i].second;
   return closed ? out + "}" : out;
 }
 

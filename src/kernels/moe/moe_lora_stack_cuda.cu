@@ -510,10 +510,9 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
       if (ws.max_rows <= t.moe_lora_by_row) {
         // Rows over x (a group's CTA takes up to G rows); columns over enough CTAs for ~2 per SM in all.
-        const int64_t G =
-            t.moe_lora_act_group > 0 ? std::min<int64_t>(t.moe_lora_act_group, kSgMaxGroup)
-            : ws.max_rows >= t.moe_lora_act_group_min_rows ? kSgMaxGroup
-                                                            : 0;
+        const int64_t G = t.moe_lora_act_group > 0 ? std::min<int64_t>(t.moe_lora_act_group, kSgMaxGroup)
+                          : ws.max_rows >= t.moe_lora_act_group_min_rows ? kSgMaxGroup
+                                                                         : 0;
         const dim3 rgrid(
             static_cast<unsigned>(ws.max_rows),
             expand_column_ctas(ws.max_rows, width, 2 * std::max<int64_t>(G, 1), kActLoraRowThreads));
