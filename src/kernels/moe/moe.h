@@ -108,7 +108,9 @@ struct MoeExpertsArgs {
   float* out = nullptr;  // [m, hidden], row stride ldo; overwritten
   int64_t ldo = 0;
   // Optional: the routing that gives ids and weights (route.logits != nullptr; route.ids / route.weights
-  // must be ids / weights and route.m, top_k and num_experts these args'). moe_experts then routes first, as
+  // must be ids / weights and route.m and top_k these args'; route.num_experts is the router's, these args'
+  // num_experts plus route.id_begin at least: with expert parallelism by masking the router sees every
+  // expert and writes this rank's numbering). moe_experts then routes first, as
   // route(route) would; on CUDA, small batches route in the launch that sorts the pairs by expert (one
   // launch where route, the sort and the activations' bf16 cast took three; KernelTuning::
   // moe_route_fused_max_tokens).

@@ -1004,14 +1004,17 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
   const bool routing = a.route.logits != nullptr;
   if (routing)
     KERNEL_CHECK(a.route.ids == a.ids && a.route.weights == a.weights && a.route.m == a.m &&
-                     a.route.top_k == a.top_k && a.route.num_experts == E,
+                     a.route.top_k == a.top_k && a.route.id_begin >= 0 &&
+                     a.route.id_begin + E <= a.route.num_experts,
                  "moe_experts: the routing must write this call's ids and weights");
   constexpr int kSortWarps = kAlignSmallThreads / 32;
   // Slot order where its counters fit in shared memory (expert order otherwise: still correct).
   const int64_t nb = align_small_smem(E, ws.buckets) <= 48 * 1024 ? ws.buckets : 1;
-  const size_t fused_smem = std::max(align_small_smem(E, nb), route_smem(E, kSortWarps));
+  // (The router's experts: all of the model's with expert parallelism by masking, E of them this rank's.)
+  const int64_t router_e = routing ? a.route.num_experts : E;
+  const size_t fused_smem = std::max(align_small_smem(E, nb), route_smem(router_e, kSortWarps));
   const bool route_fused = routing && small_sort && a.m <= tuning_of(a).moe_route_fused_max_tokens &&
-                           a.top_k >= 1 && a.top_k <= E && fused_smem <= 48 * 1024;
+                           a.top_k >= 1 && a.top_k <= router_e && fused_smem <= 48 * 1024;
   if (routing && !route_fused) route(a.route, ctx);
   const CastArgs cast_args{
       .x = a.x, .ldx = a.ldx, .m = a.m, .H = H, .lda = ws.lda_h, .copies = ws.copies, .out = ws.x_bf16};
