@@ -80,6 +80,15 @@ struct KernelTuning {
   // reads the f32 gate/up outputs (no LoRA, or BF16 stacks on tensor cores): M = 8,192 4,833 vs 4,914 us
   // (session 40); env POLYLORA_MOE_WGMMA_FUSED_ACT.
   int64_t moe_wgmma_fused_act = 1;
+  // 1: with BF16 stacks on tensor cores (moe_lora_mma_per_expert) and ranks that are multiples of 8, the
+  // warpgroup-MMA GEMM takes the LoRA expand as extra K slices of its own pipeline (one of 64 per run of rows
+  // of one adapter in a 128-row tile: [hi | lo] of the shrink's sums times the scale against [B | B]) instead
+  // of mma.sync steps in its epilogue. Written after session 51's trace: H200, GPT-OSS-20B MXFP4, 8 adapters,
+  // `polylora_bench moe-lora` M = 8,192 under the CUPTI tracer, the LoRA variants of the GEMM took 6,937 /
+  // 2,958 us (gate/up / down) against 4,953 / 2,399 without LoRA, the two shrinks 130 us each: the
+  // epilogue variant is ~2 ms of the 2.8 ms the adapters cost per layer. 0 until measured; env
+  // POLYLORA_MOE_WGMMA_LORA_EXT.
+  int64_t moe_wgmma_lora_ext = 0;
   // 1: with it, MXFP4 experts take the warpgroup-MMA GEMM too (their codes decoded into its B tiles; 128
   // columns per CTA). Its GPU test failed in session 40 (the grid counted column tiles in the tuning's BN
   // 256, half of every row unwritten); fixed in session 41, passing in session 42 on an H100, where

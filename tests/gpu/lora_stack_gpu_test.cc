@@ -1047,16 +1047,19 @@ TEST(GpuLoraStack, MoeAwkwardShapes) {
 // slice), more slots than the shrink's grid.y (12: a CTA takes several runs), K not a multiple of 8 (the
 // element-wise weight loads), and the 128-row tile; every case above 512 pairs and 64 per expert (the path's
 // bounds). Then all again on the warpgroup-MMA GEMM (moe_wgmma_per_expert 1), without and with the fused
-// activation.
+// activation, and with the LoRA expand as extra K slices of that GEMM (moe_wgmma_lora_ext: ranks 16, 24 and
+// 72 take it, one to five slices of 64 per run; 5 and 7 keep the epilogue).
 TEST(GpuLoraStack, MoeGroupedGemmTensorCoreLora) {
   SKIP_WITHOUT_GPU();
   // Passes 1 and 2: the same cases on the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh, its LoRA epilogue;
   // the mma.sync GEMM again on GPUs other than compute capability 9.0), pass 2 with GPT-OSS's activation
   // fused into its gate/up epilogue (moe_wgmma_fused_act; the swiglu cases).
-  for (int pass : {0, 1, 2}) {
+  for (int pass : {0, 1, 2, 3}) {
+    SCOPED_TRACE("pass " + std::to_string(pass));
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_wgmma_per_expert = pass > 0 ? 1 : 0;
-    t.moe_wgmma_fused_act = pass == 2 ? 1 : 0;
+    t.moe_wgmma_fused_act = pass >= 2 ? 1 : 0;
+    t.moe_wgmma_lora_ext = pass == 3 ? 1 : 0;
     k::override_kernel_tuning(t);
     for (int64_t rank : {5, 16, 24, 72}) {
       for (int gu : {1, 2}) {

@@ -130,6 +130,16 @@ bool use_wgmma(const MoeExpertsArgs& a, Path path) {
   return per > 0 && a.m * a.top_k >= per * a.num_experts && moe_detail::wgmma_supported();
 }
 
+// Does the warpgroup-MMA GEMM take the tensor-core LoRA's expand as extra K slices (moe_wgmma_lora_ext;
+// moe_lora_mma.cuh) instead of in its epilogue? Ranks that are multiples of 8 and 16-byte aligned B stacks
+// (the slices copy B rows in 16-byte chunks).
+bool use_lora_ext(const MoeExpertsArgs& a, Path path) {
+  const MoeLoraStack& s = a.lora_stack;
+  return lora_on_mma(a, path) && use_wgmma(a, path) && tuning_of(a).moe_wgmma_lora_ext != 0 &&
+         s.rank % 8 == 0 && (reinterpret_cast<uintptr_t>(s.b_gu) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(s.b_down) & 15) == 0;
+}
+
 // Split-K of the tensor-core shrinks: enough CTAs for ~3 per SM over the 64-row windows that can hold pairs
 // (each taking about two runs of one key), at most 8 and at most one per 4 BK slices of the K loop.
 struct LoraMmaSplits {
@@ -187,6 +197,10 @@ struct MoeWorkspace {
   __nv_bfloat16* act_bf16 = nullptr;  // [max_rows, copies·lda_i] (tensor-core path)
   float* lora_gu = nullptr;           // [max_rows, gu_slices·rank] slot-stacked LoRA: gate/up shrink
   float* lora_down = nullptr;         // [pairs, rank] down shrink
+  __nv_bfloat16* lora_ext =
+      nullptr;                   // [max_rows, ext_w] lora_ext: the rows' K-extensions (one phase at a time)
+  int32_t* lora_keys = nullptr;  // [max_rows] lora_ext: the rows' LoRA keys (one phase at a time)
+  int64_t ext_w = 0;             // 2 · gu_slices · rank rounded up to the slice of 64
   float* lora_dgu = nullptr;  // [max_rows, 2I] delta mode (moe_lora_delta): gate/up LoRA by sorted row
   float* lora_dy = nullptr;   // [pairs, H] delta mode: down LoRA by pair
   size_t bytes = 0;
@@ -263,6 +277,11 @@ struct MoeWorkspace {
       }
       lora_gu = reinterpret_cast<float*>(take(4 * gu_floats));
       lora_down = reinterpret_cast<float*>(take(4 * down_floats));
+      if (use_lora_ext(a, path)) {
+        ext_w = round_up(2 * a.lora_stack.gu_slices * a.lora_stack.rank, moe_detail::kWgBK);
+        lora_ext = reinterpret_cast<__nv_bfloat16*>(take(static_cast<size_t>(2 * max_rows * ext_w)));
+        lora_keys = reinterpret_cast<int32_t*>(take(static_cast<size_t>(4 * max_rows)));
+      }
       if (lora_delta(a, path)) {
         lora_dgu = reinterpret_cast<float*>(take(4 * max_rows * 2 * a.inter));
         lora_dy = reinterpret_cast<float*>(take(4 * pairs * a.hidden));
@@ -863,6 +882,36 @@ void launch_lora_shrink_mma(const MoeExpertsArgs& a, const MoeWorkspace& ws, int
   launch_lora_shrink_mma_kernel(grid, lp, st);
 }
 
+// The K-extensions of one phase's rows for the warpgroup-MMA GEMM's LoRA slices (lora_ext), from that
+// phase's shrink sums.
+template <Phase P>
+void launch_lora_ext_pack(const MoeExpertsArgs& a, const MoeWorkspace& ws, int splits, cudaStream_t st) {
+  const MoeLoraStack& s = a.lora_stack;
+  const bool gu = P == Phase::kGateUp;
+  moe_detail::LoraExtPackParams pp;
+  pp.slices = gu ? s.gu_slices : 1;
+  pp.GR = pp.slices * s.rank;
+  pp.R = s.rank;
+  pp.tmp = gu ? ws.lora_gu : ws.lora_down;
+  pp.split_stride = ws.max_rows * pp.GR;
+  pp.splits = splits;
+  pp.sorted = ws.sorted;
+  pp.tile_expert = ws.tile_expert;
+  pp.num_tiles = ws.num_tiles;
+  pp.tile_m = static_cast<int>(ws.tile_m);
+  pp.max_rows = ws.max_rows;
+  pp.token_slots = a.token_slots;
+  pp.top_k = a.top_k;
+  pp.E = a.num_experts;
+  pp.slots = s.slots;
+  pp.scale = s.scale;
+  pp.c0 = gu ? 0 : 2;
+  pp.out = ws.lora_ext;
+  pp.ext_w = static_cast<int>(ws.ext_w);
+  pp.keys = ws.lora_keys;
+  moe_detail::launch_lora_ext_pack_kernel(pp, st);
+}
+
 // The LoRA expand fused into the epilogue of one phase's grouped GEMM, reading that phase's shrink sums.
 template <Phase P>
 moe_detail::LoraExpandMma lora_expand_params(const MoeExpertsArgs& a, const MoeWorkspace& ws, int splits) {
@@ -1232,6 +1281,11 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
           .mp = p,
           .group_rows = static_cast<int>(std::clamp<int64_t>(t.moe_wgmma_group, 1, 64)),
           .max_tiles = ws.max_tiles};
+      if (ws.lora_ext != nullptr && p.lora.b != nullptr) {  // the LoRA expand as extra K slices
+        wp.lora_ext = ws.lora_ext;
+        wp.ext_w = static_cast<int>(ws.ext_w);
+        wp.lora_keys = ws.lora_keys;
+      }
       if (phase == Phase::kGateUp && fused_act) {
         wp.act_out = ws.act_bf16;
         wp.act_lda = ws.lda_i;
@@ -1264,6 +1318,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       mp.mx_nb = a.experts_mxfp4 ? H / kMxfp4BlockSize : 0;
       if (mma_lora) {
         launch_lora_shrink_mma<Phase::kGateUp>(a, ws, lms.gu, st);
+        if (ws.lora_ext != nullptr) launch_lora_ext_pack<Phase::kGateUp>(a, ws, lms.gu, st);
         mp.lora = lora_expand_params<Phase::kGateUp>(a, ws, lms.gu);
       }
       launch_grouped_gemm(Phase::kGateUp, 2 * I, grid_gu, mp);
@@ -1287,6 +1342,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
         moe_detail::launch_expert_act(ws.sorted, ws.num_tiles, tile_m, ws.max_rows, ws.gu, nullptr, nullptr,
                                       ws.act_bf16, ws.lda_i, ws.copies, a, st);
       launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);
+      if (ws.lora_ext != nullptr) launch_lora_ext_pack<Phase::kDown>(a, ws, lms.down, st);
     } else if (!fused_act) {
       gate_up_lora_and_activation();
     }

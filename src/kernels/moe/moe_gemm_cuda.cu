@@ -1,6 +1,8 @@
 // kernels/moe/moe_gemm_cuda.cu: the launchers of the MoE tensor-core grouped GEMM (moe_gemm_mma.cuh) and of
 // the expert LoRA's tensor-core shrink (moe_lora_mma.cuh) (moe_launch.h), compiled apart from moe_cuda.cu.
 // Must not: depend on anything above common/.
+#include <algorithm>
+
 #include "kernels/moe/moe_launch.h"
 
 namespace polylora::kernels::cuda::moe_detail {
@@ -36,6 +38,14 @@ template void launch_mma_tile<Phase::kDown>(int, dim3, const MmaParams&, cudaStr
 
 void launch_lora_shrink_mma_kernel(dim3 grid, const LoraShrinkMmaParams& lp, cudaStream_t st) {
   moe_lora_shrink_mma<><<<grid, kLsThreads, 0, st>>>(lp);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_lora_ext_pack_kernel(const LoraExtPackParams& pp, cudaStream_t st) {
+  const int64_t rows_per_block = kExtPackThreads / 32;
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<int64_t>((pp.max_rows + rows_per_block - 1) / rows_per_block, 1, 8 * cuda_util::num_sms()));
+  moe_lora_ext_pack<><<<blocks, kExtPackThreads, 0, st>>>(pp);
   CUDA_CHECK_LAUNCH();
 }
 

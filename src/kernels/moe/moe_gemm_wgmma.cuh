@@ -3,9 +3,10 @@
 // the threads that copied them while the previous slice's MMAs run; no bf16 copy of the experts exists)
 // (moe_gemm_mma.cuh stays the path for INT8 weights and for GPUs other than compute capability 9.0). With
 // BF16 LoRA stacks on that path the slot-stacked LoRA expand is fused into the epilogue as in moe_gemm_mma
-// (lora_expand_mma, LORA = true, 128 columns per CTA). Same inputs and outputs as moe_gemm_mma (MmaParams):
-// one CTA of two warpgroups (256 threads) per (128-row tile of one expert, BN output columns), each
-// warpgroup's 64 rows × BN accumulated in registers by wgmma.mma_async m64nBNk16 (f32 accumulation) from
+// (lora_expand_mma, LORA = 1, 128 columns per CTA), or (LORA = 2, moe_wgmma_lora_ext) runs as extra K slices
+// after the weights' (WgmmaParams::lora_ext; moe_lora_mma.cuh). Same inputs and outputs as moe_gemm_mma
+// (MmaParams): one CTA of two warpgroups (256 threads) per (128-row tile of one expert, BN output columns),
+// each warpgroup's 64 rows × BN accumulated in registers by wgmma.mma_async m64nBNk16 (f32 accumulation) from
 // shared memory. A rows are gathered (gate_up: x by token; down: act by sorted row, both bf16, rows padded to
 // a multiple of 64 columns, padding rows zero-filled) and B rows (the expert's weight [N, K], K-major as
 // wgmma wants it) are copied with 16-byte cp.async into [rows][64] tiles with the 128-byte swizzle
@@ -45,6 +46,12 @@ struct WgmmaParams {
   int64_t act_lda = 0;
   int act_copies = 1;
   float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
+  // LORA = 2 (KernelTuning::moe_wgmma_lora_ext): the LoRA expand as extra K slices (moe_lora_mma.cuh, "The
+  // LoRA expand as extra K slices"): the rows' K-extensions [max_rows][ext_w] (moe_lora_ext_pack) against
+  // the key's B rows of mp.lora, one slice of kWgBK per run of one key in the tile and ext_w / kWgBK part.
+  const __nv_bfloat16* lora_ext = nullptr;
+  int ext_w = 0;
+  const int32_t* lora_keys = nullptr;  // [max_rows] the rows' keys as moe_lora_ext_pack wrote them
 };
 
 // MX: MXFP4 weights (BN 128): each stage's B codes (32 bytes per row and slice of 64) travel through a raw
@@ -62,16 +69,20 @@ struct WgCfg {
   static constexpr int kBRows = BN / 32;  // B rows each thread copies per stage (BF16 / F16 weights)
 };
 
-template <Phase P, int BN, bool LORA, bool MX>
+// LORA: 0 none, 1 the expand in the epilogue (lora_expand_mma), 2 as extra K slices (WgmmaParams::lora_ext).
+template <Phase P, int BN, int LORA, bool MX>
 __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) {
 #if POLYLORA_WGMMA
+  constexpr bool kExt = LORA == 2;
   using C = WgCfg<BN, MX>;
   constexpr int S = C::kStages;
   const MmaParams& p = wp.mp;
   extern __shared__ unsigned char wg_smem[];
   __shared__ int32_t s_pair[kWgBM];
   __shared__ int64_t s_arow[kWgBM];             // A row (−1: padding, zero-filled)
-  __shared__ int32_t s_lkey[LORA ? kWgBM : 1];  // LoRA key of the row (lora_row_key), −1: none
+  __shared__ int32_t s_lkey[LORA != 0 ? kWgBM : 1];  // LoRA key of the row (lora_row_key), −1: none
+  __shared__ int16_t s_run[kExt ? kWgBM + 1 : 1];    // kExt: the runs' first rows, then kWgBM
+  __shared__ uint32_t s_run_mask[kExt ? kWgBM / 32 : 1];
   // CTA → (row tile, column tile) in groups of group_rows row tiles, row tiles fastest.
   const int64_t cta = blockIdx.x;
   const int64_t span = static_cast<int64_t>(wp.group_rows) * wp.col_tiles;
@@ -90,9 +101,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     const int32_t pr = p.sorted[r];
     s_pair[tid] = pr;
     s_arow[tid] = pr < 0 ? -1 : (P == Phase::kGateUp ? pr / p.top_k : r);
-    if constexpr (LORA)
+    if constexpr (kExt) {
+      s_lkey[tid] = wp.lora_keys[r];
+    } else if constexpr (LORA != 0) {
       s_lkey[tid] = lora_row_key(pr, p.tile_expert[tile], p.lora.token_slots, p.top_k, p.lora.slots, p.lora.E,
                                  p.lora.scale, p.lora.c0, p.lora.slices);
+    }
   }
   const DType bdt = weight_dtype<P>(ex);
   const float* bias = weight_bias<P>(ex);
@@ -117,6 +131,29 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     }
   }
   __syncthreads();
+  // kExt: the tile's runs of rows of one key (their first rows in s_run, by ballot) and the extra K slices.
+  int ext_slices = 0;
+  if constexpr (kExt) {
+    bool start = false;
+    if (tid < kWgBM) {  // warps 0-3, whole
+      const int32_t k = s_lkey[tid];
+      start = k >= 0 && (tid == 0 || s_lkey[tid - 1] != k);
+      const uint32_t m = __ballot_sync(0xffffffffu, start);
+      if (lane == 0) s_run_mask[warp] = m;
+    }
+    __syncthreads();
+    int nr = 0, before = 0;
+#pragma unroll
+    for (int w = 0; w < kWgBM / 32; ++w) {
+      const int c = __popc(s_run_mask[w]);
+      if (w < warp) before += c;
+      nr += c;
+    }
+    if (start) s_run[before + __popc(s_run_mask[warp] & ((1u << lane) - 1u))] = static_cast<int16_t>(tid);
+    if (tid == 0) s_run[nr] = kWgBM;
+    __syncthreads();
+    ext_slices = nr * (wp.ext_w / kWgBK);
+  }
   const __nv_bfloat16* a_src[kWgBM / 32];
 #pragma unroll
   for (int i = 0; i < kWgBM / 32; ++i) {
@@ -127,9 +164,54 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   const uint32_t base = (raw + 1023u) & ~1023u;
   const int num_kt = static_cast<int>(p.lda / kWgBK);
   const int kb64 = p.kb_tiles / 2;  // B's K extent in slices of 64 (the launcher makes kb_tiles even)
+  const int total_kt = num_kt + ext_slices;
+
+  // kExt: extra slice x (after the weights' num_kt): part x % per of run x / per. A: the run's rows'
+  // K-extension part (other rows zero-filled); B: rows n0 + ld_r + 32·i, chunk ld_c of [B | B | 0…] (the
+  // key's B row of column n in its slice's place of the rank space, zero in the other slice's).
+  auto load_ext = [&](int stage, int x) {
+    const int per = wp.ext_w / kWgBK;
+    const int run = x / per, part = x % per;
+    const int rb = s_run[run], re = s_run[run + 1];
+    const int32_t key = s_lkey[rb];
+    const uint32_t sa = base + stage * C::kStageBytes + ld_off;
+    const uint32_t sb = sa + C::kABytes;
+    const int64_t kc = static_cast<int64_t>(part) * kWgBK + ld_c * 8;
+#pragma unroll
+    for (int i = 0; i < kWgBM / 32; ++i) {
+      const int r = ld_r + 32 * i;
+      const bool ok = r >= rb && r < re && s_lkey[r] == key;
+      cp_async16(sa + 4096 * i,
+                 ok ? static_cast<const void*>(wp.lora_ext +
+                                               (static_cast<int64_t>(tile) * kWgBM + r) * wp.ext_w + kc)
+                    : static_cast<const void*>(p.a),
+                 ok ? 16 : 0);
+    }
+    const LoraExpandMma& l = p.lora;
+    const int64_t GR = l.GR, R = l.R;
+    const int64_t kr = kc >= GR ? kc - GR : kc;
+    const int slice = l.slices == 2 && kr >= R ? 1 : 0;
+#pragma unroll
+    for (int i = 0; i < BN / 32; ++i) {
+      const int64_t n = n0 + ld_r + 32 * i;
+      const int ns = l.slices != 2 ? 0 : (l.interleaved ? static_cast<int>(n & 1) : (n >= p.inter ? 1 : 0));
+      const bool ok = n < N && kc < 2 * GR && slice == ns;
+      cp_async16(
+          sb + 4096 * i,
+          ok ? static_cast<const void*>(l.b + (static_cast<int64_t>(key) * N + n) * R + (kr - slice * R))
+             : static_cast<const void*>(p.a),
+          ok ? 16 : 0);
+    }
+  };
 
   const uint32_t raw_base = base + C::kStages * C::kStageBytes;  // MXFP4: the codes' ring
   auto load_stage = [&](int stage, int kt) {
+    if constexpr (kExt) {
+      if (kt >= num_kt) {
+        load_ext(stage, kt - num_kt);
+        return;
+      }
+    }
     const uint32_t sa = base + stage * C::kStageBytes + ld_off;
     const uint32_t sb = sa + C::kABytes;
     const int64_t ka = static_cast<int64_t>(kt) * kWgBK + ld_c * 8;
@@ -195,14 +277,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     for (int q = 0; q < 4; ++q) acc[0][j][q] = 0.0f;
 #pragma unroll
   for (int s = 0; s < S - 2; ++s) {
-    if (s < num_kt) load_stage(s, s);
+    if (s < total_kt) load_stage(s, s);
     cp_async_commit();
   }
   if constexpr (MX) {  // slice 0's codes (its group complete once at most S − 3 are pending)
     cp_async_wait<S - 3>();
     decode_mx(0);
   }
-  for (int kt = 0; kt < num_kt; ++kt) {
+  for (int kt = 0; kt < total_kt; ++kt) {
     // Groups committed so far: S − 2 + kt; slice kt's is complete once at most S − 3 are pending.
     cp_async_wait<S - 3>();
     wgmma::fence_proxy_async();
@@ -210,7 +292,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     // end of iteration kt − 1), whose stage the load below overwrites.
     __syncthreads();
     const int nk = kt + S - 2;
-    if (nk < num_kt) load_stage(nk % S, nk);
+    if (nk < total_kt) load_stage(nk % S, nk);
     cp_async_commit();
     const uint32_t st = base + (kt % S) * C::kStageBytes;
     const uint32_t sa = st + wg * (64 * 128);
@@ -237,7 +319,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     for (int q = 0; q < 4; ++q) wgmma::fence_operand(acc[0][j][q]);
   cp_async_wait<0>();
   const int row_base = wg * 64 + (warp & 3) * 16;  // the warp's first row of the tile
-  if constexpr (LORA) {
+  if constexpr (LORA == 1) {
     // The slot-stacked LoRA expand as extra mma.sync k16 steps of the same accumulators (moe_lora_mma.cuh),
     // staging in the pipeline's buffers (every MMA and copy above has completed).
     static_assert(lora_expand_smem_bytes(kWgBM) <= C::kSmemBytes - 1024, "the expand's staging fits");

@@ -8,7 +8,7 @@
 namespace polylora::kernels::cuda::moe_detail {
 namespace {
 
-template <Phase P, int BN, bool LORA, bool MX = false>
+template <Phase P, int BN, int LORA, bool MX = false>
 void launch_wg(const WgmmaParams& wp, cudaStream_t st) {
   static const bool configured = [] {
     CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_wgmma<P, BN, LORA, MX>,
@@ -44,18 +44,28 @@ template <Phase P>
 void launch_wgmma_tile(int bn, const WgmmaParams& wp, cudaStream_t st) {
   KERNEL_CHECK(wp.mp.kb_tiles % 2 == 0 && wp.mp.lda % kWgBK == 0,
                "moe_experts: the warpgroup-MMA GEMM needs activation rows padded to 64 columns");
+  const bool lora = wp.mp.lora.b != nullptr, ext = lora && wp.lora_ext != nullptr;
+  if (ext)
+    KERNEL_CHECK(
+        wp.ext_w > 0 && wp.ext_w % kWgBK == 0 && wp.ext_w >= 2 * wp.mp.lora.GR && wp.mp.lora.R % 8 == 0 &&
+            (reinterpret_cast<uintptr_t>(wp.mp.lora.b) & 15) == 0,
+        "moe_experts: the LoRA K-extension needs ranks that are multiples of 8 and aligned B stacks");
   if (wp.mp.mx_nb > 0) {  // MXFP4 weights: 128 columns
-    if (wp.mp.lora.b != nullptr) {
-      launch_wg<P, 128, true, true>(wp, st);
+    if (ext) {
+      launch_wg<P, 128, 2, true>(wp, st);
+    } else if (lora) {
+      launch_wg<P, 128, 1, true>(wp, st);
     } else {
-      launch_wg<P, 128, false, true>(wp, st);
+      launch_wg<P, 128, 0, true>(wp, st);
     }
-  } else if (wp.mp.lora.b != nullptr) {
-    launch_wg<P, 128, true>(wp, st);  // the LoRA epilogue's per-column pointers: 128 columns
+  } else if (ext) {
+    launch_wg<P, 128, 2>(wp, st);  // (128 columns: the compiled LoRA variants)
+  } else if (lora) {
+    launch_wg<P, 128, 1>(wp, st);  // the LoRA epilogue's per-column pointers: 128 columns
   } else if (bn == 128) {
-    launch_wg<P, 128, false>(wp, st);
+    launch_wg<P, 128, 0>(wp, st);
   } else {
-    launch_wg<P, 256, false>(wp, st);
+    launch_wg<P, 256, 0>(wp, st);
   }
 }
 

@@ -55,5 +55,7 @@ void launch_wgmma_tile(int bn, const WgmmaParams& wp, cudaStream_t st);
 bool wgmma_supported();
 // The expert LoRA's tensor-core shrink (moe_lora_mma.cuh) on kLsThreads threads.
 void launch_lora_shrink_mma_kernel(dim3 grid, const LoraShrinkMmaParams& lp, cudaStream_t st);
+// The rows' K-extensions of the warpgroup-MMA GEMM's LoRA slices (moe_lora_mma.cuh moe_lora_ext_pack).
+void launch_lora_ext_pack_kernel(const LoraExtPackParams& pp, cudaStream_t st);
 
 }  // namespace polylora::kernels::cuda::moe_detail

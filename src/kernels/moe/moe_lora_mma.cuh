@@ -338,4 +338,68 @@ __device__ __forceinline__ void lora_expand_mma(const LoraExpandMma& l, const in
   }
 }
 
+// ---- The LoRA expand as extra K slices of the warpgroup-MMA GEMM (WgmmaParams::lora_ext) ----
+// y[row, n] += Σ_j v[row][j] · B[key(row)][n][j] is a product over the rank space: the GEMM's K loop runs on
+// past the weights' K, one slice of kWgBK per (run of rows of one key in the tile, ext_w / kWgBK part), with
+// A = the rows' K-extension (below; rows of other keys zero-filled) and B = the key's LoRA B rows of the
+// tile's columns laid out the same way: [B | B | 0…] against [hi | lo | 0…]. So the LoRA sum rides in the
+// GEMM's own pipeline (no epilogue pass, no extra registers held across the K loop).
+
+// The K-extension of a sorted row: ext_w bf16 (a multiple of 64 holding 2·GR), [hi(v) | lo(v) | 0…] with
+// v[j] = Σ_z tmp[z][row][j] · scale[key][c0 + slice(j)] (slice(j) = j / R with two slices), zeros for rows
+// without a key (lora_row_key) and past the used rows' tiles.
+struct LoraExtPackParams {
+  const float* tmp = nullptr;  // [splits][max_rows][GR] the shrink's partial sums
+  int64_t split_stride = 0;
+  int splits = 1;
+  const int32_t* sorted = nullptr;
+  const int32_t* tile_expert = nullptr;
+  const int32_t* num_tiles = nullptr;
+  int tile_m = 128;
+  int64_t max_rows = 0;
+  const int32_t* token_slots = nullptr;
+  int64_t top_k = 0, E = 0, slots = 0, R = 0, GR = 0;
+  const float* scale = nullptr;  // [slots, E, 3]
+  int c0 = 0, slices = 1;
+  __nv_bfloat16* out = nullptr;  // [max_rows][ext_w]
+  int ext_w = 64;
+  int32_t* keys =
+      nullptr;  // [max_rows] each row's key (−1: none), which the GEMM reads instead of deriving it
+};
+
+constexpr int kExtPackThreads = 256;
+
+// One warp per sorted row (grid-stride over the used rows).
+template <int = 0>
+__global__ void __launch_bounds__(kExtPackThreads) moe_lora_ext_pack(LoraExtPackParams p) {
+  const int64_t used_rows = static_cast<int64_t>(*p.num_tiles) * p.tile_m;
+  const int64_t used = used_rows < p.max_rows ? used_rows : p.max_rows;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kExtPackThreads / 32);
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (kExtPackThreads / 32) + (threadIdx.x >> 5); r < used;
+       r += warps) {
+    int32_t key = -1;
+    if (lane == 0)
+      key = lora_row_key(p.sorted[r], p.tile_expert[r / p.tile_m], p.token_slots, p.top_k, p.slots, p.E,
+                         p.scale, p.c0, p.slices);
+    key = __shfl_sync(0xffffffffu, key, 0);
+    if (lane == 0) p.keys[r] = key;
+    __nv_bfloat16* orow = p.out + r * p.ext_w;
+    for (int c = lane; c < p.ext_w; c += 32) {
+      __nv_bfloat16 o = __float2bfloat16_rn(0.0f);
+      if (key >= 0 && c < 2 * p.GR) {
+        const bool lo = c >= p.GR;
+        const int64_t j = lo ? c - p.GR : c;
+        const float* tp = p.tmp + r * p.GR + j;
+        float s = tp[0];
+        for (int z = 1; z < p.splits; ++z) s += tp[z * p.split_stride];
+        const float v = s * p.scale[key * 3 + p.c0 + (p.slices == 2 && j >= p.R ? 1 : 0)];
+        const cuda_util::Bf16Pair hl = cuda_util::split_bf16(v);
+        o = lo ? hl.lo : hl.hi;
+      }
+      orow[c] = o;
+    }
+  }
+}
+
 }  // namespace polylora::kernels::cuda::moe_detail
