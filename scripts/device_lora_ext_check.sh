@@ -6,7 +6,8 @@
 # pass 3 with the extension) and the tensor-parallel ones (expert parallelism with the routing, fixed in
 # session 51); `polylora_bench moe-lora` MXFP4 and bf16, 8 adapters, M = 1,024 / 4,096 / 8,192 with 0 / 1
 # (validated against the CPU reference first); `polylora_bench device` MXFP4 prefill (512-token prompts)
-# at batch 16 / 64 with 8 adapters under 0 / 1; then issue 15's serving check with 1 (SKIP_SERVE=1 skips).
+# at batch 16 / 64 with 8 adapters under 0 / 1; then issue 15's serving check with 1 (SKIP_SERVE=1 skips);
+# with NCU=1 first Nsight Compute on one gate/up launch of each LoRA variant of the GEMM (M = 8,192).
 set -uo pipefail
 OUT=${OUT:-/tmp/lora_ext_check}
 # shellcheck source=scripts/device_env.sh
@@ -17,6 +18,15 @@ TG=$(find build-gpu -name test_gpu -type f | head -1)
 timeout 200 "$TG" --gtest_filter='GpuLoraStack.MoeGroupedGemm*:TensorParallelGpu.*' > "$OUT/tests.txt" 2>&1
 stamp "tests rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/tests.txt" | head -20
+if [ "${NCU:-0}" = 1 ]; then
+  for ext in 0 1; do
+    POLYLORA_MOE_WGMMA_LORA_EXT=$ext NCU_BASE=demangled OUT=$OUT bash scripts/device_ncu.sh "gu-ext$ext" \
+      "moe_gemm_wgmma<.*Phase.0, 128, [12], true>" 1 1 -- "$B" moe-lora --device cuda --dtype mxfp4 --m 8192 \
+      --iters 2 --no-graphs --validate-tokens 4 > /dev/null
+    grep -E "^ncu rc|Duration|Registers Per|Issue Slots Busy|^by reason" "$OUT/ncu-gu-ext$ext.txt" | head -12
+  done
+  stamp ncu
+fi
 for ext in 0 1; do
   for dt in mxfp4 bfloat16; do
     POLYLORA_MOE_WGMMA_LORA_EXT=$ext timeout 120 "$B" moe-lora --device cuda --dtype "$dt" --m 1024,4096,8192 \

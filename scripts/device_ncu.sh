@@ -8,6 +8,8 @@
 #
 # e.g. scripts/device_ncu.sh mx1 'moe_gemv_mxfp4' 10 2 -- build-gpu/bench/polylora_bench moe-lora \
 #        --device cuda --dtype mxfp4 --m 1 --iters 20 --no-graphs
+# Env NCU_BASE=demangled matches the regex against the demangled name with its template arguments (ncu's
+# --kernel-name-base; default: the function name alone).
 set -uo pipefail
 OUT=${OUT:-/tmp/ncu}
 mkdir -p "$OUT"
@@ -16,7 +18,7 @@ shift 4
 [ "${1:-}" = "--" ] && shift
 R=/tmp/ncu-$label
 S="$OUT/ncu-$label.txt"
-ncu --kernel-name "regex:$regex" --launch-skip "$skip" --launch-count "$count" --set full \
+ncu ${NCU_BASE:+--kernel-name-base "$NCU_BASE"} --kernel-name "regex:$regex" --launch-skip "$skip" --launch-count "$count" --set full \
   --import-source no -f -o "$R" "$@" > "/tmp/ncu-$label-run.txt" 2>&1
 echo "ncu rc $? ($*)" | tee "$S"
 tail -5 "/tmp/ncu-$label-run.txt" >> "$S"
