@@ -310,25 +310,31 @@ __device__ __forceinline__ void lora_expand_mma(const LoraExpandMma& l, const in
               alo[mi][q] = in ? *reinterpret_cast<const uint32_t*>(a_lo + row * kLeStride + col) : 0u;
             }
           }
+          // Every B fragment of the k16 step is loaded before the first MMA that uses one: loads and MMAs
+          // interleaved made up to NI dependent trips to L2 / HBM per step (session 51's trace: the LoRA
+          // variant of the warpgroup-MMA GEMM +20 us per gate/up CTA, +11 per down CTA, with B rows of 184
+          // and 92 KB per key).
+          uint32_t bv[NI][2];
 #pragma unroll
           for (int ni = 0; ni < NI; ++ni) {
-            uint32_t b[2] = {0u, 0u};
-            if (bcol[ni] != nullptr) {
-              const __nv_bfloat16* brow = bcol[ni] + boff;
+            const __nv_bfloat16* brow = bcol[ni] != nullptr ? bcol[ni] + boff : nullptr;
 #pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int k = c0 + kk * 16 + 2 * t + h * 8;
-                const int s0 = two && k >= R ? 1 : 0, s1 = two && k + 1 >= R ? 1 : 0;
-                const bool ok0 = k < GR && s0 == nslice[ni], ok1 = k + 1 < GR && s1 == nslice[ni];
-                const uint32_t lo = ok0 ? __bfloat16_as_ushort(brow[k - s0 * R]) : 0u;
-                const uint32_t hi = ok1 ? __bfloat16_as_ushort(brow[k + 1 - s1 * R]) : 0u;
-                b[h] = lo | (hi << 16);
-              }
+            for (int h = 0; h < 2; ++h) {
+              const int k = c0 + kk * 16 + 2 * t + h * 8;
+              const int s0 = two && k >= R ? 1 : 0, s1 = two && k + 1 >= R ? 1 : 0;
+              const bool ok0 = brow != nullptr && k < GR && s0 == nslice[ni];
+              const bool ok1 = brow != nullptr && k + 1 < GR && s1 == nslice[ni];
+              const uint32_t lo = ok0 ? __bfloat16_as_ushort(__ldg(brow + (k - s0 * R))) : 0u;
+              const uint32_t hi = ok1 ? __bfloat16_as_ushort(__ldg(brow + (k + 1 - s1 * R))) : 0u;
+              bv[ni][h] = lo | (hi << 16);
             }
+          }
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) {
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi) {
-              mma::mma_bf16(acc[mi][ni], ahi[mi], b[0], b[1]);
-              mma::mma_bf16(acc[mi][ni], alo[mi], b[0], b[1]);
+              mma::mma_bf16(acc[mi][ni], ahi[mi], bv[ni][0], bv[ni][1]);
+              mma::mma_bf16(acc[mi][ni], alo[mi], bv[ni][0], bv[ni][1]);
             }
           }
         }
