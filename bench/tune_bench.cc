@@ -277,7 +277,10 @@ int run_tune(int argc, char** argv) {
   below.moe_small_pairs = above.moe_small_pairs = 0;  // the grouped GEMM at every size
   below.moe_lora_mma_per_expert = kNever;
   above.moe_lora_mma_per_expert = 0;
-  const auto lora = sweep(be, dev, s, bf16, tokens_for({8, 16, 32, 64, 128, 256}), below, above, &stack,
+  // Up to 1,024 pairs per expert (GPT-OSS-20B: 8,192-token prefill steps): the H100's file said "never"
+  // from points up to 256, where serving prefills at 1,024 (session 51). POLYLORA_MOE_WGMMA_LORA_EXT=1 in the
+  // environment measures the tensor-core side with the LoRA as extra K slices (env applies on top).
+  const auto lora = sweep(be, dev, s, bf16, tokens_for({8, 16, 32, 64, 128, 256, 1024}), below, above, &stack,
                           iters, "moe_lora_mma_per_expert");
 
   // BF16 on the grouped GEMM: mma.sync vs warpgroup MMA (0: never; 1: from one pair per expert).
