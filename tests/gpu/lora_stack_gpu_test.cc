@@ -850,6 +850,53 @@ TEST(GpuLoraStack, MoeMxfp4Experts) {
   }
 }
 
+// MXFP4 experts on the warpgroup-MMA grouped GEMM with the tensor-core LoRA (every bound forced to one pair
+// per expert), its expand in the GEMM's epilogue and as extra K slices of its pipeline (moe_wgmma_lora_ext:
+// the MXFP4 B tiles decoded from codes, the LoRA slices' B tiles copied as bf16), with two gate/up LoRA
+// slices of rank 16 and one of rank 8, from one to several runs of rows per tile.
+TEST(GpuLoraStack, MoeMxfp4GroupedGemmLoraExt) {
+  SKIP_WITHOUT_GPU();
+  for (int ext : {0, 1}) {
+    SCOPED_TRACE("moe_wgmma_lora_ext " + std::to_string(ext));
+    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    t.mxfp4_mma_per_expert = 1;
+    t.moe_wgmma_per_expert = 1;
+    t.moe_wgmma_mxfp4 = 1;
+    t.moe_lora_mma_per_expert = 1;
+    t.moe_wgmma_lora_ext = ext;
+    k::override_kernel_tuning(t);
+    for (int64_t m : {40, 300}) {
+      run_all({.m = m,
+               .hidden = 256,
+               .inter = 192,
+               .num_experts = 32,
+               .top_k = 4,
+               .rank = 16,
+               .gu_slices = 2,
+               .act = k::ExpertAct::kGptOssSwiglu,
+               .fused = true,
+               .biases = true,
+               .slots = 8,
+               .lora_a = 0.15f,
+               .lora_b = 0.3f},
+              true, true);
+      run_all({.m = m,
+               .hidden = 96,
+               .inter = 64,
+               .num_experts = 8,
+               .top_k = 2,
+               .rank = 8,
+               .gu_slices = 1,
+               .act = k::ExpertAct::kGptOssSwiglu,
+               .fused = true,
+               .biases = true,
+               .slots = 8},
+              true, true);
+    }
+  }
+  k::override_kernel_tuning(std::nullopt);
+}
+
 // The tensor-core weight-streaming paths (BF16 and MXFP4 experts) with the expert LoRA in delta mode (each
 // phase's shrink and expand as one kernel beside the product, tuning moe_lora_delta_rows) and without (the
 // expand-fused activation and combine): both against the reference, with one and with two gate/up LoRA
