@@ -2,11 +2,14 @@
 # On the GPU machine (docs/gpu-machine.md; carry [".device-carry"] with .device-carry/peers): the check of
 # moe_wgmma_lora_ext (the expert LoRA expand as extra K slices of the warpgroup-MMA GEMM instead of its
 # epilogue; session 51's trace: the epilogue variant costs ~2 of the 2.8 ms per layer that 8 adapters add at
-# 8,192 tokens). One call of ~7 minutes: build; the GPU tests of the path (GpuLoraStack's tensor-core cases,
+# 8,192 tokens), and of the dense shrink by slot (decode). One call of ~7 minutes: build; the GPU tests of the path (GpuLoraStack's tensor-core cases,
 # pass 3 with the extension) and the tensor-parallel ones (expert parallelism with the routing, fixed in
 # session 51); `polylora_bench moe-lora` MXFP4 and bf16, 8 adapters, M = 1,024 / 4,096 / 8,192 with 0 / 1
-# (validated against the CPU reference first); `polylora_bench device` MXFP4 prefill (512-token prompts)
-# at batch 16 / 64 with 8 adapters under 0 / 1; then issue 15's serving check with 1 (SKIP_SERVE=1 skips);
+# (validated against the CPU reference first); `polylora_bench device` MXFP4 (512-token prompts, 32 tokens)
+# at batch 16 / 64 with 8 adapters with neither, each and both of moe_wgmma_lora_ext and the dense shrink by
+# slot (lora_dense_slot_shrink_min_rows 16), twice; with SERVE=1 then issue 15's serving check with both
+# (SERVE_ENV to change; ~90 s more: past one call's 600 s, so by default the next call runs
+# `SERVE_ENV="..." scripts/device_serve_check.sh` on the warm machine);
 # with NCU=1 first Nsight Compute on one gate/up launch of each LoRA variant of the GEMM (M = 8,192).
 set -uo pipefail
 OUT=${OUT:-/tmp/lora_ext_check}
@@ -15,7 +18,7 @@ source scripts/device_env.sh
 build_gpu
 B=build-gpu/bench/polylora_bench
 TG=$(find build-gpu -name test_gpu -type f | head -1)
-timeout 200 "$TG" --gtest_filter='GpuLoraStack.MoeGroupedGemm*:GpuLoraStack.MoeMxfp4*:TensorParallelGpu.*' > "$OUT/tests.txt" 2>&1
+timeout 240 "$TG" --gtest_filter='GpuLoraStack.MoeGroupedGemm*:GpuLoraStack.MoeMxfp4*:GpuLoraStack.Dense*:TensorParallelGpu.*' > "$OUT/tests.txt" 2>&1
 stamp "tests rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/tests.txt" | head -20
 if [ "${NCU:-0}" = 1 ]; then
@@ -42,14 +45,19 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("moe_lora-*.json")):
         print(p.stem, {k: r.get(k) for k in ("M", "base_us", "lora_us", "lora_delta_us", "max_rel_err")})
 PY
 for round in 1 2; do
-  for ext in 0 1; do
-    echo "== round $round ext $ext --loras 8" >> "$OUT/bench.txt"
-    POLYLORA_MOE_WGMMA_LORA_EXT=$ext timeout 150 "$B" device --config tests/data/configs/gpt-oss-20b --device cuda \
-      --prompt-len 512 --decode-tokens 8 --batches 16,64 --loras 8 2>&1 >/dev/null | grep -E "^batch" >> "$OUT/bench.txt"
+  for spec in "off:" "ext:POLYLORA_MOE_WGMMA_LORA_EXT=1" "slot:POLYLORA_LORA_SLOT_SHRINK_MIN_ROWS=16" \
+    "both:POLYLORA_MOE_WGMMA_LORA_EXT=1 POLYLORA_LORA_SLOT_SHRINK_MIN_ROWS=16"; do
+    label=${spec%%:*}
+    vars=${spec#*:}
+    echo "== round $round $label --loras 8" >> "$OUT/bench.txt"
+    # shellcheck disable=SC2086 # $vars: VAR=value words
+    env $vars timeout 150 "$B" device --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 \
+      --decode-tokens 32 --batches 16,64 --loras 8 2>&1 >/dev/null | grep -E "^batch.*tok/s" >> "$OUT/bench.txt"
   done
   stamp "device round $round"
 done
 cat "$OUT/summary.txt" "$OUT/bench.txt"
-if [ "${SKIP_SERVE:-0}" != 1 ]; then
-  OUT=$OUT/serve SERVE_ENV="POLYLORA_MOE_WGMMA_LORA_EXT=1" bash scripts/device_serve_check.sh 2>&1 | tail -12
+if [ "${SERVE:-0}" = 1 ]; then
+  OUT=$OUT/serve SERVE_ENV="${SERVE_ENV:-POLYLORA_MOE_WGMMA_LORA_EXT=1 POLYLORA_LORA_SLOT_SHRINK_MIN_ROWS=16}" \
+    bash scripts/device_serve_check.sh 2>&1 | tail -12
 fi

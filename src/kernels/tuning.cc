@@ -87,6 +87,8 @@ const std::vector<Field>& fields() {
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,
        "POLYLORA_LORA_GEMV_SHRINK_ROWS"},
       {"linear_stream_max_rows", &KernelTuning::linear_stream_max_rows, "POLYLORA_LINEAR_STREAM_ROWS"},
+      {"lora_dense_slot_shrink_min_rows", &KernelTuning::lora_dense_slot_shrink_min_rows,
+       "POLYLORA_LORA_SLOT_SHRINK_MIN_ROWS"},
   };
   return f;
 }

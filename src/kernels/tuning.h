@@ -204,6 +204,12 @@ struct KernelTuning {
   // Dense LoRA (kernels/lora/lora_cuda.cu): tokens up to which the shrink runs per token instead of tiled;
   // env POLYLORA_LORA_GEMV_SHRINK_ROWS too.
   int64_t lora_dense_gemv_shrink_rows = 64;
+  // Dense LoRA shrinks of from this many tokens (up to 256; 0: never) by adapter slot instead of per token
+  // (lora_cuda.cu dense_shrink_slot_kernel: each slot's A rows read once per 8 of its tokens, the input
+  // split over 8 warps per block). Written after session 51's H200 timeline of batch-64 decode with 8
+  // adapters, where the per-token q/k/v and o shrinks took 8.2 and 8.1 us per layer (17.7 MB of A read for
+  // 2.2 MB of distinct rows); 0 until measured; env POLYLORA_LORA_SLOT_SHRINK_MIN_ROWS.
+  int64_t lora_dense_slot_shrink_min_rows = 0;
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
   int64_t linear_stream_max_rows = 8;

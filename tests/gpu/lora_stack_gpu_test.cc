@@ -127,13 +127,21 @@ void run_dense(const DenseCase& c) {
   }
 }
 
+// Pass 1: the shrinks of up to 64 tokens by adapter slot (lora_dense_slot_shrink_min_rows 1).
 TEST(GpuLoraStack, DenseBatchSizes) {
   SKIP_WITHOUT_GPU();
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    for (int64_t m : {1, 16, 64, 256, 300}) {
-      for (int num : {1, 3}) run_dense({.m = m, .num = num, .rank = 16, .dtype = dtype});
+  for (int pass : {0, 1}) {
+    SCOPED_TRACE("lora_dense_slot_shrink_min_rows " + std::to_string(pass));
+    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    t.lora_dense_slot_shrink_min_rows = pass;
+    k::override_kernel_tuning(t);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (int64_t m : {1, 16, 64, 256, 300}) {
+        for (int num : {1, 3}) run_dense({.m = m, .num = num, .rank = 16, .dtype = dtype});
+      }
     }
   }
+  k::override_kernel_tuning(std::nullopt);
 }
 
 TEST(GpuLoraStack, DenseRanksAndShapes) {
@@ -180,9 +188,15 @@ TEST(GpuLoraStack, DenseNoAdapterTokensAreNoOps) {
 // (poisoned), and the product itself equals ref::linear.
 TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
   SKIP_WITHOUT_GPU();
-  {
+  // Pass 1: the separate shrinks by adapter slot (lora_dense_slot_shrink_min_rows 1; m = 100 and 256: more
+  // than 8 tokens per slot, several tiles per block).
+  for (int pass : {0, 1}) {
+    SCOPED_TRACE("lora_dense_slot_shrink_min_rows " + std::to_string(pass));
+    k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
+    tune.lora_dense_slot_shrink_min_rows = pass;
+    k::override_kernel_tuning(tune);
     const DType wd = DType::kBF16;
-    for (int64_t m : {1, 2, 5, 8, 13, 40}) {
+    for (int64_t m : {1, 2, 5, 8, 13, 40, 100, 256}) {
       for (int64_t in : {136, 1000}) {
         Arena ar(backend(kBf16Mode));
         const int64_t S = 8, R = 16, ldx = in + 4, n = 300, ld_tmp = 48 + 3;
@@ -236,6 +250,7 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
       }
     }
   }
+  k::override_kernel_tuning(std::nullopt);
 }
 
 // rope_kv_write with each lane's B rows in registers (KernelTuning::rope_lora_b_regs) against the same op
