@@ -310,6 +310,11 @@ void override_kernel_tuning(const std::optional<KernelTuning>& t) {
   s.override = t;
 }
 
+std::string_view tuning_field_env(std::string_view name) {
+  const Field* f = find_field(name);
+  return f != nullptr ? std::string_view(f->env) : std::string_view();
+}
+
 int64_t pick_crossover(const std::vector<TunePoint>& points, int64_t none) {
   int64_t pick = none;
   // From the largest x down: the bound is the smallest x of the trailing run where the second path wins.

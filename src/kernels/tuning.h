@@ -259,6 +259,8 @@ KernelTuning kernel_tuning(const TuningShape& shape);
 void override_kernel_tuning(const std::optional<KernelTuning>& t);
 // The compiled-in files (src/kernels/tuning/*.json).
 const std::vector<TuningFile>& builtin_tuning_files();
+// The environment variable that overrides field `name` (empty: no such field).
+std::string_view tuning_field_env(std::string_view name);
 // Every *.json file of folder `dir`, by file name (errors name the file).
 std::vector<TuningFile> load_tuning_folder(const std::string& dir);
 

@@ -8,6 +8,8 @@
 #include <unistd.h>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 
@@ -168,6 +170,33 @@ TEST(Tuning, CrossoverIsWhereTheSecondPathStaysFaster) {
   // Slower at the largest point: none, whatever happened below.
   EXPECT_EQ(pick_crossover({{1, 2.0, 1.0}, {2, 1.0, 3.0}}, 7), 7);
   EXPECT_EQ(pick_crossover({}, 5), 5);
+}
+
+// docs/tuning.md is where users look up a knob: every field has its row ("| `name` | ... |") naming the
+// environment variable that overrides it (POLYLORA_*; one variable may set related fields, as
+// POLYLORA_LORA_GEMV_SHRINK_ROWS sets the dense and the expert shrink bounds).
+TEST(Tuning, EveryFieldIsDocumentedWithItsVariable) {
+  std::ifstream in(std::string(POLYLORA_TEST_DATA) + "/../../docs/tuning.md");
+  ASSERT_TRUE(in.good()) << "docs/tuning.md not found";
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("| `", 0) == 0) rows.push_back(line);
+  const std::vector<std::string>& fields = tuning_field_names();
+  ASSERT_GT(fields.size(), 30u);
+  EXPECT_TRUE(tuning_field_env("no_such_field").empty());
+  for (const std::string& name : fields) {
+    const std::string_view env = tuning_field_env(name);
+    EXPECT_EQ(env.rfind("POLYLORA_", 0), 0u) << name << ": " << env;
+    const std::string head = "| `" + name + "` |";
+    const std::string var = "`" + std::string(env) + "`";
+    bool found = false;
+    for (const std::string& r : rows)
+      if (r.rfind(head, 0) == 0) {
+        found = true;
+        EXPECT_NE(r.find(var), std::string::npos) << name << "'s row does not name " << env;
+      }
+    EXPECT_TRUE(found) << "docs/tuning.md has no row for " << name;
+  }
 }
 
 }  // namespace
