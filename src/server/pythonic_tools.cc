@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/escapes.h"
 #include "common/utf8.h"
 
 namespace polylora::server {
@@ -28,12 +29,6 @@ bool is_alpha(char c) {
 }
 bool is_digit(char c) {
   return c >= '0' && c <= '9';
-}
-int hex_value(char h) {
-  return is_digit(h)              ? h - '0'
-         : (h >= 'a' && h <= 'f') ? h - 'a' + 10
-         : (h >= 'A' && h <= 'F') ? h - 'A' + 10
-                                  : -1;
 }
 bool is_word(char c) {
   return is_alpha(c) || is_digit(c) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
@@ -158,39 +153,13 @@ class Parser {
         continue;
       }
       pos_ += 2;
+      if (const int simple = python_simple_escape(e); simple >= 0) {
+        out += static_cast<char>(simple);
+        continue;
+      }
       switch (e) {
         case '\n':
           break;  // a line continuation
-        case '\\':
-          out += '\\';
-          break;
-        case '\'':
-          out += '\'';
-          break;
-        case '"':
-          out += '"';
-          break;
-        case 'a':
-          out += '\a';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'v':
-          out += '\v';
-          break;
         case 'x':
         case 'u':
         case 'U': {
@@ -199,7 +168,7 @@ class Parser {
           uint32_t cp = 0;
           for (size_t i = 0; i < digits; ++i) {
             const char h = s_[pos_ + i];
-            const int v = hex_value(h);
+            const int v = hex_digit_value(h);
             if (v < 0) return R::kBad;
             cp = cp * 16 + static_cast<uint32_t>(v);
           }
@@ -211,7 +180,7 @@ class Parser {
             bool hex = true;
             for (size_t i = 2; i < 6 && hex; ++i) {
               const char h = s_[pos_ + i];
-              const int v = hex_value(h);
+              const int v = hex_digit_value(h);
               hex = v >= 0;
               lo = lo * 16 + static_cast<uint32_t>(v < 0 ? 0 : v);
             }

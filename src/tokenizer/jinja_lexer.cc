@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "common/error.h"
+#include "common/escapes.h"
 #include "tokenizer/jinja_support.h"
 
 namespace polylora::jinja {
@@ -281,39 +282,13 @@ class Lexer {
       }
       if (pos_ >= src_.size()) error("unterminated string literal");
       char e = src_[pos_++];
+      if (const int simple = python_simple_escape(e); simple >= 0) {
+        out += static_cast<char>(simple);
+        continue;
+      }
       switch (e) {
-        case 'n':
-          out += '\n';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'v':
-          out += '\v';
-          break;
-        case 'a':
-          out += '\a';
-          break;
         case '0':
           out += '\0';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '\'':
-          out += '\'';
-          break;
-        case '"':
-          out += '"';
           break;
         case '\n':
           ++line_;
@@ -326,10 +301,7 @@ class Lexer {
           uint32_t cp = 0;
           for (size_t i = 0; i < n; ++i) {
             char h = src_[pos_ + i];
-            int d = is_digit(h)              ? h - '0'
-                    : (h >= 'a' && h <= 'f') ? h - 'a' + 10
-                    : (h >= 'A' && h <= 'F') ? h - 'A' + 10
-                                             : -1;
+            int d = hex_digit_value(h);
             if (d < 0) error("malformed \\" + std::string(1, e) + " escape");
             cp = cp * 16 + static_cast<uint32_t>(d);
           }

@@ -833,36 +833,39 @@ TEST(GpuLoraStack, MoeThirtyTwoExpertsTopFour) {
 // LoRAs, and 8 experts top 2 with one gate_up LoRA): batch 1 .. 64 in the bf16 modes take the tensor-core
 // MXFP4 GEMV with the shrinks in its extra CTAs (f32 mode: the fp32 GEMV with the shrinks as its items), 300
 // tokens the tiled shrink beside the GEMV (more sorted rows than lora_gemv_shrink_rows) or the grouped GEMM.
+// The two MXFP4 cases at m tokens (biases off at m = 3).
+void run_mxfp4_cases(int64_t m, bool bf16_modes_only) {
+  run_all({.m = m,
+           .hidden = 256,
+           .inter = 192,
+           .num_experts = 32,
+           .top_k = 4,
+           .rank = 16,
+           .gu_slices = 2,
+           .act = k::ExpertAct::kGptOssSwiglu,
+           .fused = true,
+           .biases = m != 3,
+           .slots = 8,
+           .lora_a = 0.15f,
+           .lora_b = 0.3f},
+          true, bf16_modes_only);
+  run_all({.m = m,
+           .hidden = 96,
+           .inter = 64,
+           .num_experts = 8,
+           .top_k = 2,
+           .rank = 8,
+           .gu_slices = 1,
+           .act = k::ExpertAct::kGptOssSwiglu,
+           .fused = true,
+           .biases = true,
+           .slots = 8},
+          true, bf16_modes_only);
+}
+
 TEST(GpuLoraStack, MoeMxfp4Experts) {
   SKIP_WITHOUT_GPU();
-  for (int64_t m : {1, 3, 16, 64, 300}) {
-    run_all({.m = m,
-             .hidden = 256,
-             .inter = 192,
-             .num_experts = 32,
-             .top_k = 4,
-             .rank = 16,
-             .gu_slices = 2,
-             .act = k::ExpertAct::kGptOssSwiglu,
-             .fused = true,
-             .biases = m != 3,
-             .slots = 8,
-             .lora_a = 0.15f,
-             .lora_b = 0.3f},
-            true);
-    run_all({.m = m,
-             .hidden = 96,
-             .inter = 64,
-             .num_experts = 8,
-             .top_k = 2,
-             .rank = 8,
-             .gu_slices = 1,
-             .act = k::ExpertAct::kGptOssSwiglu,
-             .fused = true,
-             .biases = true,
-             .slots = 8},
-            true);
-  }
+  for (int64_t m : {1, 3, 16, 64, 300}) run_mxfp4_cases(m, false);
 }
 
 // MXFP4 experts on the warpgroup-MMA grouped GEMM with the tensor-core LoRA (every bound forced to one pair
@@ -880,34 +883,7 @@ TEST(GpuLoraStack, MoeMxfp4GroupedGemmLoraExt) {
     t.moe_lora_mma_per_expert = 1;
     t.moe_wgmma_lora_ext = ext;
     k::override_kernel_tuning(t);
-    for (int64_t m : {40, 300}) {
-      run_all({.m = m,
-               .hidden = 256,
-               .inter = 192,
-               .num_experts = 32,
-               .top_k = 4,
-               .rank = 16,
-               .gu_slices = 2,
-               .act = k::ExpertAct::kGptOssSwiglu,
-               .fused = true,
-               .biases = true,
-               .slots = 8,
-               .lora_a = 0.15f,
-               .lora_b = 0.3f},
-              true, true);
-      run_all({.m = m,
-               .hidden = 96,
-               .inter = 64,
-               .num_experts = 8,
-               .top_k = 2,
-               .rank = 8,
-               .gu_slices = 1,
-               .act = k::ExpertAct::kGptOssSwiglu,
-               .fused = true,
-               .biases = true,
-               .slots = 8},
-              true, true);
-    }
+    for (int64_t m : {40, 300}) run_mxfp4_cases(m, true);
   }
   k::override_kernel_tuning(std::nullopt);
 }
@@ -932,7 +908,7 @@ TEST(GpuLoraStack, MoeLoraDeltaMode) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.moe_lora_delta_rows = variant == 1 || variant == 3 || variant == 4 ? 100000 : 0;
     t.moe_lora_delta_min_rows = 0;  // delta mode from one row
-    if (variant == 2) {  // and the tiled shrinks and activation, not the by-row kernels
+    if (variant == 2) {             // and the tiled shrinks and activation, not the by-row kernels
       t.lora_gemv_shrink_rows = 0;
       t.moe_lora_by_row = 0;
     }

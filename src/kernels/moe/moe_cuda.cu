@@ -201,8 +201,8 @@ struct MoeWorkspace {
       nullptr;                   // [max_rows, ext_w] lora_ext: the rows' K-extensions (one phase at a time)
   int32_t* lora_keys = nullptr;  // [max_rows] lora_ext: the rows' LoRA keys (one phase at a time)
   int64_t ext_w = 0;             // 2 · gu_slices · rank rounded up to the slice of 64
-  float* lora_dgu = nullptr;  // [max_rows, 2I] delta mode (moe_lora_delta): gate/up LoRA by sorted row
-  float* lora_dy = nullptr;   // [pairs, H] delta mode: down LoRA by pair
+  float* lora_dgu = nullptr;     // [max_rows, 2I] delta mode (moe_lora_delta): gate/up LoRA by sorted row
+  float* lora_dy = nullptr;      // [pairs, H] delta mode: down LoRA by pair
   size_t bytes = 0;
 
   MoeWorkspace(const MoeExpertsArgs& a, void* base, Path path, bool bf16_split) {
@@ -842,6 +842,25 @@ void launch_expert_combine(const MoeExpertsArgs& a, const float* y, const float*
 
 namespace {
 
+// What the tensor-core LoRA kernels need to find each sorted row's key (lora_row_key) for one phase: the
+// sort, the token slots and the phase's scale columns (gate/up: 0 and with two slices 1; down: 2).
+template <typename Params>
+void set_row_keys(Params& p, const MoeExpertsArgs& a, const MoeWorkspace& ws, bool gu) {
+  const MoeLoraStack& s = a.lora_stack;
+  p.sorted = ws.sorted;
+  p.tile_expert = ws.tile_expert;
+  p.num_tiles = ws.num_tiles;
+  p.tile_m = static_cast<int>(ws.tile_m);
+  p.max_rows = ws.max_rows;
+  p.token_slots = a.token_slots;
+  p.top_k = a.top_k;
+  p.E = a.num_experts;
+  p.slots = s.slots;
+  p.scale = s.scale;
+  p.c0 = gu ? 0 : 2;
+  p.slices = gu ? s.gu_slices : 1;
+}
+
 // The tensor-core shrink of one phase (moe_lora_mma.cuh) over the grouped GEMM's sorted rows: gate/up from x
 // (bf16, by token) into lora_gu, down from the activation (bf16, by sorted row) into lora_down, both
 // [splits][max_rows][slices · rank].
@@ -855,18 +874,7 @@ void launch_lora_shrink_mma(const MoeExpertsArgs& a, const MoeWorkspace& ws, int
   lp.lda = ws.copies * (gu ? ws.lda_h : ws.lda_i);
   lp.kb_tiles = static_cast<int>((gu ? ws.lda_h : ws.lda_i) / kMmaBK);
   lp.by_token = gu;
-  lp.sorted = ws.sorted;
-  lp.tile_expert = ws.tile_expert;
-  lp.num_tiles = ws.num_tiles;
-  lp.tile_m = static_cast<int>(ws.tile_m);
-  lp.max_rows = ws.max_rows;
-  lp.token_slots = a.token_slots;
-  lp.top_k = a.top_k;
-  lp.E = a.num_experts;
-  lp.slots = s.slots;
-  lp.scale = s.scale;
-  lp.c0 = gu ? 0 : 2;
-  lp.slices = gu ? s.gu_slices : 1;
+  set_row_keys(lp, a, ws, gu);
   lp.w = static_cast<const __nv_bfloat16*>(gu ? s.a_gu : s.a_down);
   lp.GR = lp.slices * s.rank;
   lp.K = gu ? a.hidden : a.inter;
@@ -889,23 +897,12 @@ void launch_lora_ext_pack(const MoeExpertsArgs& a, const MoeWorkspace& ws, int s
   const MoeLoraStack& s = a.lora_stack;
   const bool gu = P == Phase::kGateUp;
   moe_detail::LoraExtPackParams pp;
-  pp.slices = gu ? s.gu_slices : 1;
+  set_row_keys(pp, a, ws, gu);
   pp.GR = pp.slices * s.rank;
   pp.R = s.rank;
   pp.tmp = gu ? ws.lora_gu : ws.lora_down;
   pp.split_stride = ws.max_rows * pp.GR;
   pp.splits = splits;
-  pp.sorted = ws.sorted;
-  pp.tile_expert = ws.tile_expert;
-  pp.num_tiles = ws.num_tiles;
-  pp.tile_m = static_cast<int>(ws.tile_m);
-  pp.max_rows = ws.max_rows;
-  pp.token_slots = a.token_slots;
-  pp.top_k = a.top_k;
-  pp.E = a.num_experts;
-  pp.slots = s.slots;
-  pp.scale = s.scale;
-  pp.c0 = gu ? 0 : 2;
   pp.out = ws.lora_ext;
   pp.ext_w = static_cast<int>(ws.ext_w);
   pp.keys = ws.lora_keys;

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   const MmaParams& p = wp.mp;
   extern __shared__ unsigned char wg_smem[];
   __shared__ int32_t s_pair[kWgBM];
-  __shared__ int64_t s_arow[kWgBM];             // A row (−1: padding, zero-filled)
+  __shared__ int64_t s_arow[kWgBM];                  // A row (−1: padding, zero-filled)
   __shared__ int32_t s_lkey[LORA != 0 ? kWgBM : 1];  // LoRA key of the row (lora_row_key), −1: none
   __shared__ int16_t s_run[kExt ? kWgBM + 1 : 1];    // kExt: the runs' first rows, then kWgBM
   __shared__ uint32_t s_run_mask[kExt ? kWgBM / 32 : 1];
