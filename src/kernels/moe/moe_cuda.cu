@@ -1,5 +1,6 @@
-// kernels/moe/moe_cuda.cu: CUDA routing and MoE experts, entirely on the device (no host sync, no
-// per-expert host loop). Two paths, chosen on the host from the number of token-expert pairs m·top_k:
+// kernels/moe/moe_cuda.cu: the CUDA MoE experts, entirely on the device (no host sync, no per-expert host
+// loop; the routing and sorting kernels are moe_route_cuda.cu's). Two paths, chosen on the host from the
+// number of token-expert pairs m·top_k:
 // - small (e.g. decode: pairs <= max(512, 16·E) with tensor-core weights, <= kSmallPairs with F32 weights;
 //   the bounds are tuned per device and shape, kernels/tuning.h, with POLYLORA_* overrides): one block sorts
 //   the pairs by expert in shared memory (compact offsets and the list of active experts), then
@@ -31,17 +32,24 @@
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_lora_stack.cuh"
+#include "kernels/moe/moe_steps.h"
 
 namespace polylora::kernels::cuda {
 namespace {
 
 using cuda_util::load_as_f32;
+using moe_detail::align_small_smem;
+using moe_detail::CastArgs;
 using moe_detail::gemv_shrink;
+using moe_detail::GroupedAlignArgs;
+using moe_detail::kAlignSmallThreads;
 using moe_detail::kMaxTopKLora;
 using moe_detail::moe_gemv_blocks;
 using moe_detail::Phase;
+using moe_detail::route_smem;
 using moe_detail::shrink_items;
 using moe_detail::shrink_params;
+using moe_detail::SmallSortArgs;
 using moe_detail::StackBuffers;
 using moe_detail::StackStep;
 using moe_detail::tuning_of;
@@ -54,9 +62,6 @@ constexpr int64_t kSmallPairs = 512;  // at most this many token-expert pairs: t
 // register-streaming GEMV of moe_gemv.cuh (8-warp CTAs of 16 rows, the pipeline's 4-warp 64-row CTAs ran
 // at 12.5% occupancy and 1.36 / 0.68 waves at batch 1) it is 1: fewer pairs than experts (GPT-OSS-20B: batch
 // < 8) take the GEMV kernel.
-constexpr int kAlignSmallThreads = 512;
-constexpr int kF32TileM = 64;  // rows of an fp32 GEMM tile
-constexpr int kF32TileN = 64;
 
 int64_t round_up(int64_t v, int64_t a) {
   return (v + a - 1) / a * a;
@@ -232,7 +237,7 @@ struct MoeWorkspace {
         copies = bf16_split ? 2 : 1;
         break;
       case Path::kF32:
-        tile_m = kF32TileM;
+        tile_m = moe_detail::kF32TileM;
         max_tiles = (pairs + tile_m - 1) / tile_m + a.num_experts;
         max_rows = max_tiles * tile_m;
         break;
@@ -289,558 +294,6 @@ struct MoeWorkspace {
     }
   }
 };
-
-// ---- routing ----
-
-// Is (v1, i1) ahead of (v2, i2)? Larger value first, lower index on ties; index −1 is "none".
-__device__ __forceinline__ bool ahead(float v1, int i1, float v2, int i2) {
-  return i2 < 0 || (i1 >= 0 && (v1 > v2 || (v1 == v2 && i1 < i2)));
-}
-
-constexpr int kRouteWarps = 4;
-
-// Token t's top-k by one whole warp: vals and taken are the warp's E floats and E bytes of shared memory.
-__device__ __forceinline__ void route_token(const RouteArgs& a, int64_t t, float* vals, unsigned char* taken,
-                                            int lane) {
-  const int64_t E = a.num_experts;
-  const float* logits = a.logits + t * E;
-  const bool softmax_first = a.scoring == RouterScoring::kSoftmaxTopK;
-  float mx = -INFINITY;
-  for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, logits[e]);
-  mx = cuda_util::warp_max(mx);
-  float sum = 0.0f;
-  for (int64_t e = lane; e < E; e += 32) {
-    float v = logits[e];
-    if (softmax_first) {
-      v = expf(v - mx);
-      sum += v;
-    }
-    vals[e] = v;
-    taken[e] = 0;
-  }
-  if (softmax_first) {
-    sum = cuda_util::warp_sum(sum);
-    for (int64_t e = lane; e < E; e += 32) vals[e] /= sum;
-  }
-  __syncwarp();
-  int32_t* ids = a.ids + t * a.top_k;
-  float* w = a.weights + t * a.top_k;
-  for (int64_t k = 0; k < a.top_k; ++k) {
-    float bv = -INFINITY;
-    int bi = -1;
-    for (int64_t e = lane; e < E; e += 32) {
-      if (!taken[e] && ahead(vals[e], static_cast<int>(e), bv, bi)) {
-        bv = vals[e];
-        bi = static_cast<int>(e);
-      }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ahead(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (lane == 0) {
-      ids[k] = bi - static_cast<int32_t>(a.id_begin);
-      w[k] = bv;
-      taken[bi] = 1;
-    }
-    __syncwarp();
-  }
-  if (lane == 0) {
-    if (softmax_first) {
-      if (a.renormalize) {
-        float total = 0.0f;
-        for (int64_t k = 0; k < a.top_k; ++k) total += w[k];
-        for (int64_t k = 0; k < a.top_k; ++k) w[k] /= total;
-      }
-    } else {
-      float top = w[0], total = 0.0f;
-      for (int64_t k = 0; k < a.top_k; ++k) total += w[k] = expf(w[k] - top);
-      for (int64_t k = 0; k < a.top_k; ++k) w[k] /= total;
-    }
-  }
-  __syncwarp();
-}
-
-// Shared memory of route_token for `warps` warps.
-size_t route_smem(int64_t E, int64_t warps) {
-  return static_cast<size_t>(warps * E) * (sizeof(float) + 1);
-}
-
-__global__ void route_kernel(RouteArgs a) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  extern __shared__ float route_smem_f[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  const int64_t E = a.num_experts;
-  if (t >= a.m) return;
-  route_token(a, t, route_smem_f + warp * E,
-              reinterpret_cast<unsigned char*>(route_smem_f + kRouteWarps * E) + warp * E, lane);
-}
-
-// ---- align ----
-
-// The slot bucket of a pair's token: 1 + its adapter slot, 0 without one (or without slots).
-__device__ __forceinline__ int32_t slot_bucket(const int32_t* token_slots, int64_t top_k, int64_t buckets,
-                                               int64_t pair) {
-  if (buckets <= 1 || token_slots == nullptr) return 0;
-  const int32_t s = token_slots[pair / top_k];
-  return s >= 0 && s + 1 < buckets ? s + 1 : 0;
-}
-
-// Shared memory of align_small_kernel: counts and cursors per expert, and per (expert, slot bucket) with
-// buckets.
-size_t align_small_smem(int64_t E, int64_t buckets) {
-  return static_cast<size_t>(8 * E) + (buckets > 1 ? static_cast<size_t>(4 * E * buckets) : 0);
-}
-
-// GEMV paths (tile_m 1), one block: counts per expert, compact offsets, the active experts in expert order
-// and the pairs in expert order. Within an expert the results do not depend on the order (each pair is
-// computed on its own); with slot buckets (slot-stacked LoRA) the pairs are grouped by adapter slot, so
-// consecutive rows mostly share one (slot, expert) and the tiled LoRA shrink reads its A once per tile.
-struct SmallSortArgs {
-  const int32_t* ids = nullptr;
-  int64_t pairs = 0, E = 0;
-  int32_t *counts = nullptr, *offsets = nullptr, *active = nullptr, *num_active = nullptr,
-          *num_rows = nullptr, *sorted = nullptr;
-  const int32_t* token_slots = nullptr;
-  int64_t top_k = 0, buckets = 1;
-};
-
-// The body of align_small_kernel for one whole block (align_smem: align_small_smem bytes).
-__device__ __forceinline__ void align_small_block(const SmallSortArgs& s, int32_t* align_smem) {
-  const int32_t* ids = s.ids;
-  const int64_t pairs = s.pairs, E = s.E, top_k = s.top_k, buckets = s.buckets;
-  int32_t *counts = s.counts, *offsets = s.offsets, *active = s.active, *num_active = s.num_active,
-          *num_rows = s.num_rows, *sorted = s.sorted;
-  const int32_t* token_slots = s.token_slots;
-  int32_t* cnt = align_smem;  // [E]
-  int32_t* cursor = cnt + E;  // [E]
-  int32_t* sub = cursor + E;  // [E][buckets] with buckets > 1
-  const bool by_slot = buckets > 1 && token_slots != nullptr;
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-  if (by_slot)
-    for (int64_t i = threadIdx.x; i < E * buckets; i += blockDim.x) sub[i] = 0;
-  __syncthreads();
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
-    int32_t e = ids[p];
-    if (e >= 0 && e < E) {
-      atomicAdd(&cnt[e], 1);
-      if (by_slot) atomicAdd(&sub[e * buckets + slot_bucket(token_slots, top_k, buckets, p)], 1);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    // Warp 0: exclusive scans of the counts and of (count > 0) over lane-contiguous ranges of experts.
-    const int lane = threadIdx.x;
-    const int64_t per = (E + 31) / 32, b = lane * per, en = b + per < E ? b + per : E;
-    int32_t sum = 0, nact = 0;
-    for (int64_t e = b; e < en; ++e) {
-      sum += cnt[e];
-      nact += cnt[e] > 0;
-    }
-    int32_t isum = sum, iact = nact;
-    for (int o = 1; o < 32; o <<= 1) {
-      int32_t vs = __shfl_up_sync(0xffffffffu, isum, o), va = __shfl_up_sync(0xffffffffu, iact, o);
-      if (lane >= o) {
-        isum += vs;
-        iact += va;
-      }
-    }
-    int32_t run = isum - sum, ra = iact - nact;
-    for (int64_t e = b; e < en; ++e) {
-      cursor[e] = run;
-      offsets[e] = run;
-      counts[e] = cnt[e];
-      if (cnt[e] > 0) active[ra++] = static_cast<int32_t>(e);
-      run += cnt[e];
-    }
-    if (lane == 31) {
-      *num_active = iact;
-      *num_rows = isum;
-    }
-  }
-  __syncthreads();
-  if (by_slot) {
-    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-      int32_t run = cursor[e];
-      for (int64_t b = 0; b < buckets; ++b) {
-        const int32_t c = sub[e * buckets + b];
-        sub[e * buckets + b] = run;
-        run += c;
-      }
-    }
-    __syncthreads();
-  }
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
-    int32_t e = ids[p];
-    if (e < 0 || e >= E) continue;
-    int32_t* cur = by_slot ? &sub[e * buckets + slot_bucket(token_slots, top_k, buckets, p)] : &cursor[e];
-    sorted[atomicAdd(cur, 1)] = static_cast<int32_t>(p);
-  }
-}
-
-__global__ void align_small_kernel(SmallSortArgs s) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  extern __shared__ int32_t align_smem[];
-  align_small_block(s, align_smem);
-}
-
-// Pairs per expert, and per (expert, slot bucket) when there are buckets.
-__global__ void count_kernel(const int32_t* ids, int64_t pairs, int64_t E, int32_t* counts,
-                             const int32_t* token_slots, int64_t top_k, int64_t buckets,
-                             int32_t* sub_counts) {
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int32_t e = ids[p];
-    if (e < 0 || e >= E) continue;
-    atomicAdd(&counts[e], 1);
-    if (buckets > 1) atomicAdd(&sub_counts[e * buckets + slot_bucket(token_slots, top_k, buckets, p)], 1);
-  }
-}
-
-// One block: tiles per expert scanned in shared memory, then the tile -> expert map filled in parallel.
-__global__ void offsets_kernel(const int32_t* counts, int64_t E, int tile_m, int32_t* offsets,
-                               int32_t* tile_expert, int32_t* num_tiles) {
-  extern __shared__ int32_t offsets_smem[];  // [E] first tile of each expert, then [E] tiles
-  int32_t* first = offsets_smem;
-  int32_t* ntiles = offsets_smem + E;
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) ntiles[e] = (counts[e] + tile_m - 1) / tile_m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t tile = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      first[e] = tile;
-      tile += ntiles[e];
-    }
-    *num_tiles = tile;
-  }
-  __syncthreads();
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    offsets[e] = first[e] * tile_m;
-    for (int32_t i = 0; i < ntiles[e]; ++i) tile_expert[first[e] + i] = static_cast<int32_t>(e);
-  }
-}
-
-// With slot buckets: the scatter cursors start at each (expert, bucket)'s first row within the expert
-// (an exclusive scan of sub_counts over the buckets; one thread per expert).
-__global__ void bucket_cursors_kernel(const int32_t* sub_counts, int64_t E, int64_t buckets, int32_t* fill) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < E;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int32_t run = 0;
-    for (int64_t b = 0; b < buckets; ++b) {
-      fill[e * buckets + b] = run;
-      run += sub_counts[e * buckets + b];
-    }
-  }
-}
-
-// Each pair to its expert's rows (within them, its slot bucket's range when there are buckets; in any order
-// within a bucket: each pair's result is computed on its own).
-__global__ void scatter_kernel(const int32_t* ids, int64_t pairs, int64_t E, const int32_t* offsets,
-                               int32_t* fill, int32_t* sorted, const int32_t* token_slots, int64_t top_k,
-                               int64_t buckets) {
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int32_t e = ids[p];
-    if (e < 0 || e >= E) continue;
-    const int64_t b = slot_bucket(token_slots, top_k, buckets, p);
-    sorted[offsets[e] + atomicAdd(&fill[e * buckets + b], 1)] = static_cast<int32_t>(p);
-  }
-}
-
-// Eight f32 values -> eight bf16 (hi) and, with lo, the rounding remainders as bf16 (cuda_util::split_bf16).
-__device__ __forceinline__ void pack_bf16x8(const float (&v)[8], uint4* hi, uint4* lo) {
-  uint32_t h[4], l[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const cuda_util::Bf16Pair a = cuda_util::split_bf16(v[2 * j]), b = cuda_util::split_bf16(v[2 * j + 1]);
-    h[j] = static_cast<uint32_t>(__bfloat16_as_ushort(a.hi)) |
-           (static_cast<uint32_t>(__bfloat16_as_ushort(b.hi)) << 16);
-    l[j] = static_cast<uint32_t>(__bfloat16_as_ushort(a.lo)) |
-           (static_cast<uint32_t>(__bfloat16_as_ushort(b.lo)) << 16);
-  }
-  *hi = make_uint4(h[0], h[1], h[2], h[3]);
-  if (lo != nullptr) *lo = make_uint4(l[0], l[1], l[2], l[3]);
-}
-
-// x [m, H] (row stride ldx) -> bf16 rows of copies·lda: hi in columns [0, lda) and, with the split
-// (copies = 2), lo in [lda, 2·lda); columns past H zero; 8 columns per thread.
-struct CastArgs {
-  const float* x = nullptr;
-  int64_t ldx = 0, m = 0, H = 0, lda = 0, copies = 1;
-  __nv_bfloat16* out = nullptr;
-};
-
-// Items first, first + stride, ... of the cast (8 columns each).
-__device__ __forceinline__ void cast_x_bf16_items(const CastArgs& c, int64_t first, int64_t stride) {
-  const float* x = c.x;
-  const int64_t ldx = c.ldx, H = c.H, lda = c.lda, copies = c.copies;
-  __nv_bfloat16* out = c.out;
-  const int64_t per_row = lda / 8, total = c.m * per_row;
-  for (int64_t idx = first; idx < total; idx += stride) {
-    const int64_t t = idx / per_row, k0 = (idx % per_row) * 8;
-    const float* src = x + t * ldx;
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = k0 + j < H ? src[k0 + j] : 0.0f;
-    __nv_bfloat16* row = out + t * copies * lda;
-    pack_bf16x8(v, reinterpret_cast<uint4*>(row + k0),
-                copies == 2 ? reinterpret_cast<uint4*>(row + lda + k0) : nullptr);
-  }
-}
-
-__global__ void cast_x_bf16_kernel(CastArgs c) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  cast_x_bf16_items(c, blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x,
-                    static_cast<int64_t>(gridDim.x) * blockDim.x);
-}
-
-// Small batches with their routing (MoeExpertsArgs::route, KernelTuning::moe_route_fused_max_tokens): CTA 0
-// routes every token (warp w the tokens w, w + warps, ...; route_token as route_kernel) and then sorts the
-// pairs (align_small_block); CTAs 1.. cast x to bf16 (with.out != nullptr), which does not need the
-// routing. One launch for what took three.
-__global__ void route_sort_small_kernel(RouteArgs r, SmallSortArgs s, CastArgs c) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  extern __shared__ __align__(16) unsigned char route_sort_smem[];
-  if (blockIdx.x > 0) {
-    cast_x_bf16_items(c, (blockIdx.x - 1) * static_cast<int64_t>(blockDim.x) + threadIdx.x,
-                      static_cast<int64_t>(gridDim.x - 1) * blockDim.x);
-    return;
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int64_t E = r.num_experts;
-  auto* vals = reinterpret_cast<float*>(route_sort_smem);
-  auto* taken = route_sort_smem + static_cast<size_t>(warps * E) * sizeof(float);
-  for (int64_t t = warp; t < r.m; t += warps) route_token(r, t, vals + warp * E, taken + warp * E, lane);
-  __syncthreads();  // the ids (global memory, written by this block) are visible to the whole block
-  align_small_block(s, reinterpret_cast<int32_t*>(route_sort_smem));
-}
-
-// ---- fp32 grouped GEMM (F32 weights, large batches) ----
-
-struct GemmParams {
-  const float* x = nullptr;  // kGateUp: token rows [m, H] (stride ldx); kDown: act rows [max_rows, I]
-  int64_t ldx = 0;
-  const ExpertView* experts = nullptr;
-  const int32_t* sorted = nullptr;
-  const int32_t* tile_expert = nullptr;
-  const int32_t* num_tiles = nullptr;
-  int64_t top_k = 0, hidden = 0, inter = 0;
-  float* out = nullptr;  // kGateUp: gu [max_rows, 2I]; kDown: y [pairs, H]
-};
-
-// fp32 FMA: 256 threads, each 4×4 outputs (rows ty + 16i, columns tx + 16j) of a 64×64 tile.
-constexpr int kF32K = 16;
-
-template <Phase P>
-__global__ void __launch_bounds__(256) moe_gemm_f32(GemmParams p) {
-  __shared__ float As[kF32TileM][kF32K + 1];
-  __shared__ float Bs[kF32TileN][kF32K + 1];
-  __shared__ const float* arow[kF32TileM];
-  __shared__ const char* brow[kF32TileN];
-  __shared__ int32_t pair[kF32TileM];
-  const int tile = blockIdx.x;
-  const int64_t K = P == Phase::kGateUp ? p.hidden : p.inter;
-  const int64_t N = P == Phase::kGateUp ? 2 * p.inter : p.hidden;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kF32TileN;
-  if (tile >= *p.num_tiles || n0 >= N) return;
-  const ExpertView& ex = p.experts[p.tile_expert[tile]];
-  for (int i = threadIdx.x; i < kF32TileM; i += blockDim.x) {
-    int64_t r = static_cast<int64_t>(tile) * kF32TileM + i;
-    int32_t pr = p.sorted[r];
-    pair[i] = pr;
-    arow[i] = pr < 0 ? nullptr : (P == Phase::kGateUp ? p.x + (pr / p.top_k) * p.ldx : p.x + r * p.inter);
-  }
-  for (int j = threadIdx.x; j < kF32TileN; j += blockDim.x) {
-    int64_t n = n0 + j;
-    brow[j] = n < N ? moe_detail::weight_row<P>(ex, n, K, p.inter) : nullptr;
-  }
-  const DType dt = moe_detail::weight_dtype<P>(ex);
-  const float* bias = moe_detail::weight_bias<P>(ex);
-  __syncthreads();
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < K; k0 += kF32K) {
-    for (int idx = threadIdx.x; idx < kF32TileM * kF32K; idx += blockDim.x) {
-      int r = idx / kF32K, kk = idx % kF32K;
-      int64_t k = k0 + kk;
-      const float* ar = arow[r];
-      As[r][kk] = ar && k < K ? ar[k] : 0.0f;
-      const char* br = brow[r];  // kF32TileN == kF32TileM
-      Bs[r][kk] = br && k < K ? load_as_f32(br, dt, k) : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kF32K; ++kk) {
-      float av[4], bv[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) av[i] = As[ty + 16 * i][kk];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) bv[j] = Bs[tx + 16 * j][kk];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    int r = ty + 16 * i;
-    if (pair[r] < 0) continue;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      int64_t n = n0 + tx + 16 * j;
-      if (n >= N) continue;
-      float v = acc[i][j] + (bias ? bias[n] : 0.0f);
-      if (P == Phase::kGateUp) {
-        p.out[(static_cast<int64_t>(tile) * kF32TileM + r) * N + n] = v;
-      } else {
-        p.out[static_cast<int64_t>(pair[r]) * N + n] = v;
-      }
-    }
-  }
-}
-
-// ---- LoRA, activation, combine ----
-
-// One block per sorted row (rows past num_tiles · tile_m exit): the LoRA of (its token's slot, its
-// expert), on gate_up (down == false, input the token's x, output the gu row) or on down (input the act
-// row, output the pair's y row).
-__global__ void moe_lora_kernel(MoeExpertsArgs a, const int32_t* sorted, const int32_t* num_tiles, int tile_m,
-                                float* gu, const float* act, float* y, bool down) {
-  __shared__ float s_mid[cuda_util::kLoraRankChunk];
-  const int64_t r = blockIdx.x;
-  if (r >= static_cast<int64_t>(*num_tiles) * tile_m) return;
-  const int32_t pr = sorted[r];
-  if (pr < 0) return;
-  const int64_t t = pr / a.top_k;
-  const int32_t slot = a.token_slots[t];
-  if (slot < 0 || slot >= a.num_slots) return;
-  const ExpertLoraView& lv = a.lora[slot * a.num_experts + a.ids[pr]];
-  const int64_t I = a.inter;
-  if (down) {
-    if (lv.down.a != nullptr)
-      cuda_util::lora_row(lv.down, act + r * I, y + static_cast<int64_t>(pr) * a.hidden, s_mid);
-    return;
-  }
-  const float* x = a.x + t * a.ldx;
-  float* g = gu + r * 2 * I;
-  if (lv.gate_up.a != nullptr) cuda_util::lora_row(lv.gate_up, x, g, s_mid);
-  if (lv.gate.a != nullptr) cuda_util::lora_row(lv.gate, x, g, s_mid);
-  if (lv.up.a != nullptr) cuda_util::lora_row(lv.up, x, g + I, s_mid);
-}
-
-// act = act_fn(gu) for sorted rows below num_tiles · tile_m that hold a pair: into act (f32, [rows, I],
-// when not nullptr) and act_bf16 (rows of copies·lda_bf16: hi in [0, lda_bf16), with copies = 2 lo in
-// [lda_bf16, 2·lda_bf16); columns past I zero; when not nullptr). Rows over blockIdx.x (grid-stride),
-// columns over blockIdx.y and threads (moe_act_grid: few rows spread over more CTAs).
-// moe_act_kernel's grid: rows over x (at most 16384), and when the rows are few (decode) the columns over
-// up to 8 CTAs in y, so a batch-1 step's 4 rows take 32 CTAs rather than 4.
-dim3 moe_act_grid(int64_t max_rows, int64_t I) {
-  const int64_t x = std::min<int64_t>(max_rows, 16384);
-  const int64_t y = x >= 64 ? 1 : std::min<int64_t>({8, (I + 255) / 256, std::max<int64_t>(1, 64 / x)});
-  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
-}
-
-// gu_delta (or nullptr): added to gu first (the expert LoRA in delta mode, same layout).
-__global__ void moe_act_kernel(const int32_t* sorted, const int32_t* num_tiles, int tile_m, const float* gu,
-                               const float* gu_delta, float* act, __nv_bfloat16* act_bf16, int64_t lda_bf16,
-                               int64_t copies, int64_t max_rows, int64_t I, ExpertAct kind, float alpha,
-                               float limit) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  const int64_t rows_dev = static_cast<int64_t>(*num_tiles) * tile_m;
-  const int64_t rows = rows_dev < max_rows ? rows_dev : max_rows;
-  const int64_t width = act_bf16 != nullptr ? lda_bf16 : I;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    if (sorted[r] < 0) continue;
-    const float* g = gu + r * 2 * I;
-    const float* d = gu_delta != nullptr ? gu_delta + r * 2 * I : nullptr;
-    for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < width;
-         j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
-      __nv_bfloat16* brow = act_bf16 != nullptr ? act_bf16 + r * copies * lda_bf16 : nullptr;
-      if (j >= I) {
-        brow[j] = __float2bfloat16_rn(0.0f);
-        if (copies == 2) brow[lda_bf16 + j] = __float2bfloat16_rn(0.0f);
-        continue;
-      }
-      const int64_t ng = kind == ExpertAct::kGptOssSwiglu ? 2 * j : j;
-      const int64_t nu = kind == ExpertAct::kGptOssSwiglu ? 2 * j + 1 : I + j;
-      float gv = g[ng], uv = g[nu];
-      if (d != nullptr) {
-        gv += d[ng];
-        uv += d[nu];
-      }
-      const float v = moe_detail::expert_act(kind, gv, uv, alpha, limit);
-      if (act != nullptr) act[r * I + j] = v;
-      if (brow != nullptr) {
-        const cuda_util::Bf16Pair p = cuda_util::split_bf16(v);
-        brow[j] = p.hi;
-        if (copies == 2) brow[lda_bf16 + j] = p.lo;
-      }
-    }
-  }
-}
-
-// out[t] = Σ_k weights[t, k] · y[t·top_k + k]: token t = blockIdx.x, columns over blockIdx.y and threads (a
-// single token spreads over ⌈H / 256⌉ CTAs: at batch 1 one CTA took 18 us of a 5 ms step).
-// y_delta (or nullptr): added to y first (the down LoRA in delta mode, same layout).
-__global__ void moe_combine_kernel(const float* y, const float* y_delta, const int32_t* ids,
-                                   const float* weights, int64_t top_k, int64_t H, int64_t E, float* out,
-                                   int64_t ldo) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  const int64_t t = blockIdx.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < H;
-       i += static_cast<int64_t>(gridDim.y) * blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t k = 0; k < top_k; ++k) {
-      int64_t p = t * top_k + k;
-      int32_t e = ids[p];
-      if (e < 0 || e >= E) continue;
-      const float v = y_delta != nullptr ? y[p * H + i] + y_delta[p * H + i] : y[p * H + i];
-      sum += weights[p] * v;
-    }
-    out[t * ldo + i] = sum;
-  }
-}
-
-}  // namespace
-
-namespace moe_detail {
-// The fp32 small-batch product's grid: the CTAs that fit on the GPU at once (2 per SM by its launch bounds),
-// or fewer when the items are fewer (max_items: the worst case, every expert of the sort active).
-unsigned moe_gemv_blocks(int64_t max_items) {
-  const int64_t sms = cuda_util::num_sms();
-  const int64_t warps = moe_detail::kGemvThreads / 32;
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>(2 * sms, (max_items + warps - 1) / warps)));
-}
-
-void launch_expert_act(const int32_t* sorted, const int32_t* num_tiles, int tile_m, int64_t max_rows,
-                       const float* gu, const float* gu_delta, float* act, __nv_bfloat16* act_bf16,
-                       int64_t lda_bf16, int64_t copies, const MoeExpertsArgs& a, cudaStream_t st) {
-  cuda_util::launch_pdl(moe_act_kernel, moe_act_grid(max_rows, a.inter), 256, 0, st, sorted, num_tiles,
-                        tile_m, gu, gu_delta, act, act_bf16, lda_bf16, copies, max_rows, a.inter, a.act,
-                        a.swiglu_alpha, a.swiglu_limit);
-  CUDA_CHECK_LAUNCH();
-}
-
-// Column blocks per token: ~2,048 CTAs in all up to one per 256 columns (at batch 64 one CTA per token left
-// 64 CTAs for 2.9 MB of y: 25.6 us under ncu where the activation took 11.5).
-void launch_expert_combine(const MoeExpertsArgs& a, const float* y, const float* y_delta, cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>(std::min<int64_t>(
-                                                  (a.hidden + 255) / 256, std::max<int64_t>(1, 2048 / a.m))));
-  cuda_util::launch_pdl(moe_combine_kernel, grid, 256, 0, st, y, y_delta, a.ids, a.weights, a.top_k, a.hidden,
-                        a.num_experts, a.out, a.ldo);
-  CUDA_CHECK_LAUNCH();
-}
-}  // namespace moe_detail
-
-namespace {
 
 // What the tensor-core LoRA kernels need to find each sorted row's key (lora_row_key) for one phase: the
 // sort, the token slots and the phase's scale columns (gate/up: 0 and with two slices 1; down: 2).
@@ -931,25 +384,6 @@ moe_detail::LoraExpandMma lora_expand_params(const MoeExpertsArgs& a, const MoeW
   return l;
 }
 
-}  // namespace
-
-void route(const RouteArgs& a, const CudaContext& ctx) {
-  if (a.m == 0) return;
-  KERNEL_CHECK(a.top_k >= 1 && a.top_k <= a.num_experts, "route: top_k must be in 1..num_experts");
-  const size_t smem = route_smem(a.num_experts, kRouteWarps);
-  KERNEL_CHECK(smem <= 48 * 1024, "route: too many experts for one block's shared memory");
-  unsigned blocks = static_cast<unsigned>((a.m + kRouteWarps - 1) / kRouteWarps);
-  cuda_util::launch_pdl(route_kernel, blocks, kRouteWarps * 32, smem, cuda_util::stream(ctx), a);
-  CUDA_CHECK_LAUNCH();
-}
-
-namespace {
-
-// Whether the expert products take their bf16 activations as a hi + lo pair (CudaContext::bf16_split).
-// MXFP4 experts do not: their weights carry 4-bit values, Hugging Face's and every peer's MXFP4 kernels
-// multiply them with bf16 activations, and the split doubled the activation traffic and the MMAs of the
-// tensor-core MXFP4 kernels, whose shared memory it filled (H200, session 33: decode without the split ran
-// 1.36x / 1.38x faster at batch 16 / 64). POLYLORA_MXFP4_BF16_SPLIT=1 keeps the split for them.
 // A tensor-core weight-streaming product, after the expert LoRA step `beside` (the delta kernel or a shrink)
 // when given, which runs beside it: the product starts at once (GemvTcParams::defer_wait) and its one extra
 // CTA in x waits for that step (gemv_pdl_begin), so the product's completion implies the step's. The pair
@@ -965,6 +399,11 @@ void launch_tc_product(dim3 grid, const moe_detail::GemvTcParams& tp, const MoeE
   moe_detail::launch_gemv_tc<P>(grid, tp, a.experts_mxfp4, a.m, st);
 }
 
+// Whether the expert products take their bf16 activations as a hi + lo pair (CudaContext::bf16_split).
+// MXFP4 experts do not: their weights carry 4-bit values, Hugging Face's and every peer's MXFP4 kernels
+// multiply them with bf16 activations, and the split doubled the activation traffic and the MMAs of the
+// tensor-core MXFP4 kernels, whose shared memory it filled (H200, session 33: decode without the split ran
+// 1.36x / 1.38x faster at batch 16 / 64). POLYLORA_MXFP4_BF16_SPLIT=1 keeps the split for them.
 bool moe_split(const MoeExpertsArgs& a, const CudaContext& ctx) {
   static const bool mxfp4_split = [] {
     const char* e = std::getenv("POLYLORA_MXFP4_BF16_SPLIT");
@@ -1036,9 +475,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       return;
     }
     if (lora) {
-      moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m,
-                                                                          ws.gu, ws.act, ws.y, false);
-      CUDA_CHECK_LAUNCH();
+      moe_detail::launch_expert_lora_views(a, ws.sorted, ws.num_tiles, tile_m, ws.max_rows, ws.gu, ws.act,
+                                           ws.y, false, st);
     }
     moe_detail::launch_expert_act(ws.sorted, ws.num_tiles, tile_m, ws.max_rows, ws.gu, nullptr,
                                   (!bf16_act || lora) ? ws.act : nullptr, bf16_act ? ws.act_bf16 : nullptr,
@@ -1082,19 +520,14 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     if (route_fused) {
       const unsigned cast_blocks =
           cast ? cuda_util::blocks_for(a.m * ws.lda_h / 8, kAlignSmallThreads, 8192) : 0u;
-      cuda_util::launch_pdl(route_sort_small_kernel, 1 + cast_blocks, kAlignSmallThreads, fused_smem, st,
-                            a.route, ss, cast_args);
-      CUDA_CHECK_LAUNCH();
+      moe_detail::launch_route_sort_small(a.route, ss, cast_args, cast_blocks, fused_smem, st);
       return;
     }
     const size_t smem = align_small_smem(E, nb);
     KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the small-batch sort");
-    cuda_util::launch_pdl(align_small_kernel, 1, kAlignSmallThreads, smem, st, ss);
-    CUDA_CHECK_LAUNCH();
+    moe_detail::launch_align_small(ss, smem, st);
     if (!cast) return;
-    cuda_util::launch_pdl(cast_x_bf16_kernel, cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0,
-                          st, cast_args);
-    CUDA_CHECK_LAUNCH();
+    moe_detail::launch_cast_x_bf16(cast_args, cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, st);
   };
 
   if (tc_gemv) {
@@ -1226,34 +659,29 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     moe_detail::launch_gemv<Phase::kDown>(pass_m, grid_down, gp, st);
   } else {
     // 1. align
-    const int64_t nb = ws.buckets;
-    CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, static_cast<size_t>(4 * E), st));
-    CUDA_CHECK(cudaMemsetAsync(ws.fill, 0, static_cast<size_t>(4 * E * nb), st));
-    if (nb > 1) CUDA_CHECK(cudaMemsetAsync(ws.sub_counts, 0, static_cast<size_t>(4 * E * nb), st));
-    CUDA_CHECK(cudaMemsetAsync(ws.sorted, 0xff, static_cast<size_t>(4 * ws.max_rows), st));
-    unsigned pair_blocks = cuda_util::blocks_for(ws.pairs, 256, 4096);
-    count_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.counts, a.token_slots, a.top_k, nb,
-                                              ws.sub_counts);
-    CUDA_CHECK_LAUNCH();
-    const size_t smem = static_cast<size_t>(8 * E);
-    KERNEL_CHECK(smem <= 48 * 1024, "moe_experts: too many experts for the offsets kernel");
-    offsets_kernel<<<1, 1024, smem, st>>>(ws.counts, E, tile_m, ws.offsets, ws.tile_expert, ws.num_tiles);
-    CUDA_CHECK_LAUNCH();
-    if (nb > 1) {
-      bucket_cursors_kernel<<<cuda_util::blocks_for(E, 128, 1024), 128, 0, st>>>(ws.sub_counts, E, nb,
-                                                                                 ws.fill);
-      CUDA_CHECK_LAUNCH();
-    }
-    scatter_kernel<<<pair_blocks, 256, 0, st>>>(a.ids, ws.pairs, E, ws.offsets, ws.fill, ws.sorted,
-                                                a.token_slots, a.top_k, nb);
-    CUDA_CHECK_LAUNCH();
-    const int64_t tile_n = mma ? moe_detail::kMmaBN : kF32TileN;
+    moe_detail::launch_grouped_align({.ids = a.ids,
+                                      .pairs = ws.pairs,
+                                      .E = E,
+                                      .max_rows = ws.max_rows,
+                                      .tile_m = tile_m,
+                                      .counts = ws.counts,
+                                      .fill = ws.fill,
+                                      .sub_counts = ws.sub_counts,
+                                      .offsets = ws.offsets,
+                                      .tile_expert = ws.tile_expert,
+                                      .num_tiles = ws.num_tiles,
+                                      .sorted = ws.sorted,
+                                      .token_slots = a.token_slots,
+                                      .top_k = a.top_k,
+                                      .buckets = ws.buckets},
+                                     st);
+    const int64_t tile_n = mma ? moe_detail::kMmaBN : moe_detail::kF32TileN;
     KERNEL_CHECK((2 * I + tile_n - 1) / tile_n <= 65535 && (H + tile_n - 1) / tile_n <= 65535,
                  "moe_experts: shape too large for the grid");
     dim3 grid_gu(static_cast<unsigned>(ws.max_tiles), static_cast<unsigned>((2 * I + tile_n - 1) / tile_n));
     dim3 grid_down(static_cast<unsigned>(ws.max_tiles), static_cast<unsigned>((H + tile_n - 1) / tile_n));
     moe_detail::MmaParams mp;
-    GemmParams gp;
+    moe_detail::GemmParams gp;
     // The warpgroup-MMA gate/up writes GPT-OSS's bf16 activation itself (no f32 gu, no activation kernel)
     // when nothing else reads gu: no per-adapter LoRA views, no stack LoRA outside the GEMMs.
     const bool fused_act = ws.wgmma && a.act == ExpertAct::kGptOssSwiglu && !lora && (!stack || mma_lora) &&
@@ -1298,9 +726,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     };
     // 2. gate_up
     if (mma) {
-      cuda_util::launch_pdl(cast_x_bf16_kernel, cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256, 0,
-                            st, cast_args);
-      CUDA_CHECK_LAUNCH();
+      moe_detail::launch_cast_x_bf16(cast_args, cuda_util::blocks_for(a.m * ws.lda_h / 8, 256, 8192), 256,
+                                     st);
       mp.a = ws.x_bf16;
       mp.lda = ws.copies * ws.lda_h;
       mp.kb_tiles = static_cast<int>(ws.lda_h / moe_detail::kMmaBK);
@@ -1330,8 +757,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       gp.hidden = H;
       gp.inter = I;
       gp.out = ws.gu;
-      moe_gemm_f32<Phase::kGateUp><<<grid_gu, 256, 0, st>>>(gp);
-      CUDA_CHECK_LAUNCH();
+      moe_detail::launch_gemm_f32<Phase::kGateUp>(grid_gu, gp, st);
     }
     // 3. gate_up LoRA, 4. activation
     if (mma_lora) {  // the gate/up LoRA is in the GEMM; the down shrink reads the bf16 activation
@@ -1356,15 +782,13 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       gp.x = ws.act;
       gp.ldx = I;
       gp.out = ws.y;
-      moe_gemm_f32<Phase::kDown><<<grid_down, 256, 0, st>>>(gp);
-      CUDA_CHECK_LAUNCH();
+      moe_detail::launch_gemm_f32<Phase::kDown>(grid_down, gp, st);
     }
   }
   // 6. down LoRA
   if (lora) {
-    moe_lora_kernel<<<static_cast<unsigned>(ws.max_rows), 256, 0, st>>>(a, ws.sorted, ws.num_tiles, tile_m,
-                                                                        ws.gu, ws.act, ws.y, true);
-    CUDA_CHECK_LAUNCH();
+    moe_detail::launch_expert_lora_views(a, ws.sorted, ws.num_tiles, tile_m, ws.max_rows, ws.gu, ws.act, ws.y,
+                                         true, st);
   }
   // 7. combine, and with then_norm the residual add and norm after it (in the same launch after the plain
   // combine)
