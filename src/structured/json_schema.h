@@ -13,7 +13,5 @@ std::string json_object_gbnf(std::string_view root_name);
 // A regex as a GBNF expression over the JSON-escaped characters of a string's contents (quotes not
 // included): a literal '"' in the pattern is written \" and so on.
 std::string regex_to_gbnf_json_string(std::string_view regex);
-// The decimal integers in [lo, hi] (no leading zeros, "-0" excluded) as a GBNF expression.
-std::string integer_range_gbnf(int64_t lo, int64_t hi);
 
 }  // namespace polylora::structured
