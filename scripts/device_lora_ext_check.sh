@@ -18,7 +18,7 @@ source scripts/device_env.sh
 build_gpu
 B=build-gpu/bench/polylora_bench
 TG=$(find build-gpu -name test_gpu -type f | head -1)
-timeout 240 "$TG" --gtest_filter='GpuLoraStack.MoeGroupedGemm*:GpuLoraStack.MoeMxfp4*:GpuLoraStack.Dense*:TensorParallelGpu.*:GpuMoe*:GpuSampler.*' > "$OUT/tests.txt" 2>&1
+timeout 240 "$TG" --gtest_filter='GpuLoraStack.MoeGroupedGemm*:GpuLoraStack.MoeMxfp4*:GpuLoraStack.Dense*:TensorParallelGpu.*:GpuMoe*:GpuSampler.*:GpuAttention*' > "$OUT/tests.txt" 2>&1
 stamp "tests rc $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/tests.txt" | head -20
 if [ "${NCU:-0}" = 1 ]; then

@@ -149,6 +149,10 @@ inline dim3 prefill_grid(const AttentionArgs& a) {
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.num_heads));
 }
 
+// attention_prefill_cuda.cu: the CUDA-core flash prefill for head_dim D (64 or 128) over an F32 or BF16
+// (B16) cache.
+template <int D, bool B16>
+void launch_prefill(const AttentionArgs& a, cudaStream_t st);
 // attention_mma_cuda.cu: the prefill on bf16 tensor cores (head_dim 64 or 128), same grid as the CUDA-core
 // prefill (blocks of kFaBQ query rows of one sequence × heads).
 void launch_prefill_mma(const AttentionArgs& a, cudaStream_t st);
