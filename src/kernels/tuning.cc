@@ -89,6 +89,8 @@ const std::vector<Field>& fields() {
       {"linear_stream_max_rows", &KernelTuning::linear_stream_max_rows, "POLYLORA_LINEAR_STREAM_ROWS"},
       {"lora_dense_slot_shrink_min_rows", &KernelTuning::lora_dense_slot_shrink_min_rows,
        "POLYLORA_LORA_SLOT_SHRINK_MIN_ROWS"},
+      {"lora_dense_shrink_mma_min_rows", &KernelTuning::lora_dense_shrink_mma_min_rows,
+       "POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS"},
   };
   return f;
 }

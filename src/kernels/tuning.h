@@ -210,6 +210,13 @@ struct KernelTuning {
   // adapters, where the per-token q/k/v and o shrinks took 8.2 and 8.1 us per layer (17.7 MB of A read for
   // 2.2 MB of distinct rows); 0 until measured; env POLYLORA_LORA_SLOT_SHRINK_MIN_ROWS.
   int64_t lora_dense_slot_shrink_min_rows = 0;
+  // BF16 dense LoRA shrinks of from this many tokens (0: never) on tensor cores (lora_cuda.cu
+  // dense_shrink_mma_kernel: 64-token tiles, the f32 input split exactly into three bf16 parts, one pass of
+  // the K loop per run of tokens of one adapter) instead of the CUDA-core tiled shrink. Written after session
+  // 52's H100 trace of a 16 x 512-token prefill with 8 adapters (GPT-OSS-20B MXFP4), where the dense shrink
+  // and expand kernels took ~1.1 ms per layer of the ~2.7 ms the adapters added; 0 until measured; env
+  // POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS.
+  int64_t lora_dense_shrink_mma_min_rows = 0;
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
   int64_t linear_stream_max_rows = 8;

@@ -104,13 +104,15 @@ void run_dense(const DenseCase& c) {
   }
 }
 
-// Pass 1: the shrinks of up to 64 tokens by adapter slot (lora_dense_slot_shrink_min_rows 1).
+// Pass 1: the shrinks of up to 64 tokens by adapter slot (lora_dense_slot_shrink_min_rows 1); pass 2: the
+// BF16 shrinks of more tokens on tensor cores (lora_dense_shrink_mma_min_rows 1).
 TEST(GpuLoraStack, DenseBatchSizes) {
   SKIP_WITHOUT_GPU();
-  for (int pass : {0, 1}) {
-    SCOPED_TRACE("lora_dense_slot_shrink_min_rows " + std::to_string(pass));
+  for (int pass : {0, 1, 2}) {
+    SCOPED_TRACE("pass " + std::to_string(pass));
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
-    t.lora_dense_slot_shrink_min_rows = pass;
+    t.lora_dense_slot_shrink_min_rows = pass == 1 ? 1 : 0;
+    t.lora_dense_shrink_mma_min_rows = pass == 2 ? 1 : 0;
     k::override_kernel_tuning(t);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t m : {1, 16, 64, 256, 300}) {
@@ -121,19 +123,30 @@ TEST(GpuLoraStack, DenseBatchSizes) {
   k::override_kernel_tuning(std::nullopt);
 }
 
+// Pass 1: the BF16 shrinks of more than 64 tokens on tensor cores (lora_dense_shrink_mma_min_rows 1): odd
+// input sizes and row strides (element loads), ranks that leave rank chunks part-filled, tiles of many runs.
 TEST(GpuLoraStack, DenseRanksAndShapes) {
   SKIP_WITHOUT_GPU();
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    for (int64_t rank : {1, 5, 8, 32, 64}) run_dense({.m = 64, .num = 3, .rank = rank, .dtype = dtype});
-    // Odd input sizes (element loads) and a GPT-OSS-sized input (2880).
-    run_dense({.m = 17, .num = 2, .rank = 16, .in = 37, .dtype = dtype});
-    run_dense({.m = 33, .num = 3, .rank = 16, .in = 2880, .dtype = dtype});
-    run_dense({.m = 3, .num = 1, .rank = 64, .in = 1001, .dtype = dtype});
-    // Tiled shrink (more than 64 tokens) with an input that ends mid-step of 8 and mid-chunk of 256, rank
-    // rows that end mid-warp (3 x 5), and 2 rows of the last tile.
-    run_dense({.m = 98, .num = 3, .rank = 5, .in = 1001, .dtype = dtype});
-    run_dense({.m = 130, .num = 2, .rank = 64, .in = 37, .dtype = dtype});
+  for (int pass : {0, 1}) {
+    SCOPED_TRACE("lora_dense_shrink_mma_min_rows " + std::to_string(pass));
+    k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
+    tune.lora_dense_shrink_mma_min_rows = pass;
+    k::override_kernel_tuning(tune);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (int64_t rank : {1, 5, 8, 32, 64})
+        run_dense({.m = pass == 0 ? 64 : 200, .num = 3, .rank = rank, .dtype = dtype});
+      // Odd input sizes (element loads) and a GPT-OSS-sized input (2880).
+      run_dense({.m = 17, .num = 2, .rank = 16, .in = 37, .dtype = dtype});
+      run_dense({.m = 33, .num = 3, .rank = 16, .in = 2880, .dtype = dtype});
+      run_dense({.m = 3, .num = 1, .rank = 64, .in = 1001, .dtype = dtype});
+      // Tiled shrink (more than 64 tokens) with an input that ends mid-step of 8 and mid-chunk of 256, rank
+      // rows that end mid-warp (3 x 5), and 2 rows of the last tile.
+      run_dense({.m = 98, .num = 3, .rank = 5, .in = 1001, .dtype = dtype});
+      run_dense({.m = 130, .num = 2, .rank = 64, .in = 37, .dtype = dtype});
+      run_dense({.m = 1100, .num = 3, .rank = 16, .in = 2880, .dtype = dtype});
+    }
   }
+  k::override_kernel_tuning(std::nullopt);
 }
 
 TEST(GpuLoraStack, DenseNoAdapterTokensAreNoOps) {

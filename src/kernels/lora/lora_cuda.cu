@@ -2,10 +2,12 @@
 // fused (the rank-sized intermediate stays in shared memory).
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/lora/lora_cuda.cuh"
 #include "kernels/lora/lora_fused_cuda.cuh"
 #include "kernels/lora/lora_stack_cuda.cuh"
+#include "kernels/mma_util.cuh"
 #include "kernels/tuning.h"
 #include "kernels/weight_stream.cuh"
 
@@ -233,6 +235,217 @@ void launch_slot_shrink(const DenseParams<TW>& p, float* tmp, int64_t ld_tmp, cu
   CUDA_CHECK_LAUNCH();
 }
 
+// ---- the BF16 shrink on tensor cores (KernelTuning::lora_dense_shrink_mma_min_rows) ----
+// A CTA of 4 warps takes 64 tokens × 64 rank rows of the group's concatenated rank space (grid (token
+// tiles, rank chunks, splits of the input)); each warp 16 tokens × 64 rank rows with mma.sync m16n8k16.
+// The f32 input is split exactly into three bf16 parts (x = p1 + p2 + p3: 24 bits of mantissa), each
+// multiplied by the bf16 A rows, so the sums are of the exact products as in the CUDA-core kernel. The
+// K loop runs once per run of tokens of one slot in the tile (other tokens' inputs read as zero); a
+// slice's input and A rows are loaded into registers while the previous slice's MMAs run (double-buffered
+// shared memory, one barrier per slice). Writes tmp[split][t][j] for the run's tokens.
+constexpr int kDmRows = 64;
+constexpr int kDmCols = 64;
+constexpr int kDmThreads = 128;
+constexpr int kDmTile = kDmRows * mma::kBK * 2;  // bytes of one [64][32] bf16 tile
+constexpr int kDmParts = 3;                      // bf16 parts of an f32 input
+
+struct DenseMmaShape {
+  int splits = 1, chunks = 1, per_kt = 1;
+};
+
+// Its grid: token tiles × rank chunks, and enough splits of the input (at least 4 slices each) for ~3
+// CTAs per SM.
+DenseMmaShape dense_mma_shape(int64_t m, int64_t ranks, int64_t in) {
+  DenseMmaShape s;
+  const int64_t tiles = (m + kDmRows - 1) / kDmRows;
+  s.chunks = static_cast<int>((ranks + kDmCols - 1) / kDmCols);
+  const int64_t num_kt = (in + mma::kBK - 1) / mma::kBK;
+  const int64_t want = (3 * cuda_util::num_sms() + tiles * s.chunks - 1) / (tiles * s.chunks);
+  s.splits =
+      static_cast<int>(std::clamp<int64_t>(want, 1, std::max<int64_t>(1, std::min<int64_t>(16, num_kt / 4))));
+  s.per_kt = static_cast<int>((num_kt + s.splits - 1) / s.splits);
+  s.splits = static_cast<int>((num_kt + s.per_kt - 1) / s.per_kt);  // no empty split
+  return s;
+}
+
+__global__ void __launch_bounds__(kDmThreads)
+    dense_shrink_mma_kernel(DenseParams<__nv_bfloat16> p, int per_kt) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  __shared__ __align__(128) unsigned char smem[2][(kDmParts + 1) * kDmTile];
+  __shared__ int32_t s_key[kDmRows];
+  __shared__ int16_t s_run[kDmRows];
+  __shared__ int s_nruns;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDmRows;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kDmCols;
+  const int split = static_cast<int>(blockIdx.z);
+  const int64_t in = p.in, total = p.first[p.num];
+  const int num_kt = static_cast<int>((in + mma::kBK - 1) / mma::kBK);
+  const int kt0 = split * per_kt, kt1 = min(kt0 + per_kt, num_kt);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid < kDmRows) s_key[tid] = dense_key(p, row0 + tid, -1);
+  __syncthreads();
+  if (tid == 0) {
+    int n = 0;
+    for (int i = 0; i < kDmRows; ++i)
+      if (s_key[i] >= 0 && (i == 0 || s_key[i - 1] != s_key[i])) s_run[n++] = static_cast<int16_t>(i);
+    s_nruns = n;
+  }
+  __syncthreads();
+  const int nruns = s_nruns;
+  // Loads: the input as 4 float4 per thread (rows xr + 16·i, columns xc .. xc + 3 of the slice), the A rows
+  // as 2 chunks of 8 bf16 (rank rows wr and wr + 32, chunk wc).
+  const int xr = tid >> 3, xc = (tid & 7) * 4;
+  const int wr = tid >> 2, wc = tid & 3;
+  const bool x_vec = (in % mma::kBK) == 0 && (p.ldx & 3) == 0 && (reinterpret_cast<uintptr_t>(p.x) & 15) == 0;
+  bool w_vec = (in & 7) == 0;
+  for (int i = 0; i < p.num; ++i) w_vec = w_vec && (reinterpret_cast<uintptr_t>(p.a[i]) & 15) == 0;
+  for (int d = 0; d < nruns; ++d) {
+    const int rb = s_run[d];
+    const int32_t key = s_key[rb];
+    int re = rb + 1;
+    while (re < kDmRows && s_key[re] == key) ++re;
+    const float* x_src[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = xr + 16 * i;
+      x_src[i] = r >= rb && r < re ? p.x + (row0 + r) * p.ldx : nullptr;
+    }
+    const __nv_bfloat16* w_src[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t j = j0 + wr + 32 * i;
+      w_src[i] = nullptr;
+      if (j < total) {
+        int mod = 0;
+        while (j >= p.first[mod + 1]) ++mod;
+        w_src[i] = p.a[mod] + (static_cast<int64_t>(key) * p.rank[mod] + (j - p.first[mod])) * in;
+      }
+    }
+    float4 xv[4];
+    uint4 wv[2];
+    auto load = [&](int kt) {
+      const int64_t k = static_cast<int64_t>(kt) * mma::kBK;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        xv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (x_src[i] == nullptr) continue;
+        if (x_vec) {
+          xv[i] = __ldg(reinterpret_cast<const float4*>(x_src[i] + k + xc));
+        } else {
+          const int64_t c = k + xc;
+          xv[i].x = c < in ? x_src[i][c] : 0.0f;
+          xv[i].y = c + 1 < in ? x_src[i][c + 1] : 0.0f;
+          xv[i].z = c + 2 < in ? x_src[i][c + 2] : 0.0f;
+          xv[i].w = c + 3 < in ? x_src[i][c + 3] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        wv[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (w_src[i] == nullptr) continue;
+        const int64_t c = k + wc * 8;
+        if (w_vec) {
+          if (c < in) wv[i] = __ldg(reinterpret_cast<const uint4*>(w_src[i] + c));
+        } else {
+          uint32_t h[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t lo = c + 2 * q < in ? __bfloat16_as_ushort(w_src[i][c + 2 * q]) : 0u;
+            const uint32_t hi = c + 2 * q + 1 < in ? __bfloat16_as_ushort(w_src[i][c + 2 * q + 1]) : 0u;
+            h[q] = lo | (hi << 16);
+          }
+          wv[i] = make_uint4(h[0], h[1], h[2], h[3]);
+        }
+      }
+    };
+    // The registers into buffer b: the input's three bf16 parts, then the A rows (swizzled [64][32] tiles).
+    auto store = [&](int b) {
+      unsigned char* s = smem[b];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float v[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
+        uint16_t part[kDmParts][4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float rest = v[e];
+#pragma unroll
+          for (int q = 0; q < kDmParts; ++q) {
+            const __nv_bfloat16 h = __float2bfloat16_rn(rest);
+            part[q][e] = __bfloat16_as_ushort(h);
+            rest -= __bfloat162float(h);
+          }
+        }
+        const uint32_t off = mma::swz(xr + 16 * i, xc >> 3) + ((xc >> 2) & 1) * 8;
+#pragma unroll
+        for (int q = 0; q < kDmParts; ++q)
+          *reinterpret_cast<uint2*>(s + q * kDmTile + off) =
+              make_uint2(part[q][0] | (static_cast<uint32_t>(part[q][1]) << 16),
+                         part[q][2] | (static_cast<uint32_t>(part[q][3]) << 16));
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        *reinterpret_cast<uint4*>(s + kDmParts * kDmTile + mma::swz(wr + 32 * i, wc)) = wv[i];
+    };
+    float acc[8][4];
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[ni][q] = 0.0f;
+    const bool mine = warp * 16 < re && warp * 16 + 16 > rb;  // the warp's 16 tokens hold some of the run
+    const int n8 = static_cast<int>((total - j0 + 7) / 8 < 8 ? (total - j0 + 7) / 8 : 8);
+    if (kt0 < kt1) load(kt0);
+    for (int kt = kt0; kt < kt1; ++kt) {
+      const int b = (kt - kt0) & 1;
+      store(b);
+      __syncthreads();  // buffer b is complete; buffer b ^ 1's MMAs (slice kt − 1) are done
+      if (kt + 1 < kt1) load(kt + 1);
+      if (!mine) continue;
+      const uint32_t sx = static_cast<uint32_t>(__cvta_generic_to_shared(smem[b]));
+      const uint32_t sw = sx + kDmParts * kDmTile;
+#pragma unroll
+      for (int ks = 0; ks < mma::kBK / 16; ++ks) {
+        uint32_t af[kDmParts][4];
+#pragma unroll
+        for (int q = 0; q < kDmParts; ++q)
+          mma::ldmatrix_x4(af[q], sx + q * kDmTile + mma::swz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+        for (int nj = 0; nj < 4; ++nj) {
+          if (2 * nj >= n8) break;
+          uint32_t w4[4];
+          const int r = nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+          mma::ldmatrix_x4(w4, sw + mma::swz(r, ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+          for (int q = 0; q < kDmParts; ++q) {
+            mma::mma_bf16(acc[2 * nj], af[q], w4[0], w4[1]);
+            if (2 * nj + 1 < n8) mma::mma_bf16(acc[2 * nj + 1], af[q], w4[2], w4[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next run refills the buffers
+    if (!mine) continue;
+      // c0, c1 at (token g, rank rows 2t, 2t + 1), c2, c3 at token g + 8.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + (lane >> 2) + h * 8;
+      if (r < rb || r >= re) continue;
+      float* orow = p.tmp + (static_cast<int64_t>(split) * p.m + row0 + r) * total;
+#pragma unroll
+      for (int ni = 0; ni < 8; ++ni) {
+        const int64_t j = j0 + ni * 8 + (lane & 3) * 2;
+        if (j < total) orow[j] = acc[ni][2 * h];
+        if (j + 1 < total) orow[j + 1] = acc[ni][2 * h + 1];
+      }
+    }
+  }
+}
+
+// Whether a BF16 shrink of m tokens (past the per-token and by-slot ones) runs on tensor cores.
+bool mma_shrink(int64_t m, DType dtype) {
+  const int64_t from = kernel_tuning({}).lora_dense_shrink_mma_min_rows;
+  return dtype == DType::kBF16 && from > 0 && m >= from;
+}
+
 // y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (tiles, output chunks, module).
 template <typename TW>
 __global__ void __launch_bounds__(ls::kExpandThreads) dense_expand_kernel(DenseParams<TW> p, int64_t lds) {
@@ -312,7 +525,9 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   const int64_t tiles = (a.m + ls::kTileRows - 1) / ls::kTileRows;
   const int64_t rank_blocks = ls::shrink_rank_blocks(p.first[p.num]);
   const bool gemv = a.m <= dense_gemv_shrink_max_rows();
-  p.splits = gemv ? 1 : ls::shrink_splits(tiles, rank_blocks, p.in);
+  const bool tc = !gemv && mma_shrink(a.m, a.w[0].dtype);
+  const DenseMmaShape ms = tc ? dense_mma_shape(a.m, p.first[p.num], p.in) : DenseMmaShape{};
+  p.splits = gemv ? 1 : (tc ? ms.splits : ls::shrink_splits(tiles, rank_blocks, p.in));
   KERNEL_CHECK(tiles < (1LL << 31) && rank_blocks < 65535 && max_out / ls::kExpandThreads < 65535,
                "lora_batch: shape too large for the grid");
   cudaStream_t st = cuda_util::stream(ctx);
@@ -321,6 +536,12 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   } else if (gemv) {
     const lora_fused::ShrinkItems items = lora_fused::make_shrink_items(a, p.tmp, p.first[p.num]);
     cuda_util::launch_pdl(lora_shrink_kernel, lora_shrink_blocks(items), kGemvShrinkThreads, 0, st, items);
+  } else if (tc) {
+    if constexpr (std::is_same_v<TW, __nv_bfloat16>) {
+      const dim3 gs(static_cast<unsigned>((a.m + kDmRows - 1) / kDmRows), static_cast<unsigned>(ms.chunks),
+                    static_cast<unsigned>(ms.splits));
+      cuda_util::launch_pdl(dense_shrink_mma_kernel, gs, kDmThreads, 0, st, p, ms.per_kt);
+    }
   } else {
     dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(rank_blocks),
             static_cast<unsigned>(p.splits));
@@ -372,8 +593,10 @@ size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
   int64_t ranks = 0;
   for (int i = 0; i < a.num; ++i) ranks += a.w[i].empty() ? 0 : a.w[i].rank;
   if (a.m == 0 || ranks == 0) return 0;
-  const int splits = lora_stack::shrink_splits((a.m + lora_stack::kTileRows - 1) / lora_stack::kTileRows,
-                                               lora_stack::shrink_rank_blocks(ranks), a.w[0].in);
+  int splits = lora_stack::shrink_splits((a.m + lora_stack::kTileRows - 1) / lora_stack::kTileRows,
+                                         lora_stack::shrink_rank_blocks(ranks), a.w[0].in);
+  if (a.m > dense_gemv_shrink_max_rows() && mma_shrink(a.m, a.w[0].dtype))
+    splits = std::max(splits, dense_mma_shape(a.m, ranks, a.w[0].in).splits);
   return static_cast<size_t>(splits * a.m * ranks) * sizeof(float);
 }
 
