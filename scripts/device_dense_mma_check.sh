@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (docs/gpu-machine.md; carry [".device-carry"]): the check of the dense LoRA shrink on
-# tensor cores (lora_dense_shrink_mma_min_rows) for prefill. One call of ~4 minutes: build; the dense LoRA
-# GPU tests (GpuLoraStack.Dense*: passes with it); `polylora_bench device` MXFP4 (512-token prompts, 16 and
-# 64 sequences, 8 adapters) with it off and from 256 tokens, both with the expert LoRA as extra K slices
+# tensor cores (lora_dense_shrink_mma_min_rows) for prefill. One call of ~3 minutes: build; the dense LoRA
+# GPU tests (GpuLoraStack.Dense*: passes with it); `polylora_bench device` MXFP4 (512-token prompts, BATCHES
+# (16) sequences, 8 adapters) with it off and from 256 tokens, both with the expert LoRA as extra K slices
 # and on tensor cores (moe_wgmma_lora_ext 1, moe_lora_mma_per_expert 64: the H100 file disables the latter);
 # then scripts/device_prefill_trace.sh with it on (TRACE=0 skips).
 set -uo pipefail
@@ -24,7 +24,7 @@ for dm in 0 256; do
   echo "== lora_dense_shrink_mma_min_rows $dm"
   # shellcheck disable=SC2086 # VAR=value words
   env $BASE_ENV POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=$dm timeout 100 build-gpu/bench/polylora_bench device \
-    --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 16 --batches 16,64 \
+    --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 4 --batches "${BATCHES:-16}" \
     --loras 8 2>&1 >/dev/null | grep -E "^batch.*prefill"
 done
 stamp bench
