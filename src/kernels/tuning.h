@@ -86,9 +86,13 @@ struct KernelTuning {
   // of mma.sync steps in its epilogue. Written after session 51's trace: H200, GPT-OSS-20B MXFP4, 8 adapters,
   // `polylora_bench moe-lora` M = 8,192 under the CUPTI tracer, the LoRA variants of the GEMM took 6,937 /
   // 2,958 us (gate/up / down) against 4,953 / 2,399 without LoRA, the two shrinks 130 us each: the
-  // epilogue variant is ~2 ms of the 2.8 ms the adapters cost per layer. 0 until measured; env
-  // POLYLORA_MOE_WGMMA_LORA_EXT.
-  int64_t moe_wgmma_lora_ext = 0;
+  // epilogue variant is ~2 ms of the 2.8 ms the adapters cost per layer. Session 52, H100 (with
+  // moe_lora_mma_per_expert 64), `polylora_bench moe-lora` 8 adapters, LoRA cost per layer at M = 1,024 /
+  // 4,096 / 8,192: MXFP4 experts 251 / 505 / 912 us against 382 / 762 / 1,559 in the epilogue, bf16 361 /
+  // 749 / 1,400 against 676 / 1,651 / 3,175, each validated against the CPU reference with the same errors
+  // as the epilogue's; `polylora_bench device` MXFP4 prefill with 8 adapters 27,643 / 26,698 tok/s (16 / 64
+  // x 512 tokens) against 27,241 / 26,312: on; env POLYLORA_MOE_WGMMA_LORA_EXT.
+  int64_t moe_wgmma_lora_ext = 1;
   // 1: with it, MXFP4 experts take the warpgroup-MMA GEMM too (their codes decoded into its B tiles; 128
   // columns per CTA). Its GPU test failed in session 40 (the grid counted column tiles in the tuning's BN
   // 256, half of every row unwritten); fixed in session 41, passing in session 42 on an H100, where

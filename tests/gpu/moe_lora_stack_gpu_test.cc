@@ -506,6 +506,7 @@ TEST(GpuLoraStack, MoeGroupedGemmTensorCoreLora) {
     t.moe_wgmma_per_expert = pass > 0 ? 1 : 0;
     t.moe_wgmma_fused_act = pass >= 2 ? 1 : 0;
     t.moe_wgmma_lora_ext = pass == 3 ? 1 : 0;
+    t.moe_lora_mma_per_expert = 1;  // the LoRA on tensor cores whatever the GPU's tuning file says
     k::override_kernel_tuning(t);
     for (int64_t rank : {5, 16, 24, 72}) {
       for (int gu : {1, 2}) {
