@@ -2,7 +2,8 @@
 # On the GPU machine (docs/gpu-machine.md; carry [".device-carry"]): the check of the dense LoRA shrink on
 # tensor cores (lora_dense_shrink_mma_min_rows) for prefill. One call of ~3 minutes: build; the dense LoRA
 # GPU tests (GpuLoraStack.Dense*: passes with it); `polylora_bench device` MXFP4 (512-token prompts, BATCHES
-# (16) sequences, 8 adapters) with it off and from 256 tokens, both with the expert LoRA as extra K slices
+# (16) sequences, 8 adapters) with it off, from 256 tokens, and with the prefill expand by blocks of 4
+# tiles too (lora_dense_expand_tiles 4), all with the expert LoRA as extra K slices
 # and on tensor cores (moe_wgmma_lora_ext 1, moe_lora_mma_per_expert 64: the H100 file disables the latter);
 # then scripts/device_prefill_trace.sh with it on (TRACE=0 skips).
 set -uo pipefail
@@ -20,15 +21,16 @@ echo "tests rc $?"
 grep -E "PASSED|FAILED|Failure" "$OUT/tests.txt" | head -12
 stamp tests
 BASE_ENV="POLYLORA_MOE_WGMMA_LORA_EXT=1 POLYLORA_MOE_LORA_MMA_PER_EXPERT=64"
-for dm in 0 256; do
-  echo "== lora_dense_shrink_mma_min_rows $dm"
+for spec in "off:" "shrink:POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256" \
+  "both:POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256 POLYLORA_LORA_DENSE_EXPAND_TILES=4"; do
+  echo "== ${spec%%:*}"
   # shellcheck disable=SC2086 # VAR=value words
-  env $BASE_ENV POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=$dm timeout 100 build-gpu/bench/polylora_bench device \
+  env $BASE_ENV ${spec#*:} timeout 100 build-gpu/bench/polylora_bench device \
     --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 4 --batches "${BATCHES:-16}" \
     --loras 8 2>&1 >/dev/null | grep -E "^batch.*prefill"
 done
 stamp bench
 if [ "${TRACE:-1}" = 1 ]; then
-  TUNE_ENV="$BASE_ENV POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256" OUT=$OUT bash scripts/device_prefill_trace.sh |
+  TUNE_ENV="$BASE_ENV POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256 POLYLORA_LORA_DENSE_EXPAND_TILES=4" OUT=$OUT bash scripts/device_prefill_trace.sh |
     head -40
 fi

@@ -221,6 +221,11 @@ struct KernelTuning {
   // and expand kernels took ~1.1 ms per layer of the ~2.7 ms the adapters added; 0 until measured; env
   // POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS.
   int64_t lora_dense_shrink_mma_min_rows = 0;
+  // Dense LoRA expands of 256 tokens and more (prefill): tiles of 8 tokens per block, 1 or 4 (fewer, longer
+  // blocks: the y read-modify-write of 256 outputs x 32 tokens each, the thread's B row re-read from L1 per
+  // tile). Written with lora_dense_shrink_mma_min_rows; 1 until measured; env
+  // POLYLORA_LORA_DENSE_EXPAND_TILES.
+  int64_t lora_dense_expand_tiles = 1;
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
   int64_t linear_stream_max_rows = 8;

@@ -105,7 +105,8 @@ void run_dense(const DenseCase& c) {
 }
 
 // Pass 1: the shrinks of up to 64 tokens by adapter slot (lora_dense_slot_shrink_min_rows 1); pass 2: the
-// BF16 shrinks of more tokens on tensor cores (lora_dense_shrink_mma_min_rows 1).
+// BF16 shrinks of more tokens on tensor cores (lora_dense_shrink_mma_min_rows 1) and the expands of 256
+// tokens and more by blocks of 4 tiles (lora_dense_expand_tiles 4).
 TEST(GpuLoraStack, DenseBatchSizes) {
   SKIP_WITHOUT_GPU();
   for (int pass : {0, 1, 2}) {
@@ -113,6 +114,7 @@ TEST(GpuLoraStack, DenseBatchSizes) {
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.lora_dense_slot_shrink_min_rows = pass == 1 ? 1 : 0;
     t.lora_dense_shrink_mma_min_rows = pass == 2 ? 1 : 0;
+    t.lora_dense_expand_tiles = pass == 2 ? 4 : 1;
     k::override_kernel_tuning(t);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t m : {1, 16, 64, 256, 300}) {
@@ -124,13 +126,16 @@ TEST(GpuLoraStack, DenseBatchSizes) {
 }
 
 // Pass 1: the BF16 shrinks of more than 64 tokens on tensor cores (lora_dense_shrink_mma_min_rows 1): odd
-// input sizes and row strides (element loads), ranks that leave rank chunks part-filled, tiles of many runs.
+// input sizes and row strides (element loads), ranks that leave rank chunks part-filled, tiles of many runs;
+// and the expands of 256 tokens and more by blocks of 4 tiles (lora_dense_expand_tiles 4; m = 1,100: a
+// last block of 1.5 tiles).
 TEST(GpuLoraStack, DenseRanksAndShapes) {
   SKIP_WITHOUT_GPU();
   for (int pass : {0, 1}) {
     SCOPED_TRACE("lora_dense_shrink_mma_min_rows " + std::to_string(pass));
     k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
     tune.lora_dense_shrink_mma_min_rows = pass;
+    tune.lora_dense_expand_tiles = pass == 1 ? 4 : 1;
     k::override_kernel_tuning(tune);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t rank : {1, 5, 8, 32, 64})

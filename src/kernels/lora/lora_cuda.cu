@@ -446,17 +446,20 @@ bool mma_shrink(int64_t m, DType dtype) {
   return dtype == DType::kBF16 && from > 0 && m >= from;
 }
 
-// y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (tiles, output chunks, module).
-template <typename TW>
+// y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (blocks of SUB tiles of kTileRows tokens,
+// output chunks, module). SUB > 1 (KernelTuning::lora_dense_expand_tiles, prefill): fewer, longer blocks,
+// each thread's B row re-read from L1 for the next tile of the same adapter.
+template <typename TW, int SUB>
 __global__ void __launch_bounds__(ls::kExpandThreads) dense_expand_kernel(DenseParams<TW> p, int64_t lds) {
   cuda_util::pdl_begin();        // launched by launch_pdl (cuda_util.cuh)
-  extern __shared__ float ts[];  // [kTileRows][lds]
-  __shared__ int32_t keys_s[ls::kTileRows];
+  extern __shared__ float ts[];  // [SUB · kTileRows][lds]
+  constexpr int kRows = SUB * ls::kTileRows;
+  __shared__ int32_t keys_s[kRows];
   const int i = static_cast<int>(blockIdx.z);
-  const int64_t R = p.rank[i], r0 = static_cast<int64_t>(blockIdx.x) * ls::kTileRows;
-  if (threadIdx.x < ls::kTileRows) keys_s[threadIdx.x] = dense_key(p, r0 + threadIdx.x, i);
+  const int64_t R = p.rank[i], r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  if (threadIdx.x < kRows) keys_s[threadIdx.x] = dense_key(p, r0 + threadIdx.x, i);
   __syncthreads();
-  for (int64_t idx = threadIdx.x; idx < ls::kTileRows * lds; idx += blockDim.x) {
+  for (int64_t idx = threadIdx.x; idx < kRows * lds; idx += blockDim.x) {
     const int64_t u = idx / lds, r = idx % lds;
     float v = 0.0f;
     if (keys_s[u] >= 0 && r < R)
@@ -466,23 +469,33 @@ __global__ void __launch_bounds__(ls::kExpandThreads) dense_expand_kernel(DenseP
   __syncthreads();
   const int64_t o = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (o >= p.out[i]) return;
-  int32_t keys[ls::kTileRows];
-  bool any = false;
-#pragma unroll
-  for (int u = 0; u < ls::kTileRows; ++u) {
-    keys[u] = keys_s[u];
-    any |= keys[u] >= 0;
-  }
-  if (!any) return;
   const bool vec = (R & 7) == 0;
-  float acc[ls::kTileRows] = {};
   const TW* b = p.b[i];
   const int64_t out = p.out[i];
-  ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * out + o) * R; }, R, vec, ts,
-                      lds, keys, acc);
+#pragma unroll 1
+  for (int s = 0; s < SUB; ++s) {
+    int32_t keys[ls::kTileRows];
+    bool any = false;
 #pragma unroll
-  for (int u = 0; u < ls::kTileRows; ++u)
-    if (keys[u] >= 0) p.y[i][(r0 + u) * p.ldy[i] + o] += p.scale[i][keys[u]] * acc[u];
+    for (int u = 0; u < ls::kTileRows; ++u) {
+      keys[u] = keys_s[s * ls::kTileRows + u];
+      any |= keys[u] >= 0;
+    }
+    if (!any) continue;
+    float acc[ls::kTileRows] = {};
+    ls::expand_tile<TW>([&](int32_t key) { return b + (static_cast<int64_t>(key) * out + o) * R; }, R, vec,
+                        ts + s * ls::kTileRows * lds, lds, keys, acc);
+    const int64_t rs = r0 + s * ls::kTileRows;
+#pragma unroll
+    for (int u = 0; u < ls::kTileRows; ++u)
+      if (keys[u] >= 0) p.y[i][(rs + u) * p.ldy[i] + o] += p.scale[i][keys[u]] * acc[u];
+  }
+}
+
+// Tiles of kTileRows tokens per expand block for a step of m tokens: lora_dense_expand_tiles (1 or 4) from
+// 256 tokens, else 1.
+int dense_expand_sub(int64_t m) {
+  return m >= 256 && kernel_tuning({}).lora_dense_expand_tiles == 4 ? 4 : 1;
 }
 
 // The kernels' parameters of a group (tmp and splits left to the caller).
@@ -553,11 +566,16 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   }
   CUDA_CHECK_LAUNCH();
   const int64_t lds = ls::round8(max_rank);
-  dim3 ge(static_cast<unsigned>(tiles),
+  const int sub = dense_expand_sub(a.m);
+  dim3 ge(static_cast<unsigned>((tiles + sub - 1) / sub),
           static_cast<unsigned>((max_out + ls::kExpandThreads - 1) / ls::kExpandThreads),
           static_cast<unsigned>(a.num));
-  cuda_util::launch_pdl(dense_expand_kernel<TW>, ge, ls::kExpandThreads,
-                        static_cast<size_t>(ls::kTileRows * lds) * sizeof(float), st, p, lds);
+  const size_t smem = static_cast<size_t>(sub * ls::kTileRows * lds) * sizeof(float);
+  if (sub == 4) {
+    cuda_util::launch_pdl(dense_expand_kernel<TW, 4>, ge, ls::kExpandThreads, smem, st, p, lds);
+  } else {
+    cuda_util::launch_pdl(dense_expand_kernel<TW, 1>, ge, ls::kExpandThreads, smem, st, p, lds);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
