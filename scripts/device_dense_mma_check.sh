@@ -3,9 +3,8 @@
 # tensor cores (lora_dense_shrink_mma_min_rows) for prefill. One call of ~3 minutes: build; the dense LoRA
 # GPU tests (GpuLoraStack.Dense*: passes with it); `polylora_bench device` MXFP4 (512-token prompts, BATCHES
 # (16) sequences, 8 adapters) with it off, from 256 tokens, and with the prefill expand by blocks of 4
-# tiles too (lora_dense_expand_tiles 4), all with the expert LoRA as extra K slices
-# and on tensor cores (moe_wgmma_lora_ext 1, moe_lora_mma_per_expert 64: the H100 file disables the latter);
-# then scripts/device_prefill_trace.sh with it on (TRACE=0 skips).
+# tiles too (lora_dense_expand_tiles 4), all with the expert LoRA as extra K slices on tensor cores (the
+# defaults since session 52, set again); then scripts/device_prefill_trace.sh with both on (TRACE=0 skips).
 set -uo pipefail
 OUT=${OUT:-/tmp/dense_mma_check}
 # shellcheck source=scripts/device_env.sh
