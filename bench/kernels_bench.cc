@@ -211,7 +211,8 @@ Result bench_attention(bool decode, double bandwidth) {
 
 // Slot-stacked dense LoRA (Backend::lora_batch) at GPT-OSS-20B shapes: q/k/v (x 2880 -> 4096, 512, 512, one
 // call for the three) or o (4096 -> 2880); 8 slots of BF16 rank-16 stacks (uniform ±0.05), m tokens
-// round-robin over 8 adapters (1 at m = 1). Validated against ref::lora_batch on every token first (max error
+// round-robin over 8 adapters (1 at m = 1; from 1,024 tokens, prefill, 8 sequences of m / 8 tokens each in
+// one adapter). Validated against ref::lora_batch on every token first (max error
 // over rms(ref LoRA term) <= 1e-4: f32 products of the same values), then timed; the throughput counts the
 // LoRA weights of the distinct slots used (read once) plus x and y (read + written), against the copy
 // bandwidth.
@@ -223,7 +224,7 @@ Result bench_lora_batch_device(Backend& be, int64_t m, bool qkv, double copy_gbs
   const int64_t nact = m == 1 ? 1 : kSlots;
   std::vector<float> x = random_floats(static_cast<size_t>(m * in), 21);
   std::vector<int32_t> slots(static_cast<size_t>(m));
-  for (int64_t t = 0; t < m; ++t) slots[t] = static_cast<int32_t>(t % nact);
+  for (int64_t t = 0; t < m; ++t) slots[t] = static_cast<int32_t>(m >= 1024 ? t * nact / m : t % nact);
   std::vector<void*> ptrs;
   auto up = [&](const void* src, size_t bytes) {
     void* p = be.alloc(std::max<size_t>(bytes, 1));
@@ -698,8 +699,8 @@ int run_device_kernels(bool json) {
   std::unique_ptr<Backend> be = make_backend({.device = DeviceKind::kCuda});
   const double copy_gbs = measure_backend_copy_gbs(*be);
   std::vector<Result> rs;
-  for (int64_t m : {1, 16, 64, 256}) rs.push_back(bench_lora_batch_device(*be, m, true, copy_gbs));
-  for (int64_t m : {1, 64}) rs.push_back(bench_lora_batch_device(*be, m, false, copy_gbs));
+  for (int64_t m : {1, 16, 64, 256, 8192}) rs.push_back(bench_lora_batch_device(*be, m, true, copy_gbs));
+  for (int64_t m : {1, 64, 8192}) rs.push_back(bench_lora_batch_device(*be, m, false, copy_gbs));
   for (int64_t m : {1, 64, 2048}) rs.push_back(bench_add_rms_norm_device(*be, m, copy_gbs));
   for (bool qwen3 : {false, true})
     for (int64_t m : {1, 64, 2048}) rs.push_back(bench_rope_kv_write_device(*be, m, qwen3, copy_gbs));

@@ -29,6 +29,14 @@ for spec in "off:" "shrink:POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256" \
     --loras 8 2>&1 >/dev/null | grep -E "^batch.*prefill"
 done
 stamp bench
+if [ "${KERNELS:-0}" = 1 ]; then  # ~1 minute each: the lora_batch entries (m = 8,192: prefill) off and on
+  for spec in "off:" "both:POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256 POLYLORA_LORA_DENSE_EXPAND_TILES=4"; do
+    echo "== kernels ${spec%%:*}"
+    # shellcheck disable=SC2086 # VAR=value words
+    env ${spec#*:} timeout 150 build-gpu/bench/polylora_bench kernels --device cuda 2>&1 | grep -E "lora_batch"
+  done
+  stamp kernels
+fi
 if [ "${TRACE:-1}" = 1 ]; then
   TUNE_ENV="$BASE_ENV POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256 POLYLORA_LORA_DENSE_EXPAND_TILES=4" OUT=$OUT bash scripts/device_prefill_trace.sh |
     head -40

@@ -126,7 +126,8 @@ TEST(GpuLoraStack, DenseBatchSizes) {
 }
 
 // Pass 1: the BF16 shrinks of more than 64 tokens on tensor cores (lora_dense_shrink_mma_min_rows 1): odd
-// input sizes and row strides (element loads), ranks that leave rank chunks part-filled, tiles of many runs;
+// input sizes and row strides (element loads), ranks that leave rank chunks part-filled, tiles of many runs
+// of several slots;
 // and the expands of 256 tokens and more by blocks of 4 tiles (lora_dense_expand_tiles 4; m = 1,100: a
 // last block of 1.5 tiles).
 TEST(GpuLoraStack, DenseRanksAndShapes) {

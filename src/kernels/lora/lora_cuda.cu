@@ -240,9 +240,10 @@ void launch_slot_shrink(const DenseParams<TW>& p, float* tmp, int64_t ld_tmp, cu
 // tiles, rank chunks, splits of the input)); each warp 16 tokens × 64 rank rows with mma.sync m16n8k16.
 // The f32 input is split exactly into three bf16 parts (x = p1 + p2 + p3: 24 bits of mantissa), each
 // multiplied by the bf16 A rows, so the sums are of the exact products as in the CUDA-core kernel. The
-// K loop runs once per run of tokens of one slot in the tile (other tokens' inputs read as zero); a
+// K loop runs once per distinct slot among the tile's tokens (other tokens' inputs read as zero): once for
+// a prefill tile inside one sequence, at most once per adapter for decode tokens of many sequences. A
 // slice's input and A rows are loaded into registers while the previous slice's MMAs run (double-buffered
-// shared memory, one barrier per slice). Writes tmp[split][t][j] for the run's tokens.
+// shared memory, one barrier per slice). Writes tmp[split][t][j] for the slot's tokens.
 constexpr int kDmRows = 64;
 constexpr int kDmCols = 64;
 constexpr int kDmThreads = 128;
@@ -273,8 +274,8 @@ __global__ void __launch_bounds__(kDmThreads)
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   __shared__ __align__(128) unsigned char smem[2][(kDmParts + 1) * kDmTile];
   __shared__ int32_t s_key[kDmRows];
-  __shared__ int16_t s_run[kDmRows];
-  __shared__ int s_nruns;
+  __shared__ int32_t s_slots[kDmRows];  // the distinct slots among the tile's tokens
+  __shared__ int s_nslots;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDmRows;
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kDmCols;
   const int split = static_cast<int>(blockIdx.z);
@@ -286,12 +287,17 @@ __global__ void __launch_bounds__(kDmThreads)
   __syncthreads();
   if (tid == 0) {
     int n = 0;
-    for (int i = 0; i < kDmRows; ++i)
-      if (s_key[i] >= 0 && (i == 0 || s_key[i - 1] != s_key[i])) s_run[n++] = static_cast<int16_t>(i);
-    s_nruns = n;
+    for (int i = 0; i < kDmRows; ++i) {
+      const int32_t k = s_key[i];
+      if (k < 0 || (i > 0 && s_key[i - 1] == k)) continue;
+      bool seen = false;
+      for (int q = 0; q < n && !seen; ++q) seen = s_slots[q] == k;
+      if (!seen) s_slots[n++] = k;
+    }
+    s_nslots = n;
   }
   __syncthreads();
-  const int nruns = s_nruns;
+  const int nslots = s_nslots;
   // Loads: the input as 4 float4 per thread (rows xr + 16·i, columns xc .. xc + 3 of the slice), the A rows
   // as 2 chunks of 8 bf16 (rank rows wr and wr + 32, chunk wc).
   const int xr = tid >> 3, xc = (tid & 7) * 4;
@@ -299,16 +305,13 @@ __global__ void __launch_bounds__(kDmThreads)
   const bool x_vec = (in % mma::kBK) == 0 && (p.ldx & 3) == 0 && (reinterpret_cast<uintptr_t>(p.x) & 15) == 0;
   bool w_vec = (in & 7) == 0;
   for (int i = 0; i < p.num; ++i) w_vec = w_vec && (reinterpret_cast<uintptr_t>(p.a[i]) & 15) == 0;
-  for (int d = 0; d < nruns; ++d) {
-    const int rb = s_run[d];
-    const int32_t key = s_key[rb];
-    int re = rb + 1;
-    while (re < kDmRows && s_key[re] == key) ++re;
+  for (int d = 0; d < nslots; ++d) {
+    const int32_t key = s_slots[d];
     const float* x_src[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = xr + 16 * i;
-      x_src[i] = r >= rb && r < re ? p.x + (row0 + r) * p.ldx : nullptr;
+      x_src[i] = s_key[r] == key ? p.x + (row0 + r) * p.ldx : nullptr;
     }
     const __nv_bfloat16* w_src[2];
 #pragma unroll
@@ -391,7 +394,8 @@ __global__ void __launch_bounds__(kDmThreads)
     for (int ni = 0; ni < 8; ++ni)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[ni][q] = 0.0f;
-    const bool mine = warp * 16 < re && warp * 16 + 16 > rb;  // the warp's 16 tokens hold some of the run
+    // Whether the warp's 16 tokens hold some of the slot's.
+    const bool mine = __any_sync(0xffffffffu, lane < 16 && s_key[warp * 16 + lane] == key);
     const int n8 = static_cast<int>((total - j0 + 7) / 8 < 8 ? (total - j0 + 7) / 8 : 8);
     if (kt0 < kt1) load(kt0);
     for (int kt = kt0; kt < kt1; ++kt) {
@@ -422,13 +426,13 @@ __global__ void __launch_bounds__(kDmThreads)
         }
       }
     }
-    __syncthreads();  // the next run refills the buffers
+    __syncthreads();  // the next slot refills the buffers
     if (!mine) continue;
       // c0, c1 at (token g, rank rows 2t, 2t + 1), c2, c3 at token g + 8.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 + (lane >> 2) + h * 8;
-      if (r < rb || r >= re) continue;
+      if (s_key[r] != key) continue;
       float* orow = p.tmp + (static_cast<int64_t>(split) * p.m + row0 + r) * total;
 #pragma unroll
       for (int ni = 0; ni < 8; ++ni) {
