@@ -216,10 +216,10 @@ struct KernelTuning {
   int64_t lora_dense_slot_shrink_min_rows = 0;
   // BF16 dense LoRA shrinks of from this many tokens (0: never) on tensor cores (lora_cuda.cu
   // dense_shrink_mma_kernel: 64-token tiles, the f32 input split exactly into three bf16 parts, one pass of
-  // the K loop per run of tokens of one adapter) instead of the CUDA-core tiled shrink. Written after session
-  // 52's H100 trace of a 16 x 512-token prefill with 8 adapters (GPT-OSS-20B MXFP4), where the dense shrink
-  // and expand kernels took ~1.1 ms per layer of the ~2.7 ms the adapters added; 0 until measured; env
-  // POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS.
+  // the K loop per distinct adapter among a tile's tokens) instead of the CUDA-core tiled shrink. Written
+  // after session 52's H100 trace of a 16 x 512-token prefill with 8 adapters (GPT-OSS-20B MXFP4), where the
+  // dense shrink and expand kernels took ~1.1 ms per layer of the ~2.7 ms the adapters added; 0 until
+  // measured; env POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS.
   int64_t lora_dense_shrink_mma_min_rows = 0;
   // Dense LoRA expands of 256 tokens and more (prefill): tiles of 8 tokens per block, 1 or 4 (fewer, longer
   // blocks: the y read-modify-write of 256 outputs x 32 tokens each, the thread's B row re-read from L1 per
