@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(kDmThreads)
       }
     }
     __syncthreads();  // the next slot refills the buffers
+    // c0, c1 at (token g, rank rows 2t, 2t + 1), c2, c3 at token g + 8.
     if (!mine) continue;
-      // c0, c1 at (token g, rank rows 2t, 2t + 1), c2, c3 at token g + 8.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 + (lane >> 2) + h * 8;
@@ -444,10 +444,10 @@ __global__ void __launch_bounds__(kDmThreads)
   }
 }
 
-// Whether a BF16 shrink of m tokens (past the per-token and by-slot ones) runs on tensor cores.
-bool mma_shrink(int64_t m, DType dtype) {
+// Whether lora_batch's shrink runs on tensor cores: BF16 stacks, past the per-token shrinks' rows.
+bool mma_shrink(const LoraBatchArgs& a) {
   const int64_t from = kernel_tuning({}).lora_dense_shrink_mma_min_rows;
-  return dtype == DType::kBF16 && from > 0 && m >= from;
+  return a.w[0].dtype == DType::kBF16 && a.m > dense_gemv_shrink_max_rows() && from > 0 && a.m >= from;
 }
 
 // y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (blocks of SUB tiles of kTileRows tokens,
@@ -542,7 +542,7 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   const int64_t tiles = (a.m + ls::kTileRows - 1) / ls::kTileRows;
   const int64_t rank_blocks = ls::shrink_rank_blocks(p.first[p.num]);
   const bool gemv = a.m <= dense_gemv_shrink_max_rows();
-  const bool tc = !gemv && mma_shrink(a.m, a.w[0].dtype);
+  const bool tc = mma_shrink(a);
   const DenseMmaShape ms = tc ? dense_mma_shape(a.m, p.first[p.num], p.in) : DenseMmaShape{};
   p.splits = gemv ? 1 : (tc ? ms.splits : ls::shrink_splits(tiles, rank_blocks, p.in));
   KERNEL_CHECK(tiles < (1LL << 31) && rank_blocks < 65535 && max_out / ls::kExpandThreads < 65535,
@@ -617,8 +617,7 @@ size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
   if (a.m == 0 || ranks == 0) return 0;
   int splits = lora_stack::shrink_splits((a.m + lora_stack::kTileRows - 1) / lora_stack::kTileRows,
                                          lora_stack::shrink_rank_blocks(ranks), a.w[0].in);
-  if (a.m > dense_gemv_shrink_max_rows() && mma_shrink(a.m, a.w[0].dtype))
-    splits = std::max(splits, dense_mma_shape(a.m, ranks, a.w[0].in).splits);
+  if (mma_shrink(a)) splits = std::max(splits, dense_mma_shape(a.m, ranks, a.w[0].in).splits);
   return static_cast<size_t>(splits * a.m * ranks) * sizeof(float);
 }
 

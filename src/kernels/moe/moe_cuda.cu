@@ -41,7 +41,6 @@ using cuda_util::load_as_f32;
 using moe_detail::align_small_smem;
 using moe_detail::CastArgs;
 using moe_detail::gemv_shrink;
-using moe_detail::GroupedAlignArgs;
 using moe_detail::kAlignSmallThreads;
 using moe_detail::kMaxTopKLora;
 using moe_detail::moe_gemv_blocks;
