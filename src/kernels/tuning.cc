@@ -82,6 +82,7 @@ const std::vector<Field>& fields() {
        "POLYLORA_ATTENTION_DECODE_SPLIT_KEYS"},
       {"lora_pdl_max_tokens", &KernelTuning::lora_pdl_max_tokens, "POLYLORA_LORA_PDL_MAX_TOKENS"},
       {"rope_lora_b_regs", &KernelTuning::rope_lora_b_regs, "POLYLORA_ROPE_LORA_B_REGS"},
+      {"lora_expand_in_linear", &KernelTuning::lora_expand_in_linear, "POLYLORA_LORA_EXPAND_IN_LINEAR"},
       {"add_norm_lora_cluster_rows", &KernelTuning::add_norm_lora_cluster_rows,
        "POLYLORA_ADD_NORM_LORA_CLUSTER_ROWS"},
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,

@@ -249,6 +249,121 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
   k::override_kernel_tuning(std::nullopt);
 }
 
+// The dense expands added by the projections themselves (LinearArgs::lora_expand; tuning
+// lora_expand_in_linear): a q/k/v-like group of three products sharing x with the group's shrink on the
+// first (one streamed launch: the shrink items first, each CTA adding its rows' terms once they are all
+// done) and an o-like product alone, against ref::linear plus ref::lora_expand_in over ref::lora_shrink's
+// sums. Streamed up to 8 rows (16 in the second pass), cuBLAS plus the shrink's and the expands' own
+// launches beyond; the group's products again without the shrink (its sums from an earlier launch: no
+// wait). Launched twice in a row, so a launch that left the sync words non-zero fails the second.
+TEST(GpuLoraStack, DenseExpandInTheProjection) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t stream_rows : {8, 16}) {
+    k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
+    tune.linear_stream_max_rows = stream_rows;
+    k::override_kernel_tuning(tune);
+    for (int64_t m : {1, 2, 3, 5, 8, 13, 40}) {
+      for (int64_t in : {136, 1000}) {
+        const std::string what = "m=" + std::to_string(m) + " in=" + std::to_string(in) + " stream rows " +
+                                 std::to_string(stream_rows);
+        SCOPED_TRACE(what);
+        Arena ar(backend(kBf16Mode));
+        const int64_t S = 8, R = 16, ldx = in + 4, ld_tmp = 3 * R + 3;
+        const std::vector<float> scales = {0.5f, 1.0f, -0.75f, 2.0f, 0.25f, 1.5f, -1.0f, 0.8f};
+        // Slot 2 has LoRA in no module; module 1 has none for slot 5 (scale 0); ranks below R padded.
+        const std::vector<std::vector<int64_t>> ranks = {
+            {16, 3, 0, 16, 9, 16, 1, 16}, {5, 16, 0, 2, 16, 0, 4, 16}, {16, 7, 0, 16, 6, 16, 2, 1}};
+        const int64_t outs[3] = {96, 40, 40};
+        std::vector<std::unique_ptr<kt::DenseStack>> stacks;
+        for (int i = 0; i < 3; ++i)
+          stacks.push_back(std::make_unique<kt::DenseStack>(S, R, in, outs[i], ranks[i], scales, DType::kBF16,
+                                                            static_cast<uint32_t>(80 + i), 0.2f, 0.3f));
+        const std::vector<float> x = kt::random_vec(static_cast<size_t>(m * ldx), 17);
+        const std::vector<int32_t> slots = kt::slot_pattern(m, {0, -1, 1, 2, 4, 5, 6, 7, 3}, 1);
+        std::vector<kt::TestWeight> w;
+        for (int i = 0; i < 3; ++i)
+          w.push_back(kt::make_weight(outs[i], in, DType::kBF16, static_cast<uint32_t>(73 + i), 0.1f));
+        const std::vector<float> bias = kt::random_vec(static_cast<size_t>(outs[0]), 29);
+        // References: the group's shrink sums, each product plus its term.
+        k::LoraBatchArgs la{.x = x.data(), .ldx = ldx, .m = m, .token_slots = slots.data(), .num = 3};
+        for (int i = 0; i < 3; ++i) la.w[i] = stacks[i]->stack();
+        std::vector<float> tmp(static_cast<size_t>(m * ld_tmp), 0.0f);
+        k::ref::lora_shrink(la, tmp.data(), ld_tmp);
+        std::vector<std::vector<float>> y_expect;
+        for (int i = 0; i < 3; ++i) {
+          std::vector<float> y(static_cast<size_t>(m * outs[i]));
+          k::ref::linear({.x = x.data(),
+                          .m = m,
+                          .ldx = ldx,
+                          .w = w[i].view,
+                          .bias = i == 0 ? bias.data() : nullptr,
+                          .y = y.data(),
+                          .ldy = outs[i]});
+          k::ref::lora_expand_in({.token_slots = slots.data(),
+                                  .tmp = tmp.data(),
+                                  .ld_tmp = ld_tmp,
+                                  .first = i * R,
+                                  .w = stacks[i]->stack()},
+                                 m, y.data(), outs[i]);
+          y_expect.push_back(std::move(y));
+        }
+        // The device run.
+        k::LoraBatchArgs d = la;
+        d.x = ar.up(x);
+        d.token_slots = ar.up(slots);
+        for (int i = 0; i < 3; ++i) d.w[i] = up_dense_stack(ar, *stacks[i]);
+        float* dtmp = ar.up(std::vector<float>(tmp.size(), -7.0f));
+        const float* dbias = ar.up(bias);
+        std::vector<float*> dy;
+        for (int i = 0; i < 3; ++i)
+          dy.push_back(ar.up(std::vector<float>(static_cast<size_t>(m * outs[i]), 0.0f)));
+        auto args = [&](int i, bool shrink) {
+          return k::LinearArgs{
+              .x = d.x,
+              .m = m,
+              .ldx = ldx,
+              .w = ar.weight(w[i].view),
+              .bias = i == 0 ? dbias : nullptr,
+              .y = dy[i],
+              .ldy = outs[i],
+              .lora_shrink = shrink && i == 0 ? &d : nullptr,
+              .lora_tmp = dtmp,
+              .lora_ld_tmp = ld_tmp,
+              .lora_expand = {
+                  .token_slots = d.token_slots, .tmp = dtmp, .ld_tmp = ld_tmp, .first = i * R, .w = d.w[i]}};
+        };
+        auto check = [&](const std::string& how) {
+          for (int i = 0; i < 3; ++i)
+            kt::expect_close(ar.down(dy[i], y_expect[i].size()), y_expect[i], 1e-4f, 1e-3f,
+                             what + " " + how + ": product " + std::to_string(i));
+        };
+        for (int round = 0; round < 2; ++round) {
+          const k::LinearArgs group[3] = {args(0, true), args(1, true), args(2, true)};
+          ar.be().linear_group(group);
+          check("group, round " + std::to_string(round));
+        }
+        {  // The sums already there: the group without its shrink.
+          const k::LinearArgs group[3] = {args(0, false), args(1, false), args(2, false)};
+          ar.be().linear_group(group);
+          check("group without the shrink");
+        }
+        for (int round = 0; round < 2; ++round) {  // o-like: one product, its own one-module shrink
+          k::LoraBatchArgs o = d;
+          o.num = 1;
+          k::LinearArgs a = args(0, true);
+          a.lora_shrink = &o;
+          a.lora_tmp = dtmp;
+          a.lora_ld_tmp = ld_tmp;
+          ar.be().linear(a);
+          kt::expect_close(ar.down(dy[0], y_expect[0].size()), y_expect[0], 1e-4f, 1e-3f,
+                           what + " alone, round " + std::to_string(round));
+        }
+      }
+    }
+  }
+  k::override_kernel_tuning(std::nullopt);
+}
+
 // rope_kv_write with each lane's B rows in registers (KernelTuning::rope_lora_b_regs) against the same op
 // reading them after the wait: bit for bit on q and on the cache's k and v, for head dims 64 and 128, stack
 // ranks 8, 16 and 32 (rank 32 at head dim 128 does not fit the registers: the plain path), with and without

@@ -59,8 +59,8 @@ LoraShrinkItems shrink_items(const MoeExpertsArgs& a, const StackBuffers& b);
 template <Phase P>
 GemvParams shrink_params(const MoeExpertsArgs& a, const StackBuffers& b);
 
-// moe_cuda.cu. The fp32 small-batch product's grid for max_items items; the plain activation over a path's
-// sorted rows (gu_delta, or nullptr, added to gu first) and the plain weighted combine (y_delta, or
+// moe_steps_cuda.cu. The fp32 small-batch product's grid for max_items items; the plain activation over a
+// path's sorted rows (gu_delta, or nullptr, added to gu first) and the plain weighted combine (y_delta, or
 // nullptr, added to y first), which delta mode's steps run after its sums.
 unsigned moe_gemv_blocks(int64_t max_items);
 void launch_expert_act(const int32_t* sorted, const int32_t* num_tiles, int tile_m, int64_t max_rows,
