@@ -236,6 +236,35 @@ struct KernelTuning {
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
   int64_t linear_stream_max_rows = 8;
+  // Switches and sizes for A/B timing and tests (once read by getenv inside the kernels' files; the same
+  // variables set them):
+  // 0: every BF16 product through the split cuBLAS GEMM, never the weight-streaming kernel; env
+  // POLYLORA_LINEAR_STREAM.
+  int64_t linear_stream = 1;
+  // Rank rows per warp of the tiled dense / expert LoRA shrink (lora_stack_cuda.cuh): 4, or 8 (each input
+  // half read half as often at 255 registers against 230; H200 moe-lora M = 256: 327 us vs 276 with 4); env
+  // POLYLORA_LORA_SHRINK_RANKS_PER_WARP.
+  int64_t lora_shrink_ranks_per_warp = 4;
+  // 0: BF16 experts' small-batch products on the register-streaming moe_gemv_tc_kernel instead of the
+  // cp.async pipeline (moe_gemv_pipe.cuh); env POLYLORA_MOE_GEMV_PIPE.
+  int64_t moe_gemv_pipe = 1;
+  // 0: BF16 expert LoRA on the grouped-GEMM path always through the CUDA-core shrinks and the expand-fused
+  // activation and combine, never the tensor-core LoRA (moe_lora_mma_per_expert); env POLYLORA_MOE_LORA_MMA.
+  int64_t moe_lora_mma = 1;
+  // 0: on the tensor-core weight-streaming path, the expert LoRA shrinks that do not ride in the products'
+  // extra CTAs run between the products instead of beside them; env POLYLORA_MOE_LORA_BESIDE.
+  int64_t moe_lora_beside = 1;
+  // 0: each expert's rows in token order only, not grouped by adapter slot (with slot-stacked LoRA); env
+  // POLYLORA_MOE_SLOT_ORDER.
+  int64_t moe_slot_order = 1;
+  // 1: MXFP4 expert products take the hi + lo bf16 split of their activations too (CudaContext::bf16_split;
+  // off: H200, session 33, decode without it ran 1.36x / 1.38x faster at batch 16 / 64); env
+  // POLYLORA_MXFP4_BF16_SPLIT.
+  int64_t mxfp4_bf16_split = 0;
+  // The expert LoRA delta kernel's least columns per part (every part computes its row's shrink again;
+  // batch-4 decode of GPT-OSS-20B with 8 adapters: 4.975 ms per step with 1,024 against 5.204 with 256,
+  // H200, session 36); env POLYLORA_MOE_LORA_DELTA_COLS.
+  int64_t moe_lora_delta_cols = 1024;
 };
 
 // The expert shape an entry applies to (0: any).

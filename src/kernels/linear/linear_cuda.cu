@@ -61,14 +61,10 @@ __global__ void fold_halves_kernel(const float* halves, int64_t m, int64_t n, co
   }
 }
 
-// POLYLORA_LINEAR_STREAM=0: the split cuBLAS GEMM for every BF16 product (A/B timing and tests); on by
-// default.
+// KernelTuning::linear_stream 0 (POLYLORA_LINEAR_STREAM=0): the split cuBLAS GEMM for every BF16 product
+// (A/B timing and tests); on by default.
 bool stream_enabled() {
-  static const bool v = [] {
-    const char* e = std::getenv("POLYLORA_LINEAR_STREAM");
-    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
-  }();
-  return v;
+  return kernel_tuning(TuningShape{}).linear_stream != 0;
 }
 
 // The streaming kernel: a CTA of 8 warps is 8 / KS row groups of kStreamR rows, the KS warps of a group each

@@ -660,11 +660,7 @@ void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
 namespace polylora::kernels::lora_stack {
 
 int shrink_q() {
-  static const int q = [] {
-    const char* e = std::getenv("POLYLORA_LORA_SHRINK_RANKS_PER_WARP");
-    return e != nullptr && std::atoi(e) == 8 ? 8 : 4;
-  }();
-  return q;
+  return kernel_tuning(TuningShape{}).lora_shrink_ranks_per_warp == 8 ? 8 : 4;
 }
 
 int64_t shrink_rank_blocks(int64_t ranks) {

@@ -242,9 +242,8 @@ __device__ void shrink_tile(const ShrinkGroup<TW>& g, const RowRef* refs, int64_
   }
 }
 
-// Rank rows per warp of the tiled shrink: 4 (230 registers), or 8 with POLYLORA_LORA_SHRINK_RANKS_PER_WARP=8
-// (reads each input half as often at 255 registers; H200 moe-lora M=256: 327 us vs 276 us with 4), and the
-// blocks of kShrinkWarps warps that `ranks` rank rows take.
+// Rank rows per warp of the tiled shrink (KernelTuning::lora_shrink_ranks_per_warp: 4, or 8), and the blocks
+// of kShrinkWarps warps that `ranks` rank rows take.
 int shrink_q();
 int64_t shrink_rank_blocks(int64_t ranks);
 

@@ -101,17 +101,10 @@ int mma_tile_m(const MoeExpertsArgs& a) {
   return a.m * a.top_k >= 256 * a.num_experts ? 128 : 64;
 }
 
-// POLYLORA_MOE_LORA_MMA=0: BF16 expert LoRA on the grouped-GEMM path always through the CUDA-core tiled
-// shrinks and the expand-fused activation and combine (as the other paths) instead of, from 64 pairs per
-// expert, the tensor-core shrinks and the expand fused into the GEMMs' epilogues (moe_lora_mma.cuh), for A/B
-// timing; on by default.
-bool lora_mma_enabled() {
-  static const bool v = [] {
-    const char* e = std::getenv("POLYLORA_MOE_LORA_MMA");
-    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
-  }();
-  return v;
-}
+// KernelTuning::moe_lora_mma 0 (POLYLORA_MOE_LORA_MMA=0): BF16 expert LoRA on the grouped-GEMM path always
+// through the CUDA-core tiled shrinks and the expand-fused activation and combine (as the other paths)
+// instead of, from moe_lora_mma_per_expert pairs per expert, the tensor-core shrinks and the expand in the
+// GEMMs (moe_lora_mma.cuh), for A/B timing; on by default.
 
 // Does the grouped-GEMM path run the expert LoRA on tensor cores (BF16 stacks)? From 64 pairs per expert on
 // average (GPT-OSS-20B: 512 tokens). H200, `polylora_bench moe-lora --act swiglu --gu-slices 1`, LoRA cost
@@ -120,7 +113,8 @@ bool lora_mma_enabled() {
 // previous device run of the same tree).
 bool lora_on_mma(const MoeExpertsArgs& a, Path path) {
   return path == Path::kMma && !a.lora_stack.empty() && a.lora_stack.dtype == DType::kBF16 &&
-         a.m * a.top_k >= tuning_of(a).moe_lora_mma_per_expert * a.num_experts && lora_mma_enabled();
+         a.m * a.top_k >= tuning_of(a).moe_lora_mma_per_expert * a.num_experts &&
+         tuning_of(a).moe_lora_mma != 0;
 }
 
 // Does the grouped-GEMM path run on the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh, with the LoRA expand
@@ -159,17 +153,10 @@ LoraMmaSplits lora_mma_splits(const MoeExpertsArgs& a, int64_t num_kt_gu, int64_
   return {pick(num_kt_gu), pick(num_kt_down)};
 }
 
-// POLYLORA_MOE_LORA_BESIDE=0: on the tensor-core weight-streaming path, the expert LoRA shrinks that do not
-// ride in the products' extra CTAs run after the gate/up product and before the down product as before,
-// instead of beside the products (launched just before each, which starts at once: GemvTcParams::
-// defer_wait), for A/B timing; on by default.
-bool lora_beside_enabled() {
-  static const bool v = [] {
-    const char* e = std::getenv("POLYLORA_MOE_LORA_BESIDE");
-    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
-  }();
-  return v;
-}
+// KernelTuning::moe_lora_beside 0 (POLYLORA_MOE_LORA_BESIDE=0): on the tensor-core weight-streaming path,
+// the expert LoRA shrinks that do not ride in the products' extra CTAs run after the gate/up product and
+// before the down product as before, instead of beside the products (launched just before each, which starts
+// at once: GemvTcParams::defer_wait), for A/B timing; on by default.
 
 // Delta mode of the slot-stacked expert LoRA (StackStep::kDeltaGateUp / kDeltaDown): on the tensor-core
 // weight-streaming path, from moe_lora_delta_min_rows up to moe_lora_delta_rows token-expert pairs.
@@ -243,11 +230,8 @@ struct MoeWorkspace {
     }
     // With slot-stacked LoRA every path orders each expert's rows by adapter slot, so a tile's rows
     // mostly share one (slot, expert) and the LoRA kernels read its A and B once per tile, not per row.
-    // POLYLORA_MOE_SLOT_ORDER=0: expert order only (A/B).
-    static const bool slot_order = [] {
-      const char* e = std::getenv("POLYLORA_MOE_SLOT_ORDER");
-      return e == nullptr || std::string(e) != "0";
-    }();
+    // KernelTuning::moe_slot_order 0 (POLYLORA_MOE_SLOT_ORDER=0): expert order only (A/B).
+    const bool slot_order = tuning_of(a).moe_slot_order != 0;
     buckets = slot_order && a.token_slots != nullptr && !a.lora_stack.empty() ? a.lora_stack.slots + 1 : 1;
     auto* p = static_cast<char*>(base);
     auto take = [&](size_t n) {
@@ -402,13 +386,10 @@ void launch_tc_product(dim3 grid, const moe_detail::GemvTcParams& tp, const MoeE
 // MXFP4 experts do not: their weights carry 4-bit values, Hugging Face's and every peer's MXFP4 kernels
 // multiply them with bf16 activations, and the split doubled the activation traffic and the MMAs of the
 // tensor-core MXFP4 kernels, whose shared memory it filled (H200, session 33: decode without the split ran
-// 1.36x / 1.38x faster at batch 16 / 64). POLYLORA_MXFP4_BF16_SPLIT=1 keeps the split for them.
+// 1.36x / 1.38x faster at batch 16 / 64). KernelTuning::mxfp4_bf16_split 1 (POLYLORA_MXFP4_BF16_SPLIT=1)
+// keeps the split for them.
 bool moe_split(const MoeExpertsArgs& a, const CudaContext& ctx) {
-  static const bool mxfp4_split = [] {
-    const char* e = std::getenv("POLYLORA_MXFP4_BF16_SPLIT");
-    return e != nullptr && e[0] == '1' && e[1] == '\0';
-  }();
-  return ctx.bf16_split(a.m) && (!a.experts_mxfp4 || mxfp4_split);
+  return ctx.bf16_split(a.m) && (!a.experts_mxfp4 || tuning_of(a).mxfp4_bf16_split != 0);
 }
 
 }  // namespace
@@ -562,7 +543,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // The other shrinks (launches of their own) beside the products: each launched just before its product,
     // which starts at once (defer_wait, as in delta mode); the expand-fused activation and combine after the
     // products read their sums (a product's completion implies its shrink's).
-    const bool beside = stack && !delta && !fuse && lora_beside_enabled();
+    const bool beside = stack && !delta && !fuse && tuning_of(a).moe_lora_beside != 0;
     if (beside) tp.defer_wait = true;
     // The LoRA step of a phase that runs beside its product (launch_tc_product), if any.
     auto side_step = [&](StackStep delta_step, StackStep shrink_step) -> std::optional<StackStep> {

@@ -3,21 +3,16 @@
 // (moe_gemv_tm{1,2,4,8}_cuda.cu), the tensor-core GEMVs for bf16 (pipelined: moe_gemv_pipe{1,2}_cuda.cu,
 // register-streaming: moe_gemv_tcreg_cuda.cu) and for MXFP4 experts (moe_gemv_mxfp4_cuda.cu). Must not:
 // depend on anything above common/.
-#include <cstdlib>
-
 #include "kernels/moe/moe_launch.h"
+#include "kernels/tuning.h"
 
 namespace polylora::kernels::cuda::moe_detail {
 namespace {
 
-// POLYLORA_MOE_GEMV_PIPE=0: the register-streaming moe_gemv_tc_kernel instead of the cp.async pipeline
-// (moe_gemv_pipe.cuh), for A/B timing; on by default.
+// KernelTuning::moe_gemv_pipe 0 (POLYLORA_MOE_GEMV_PIPE=0): the register-streaming moe_gemv_tc_kernel
+// instead of the cp.async pipeline (moe_gemv_pipe.cuh), for A/B timing; on by default.
 bool gemv_pipe_enabled() {
-  static const bool v = [] {
-    const char* e = std::getenv("POLYLORA_MOE_GEMV_PIPE");
-    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
-  }();
-  return v;
+  return kernel_tuning(TuningShape{}).moe_gemv_pipe != 0;
 }
 
 }  // namespace

@@ -258,14 +258,10 @@ void launch_delta_step(bool down, const StackParams<TW>& p, const StackBuffers& 
   const int64_t N = down ? a.hidden : 2 * a.inter;
   // Column parts per row: ~2 CTAs per SM in all, each of at least min_cols columns.
   const int64_t want = std::max<int64_t>(1, 2 * cuda_util::num_sms() / std::max<int64_t>(1, ws.max_rows));
-  // POLYLORA_MOE_LORA_DELTA_COLS: the least columns per part (default 1,024: every part computes the row's
-  // shrink again; batch-4 decode steps of GPT-OSS-20B with 8 adapters took 4.975 ms with 1,024 against 5.204
-  // with 256, H200, session 36; for A/B timing).
-  static const int64_t min_cols = [] {
-    const char* e = std::getenv("POLYLORA_MOE_LORA_DELTA_COLS");
-    const int64_t v = e != nullptr ? std::atoll(e) : 0;
-    return v > 0 ? v : int64_t{1024};
-  }();
+  // The least columns per part (KernelTuning::moe_lora_delta_cols: every part computes the row's shrink
+  // again).
+  const int64_t cols = t.moe_lora_delta_cols;
+  const int64_t min_cols = cols > 0 ? cols : int64_t{1024};
   const int64_t parts = std::clamp<int64_t>(want, 1, (N + min_cols - 1) / min_cols);
   const int64_t chunk = (N + parts - 1) / parts;
   const dim3 grid(static_cast<unsigned>(ws.max_rows), static_cast<unsigned>(parts));
