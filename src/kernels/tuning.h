@@ -218,13 +218,15 @@ struct KernelTuning {
   // dense_shrink_mma_kernel: 64-token tiles, the f32 input split exactly into three bf16 parts, one pass of
   // the K loop per distinct adapter among a tile's tokens) instead of the CUDA-core tiled shrink. Written
   // after session 52's H100 trace of a 16 x 512-token prefill with 8 adapters (GPT-OSS-20B MXFP4), where the
-  // dense shrink and expand kernels took ~1.1 ms per layer of the ~2.7 ms the adapters added; 0 until
-  // measured; env POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS.
-  int64_t lora_dense_shrink_mma_min_rows = 0;
+  // dense shrink and expand kernels took ~1.1 ms per layer of the ~2.7 ms the adapters added. Session 53,
+  // H200, `polylora_bench device --prompt-len 512 --batches 16 --loras 8` (MXFP4 config): prefill with 8
+  // adapters 27,063 tok/s without it (base 33,763: ratio 0.802), 28,108 from 256 tokens (base 33,762:
+  // 0.833); env POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS.
+  int64_t lora_dense_shrink_mma_min_rows = 256;
   // Dense LoRA expands of 256 tokens and more (prefill): tiles of 8 tokens per block, 1 or 4 (fewer, longer
   // blocks: the y read-modify-write of 256 outputs x 32 tokens each, the thread's B row re-read from L1 per
-  // tile). Written with lora_dense_shrink_mma_min_rows; 1 until measured; env
-  // POLYLORA_LORA_DENSE_EXPAND_TILES.
+  // tile). Session 53, H200, the run above with the tensor-core shrink: 27,741 tok/s with 4 (ratio 0.821)
+  // against 28,108 with 1; env POLYLORA_LORA_DENSE_EXPAND_TILES.
   int64_t lora_dense_expand_tiles = 1;
   // 1: the dense LoRA expands of q/k/v and o_proj at decode sizes are added by the streamed projection itself
   // (linear_cuda.cu: each persistent CTA adds the terms of its own rows once the launch's shrink items are

@@ -532,7 +532,7 @@ void run_route_norm(const RouteNormCase& c) {
                         .m = m,
                         .hidden = H,
                         .inter = I,
-                        .num_experts = E,
+                        .num_experts = E - c.id_begin,  // this rank's: the router's from id_begin on
                         .top_k = K,
                         .ids = ids,
                         .weights = wts,
