@@ -189,10 +189,6 @@ class Backend {
     return split_dense_lora_max_rows_ >= 0 ? split_dense_lora_max_rows_ : default_split_dense_lora_max_rows();
   }
   void set_split_dense_lora_max_rows(int64_t rows) { split_dense_lora_max_rows_ = rows; }
-  // Within those steps, tokens up to which the projections add the expands themselves
-  // (kernels::LinearArgs::lora_expand: CUDA's streamed products, tuning lora_expand_in_linear) and the
-  // consumers get none; 0: never (the CPU).
-  virtual int64_t lora_expand_in_linear_max_rows() const { return 0; }
 
   // The ops queued from here on belong to a step of `tokens` tokens with LoRA kernels (lora true) or not.
   // CUDA launches a LoRA step's kernels without programmatic dependent launch above the tuned

@@ -27,10 +27,6 @@ struct CudaContext {
   // attention_decode_fused_combine). nullptr / 0: none.
   int32_t* counters = nullptr;
   int64_t num_counters = 0;
-  // Two zeroed words kept across calls (left zero again by the kernel that takes them): the streamed
-  // projection's count of finished LoRA shrink items and of finished CTAs, when it adds the LoRA expands of
-  // its own rows (linear.h LinearArgs::lora_expand). nullptr: the expands take a launch of their own.
-  int32_t* sync = nullptr;
 };
 
 // Set while the calling thread queues the ops of a step with LoRA kernels and those launches should not use

@@ -86,7 +86,6 @@ const std::vector<Field>& fields() {
        "POLYLORA_ADD_NORM_LORA_CLUSTER_ROWS"},
       {"lora_dense_gemv_shrink_rows", &KernelTuning::lora_dense_gemv_shrink_rows,
        "POLYLORA_LORA_GEMV_SHRINK_ROWS"},
-      {"lora_expand_in_linear", &KernelTuning::lora_expand_in_linear, "POLYLORA_LORA_EXPAND_IN_LINEAR"},
       {"linear_stream_max_rows", &KernelTuning::linear_stream_max_rows, "POLYLORA_LINEAR_STREAM_ROWS"},
       {"linear_stream", &KernelTuning::linear_stream, "POLYLORA_LINEAR_STREAM"},
       {"lora_shrink_ranks_per_warp", &KernelTuning::lora_shrink_ranks_per_warp,

@@ -228,13 +228,6 @@ struct KernelTuning {
   // tile). Session 53, H200, the run above with the tensor-core shrink: 27,741 tok/s with 4 (ratio 0.821)
   // against 28,108 with 1; env POLYLORA_LORA_DENSE_EXPAND_TILES.
   int64_t lora_dense_expand_tiles = 1;
-  // 1: the dense LoRA expands of q/k/v and o_proj at decode sizes are added by the streamed projection itself
-  // (linear_cuda.cu: each persistent CTA adds the terms of its own rows once the launch's shrink items are
-  // done, so the consumers, rope_kv_write and add_rms_norm, read plain outputs), where the product is
-  // streamed (BF16, at most linear_stream_max_rows tokens); 0: the consumers add them. Written in session 53
-  // after session 49's H200 batch-1 timeline with 8 adapters, where the expands in rope_kv_write and
-  // add_rms_norm took +4.4 and +4.9 us per layer; 0 until measured; env POLYLORA_LORA_EXPAND_IN_LINEAR.
-  int64_t lora_expand_in_linear = 0;
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
   int64_t linear_stream_max_rows = 8;

@@ -31,8 +31,7 @@ class Model::ForwardPass {
   void lora_group(int64_t layer, const float* in, int64_t ldx,
                   std::initializer_list<std::tuple<LoraModule, float*, int64_t>> modules);
   void linear(const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
-              const k::LoraBatchArgs* shrink = nullptr, float* shrink_tmp = nullptr, int64_t ld_tmp = 0,
-              const k::LoraExpandIn& expand = {});
+              const k::LoraBatchArgs* shrink = nullptr, float* shrink_tmp = nullptr, int64_t ld_tmp = 0);
   // The split shrink of the active modules among `modules` (their sums side by side in lora_tmp_, then
   // `expand` gets each module's LoraExpandIn, empty where the module has no LoRA this step); returns the
   // sum of their ranks.
@@ -73,9 +72,6 @@ class Model::ForwardPass {
   // tensor parallelism (o's partial LoRA sums belong before the all_reduce). The shrinks' sums live in
   // lora_tmp_, sized for the largest such step whenever the stacks exist (no allocation inside a capture).
   bool split_lora_ = false;
-  // Within split steps of at most Backend::lora_expand_in_linear_max_rows tokens, the projections add the
-  // expands themselves (the consumers get none).
-  bool expand_in_linear_ = false;
   float* lora_tmp_ = nullptr;
 };
 
@@ -129,8 +125,7 @@ void Model::ForwardPass::lora_group(int64_t layer, const float* in, int64_t ldx,
 }
 
 void Model::ForwardPass::linear(const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
-                                const k::LoraBatchArgs* shrink, float* shrink_tmp, int64_t ld_tmp,
-                                const k::LoraExpandIn& expand) {
+                                const k::LoraBatchArgs* shrink, float* shrink_tmp, int64_t ld_tmp) {
   be_.linear({.x = in,
               .m = T_,
               .ldx = ldx,
@@ -140,8 +135,7 @@ void Model::ForwardPass::linear(const LinearWeights& lw, const float* in, int64_
               .ldy = ldy,
               .lora_shrink = shrink,
               .lora_tmp = shrink_tmp,
-              .lora_ld_tmp = ld_tmp,
-              .lora_expand = expand});
+              .lora_ld_tmp = ld_tmp});
 }
 
 int64_t Model::ForwardPass::split_group(int64_t layer, const float* in, int64_t ldx,
@@ -172,38 +166,20 @@ void Model::ForwardPass::attention_block(int64_t l) {
       split_lora_
           ? split_group(l, h_, H_, {LoraModule::kQ, LoraModule::kK, LoraModule::kV}, qkv_shrink, qkv_lora)
           : 0;
-  // q, k and v read the same h: one launch where the backend can (CUDA at decode sizes), adding their
-  // LoRA expands there too, or else in rope_kv_write.
-  const k::LoraExpandIn none{};
-  const k::LoraExpandIn* in_linear = expand_in_linear_ ? qkv_lora : nullptr;
-  const k::LoraExpandIn* in_rope = expand_in_linear_ ? nullptr : qkv_lora;
-  const k::LinearArgs qkv[3] = {{.x = h_,
-                                 .m = T_,
-                                 .ldx = H_,
-                                 .w = aw.q.w,
-                                 .bias = aw.q.bias,
-                                 .y = q_,
-                                 .ldy = qs_,
-                                 .lora_shrink = qkv_ranks > 0 ? &qkv_shrink : nullptr,
-                                 .lora_tmp = lora_tmp_,
-                                 .lora_ld_tmp = qkv_ranks,
-                                 .lora_expand = in_linear ? in_linear[0] : none},
-                                {.x = h_,
-                                 .m = T_,
-                                 .ldx = H_,
-                                 .w = aw.k.w,
-                                 .bias = aw.k.bias,
-                                 .y = kk_,
-                                 .ldy = kvs_,
-                                 .lora_expand = in_linear ? in_linear[1] : none},
-                                {.x = h_,
-                                 .m = T_,
-                                 .ldx = H_,
-                                 .w = aw.v.w,
-                                 .bias = aw.v.bias,
-                                 .y = v_,
-                                 .ldy = kvs_,
-                                 .lora_expand = in_linear ? in_linear[2] : none}};
+  // q, k and v read the same h: one launch where the backend can (CUDA at decode sizes).
+  const k::LinearArgs qkv[3] = {
+      {.x = h_,
+       .m = T_,
+       .ldx = H_,
+       .w = aw.q.w,
+       .bias = aw.q.bias,
+       .y = q_,
+       .ldy = qs_,
+       .lora_shrink = qkv_ranks > 0 ? &qkv_shrink : nullptr,
+       .lora_tmp = lora_tmp_,
+       .lora_ld_tmp = qkv_ranks},
+      {.x = h_, .m = T_, .ldx = H_, .w = aw.k.w, .bias = aw.k.bias, .y = kk_, .ldy = kvs_},
+      {.x = h_, .m = T_, .ldx = H_, .w = aw.v.w, .bias = aw.v.bias, .y = v_, .ldy = kvs_}};
   be_.linear_group(qkv);
   if (!split_lora_)
     lora_group(l, h_, H_,
@@ -228,9 +204,9 @@ void Model::ForwardPass::attention_block(int64_t l) {
                      .eps = eps_,
                      .slot_mapping = d_slot_,
                      .cache = kv_[l],
-                     .lora_q = in_rope ? in_rope[0] : none,
-                     .lora_k = in_rope ? in_rope[1] : none,
-                     .lora_v = in_rope ? in_rope[2] : none});
+                     .lora_q = qkv_lora[0],
+                     .lora_k = qkv_lora[1],
+                     .lora_v = qkv_lora[2]});
   be_.attention({.q = q_,
                  .ldq = qs_,
                  .out = attn_,
@@ -251,11 +227,10 @@ void Model::ForwardPass::attention_block(int64_t l) {
   const int64_t o_ranks = split_lora_ ? split_group(l, attn_, qs_, {LoraModule::kO}, o_shrink, o_lora) : 0;
   // Its sums after q/k/v's in lora_tmp_ (rope_kv_write has read those).
   for (k::LoraExpandIn& e : o_lora) e.tmp = lora_tmp_ + T_ * qkv_ranks;
-  linear(aw.o, attn_, qs_, tmp_, H_, o_ranks > 0 ? &o_shrink : nullptr, lora_tmp_ + T_ * qkv_ranks, o_ranks,
-         expand_in_linear_ ? o_lora[0] : none);
+  linear(aw.o, attn_, qs_, tmp_, H_, o_ranks > 0 ? &o_shrink : nullptr, lora_tmp_ + T_ * qkv_ranks, o_ranks);
   if (!split_lora_) lora_group(l, attn_, qs_, {{LoraModule::kO, tmp_, H_}});
   m_.all_reduce_sum(tmp_, T_ * H_);  // row-parallel o_proj: the ranks' heads
-  add_norm(lw.post_attention_norm, expand_in_linear_ ? none : o_lora[0]);
+  add_norm(lw.post_attention_norm, o_lora[0]);
 }
 
 void Model::ForwardPass::add_norm(const float* w, const k::LoraExpandIn& lora_delta) {
@@ -403,7 +378,6 @@ void Model::ForwardPass::run() {
   tmp_ = ensure_buffer<float>(be_, ws_.tmp, T_ * H_, ws_.epoch);
   const bool stacks = m_.lora_ && m_.lora_->reserved();
   split_lora_ = stacks && !m_.comm_ && T_ <= be_.split_dense_lora_max_rows();
-  expand_in_linear_ = split_lora_ && T_ <= be_.lora_expand_in_linear_max_rows();
   if (stacks && be_.split_dense_lora_max_rows() > 0)
     lora_tmp_ = ensure_buffer<float>(
         be_, ws_.lora_tmp, static_cast<size_t>(be_.split_dense_lora_max_rows() * 4 * m_.lora_->rank()),

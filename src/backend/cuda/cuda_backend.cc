@@ -203,8 +203,8 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     // Kernels' counters kept zero between calls (k::CudaContext::counters), zeroed once here.
-    CUDA_CHECK(cudaMalloc(&counters_, (kNumCounters + kSyncWords) * sizeof(int32_t)));
-    CUDA_CHECK(cudaMemsetAsync(counters_, 0, (kNumCounters + kSyncWords) * sizeof(int32_t), stream_));
+    CUDA_CHECK(cudaMalloc(&counters_, kNumCounters * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemsetAsync(counters_, 0, kNumCounters * sizeof(int32_t), stream_));
     // No TF32 for fp32 products; bf16 GemmEx with CUBLAS_COMPUTE_32F uses tensor cores regardless.
     CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   }
@@ -479,9 +479,6 @@ class CudaBackend final : public Backend {
   }
   size_t allocated_bytes() const override { return allocated_ + workspace_bytes_; }
   int64_t default_split_dense_lora_max_rows() const override { return 64; }
-  int64_t lora_expand_in_linear_max_rows() const override {
-    return weight_dtype_ == DType::kBF16 ? k::cuda::linear_lora_expand_max_rows(ctx()) : 0;
-  }
   std::pair<size_t, size_t> memory_info() const override {
     DeviceScope on_device(device_);
     size_t free_bytes = 0, total = 0;
@@ -623,14 +620,7 @@ class CudaBackend final : public Backend {
   std::map<std::string, std::pair<double, int64_t>> profile_totals_;
 
   k::CudaContext ctx() const {
-    return {stream_,
-            cublas_,
-            workspace_,
-            workspace_bytes_,
-            bf16_split_max_rows_,
-            counters_,
-            kNumCounters,
-            counters_ + kNumCounters};
+    return {stream_, cublas_, workspace_, workspace_bytes_, bf16_split_max_rows_, counters_, kNumCounters};
   }
 
   // Grows the workspace (after the stream drains, since queued kernels may still use the old one). The
@@ -665,7 +655,6 @@ class CudaBackend final : public Backend {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   static constexpr int64_t kNumCounters = 32 * 1024;  // decode attention's: (row, head) CTA rows that split
-  static constexpr int64_t kSyncWords = 2;            // CudaContext::sync, after the counters
   int32_t* counters_ = nullptr;
   uint64_t workspace_epoch_ = 0;
   bool capturing_ = false;

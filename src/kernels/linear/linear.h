@@ -29,11 +29,6 @@ struct LinearArgs {
   const LoraBatchArgs* lora_shrink = nullptr;
   float* lora_tmp = nullptr;
   int64_t lora_ld_tmp = 0;
-  // Optional: this product's dense LoRA expand, y[t] += its term (lora.h LoraExpandIn over the
-  // sums a lora_shrink wrote: this product's, the one of its group in linear_group, or an earlier launch's).
-  // A streamed product adds it in the same launch (each CTA for its own rows, after the launch's shrink
-  // items are done: CudaContext::sync), others by a launch of their own after the product and its shrink.
-  LoraExpandIn lora_expand;
 };
 
 namespace ref {
@@ -58,9 +53,6 @@ void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx
 bool linear_group_fused(const LinearArgs* group, int64_t count, const CudaContext& ctx);
 // Workspace bytes linear() needs (the bf16 copies of x and, for small split products, the f32 halves).
 size_t linear_workspace_bytes(const LinearArgs& args, const CudaContext& ctx);
-// Tokens up to which BF16 products add LinearArgs::lora_expand inside their streamed launch (tuning
-// lora_expand_in_linear, the streaming kernel's rows and the split); 0: none.
-int64_t linear_lora_expand_max_rows(const CudaContext& ctx);
 // INT8 weights (linear_int8_cuda.cu; codes and row scales read as stored): a weight-streaming kernel for
 // few rows (f32 activations with ctx.bf16_split(m), else rounded to bf16), a bf16 tensor-core GEMM
 // dequantizing the codes in its K loop for many (x as hi + lo bf16 with the split, else one bf16).

@@ -444,7 +444,6 @@ void linear_batch(const LinearArgs* args, int64_t count) {
 void linear(const LinearArgs& a) {
   linear_batch(&a, 1);
   if (a.lora_shrink != nullptr) ref::lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp);
-  if (a.lora_expand.active()) ref::lora_expand_in(a.lora_expand, a.m, a.y, a.ldy);
 }
 
 }  // namespace polylora::kernels::cpu

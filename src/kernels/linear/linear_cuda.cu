@@ -88,8 +88,6 @@ struct StreamProducts {
   float* y[kMaxStreamProducts] = {};
   int64_t ldy[kMaxStreamProducts] = {};
   int64_t first[kMaxStreamProducts + 1] = {};
-  LoraExpandIn lx[kMaxStreamProducts];  // each product's LoRA expand (LinearArgs::lora_expand)
-  bool expand = false;                  // some product has one
   __host__ __device__ int64_t rows() const { return first[num]; }
   // The product holding row g (< rows()).
   __device__ __forceinline__ int of(int64_t g) const {
@@ -109,45 +107,7 @@ struct StreamProducts {
     const int64_t r = g - first[i];
     y[i][t * ldy[i] + r] = v + (bias[i] != nullptr ? bias[i][r] : 0.0f);
   }
-  // y[t, row g] += its LoRA term (after store, by a thread of the same CTA).
-  __device__ __forceinline__ void add_term(int64_t t, int64_t g) const {
-    const int i = of(g);
-    if (!lx[i].active()) return;
-    const int64_t r = g - first[i];
-    y[i][t * ldy[i] + r] += expand_term(lx[i], t, r);
-  }
-  // The term of output o of token t: as lora_fused::expand_at (the same products in the same order, so the
-  // same bits as the consumers' expands), with the shrink sums read through L2 (other CTAs of this launch
-  // wrote them).
-  __device__ __forceinline__ static float expand_term(const LoraExpandIn& l, int64_t t, int64_t o) {
-    const int32_t s = __ldg(l.token_slots + t);
-    if (s < 0 || s >= l.w.slots) return 0.0f;
-    const float sc = __ldg(l.w.scale + s);
-    if (sc == 0.0f) return 0.0f;
-    const int64_t R = l.w.rank, row = (static_cast<int64_t>(s) * l.w.out + o) * R;
-    const float* tp = l.tmp + t * l.ld_tmp + l.first;
-    float sum = 0.0f;
-    if (l.w.dtype == DType::kBF16) {
-      const __nv_bfloat16* b = static_cast<const __nv_bfloat16*>(l.w.b) + row;
-      int64_t r = 0;
-      if ((R & 7) == 0 && (reinterpret_cast<uintptr_t>(b) & 15) == 0)
-        for (; r < R; r += 8)
-          sum = lora_fused::fma_bf16x8(
-              __ldg(reinterpret_cast<const uint4*>(b + r)), [&](int e) { return __ldcg(tp + r + e); }, sum);
-      for (; r < R; ++r) sum = fmaf(__bfloat162float(b[r]), __ldcg(tp + r), sum);
-    } else {
-      const float* b = static_cast<const float*>(l.w.b) + row;
-      for (int64_t r = 0; r < R; ++r) sum = fmaf(__ldg(b + r), __ldcg(tp + r), sum);
-    }
-    return sc * sum;
-  }
 };
-
-__device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
-  int32_t v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 // y[t, n] = Σ_k x[t, k] · W[n, k] (+ bias[n]) for t < m <= TM and every row n of the products; W BF16 [n, k]
 // with 16-byte rows, x 16-byte aligned rows, in f32 (what the hi + lo split approximates to ~2^-17; only
@@ -156,7 +116,7 @@ __device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
 template <int TM, int KS>
 __global__ void __launch_bounds__(kStreamThreads, 2)
     linear_stream_kernel(const float* x, int64_t ldx, int64_t m, StreamProducts pr, int64_t k,
-                         lora_fused::ShrinkItems lora, int32_t* sync) {
+                         lora_fused::ShrinkItems lora) {
   const int64_t n = pr.rows();
   constexpr int kGroups = kStreamWarps / KS;
   constexpr int64_t kRowsPerBlock = kGroups * kStreamR;
@@ -177,30 +137,6 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
     }
   }
   cuda_util::pdl_begin();
-  // A LoRA shrink over the same x (LinearArgs::lora_shrink): its items over every warp, from the last CTA
-  // down: the persistent CTAs with the highest indices have one row block fewer when the blocks do not
-  // divide evenly (q_proj of GPT-OSS-20B at batch 1: 512 blocks on 264 CTAs), so the items fill their idle
-  // time instead of lengthening the first CTAs' (ncu, H200: the launch took 19.1 us with the items on CTAs
-  // 0-2 against 14.8 without them). After the rows, unless this launch adds the expands over them (sync):
-  // then first, each warp counting its items done in sync[0] (the CTAs wait for all of them before their
-  // terms; every CTA of the persistent grid is resident, so the wait ends).
-  const int64_t items = lora.items();
-  const bool synced = pr.expand && items > 0;
-  auto run_items = [&] {
-    int32_t done = 0;
-    for (int64_t q = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kStreamWarps + warp; q < items;
-         q += static_cast<int64_t>(gridDim.x) * kStreamWarps, ++done)
-      lora_fused::shrink_item(lora, q);
-    return done;
-  };
-  if (synced) {
-    const int32_t done = run_items();
-    __syncwarp();
-    if (lane == 0 && done > 0) {
-      __threadfence();  // the sums lane 0 wrote, before the count
-      atomicAdd(sync, done);
-    }
-  }
   const float* xs[TM];
 #pragma unroll
   for (int t = 0; t < TM; ++t) xs[t] = x + (t < m ? t : 0) * ldx + k0;
@@ -243,31 +179,15 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
       __syncthreads();  // part is rewritten by the next block
     }
   }
-  if (!pr.expand) {
-    run_items();
-    return;
-  }
-  // The LoRA terms of this CTA's rows, added to what it stored (visible to its threads after the barrier),
-  // once every shrink item of the launch is done; then the last CTA out zeroes sync for the next launch.
-  __syncthreads();
-  if (synced) {
-    if (threadIdx.x == 0)
-      while (load_acquire(sync) < items) __nanosleep(32);
-    __syncthreads();
-  }
-  for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x)
-    for (int idx = threadIdx.x; idx < kRowsPerBlock * TM; idx += kStreamThreads) {
-      const int64_t g = blk * kRowsPerBlock + idx / TM;
-      const int t = idx % TM;
-      if (t < m && g < n) pr.add_term(t, g);
-    }
-  if (synced) {
-    __syncthreads();
-    if (threadIdx.x == 0 && atomicAdd(sync + 1, 1) == static_cast<int32_t>(gridDim.x) - 1) {
-      atomicExch(sync, 0);
-      atomicExch(sync + 1, 0);
-    }
-  }
+  // A LoRA shrink over the same x (LinearArgs::lora_shrink): its items after the rows, over every warp,
+  // from the last CTA down: the persistent CTAs with the highest indices have one row block fewer when the
+  // blocks do not divide evenly (q_proj of GPT-OSS-20B at batch 1: 512 blocks on 264 CTAs), so the items
+  // fill their idle time instead of lengthening the first CTAs' (ncu, H200: the launch took 19.1 us with
+  // the items on CTAs 0-2 against 14.8 without them).
+  const int64_t items = lora.items();
+  for (int64_t q = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kStreamWarps + warp; q < items;
+       q += static_cast<int64_t>(gridDim.x) * kStreamWarps)
+    lora_fused::shrink_item(lora, q);
 }
 
 // Rows up to which split products stream (KernelTuning::linear_stream_max_rows, at most kStreamMaxRows).
@@ -306,8 +226,7 @@ int stream_slices(int64_t n) {
 // The products of `group` (one, or several sharing x, m and K) in one launch; the LoRA shrink items of the
 // one that has them.
 template <int TM, int KS>
-void launch_stream_ks(const LinearArgs* group, int64_t count, const CudaContext& ctx) {
-  cudaStream_t st = cuda_util::stream(ctx);
+void launch_stream_ks(const LinearArgs* group, int64_t count, cudaStream_t st) {
   constexpr int64_t rows_per_cta = kStreamR * (kStreamWarps / KS);
   const LinearArgs& a = group[0];
   StreamProducts pr;
@@ -319,52 +238,44 @@ void launch_stream_ks(const LinearArgs* group, int64_t count, const CudaContext&
     pr.y[pr.num] = g.y;
     pr.ldy[pr.num] = g.ldy;
     pr.first[pr.num + 1] = pr.first[pr.num] + g.w.rows;
-    pr.lx[pr.num] = g.lora_expand;
-    pr.expand = pr.expand || g.lora_expand.active();
     ++pr.num;
     if (g.lora_shrink != nullptr)
       lora = lora_fused::make_shrink_items(*g.lora_shrink, g.lora_tmp, g.lora_ld_tmp);
   }
-  // Without the context's sync words the expands wait for the whole launch: a launch of their own each.
-  const bool separate = pr.expand && lora.items() > 0 && ctx.sync == nullptr;
-  if (separate) pr.expand = false;
   // Persistent: at most the CTAs that fit at once (2 per SM by the launch bounds).
   const int64_t fit = 2 * static_cast<int64_t>(cuda_util::num_sms());
   const int64_t want = std::max((pr.rows() + rows_per_cta - 1) / rows_per_cta,
                                 (lora.items() + kStreamWarps - 1) / kStreamWarps);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(want, fit));
   cuda_util::launch_pdl(linear_stream_kernel<TM, KS>, blocks, kStreamThreads, 0, st, a.x, a.ldx, a.m, pr,
-                        a.w.cols, lora, ctx.sync);
+                        a.w.cols, lora);
   CUDA_CHECK_LAUNCH();
-  if (separate)
-    for (int64_t gi = 0; gi < count; ++gi)
-      lora_expand(group[gi].lora_expand, a.m, group[gi].y, group[gi].ldy, ctx);
 }
 
 template <int TM>
-void launch_stream(const LinearArgs* group, int64_t count, const CudaContext& ctx) {
+void launch_stream(const LinearArgs* group, int64_t count, cudaStream_t st) {
   int64_t rows = 0;
   for (int64_t gi = 0; gi < count; ++gi) rows += group[gi].w.rows;
   switch (stream_slices(rows)) {
     case 1:
-      return launch_stream_ks<TM, 1>(group, count, ctx);
+      return launch_stream_ks<TM, 1>(group, count, st);
     case 2:
-      return launch_stream_ks<TM, 2>(group, count, ctx);
+      return launch_stream_ks<TM, 2>(group, count, st);
     case 4:
-      return launch_stream_ks<TM, 4>(group, count, ctx);
+      return launch_stream_ks<TM, 4>(group, count, st);
     default:
-      return launch_stream_ks<TM, 8>(group, count, ctx);
+      return launch_stream_ks<TM, 8>(group, count, st);
   }
 }
 
 // One streamed launch for a group (every product streamed, m rows).
-void launch_stream_group(const LinearArgs* group, int64_t count, const CudaContext& ctx) {
+void launch_stream_group(const LinearArgs* group, int64_t count, cudaStream_t st) {
   const int64_t m = group[0].m;
-  if (m == 1) return launch_stream<1>(group, count, ctx);
-  if (m == 2) return launch_stream<2>(group, count, ctx);
-  if (m <= 4) return launch_stream<4>(group, count, ctx);
-  if (m <= 8) return launch_stream<8>(group, count, ctx);
-  return launch_stream<16>(group, count, ctx);
+  if (m == 1) return launch_stream<1>(group, count, st);
+  if (m == 2) return launch_stream<2>(group, count, st);
+  if (m <= 4) return launch_stream<4>(group, count, st);
+  if (m <= 8) return launch_stream<8>(group, count, st);
+  return launch_stream<16>(group, count, st);
 }
 
 // Split products of at most this many rows, with at most kStackedMaxBytes of f32 halves, stack hi and lo
@@ -415,7 +326,7 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx) {
   switch (a.w.dtype) {
     case DType::kBF16: {
       const bool split = ctx.bf16_split(m);
-      if (streamed(a, split)) return launch_stream_group(&a, 1, ctx);
+      if (streamed(a, split)) return launch_stream_group(&a, 1, st);
       KERNEL_CHECK(linear_workspace_bytes(a, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
       // Workspace: hi [m, k] then (split) lo [m, k] right after it, so hi;lo is one [2m, k] matrix when the
       // x part is not padded, then (stacked) the f32 halves [2m, n].
@@ -472,20 +383,14 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx) {
 }  // namespace
 
 void linear(const LinearArgs& a, const CudaContext& ctx) {
-  if (a.lora_shrink != nullptr)
+  if (a.lora_shrink != nullptr) {
     KERNEL_CHECK(a.lora_shrink->x == a.x && a.lora_shrink->ldx == a.ldx && a.lora_shrink->m == a.m,
                  "linear: the LoRA shrink must read the product's x");
-  // A streamed product runs its shrink items and adds its expand in its own launch.
-  if (a.m > 0 && a.w.rows > 0 && streamed(a, ctx.bf16_split(a.m))) return linear_product(a, ctx);
+    if (a.m > 0 && a.w.rows > 0 && streamed(a, ctx.bf16_split(a.m))) return linear_product(a, ctx);
+    linear_product(a, ctx);
+    return lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, ctx);
+  }
   linear_product(a, ctx);
-  if (a.lora_shrink != nullptr) lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, ctx);
-  if (a.lora_expand.active()) lora_expand(a.lora_expand, a.m, a.y, a.ldy, ctx);
-}
-
-int64_t linear_lora_expand_max_rows(const CudaContext& ctx) {
-  if (kernel_tuning(TuningShape{}).lora_expand_in_linear == 0 || !stream_enabled() || ctx.sync == nullptr)
-    return 0;
-  return std::min(stream_max_rows(), ctx.bf16_split_max_rows);
 }
 
 bool linear_group_fused(const LinearArgs* group, int64_t count, const CudaContext& ctx) {
@@ -512,7 +417,7 @@ void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx
     for (int64_t gi = 0; gi < count; ++gi) linear(group[gi], ctx);
     return;
   }
-  launch_stream_group(group, count, ctx);
+  launch_stream_group(group, count, cuda_util::stream(ctx));
 }
 
 }  // namespace polylora::kernels::cuda

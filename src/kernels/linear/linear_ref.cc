@@ -18,7 +18,6 @@ void linear(const LinearArgs& a) {
     }
   }
   if (a.lora_shrink != nullptr) lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp);
-  if (a.lora_expand.active()) lora_expand_in(a.lora_expand, a.m, a.y, a.ldy);
 }
 
 }  // namespace polylora::kernels::ref

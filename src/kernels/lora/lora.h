@@ -101,8 +101,6 @@ void lora_batch(const LoraBatchArgs& args, const CudaContext& ctx);
 size_t lora_batch_workspace_bytes(const LoraBatchArgs& args);
 // The shrink alone (weight-streaming items, one launch); tmp in device memory.
 void lora_shrink(const LoraBatchArgs& args, float* tmp, int64_t ld_tmp, const CudaContext& ctx);
-// The expand alone: out[t, o] += l's term for t < m, o < l.w.out (ref::lora_expand_in; one launch).
-void lora_expand(const LoraExpandIn& l, int64_t m, float* out, int64_t ld_out, const CudaContext& ctx);
 }  // namespace cuda
 
 }  // namespace polylora::kernels

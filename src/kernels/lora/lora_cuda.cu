@@ -611,26 +611,6 @@ void lora_shrink(const LoraBatchArgs& a, float* tmp, int64_t ld_tmp, const CudaC
   CUDA_CHECK_LAUNCH();
 }
 
-namespace {
-// out[t, o] += l's term: block (token, 256 outputs).
-__global__ void __launch_bounds__(256) lora_expand_kernel(LoraExpandIn l, float* out, int64_t ld_out) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  const int64_t t = blockIdx.x, o = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  const lora_fused::ExpandToken k = lora_fused::expand_token(l, t);
-  if (k.b == nullptr || o >= l.w.out) return;
-  out[t * ld_out + o] += lora_fused::expand_at(l, k, o);
-}
-}  // namespace
-
-void lora_expand(const LoraExpandIn& l, int64_t m, float* out, int64_t ld_out, const CudaContext& ctx) {
-  if (m == 0 || !l.active() || l.w.out == 0) return;
-  KERNEL_CHECK(l.w.dtype == DType::kBF16 || l.w.dtype == DType::kF32, "lora_expand: stacks are F32 or BF16");
-  KERNEL_CHECK(m < (1LL << 31) && (l.w.out + 255) / 256 < 65535, "lora_expand: shape too large for the grid");
-  const dim3 grid(static_cast<unsigned>(m), static_cast<unsigned>((l.w.out + 255) / 256));
-  cuda_util::launch_pdl(lora_expand_kernel, grid, 256, 0, cuda_util::stream(ctx), l, out, ld_out);
-  CUDA_CHECK_LAUNCH();
-}
-
 size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
   int64_t ranks = 0;
   for (int i = 0; i < a.num; ++i) ranks += a.w[i].empty() ? 0 : a.w[i].rank;
