@@ -61,12 +61,6 @@ __global__ void fold_halves_kernel(const float* halves, int64_t m, int64_t n, co
   }
 }
 
-// KernelTuning::linear_stream 0 (POLYLORA_LINEAR_STREAM=0): the split cuBLAS GEMM for every BF16 product
-// (A/B timing and tests); on by default.
-bool stream_enabled() {
-  return kernel_tuning(TuningShape{}).linear_stream != 0;
-}
-
 // The streaming kernel: a CTA of 8 warps is 8 / KS row groups of kStreamR rows, the KS warps of a group each
 // summing one slice of K (KS > 1 for narrow products: a 512-row k_proj is 32 CTAs at KS = 1). Loads per row
 // in flight per lane: stream_u(TM).
@@ -190,16 +184,15 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
     lora_fused::shrink_item(lora, q);
 }
 
-// Rows up to which split products stream (KernelTuning::linear_stream_max_rows, at most kStreamMaxRows).
-int64_t stream_max_rows() {
-  return std::min<int64_t>(kStreamMaxRows, kernel_tuning(TuningShape{}).linear_stream_max_rows);
-}
-
-// Does the streaming kernel take this product?
+// Does the streaming kernel take this product? Split products of up to KernelTuning::linear_stream_max_rows
+// rows (at most kStreamMaxRows), unless linear_stream is 0 (POLYLORA_LINEAR_STREAM=0: the split cuBLAS GEMM
+// for every BF16 product, for A/B timing and tests).
 bool streamed(const LinearArgs& a, bool split) {
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  return split && a.w.dtype == DType::kBF16 && a.m <= stream_max_rows() && a.w.cols % 8 == 0 &&
-         a.ldx % 4 == 0 && aligned(a.w.data) && aligned(a.x) && stream_enabled();
+  const KernelTuning t = kernel_tuning(TuningShape{});
+  return split && t.linear_stream != 0 && a.w.dtype == DType::kBF16 &&
+         a.m <= std::min<int64_t>(kStreamMaxRows, t.linear_stream_max_rows) && a.w.cols % 8 == 0 &&
+         a.ldx % 4 == 0 && aligned(a.w.data) && aligned(a.x);
 }
 
 // K slices per row group (1, 2, 4 or 8; from n alone, so a product's sums do not depend on the batch size).

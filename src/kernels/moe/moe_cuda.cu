@@ -112,9 +112,9 @@ int mma_tile_m(const MoeExpertsArgs& a) {
 // ~220 us, 1024 349.9 vs ~390, 4096 936.1 vs ~1,701, 8192 1,702.6 vs ~3,343 (the old path's figures from the
 // previous device run of the same tree).
 bool lora_on_mma(const MoeExpertsArgs& a, Path path) {
-  return path == Path::kMma && !a.lora_stack.empty() && a.lora_stack.dtype == DType::kBF16 &&
-         a.m * a.top_k >= tuning_of(a).moe_lora_mma_per_expert * a.num_experts &&
-         tuning_of(a).moe_lora_mma != 0;
+  if (path != Path::kMma || a.lora_stack.empty() || a.lora_stack.dtype != DType::kBF16) return false;
+  const KernelTuning t = tuning_of(a);
+  return t.moe_lora_mma != 0 && a.m * a.top_k >= t.moe_lora_mma_per_expert * a.num_experts;
 }
 
 // Does the grouped-GEMM path run on the Hopper warpgroup-MMA GEMM (moe_gemm_wgmma.cuh, with the LoRA expand
