@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# On the GPU machine (docs/gpu-machine.md; carry [".device-carry"]): the check of the dense LoRA shrink on
-# tensor cores (lora_dense_shrink_mma_min_rows) for prefill. One call of ~3 minutes: build; the dense LoRA
-# GPU tests (GpuLoraStack.Dense*: passes with it); `polylora_bench device` MXFP4 (512-token prompts, BATCHES
-# (16) sequences, 8 adapters) with it off, from 256 tokens (the default since session 53), and with the
-# prefill expand by blocks of 4 tiles too (lora_dense_expand_tiles 4), all with the expert LoRA as extra K
-# slices on tensor cores (the defaults since session 52, set again); then scripts/device_prefill_trace.sh
-# with both on (TRACE=0 skips).
+# On the GPU machine (docs/gpu-machine.md; carry [".device-carry"]): the check of the dense LoRA kernels on
+# tensor cores for prefill (the shrink, lora_dense_shrink_mma_min_rows, default 256 since session 53; the
+# expand, lora_dense_expand_mma_min_rows, written in session 54). One call of ~3 minutes: build; the dense
+# LoRA GPU tests (GpuLoraStack.Dense*: passes with both); `polylora_bench device` MXFP4 (512-token prompts,
+# BATCHES (16) sequences, 8 adapters) once per SPECS word (label:VAR=value,VAR=value; default: the expand
+# on CUDA cores, then on tensor cores); then scripts/device_prefill_trace.sh with the defaults (TRACE=0
+# skips).
 set -uo pipefail
 OUT=${OUT:-/tmp/dense_mma_check}
 # shellcheck source=scripts/device_env.sh
@@ -20,25 +20,25 @@ timeout 120 "$TG" --gtest_filter='GpuLoraStack.Dense*' --gtest_brief=1 > "$OUT/t
 echo "tests rc $?"
 grep -E "PASSED|FAILED|Failure" "$OUT/tests.txt" | head -12
 stamp tests
-BASE_ENV="POLYLORA_MOE_WGMMA_LORA_EXT=1 POLYLORA_MOE_LORA_MMA_PER_EXPERT=64"
-for spec in "off:POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=0" "shrink:POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256" \
-  "both:POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256 POLYLORA_LORA_DENSE_EXPAND_TILES=4"; do
+SPECS=${SPECS:-"cuda-core-expand:POLYLORA_LORA_DENSE_EXPAND_MMA_MIN_ROWS=0 mma-expand:POLYLORA_LORA_DENSE_EXPAND_MMA_MIN_ROWS=256"}
+for spec in $SPECS; do
   echo "== ${spec%%:*}"
+  vars=${spec#*:}
   # shellcheck disable=SC2086 # VAR=value words
-  env $BASE_ENV ${spec#*:} timeout 100 build-gpu/bench/polylora_bench device \
+  env ${vars//,/ } timeout 100 build-gpu/bench/polylora_bench device \
     --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 4 --batches "${BATCHES:-16}" \
     --loras 8 2>&1 >/dev/null | grep -E "^batch.*prefill"
 done
 stamp bench
-if [ "${KERNELS:-0}" = 1 ]; then  # ~1 minute each: the lora_batch entries (m = 8,192: prefill) off and on
-  for spec in "off:POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=0" "both:POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256 POLYLORA_LORA_DENSE_EXPAND_TILES=4"; do
+if [ "${KERNELS:-0}" = 1 ]; then  # ~1 minute each: the lora_batch entries (m = 8,192: prefill) per spec
+  for spec in $SPECS; do
     echo "== kernels ${spec%%:*}"
+    vars=${spec#*:}
     # shellcheck disable=SC2086 # VAR=value words
-    env ${spec#*:} timeout 150 build-gpu/bench/polylora_bench kernels --device cuda 2>&1 | grep -E "lora_batch"
+    env ${vars//,/ } timeout 150 build-gpu/bench/polylora_bench kernels --device cuda 2>&1 | grep -E "lora_batch"
   done
   stamp kernels
 fi
 if [ "${TRACE:-1}" = 1 ]; then
-  TUNE_ENV="$BASE_ENV POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS=256 POLYLORA_LORA_DENSE_EXPAND_TILES=4" OUT=$OUT bash scripts/device_prefill_trace.sh |
-    head -40
+  OUT=$OUT bash scripts/device_prefill_trace.sh | head -40
 fi

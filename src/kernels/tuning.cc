@@ -101,6 +101,8 @@ const std::vector<Field>& fields() {
       {"lora_dense_shrink_mma_min_rows", &KernelTuning::lora_dense_shrink_mma_min_rows,
        "POLYLORA_LORA_DENSE_SHRINK_MMA_MIN_ROWS"},
       {"lora_dense_expand_tiles", &KernelTuning::lora_dense_expand_tiles, "POLYLORA_LORA_DENSE_EXPAND_TILES"},
+      {"lora_dense_expand_mma_min_rows", &KernelTuning::lora_dense_expand_mma_min_rows,
+       "POLYLORA_LORA_DENSE_EXPAND_MMA_MIN_ROWS"},
   };
   return f;
 }

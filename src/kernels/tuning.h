@@ -228,6 +228,13 @@ struct KernelTuning {
   // tile). Session 53, H200, the run above with the tensor-core shrink: 27,741 tok/s with 4 (ratio 0.821)
   // against 28,108 with 1; env POLYLORA_LORA_DENSE_EXPAND_TILES.
   int64_t lora_dense_expand_tiles = 1;
+  // BF16 dense LoRA expands of from this many tokens (0: never) on tensor cores (lora_cuda.cu
+  // dense_expand_mma_kernel: 64 tokens x 128 outputs per CTA, tmp split exactly into three bf16 parts, one
+  // pass per distinct adapter among a tile's tokens) instead of the CUDA-core expand. Written after session
+  // 54's H100 trace of a 16 x 512-token prefill with 8 adapters (MXFP4 config), where dense_expand_kernel
+  // took 18.8 ms of the ~45 ms of kernel time the adapters added per step (0.39 ms per launch for ~0.1 ms
+  // of y traffic); env POLYLORA_LORA_DENSE_EXPAND_MMA_MIN_ROWS.
+  int64_t lora_dense_expand_mma_min_rows = 256;
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
   int64_t linear_stream_max_rows = 8;

@@ -106,15 +106,18 @@ void run_dense(const DenseCase& c) {
 
 // Pass 1: the shrinks of up to 64 tokens by adapter slot (lora_dense_slot_shrink_min_rows 1); pass 2: the
 // BF16 shrinks of more tokens on tensor cores (lora_dense_shrink_mma_min_rows 1) and the expands of 256
-// tokens and more by blocks of 4 tiles (lora_dense_expand_tiles 4).
+// tokens and more by blocks of 4 tiles (lora_dense_expand_tiles 4); pass 3: the BF16 shrinks and expands
+// of every size on tensor cores (lora_dense_expand_mma_min_rows 1). Passes 0 to 2 keep the expand on CUDA
+// cores.
 TEST(GpuLoraStack, DenseBatchSizes) {
   SKIP_WITHOUT_GPU();
-  for (int pass : {0, 1, 2}) {
+  for (int pass : {0, 1, 2, 3}) {
     SCOPED_TRACE("pass " + std::to_string(pass));
     k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
     t.lora_dense_slot_shrink_min_rows = pass == 1 ? 1 : 0;
-    t.lora_dense_shrink_mma_min_rows = pass == 2 ? 1 : 0;
+    t.lora_dense_shrink_mma_min_rows = pass >= 2 ? 1 : 0;
     t.lora_dense_expand_tiles = pass == 2 ? 4 : 1;
+    t.lora_dense_expand_mma_min_rows = pass == 3 ? 1 : 0;
     k::override_kernel_tuning(t);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t m : {1, 16, 64, 256, 300}) {
@@ -129,14 +132,17 @@ TEST(GpuLoraStack, DenseBatchSizes) {
 // input sizes and row strides (element loads), ranks that leave rank chunks part-filled, tiles of many runs
 // of several slots;
 // and the expands of 256 tokens and more by blocks of 4 tiles (lora_dense_expand_tiles 4; m = 1,100: a
-// last block of 1.5 tiles).
+// last block of 1.5 tiles). Pass 2: those shrinks and every BF16 expand on tensor cores
+// (lora_dense_expand_mma_min_rows 1): ranks that end mid-slice of 16 and 32, outputs that end mid-chunk of
+// 128 and mid-pair (odd sizes: element loads and stores), runs of several slots in a 64-token tile.
 TEST(GpuLoraStack, DenseRanksAndShapes) {
   SKIP_WITHOUT_GPU();
-  for (int pass : {0, 1}) {
-    SCOPED_TRACE("lora_dense_shrink_mma_min_rows " + std::to_string(pass));
+  for (int pass : {0, 1, 2}) {
+    SCOPED_TRACE("pass " + std::to_string(pass));
     k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
-    tune.lora_dense_shrink_mma_min_rows = pass;
+    tune.lora_dense_shrink_mma_min_rows = pass >= 1 ? 1 : 0;
     tune.lora_dense_expand_tiles = pass == 1 ? 4 : 1;
+    tune.lora_dense_expand_mma_min_rows = pass == 2 ? 1 : 0;
     k::override_kernel_tuning(tune);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t rank : {1, 5, 8, 32, 64})

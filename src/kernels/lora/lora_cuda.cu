@@ -269,6 +269,41 @@ DenseMmaShape dense_mma_shape(int64_t m, int64_t ranks, int64_t in) {
   return s;
 }
 
+// The distinct slots (>= 0) among a tile's kDmRows token keys, in order of first appearance; run by one
+// thread.
+__device__ int distinct_slots(const int32_t* s_key, int32_t* s_slots) {
+  int n = 0;
+  for (int i = 0; i < kDmRows; ++i) {
+    const int32_t k = s_key[i];
+    if (k < 0 || (i > 0 && s_key[i - 1] == k)) continue;
+    bool seen = false;
+    for (int q = 0; q < n && !seen; ++q) seen = s_slots[q] == k;
+    if (!seen) s_slots[n++] = k;
+  }
+  return n;
+}
+
+// The three bf16 parts of four f32 values (v = p1 + p2 + p3 exactly), stored at byte offset off of the
+// three [64][32] tiles at s (kDmTile apart).
+__device__ __forceinline__ void store_parts(unsigned char* s, uint32_t off, const float (&v)[4]) {
+  uint16_t part[kDmParts][4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float rest = v[e];
+#pragma unroll
+    for (int q = 0; q < kDmParts; ++q) {
+      const __nv_bfloat16 h = __float2bfloat16_rn(rest);
+      part[q][e] = __bfloat16_as_ushort(h);
+      rest -= __bfloat162float(h);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kDmParts; ++q)
+    *reinterpret_cast<uint2*>(s + q * kDmTile + off) =
+        make_uint2(part[q][0] | (static_cast<uint32_t>(part[q][1]) << 16),
+                   part[q][2] | (static_cast<uint32_t>(part[q][3]) << 16));
+}
+
 __global__ void __launch_bounds__(kDmThreads)
     dense_shrink_mma_kernel(DenseParams<__nv_bfloat16> p, int per_kt) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
@@ -285,17 +320,7 @@ __global__ void __launch_bounds__(kDmThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid < kDmRows) s_key[tid] = dense_key(p, row0 + tid, -1);
   __syncthreads();
-  if (tid == 0) {
-    int n = 0;
-    for (int i = 0; i < kDmRows; ++i) {
-      const int32_t k = s_key[i];
-      if (k < 0 || (i > 0 && s_key[i - 1] == k)) continue;
-      bool seen = false;
-      for (int q = 0; q < n && !seen; ++q) seen = s_slots[q] == k;
-      if (!seen) s_slots[n++] = k;
-    }
-    s_nslots = n;
-  }
+  if (tid == 0) s_nslots = distinct_slots(s_key, s_slots);
   __syncthreads();
   const int nslots = s_nslots;
   // Loads: the input as 4 float4 per thread (rows xr + 16·i, columns xc .. xc + 3 of the slice), the A rows
@@ -367,23 +392,7 @@ __global__ void __launch_bounds__(kDmThreads)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float v[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
-        uint16_t part[kDmParts][4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float rest = v[e];
-#pragma unroll
-          for (int q = 0; q < kDmParts; ++q) {
-            const __nv_bfloat16 h = __float2bfloat16_rn(rest);
-            part[q][e] = __bfloat16_as_ushort(h);
-            rest -= __bfloat162float(h);
-          }
-        }
-        const uint32_t off = mma::swz(xr + 16 * i, xc >> 3) + ((xc >> 2) & 1) * 8;
-#pragma unroll
-        for (int q = 0; q < kDmParts; ++q)
-          *reinterpret_cast<uint2*>(s + q * kDmTile + off) =
-              make_uint2(part[q][0] | (static_cast<uint32_t>(part[q][1]) << 16),
-                         part[q][2] | (static_cast<uint32_t>(part[q][3]) << 16));
+        store_parts(s, mma::swz(xr + 16 * i, xc >> 3) + ((xc >> 2) & 1) * 8, v);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
@@ -448,6 +457,163 @@ __global__ void __launch_bounds__(kDmThreads)
 bool mma_shrink(const LoraBatchArgs& a) {
   const int64_t from = kernel_tuning({}).lora_dense_shrink_mma_min_rows;
   return a.w[0].dtype == DType::kBF16 && a.m > dense_gemv_shrink_max_rows() && from > 0 && a.m >= from;
+}
+
+// ---- the BF16 expand on tensor cores (KernelTuning::lora_dense_expand_mma_min_rows) ----
+// y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks] for a tile of 64 tokens × 128 outputs of one
+// module (grid (token tiles, output chunks, module)); each of the 4 warps 16 tokens × 128 outputs with
+// mma.sync m16n8k16. tmp (summed over the shrink's splits) is split exactly into three bf16 parts, as the
+// shrink's input, so the products are those of the CUDA-core expand; the rank runs in slices of 32 (zero
+// past the rank). One pass per distinct slot among the tile's tokens (other tokens' tmp rows read as zero),
+// then each of the slot's tokens adds its 128 outputs to y once. Prefill's expands re-read and re-write the
+// projections' f32 outputs: this kernel is bound by that traffic, not by the products.
+constexpr int kEmCols = 128;
+
+__global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParams<__nv_bfloat16> p) {
+  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
+  __shared__ __align__(128) unsigned char smem[(kDmParts + 2) * kDmTile];  // tmp parts, then B [128][32]
+  __shared__ int32_t s_key[kDmRows];
+  __shared__ int32_t s_slots[kDmRows];
+  __shared__ int s_nslots;
+  const int mod = static_cast<int>(blockIdx.z);
+  const int64_t out = p.out[mod], R = p.rank[mod];
+  const int64_t o0 = static_cast<int64_t>(blockIdx.y) * kEmCols;
+  if (o0 >= out) return;  // the whole CTA, before any barrier
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDmRows;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid < kDmRows) s_key[tid] = dense_key(p, row0 + tid, mod);
+  __syncthreads();
+  if (tid == 0) s_nslots = distinct_slots(s_key, s_slots);
+  __syncthreads();
+  const int nslots = s_nslots;
+  const int64_t total = p.first[p.num], col0 = p.first[mod], split_stride = p.m * total;
+  const int num_kt = static_cast<int>((R + mma::kBK - 1) / mma::kBK);
+  // Loads: tmp as 4 groups of 4 floats per thread (rows xr + 16·i, ranks xc .. xc + 3 of the slice), B as
+  // 4 chunks of 8 bf16 (output rows wr + 32·i, chunk wc).
+  const int xr = tid >> 3, xc = (tid & 7) * 4;
+  const int wr = tid >> 2, wc = tid & 3;
+  const bool x_vec =
+      (R & 3) == 0 && (total & 3) == 0 && (col0 & 3) == 0 && (reinterpret_cast<uintptr_t>(p.tmp) & 15) == 0;
+  const __nv_bfloat16* bw = p.b[mod];
+  const bool w_vec = (R & 7) == 0 && (reinterpret_cast<uintptr_t>(bw) & 15) == 0;
+  float* y = p.y[mod];
+  const int64_t ldy = p.ldy[mod];
+  const bool y_vec = (ldy & 1) == 0 && (reinterpret_cast<uintptr_t>(y) & 7) == 0;  // o is even
+  const int n16 = static_cast<int>((out - o0 + 15) / 16 < 8 ? (out - o0 + 15) / 16 : 8);  // 16-output blocks in range
+  const uint32_t sx = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t sw = sx + kDmParts * kDmTile;
+  for (int d = 0; d < nslots; ++d) {
+    const int32_t key = s_slots[d];
+    const bool mine = __any_sync(0xffffffffu, lane < 16 && s_key[warp * 16 + lane] == key);
+    float acc[16][4];
+#pragma unroll
+    for (int ni = 0; ni < 16; ++ni)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[ni][q] = 0.0f;
+    for (int kt = 0; kt < num_kt; ++kt) {
+      const int64_t k = static_cast<int64_t>(kt) * mma::kBK;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = xr + 16 * i;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (s_key[r] == key) {
+          const float* src = p.tmp + (row0 + r) * total + col0 + k + xc;
+          for (int z = 0; z < p.splits; ++z, src += split_stride) {
+            if (x_vec) {
+              if (k + xc < R) {
+                const float4 f = *reinterpret_cast<const float4*>(src);
+                v[0] += f.x;
+                v[1] += f.y;
+                v[2] += f.z;
+                v[3] += f.w;
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                if (k + xc + e < R) v[e] += src[e];
+            }
+          }
+        }
+        store_parts(smem, mma::swz(r, xc >> 3) + ((xc >> 2) & 1) * 8, v);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t o = o0 + wr + 32 * i, c = k + wc * 8;
+        uint4 wv = make_uint4(0u, 0u, 0u, 0u);
+        if (o < out && c < R) {
+          const __nv_bfloat16* src = bw + (static_cast<int64_t>(key) * out + o) * R + c;
+          if (w_vec) {
+            wv = __ldg(reinterpret_cast<const uint4*>(src));
+          } else {
+            uint32_t h[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const uint32_t lo = c + 2 * q < R ? __bfloat16_as_ushort(src[2 * q]) : 0u;
+              const uint32_t hi = c + 2 * q + 1 < R ? __bfloat16_as_ushort(src[2 * q + 1]) : 0u;
+              h[q] = lo | (hi << 16);
+            }
+            wv = make_uint4(h[0], h[1], h[2], h[3]);
+          }
+        }
+        *reinterpret_cast<uint4*>(smem + kDmParts * kDmTile + mma::swz(wr + 32 * i, wc)) = wv;
+      }
+      __syncthreads();
+      if (mine) {
+#pragma unroll
+        for (int ks = 0; ks < mma::kBK / 16; ++ks) {
+          if (k + ks * 16 >= R) break;  // a zero half-slice
+          uint32_t af[kDmParts][4];
+#pragma unroll
+          for (int q = 0; q < kDmParts; ++q)
+            mma::ldmatrix_x4(af[q],
+                             sx + q * kDmTile + mma::swz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+          for (int nj = 0; nj < 8; ++nj) {
+            if (nj >= n16) break;
+            uint32_t w4[4];
+            mma::ldmatrix_x4(
+                w4, sw + mma::swz(nj * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int q = 0; q < kDmParts; ++q) {
+              mma::mma_bf16(acc[2 * nj], af[q], w4[0], w4[1]);
+              mma::mma_bf16(acc[2 * nj + 1], af[q], w4[2], w4[3]);
+            }
+          }
+        }
+      }
+      __syncthreads();  // the next slice or slot refills the tiles
+    }
+    // c0, c1 at (token g, outputs 2t, 2t + 1), c2, c3 at token g + 8.
+    if (!mine) continue;
+    const float sc = p.scale[mod][key];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + (lane >> 2) + h * 8;
+      if (s_key[r] != key) continue;
+      float* yrow = y + (row0 + r) * ldy;
+#pragma unroll
+      for (int ni = 0; ni < 16; ++ni) {
+        const int64_t o = o0 + ni * 8 + (lane & 3) * 2;
+        if (o >= out) break;
+        if (y_vec && o + 1 < out) {
+          float2* q = reinterpret_cast<float2*>(yrow + o);
+          float2 v = *q;
+          v.x += sc * acc[ni][2 * h];
+          v.y += sc * acc[ni][2 * h + 1];
+          *q = v;
+        } else {
+          yrow[o] += sc * acc[ni][2 * h];
+          if (o + 1 < out) yrow[o + 1] += sc * acc[ni][2 * h + 1];
+        }
+      }
+    }
+  }
+}
+
+// Whether lora_batch's expand runs on tensor cores: BF16 stacks, from lora_dense_expand_mma_min_rows tokens.
+bool mma_expand(const LoraBatchArgs& a) {
+  const int64_t from = kernel_tuning({}).lora_dense_expand_mma_min_rows;
+  return a.w[0].dtype == DType::kBF16 && from > 0 && a.m >= from;
 }
 
 // y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks]; grid (blocks of SUB tiles of kTileRows tokens,
@@ -569,6 +735,17 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
     }
   }
   CUDA_CHECK_LAUNCH();
+  if constexpr (std::is_same_v<TW, __nv_bfloat16>) {
+    if (mma_expand(a)) {
+      KERNEL_CHECK((a.m + kDmRows - 1) / kDmRows < (1LL << 31) && (max_out + kEmCols - 1) / kEmCols < 65535,
+                   "lora_batch: shape too large for the expand's grid");
+      const dim3 ge(static_cast<unsigned>((a.m + kDmRows - 1) / kDmRows),
+                    static_cast<unsigned>((max_out + kEmCols - 1) / kEmCols), static_cast<unsigned>(a.num));
+      cuda_util::launch_pdl(dense_expand_mma_kernel, ge, kDmThreads, 0, st, p);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   const int64_t lds = ls::round8(max_rank);
   const int sub = dense_expand_sub(a.m);
   dim3 ge(static_cast<unsigned>((tiles + sub - 1) / sub),
