@@ -461,26 +461,31 @@ bool mma_shrink(const LoraBatchArgs& a) {
 
 // ---- the BF16 expand on tensor cores (KernelTuning::lora_dense_expand_mma_min_rows) ----
 // y[t, o] += scale · B[s, o, :] · tmp[t, module's ranks] for a tile of 64 tokens × 128 outputs of one
-// module (grid (token tiles, output chunks, module)); each of the 4 warps 16 tokens × 128 outputs with
-// mma.sync m16n8k16. tmp (summed over the shrink's splits) is split exactly into three bf16 parts, as the
-// shrink's input, so the products are those of the CUDA-core expand; the rank runs in slices of 32 (zero
-// past the rank). One pass per distinct slot among the tile's tokens (other tokens' tmp rows read as zero),
-// then each of the slot's tokens adds its 128 outputs to y once. Prefill's expands re-read and re-write the
-// projections' f32 outputs: this kernel is bound by that traffic, not by the products.
+// module (grid (token tiles, the modules' 128-output chunks one after the other)); each of the 4 warps 16
+// tokens × 128 outputs with mma.sync m16n8k16. tmp (summed over the shrink's splits) is split exactly into
+// three bf16 parts, as the shrink's input, so the products are those of the CUDA-core expand; the rank runs
+// in slices of 32 (zero past the rank). One pass per distinct slot among the tile's tokens (other tokens'
+// tmp rows read as zero). Prefill's expands re-read and re-write the projections' f32 outputs, so the
+// kernel is bound by that traffic: the tile's keys and slots are found and the first slot's B rows loaded
+// before the PDL wait, the thread's y values are loaded right after it (in flight while tmp and B load and
+// the MMAs run), each slot's terms are added to them, and each token's outputs are written once.
 constexpr int kEmCols = 128;
 
 __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParams<__nv_bfloat16> p) {
-  cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   __shared__ __align__(128) unsigned char smem[(kDmParts + 2) * kDmTile];  // tmp parts, then B [128][32]
   __shared__ int32_t s_key[kDmRows];
   __shared__ int32_t s_slots[kDmRows];
   __shared__ int s_nslots;
-  const int mod = static_cast<int>(blockIdx.z);
-  const int64_t out = p.out[mod], R = p.rank[mod];
-  const int64_t o0 = static_cast<int64_t>(blockIdx.y) * kEmCols;
-  if (o0 >= out) return;  // the whole CTA, before any barrier
+  int mod = 0;
+  int64_t chunk = blockIdx.y;
+  while (mod + 1 < p.num && chunk >= (p.out[mod] + kEmCols - 1) / kEmCols) {
+    chunk -= (p.out[mod] + kEmCols - 1) / kEmCols;
+    ++mod;
+  }
+  const int64_t out = p.out[mod], R = p.rank[mod], o0 = chunk * kEmCols;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDmRows;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Step inputs and adapter weights only, before the wait (cuda_util.cuh).
   if (tid < kDmRows) s_key[tid] = dense_key(p, row0 + tid, mod);
   __syncthreads();
   if (tid == 0) s_nslots = distinct_slots(s_key, s_slots);
@@ -496,10 +501,59 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
       (R & 3) == 0 && (total & 3) == 0 && (col0 & 3) == 0 && (reinterpret_cast<uintptr_t>(p.tmp) & 15) == 0;
   const __nv_bfloat16* bw = p.b[mod];
   const bool w_vec = (R & 7) == 0 && (reinterpret_cast<uintptr_t>(bw) & 15) == 0;
+  uint4 wv[4];
+  auto load_b = [&](int32_t key, int64_t k) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t o = o0 + wr + 32 * i, c = k + wc * 8;
+      wv[i] = make_uint4(0u, 0u, 0u, 0u);
+      if (o >= out || c >= R) continue;
+      const __nv_bfloat16* src = bw + (static_cast<int64_t>(key) * out + o) * R + c;
+      if (w_vec) {
+        wv[i] = __ldg(reinterpret_cast<const uint4*>(src));
+      } else {
+        uint32_t h[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint32_t lo = c + 2 * q < R ? __bfloat16_as_ushort(src[2 * q]) : 0u;
+          const uint32_t hi = c + 2 * q + 1 < R ? __bfloat16_as_ushort(src[2 * q + 1]) : 0u;
+          h[q] = lo | (hi << 16);
+        }
+        wv[i] = make_uint4(h[0], h[1], h[2], h[3]);
+      }
+    }
+  };
+  if (nslots > 0) load_b(s_slots[0], 0);
+  cuda_util::pdl_wait();
+  cuda_util::pdl_trigger();
+  if (nslots == 0) return;
+  // The thread's y values: c0, c1 at (token g, outputs 2t, 2t + 1) of each 8-output block, c2, c3 at token
+  // g + 8 (the MMA's accumulator layout), for tokens with LoRA.
   float* y = p.y[mod];
   const int64_t ldy = p.ldy[mod];
   const bool y_vec = (ldy & 1) == 0 && (reinterpret_cast<uintptr_t>(y) & 7) == 0;  // o is even
-  const int n16 = static_cast<int>((out - o0 + 15) / 16 < 8 ? (out - o0 + 15) / 16 : 8);  // 16-output blocks in range
+  float yv[16][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + (lane >> 2) + h * 8;
+    const float* yrow = y + (row0 + r) * ldy;
+    const bool live = s_key[r] >= 0;
+#pragma unroll
+    for (int ni = 0; ni < 16; ++ni) {
+      const int64_t o = o0 + ni * 8 + (lane & 3) * 2;
+      yv[ni][2 * h] = yv[ni][2 * h + 1] = 0.0f;
+      if (!live || o >= out) continue;
+      if (y_vec && o + 1 < out) {
+        const float2 v = *reinterpret_cast<const float2*>(yrow + o);
+        yv[ni][2 * h] = v.x;
+        yv[ni][2 * h + 1] = v.y;
+      } else {
+        yv[ni][2 * h] = yrow[o];
+        if (o + 1 < out) yv[ni][2 * h + 1] = yrow[o + 1];
+      }
+    }
+  }
+  const int n16 = static_cast<int>((out - o0 + 15) / 16 < 8 ? (out - o0 + 15) / 16 : 8);  // in range
   const uint32_t sx = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t sw = sx + kDmParts * kDmTile;
   for (int d = 0; d < nslots; ++d) {
@@ -512,6 +566,7 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
       for (int q = 0; q < 4; ++q) acc[ni][q] = 0.0f;
     for (int kt = 0; kt < num_kt; ++kt) {
       const int64_t k = static_cast<int64_t>(kt) * mma::kBK;
+      if (d > 0 || kt > 0) load_b(key, k);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = xr + 16 * i;
@@ -537,26 +592,8 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
         store_parts(smem, mma::swz(r, xc >> 3) + ((xc >> 2) & 1) * 8, v);
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t o = o0 + wr + 32 * i, c = k + wc * 8;
-        uint4 wv = make_uint4(0u, 0u, 0u, 0u);
-        if (o < out && c < R) {
-          const __nv_bfloat16* src = bw + (static_cast<int64_t>(key) * out + o) * R + c;
-          if (w_vec) {
-            wv = __ldg(reinterpret_cast<const uint4*>(src));
-          } else {
-            uint32_t h[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const uint32_t lo = c + 2 * q < R ? __bfloat16_as_ushort(src[2 * q]) : 0u;
-              const uint32_t hi = c + 2 * q + 1 < R ? __bfloat16_as_ushort(src[2 * q + 1]) : 0u;
-              h[q] = lo | (hi << 16);
-            }
-            wv = make_uint4(h[0], h[1], h[2], h[3]);
-          }
-        }
-        *reinterpret_cast<uint4*>(smem + kDmParts * kDmTile + mma::swz(wr + 32 * i, wc)) = wv;
-      }
+      for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<uint4*>(smem + kDmParts * kDmTile + mma::swz(wr + 32 * i, wc)) = wv[i];
       __syncthreads();
       if (mine) {
 #pragma unroll
@@ -583,28 +620,33 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
       }
       __syncthreads();  // the next slice or slot refills the tiles
     }
-    // c0, c1 at (token g, outputs 2t, 2t + 1), c2, c3 at token g + 8.
     if (!mine) continue;
     const float sc = p.scale[mod][key];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 + (lane >> 2) + h * 8;
       if (s_key[r] != key) continue;
-      float* yrow = y + (row0 + r) * ldy;
 #pragma unroll
       for (int ni = 0; ni < 16; ++ni) {
-        const int64_t o = o0 + ni * 8 + (lane & 3) * 2;
-        if (o >= out) break;
-        if (y_vec && o + 1 < out) {
-          float2* q = reinterpret_cast<float2*>(yrow + o);
-          float2 v = *q;
-          v.x += sc * acc[ni][2 * h];
-          v.y += sc * acc[ni][2 * h + 1];
-          *q = v;
-        } else {
-          yrow[o] += sc * acc[ni][2 * h];
-          if (o + 1 < out) yrow[o + 1] += sc * acc[ni][2 * h + 1];
-        }
+        yv[ni][2 * h] += sc * acc[ni][2 * h];
+        yv[ni][2 * h + 1] += sc * acc[ni][2 * h + 1];
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + (lane >> 2) + h * 8;
+    if (s_key[r] < 0) continue;
+    float* yrow = y + (row0 + r) * ldy;
+#pragma unroll
+    for (int ni = 0; ni < 16; ++ni) {
+      const int64_t o = o0 + ni * 8 + (lane & 3) * 2;
+      if (o >= out) break;
+      if (y_vec && o + 1 < out) {
+        *reinterpret_cast<float2*>(yrow + o) = make_float2(yv[ni][2 * h], yv[ni][2 * h + 1]);
+      } else {
+        yrow[o] = yv[ni][2 * h];
+        if (o + 1 < out) yrow[o + 1] = yv[ni][2 * h + 1];
       }
     }
   }
@@ -737,10 +779,11 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   CUDA_CHECK_LAUNCH();
   if constexpr (std::is_same_v<TW, __nv_bfloat16>) {
     if (mma_expand(a)) {
-      KERNEL_CHECK((a.m + kDmRows - 1) / kDmRows < (1LL << 31) && (max_out + kEmCols - 1) / kEmCols < 65535,
+      int64_t chunks = 0;
+      for (int i = 0; i < a.num; ++i) chunks += (a.w[i].out + kEmCols - 1) / kEmCols;
+      KERNEL_CHECK((a.m + kDmRows - 1) / kDmRows < (1LL << 31) && chunks < 65535,
                    "lora_batch: shape too large for the expand's grid");
-      const dim3 ge(static_cast<unsigned>((a.m + kDmRows - 1) / kDmRows),
-                    static_cast<unsigned>((max_out + kEmCols - 1) / kEmCols), static_cast<unsigned>(a.num));
+      const dim3 ge(static_cast<unsigned>((a.m + kDmRows - 1) / kDmRows), static_cast<unsigned>(chunks));
       cuda_util::launch_pdl(dense_expand_mma_kernel, ge, kDmThreads, 0, st, p);
       CUDA_CHECK_LAUNCH();
       return;
