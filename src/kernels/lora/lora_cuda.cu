@@ -269,18 +269,32 @@ DenseMmaShape dense_mma_shape(int64_t m, int64_t ranks, int64_t in) {
   return s;
 }
 
-// The distinct slots (>= 0) among a tile's kDmRows token keys, in order of first appearance; run by one
-// thread.
-__device__ int distinct_slots(const int32_t* s_key, int32_t* s_slots) {
-  int n = 0;
-  for (int i = 0; i < kDmRows; ++i) {
-    const int32_t k = s_key[i];
-    if (k < 0 || (i > 0 && s_key[i - 1] == k)) continue;
-    bool seen = false;
-    for (int q = 0; q < n && !seen; ++q) seen = s_slots[q] == k;
-    if (!seen) s_slots[n++] = k;
+// The distinct slots (>= 0) among a tile's kDmRows token keys, in order of first appearance, into s_slots
+// and their number into s_n; called by every thread of the CTA (kDmRows <= its threads), between barriers.
+// The starts of runs of one key are found in parallel (ballots of the first two warps); thread 0 then
+// dedupes only those (one or two per tile in prefill, where a sequence's tokens are contiguous).
+__device__ void distinct_slots(const int32_t* s_key, int32_t* s_slots, int* s_n, unsigned* s_runs) {
+  const int tid = threadIdx.x;
+  if (tid < kDmRows) {
+    const int32_t k = s_key[tid];
+    const bool start = k >= 0 && (tid == 0 || s_key[tid - 1] != k);
+    const unsigned b = __ballot_sync(0xffffffffu, start);
+    if ((tid & 31) == 0) s_runs[tid >> 5] = b;
   }
-  return n;
+  __syncthreads();
+  if (tid == 0) {
+    int n = 0;
+    for (int w = 0; w < kDmRows / 32; ++w) {
+      for (unsigned b = s_runs[w]; b != 0; b &= b - 1) {
+        const int32_t k = s_key[w * 32 + __ffs(b) - 1];
+        bool seen = false;
+        for (int q = 0; q < n && !seen; ++q) seen = s_slots[q] == k;
+        if (!seen) s_slots[n++] = k;
+      }
+    }
+    *s_n = n;
+  }
+  __syncthreads();
 }
 
 // The three bf16 parts of four f32 values (v = p1 + p2 + p3 exactly), stored at byte offset off of the
@@ -318,10 +332,10 @@ __global__ void __launch_bounds__(kDmThreads)
   const int num_kt = static_cast<int>((in + mma::kBK - 1) / mma::kBK);
   const int kt0 = split * per_kt, kt1 = min(kt0 + per_kt, num_kt);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ unsigned s_runs[kDmRows / 32];
   if (tid < kDmRows) s_key[tid] = dense_key(p, row0 + tid, -1);
   __syncthreads();
-  if (tid == 0) s_nslots = distinct_slots(s_key, s_slots);
-  __syncthreads();
+  distinct_slots(s_key, s_slots, &s_nslots, s_runs);
   const int nslots = s_nslots;
   // Loads: the input as 4 float4 per thread (rows xr + 16·i, columns xc .. xc + 3 of the slice), the A rows
   // as 2 chunks of 8 bf16 (rank rows wr and wr + 32, chunk wc).
@@ -486,10 +500,10 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDmRows;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Step inputs and adapter weights only, before the wait (cuda_util.cuh).
+  __shared__ unsigned s_runs[kDmRows / 32];
   if (tid < kDmRows) s_key[tid] = dense_key(p, row0 + tid, mod);
   __syncthreads();
-  if (tid == 0) s_nslots = distinct_slots(s_key, s_slots);
-  __syncthreads();
+  distinct_slots(s_key, s_slots, &s_nslots, s_runs);
   const int nslots = s_nslots;
   const int64_t total = p.first[p.num], col0 = p.first[mod], split_stride = p.m * total;
   const int num_kt = static_cast<int>((R + mma::kBK - 1) / mma::kBK);
@@ -567,30 +581,43 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
     for (int kt = 0; kt < num_kt; ++kt) {
       const int64_t k = static_cast<int64_t>(kt) * mma::kBK;
       if (d > 0 || kt > 0) load_b(key, k);
+      // The slice's tmp, summed over the shrink's splits: per split, the loads of the thread's 4 rows issued
+      // together (ncu, session 54: the one-row-at-a-time sums waited on each load in turn).
+      float v[4][4] = {};
+      const float* src[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = xr + 16 * i;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (s_key[r] == key) {
-          const float* src = p.tmp + (row0 + r) * total + col0 + k + xc;
-          for (int z = 0; z < p.splits; ++z, src += split_stride) {
-            if (x_vec) {
-              if (k + xc < R) {
-                const float4 f = *reinterpret_cast<const float4*>(src);
-                v[0] += f.x;
-                v[1] += f.y;
-                v[2] += f.z;
-                v[3] += f.w;
-              }
-            } else {
+        src[i] = s_key[r] == key && k + xc < R ? p.tmp + (row0 + r) * total + col0 + k + xc : nullptr;
+      }
+#pragma unroll 2
+      for (int z = 0; z < p.splits; ++z) {
+        float4 f[4];
 #pragma unroll
-              for (int e = 0; e < 4; ++e)
-                if (k + xc + e < R) v[e] += src[e];
-            }
+        for (int i = 0; i < 4; ++i) {
+          f[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (src[i] == nullptr) continue;
+          const float* q = src[i] + z * split_stride;
+          if (x_vec) {
+            f[i] = *reinterpret_cast<const float4*>(q);
+          } else {
+            f[i].x = q[0];
+            f[i].y = k + xc + 1 < R ? q[1] : 0.0f;
+            f[i].z = k + xc + 2 < R ? q[2] : 0.0f;
+            f[i].w = k + xc + 3 < R ? q[3] : 0.0f;
           }
         }
-        store_parts(smem, mma::swz(r, xc >> 3) + ((xc >> 2) & 1) * 8, v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[i][0] += f[i].x;
+          v[i][1] += f[i].y;
+          v[i][2] += f[i].z;
+          v[i][3] += f[i].w;
+        }
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        store_parts(smem, mma::swz(xr + 16 * i, xc >> 3) + ((xc >> 2) & 1) * 8, v[i]);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         *reinterpret_cast<uint4*>(smem + kDmParts * kDmTile + mma::swz(wr + 32 * i, wc)) = wv[i];
