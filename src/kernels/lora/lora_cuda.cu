@@ -485,43 +485,31 @@ bool mma_shrink(const LoraBatchArgs& a) {
 // the MMAs run), each slot's terms are added to them, and each token's outputs are written once.
 constexpr int kEmCols = 128;
 
-__global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParams<__nv_bfloat16> p) {
-  __shared__ __align__(128) unsigned char smem[(kDmParts + 2) * kDmTile];  // tmp parts, then B [128][32]
-  __shared__ int32_t s_key[kDmRows];
-  __shared__ int32_t s_slots[kDmRows];
-  __shared__ int s_nslots;
-  int mod = 0;
-  int64_t chunk = blockIdx.y;
-  while (mod + 1 < p.num && chunk >= (p.out[mod] + kEmCols - 1) / kEmCols) {
-    chunk -= (p.out[mod] + kEmCols - 1) / kEmCols;
-    ++mod;
-  }
-  const int64_t out = p.out[mod], R = p.rank[mod], o0 = chunk * kEmCols;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDmRows;
+// The expand of one tile after its keys and slots (dense_expand_mma_kernel); FULL: the tile's 128 outputs all
+// in the module, every load and store vectorized (the common case: no per-element guards).
+template <bool FULL>
+__device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>& p, int mod, int64_t o0,
+                                                int64_t row0, const int32_t* s_key, const int32_t* s_slots,
+                                                int nslots, unsigned char* smem) {
+  const int64_t out = p.out[mod], R = p.rank[mod];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // Step inputs and adapter weights only, before the wait (cuda_util.cuh).
-  __shared__ unsigned s_runs[kDmRows / 32];
-  if (tid < kDmRows) s_key[tid] = dense_key(p, row0 + tid, mod);
-  __syncthreads();
-  distinct_slots(s_key, s_slots, &s_nslots, s_runs);
-  const int nslots = s_nslots;
   const int64_t total = p.first[p.num], col0 = p.first[mod], split_stride = p.m * total;
   const int num_kt = static_cast<int>((R + mma::kBK - 1) / mma::kBK);
   // Loads: tmp as 4 groups of 4 floats per thread (rows xr + 16·i, ranks xc .. xc + 3 of the slice), B as
   // 4 chunks of 8 bf16 (output rows wr + 32·i, chunk wc).
   const int xr = tid >> 3, xc = (tid & 7) * 4;
   const int wr = tid >> 2, wc = tid & 3;
-  const bool x_vec =
-      (R & 3) == 0 && (total & 3) == 0 && (col0 & 3) == 0 && (reinterpret_cast<uintptr_t>(p.tmp) & 15) == 0;
+  const bool x_vec = FULL || ((R & 3) == 0 && (total & 3) == 0 && (col0 & 3) == 0 &&
+                              (reinterpret_cast<uintptr_t>(p.tmp) & 15) == 0);
   const __nv_bfloat16* bw = p.b[mod];
-  const bool w_vec = (R & 7) == 0 && (reinterpret_cast<uintptr_t>(bw) & 15) == 0;
+  const bool w_vec = FULL || ((R & 7) == 0 && (reinterpret_cast<uintptr_t>(bw) & 15) == 0);
   uint4 wv[4];
   auto load_b = [&](int32_t key, int64_t k) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t o = o0 + wr + 32 * i, c = k + wc * 8;
       wv[i] = make_uint4(0u, 0u, 0u, 0u);
-      if (o >= out || c >= R) continue;
+      if ((!FULL && o >= out) || c >= R) continue;
       const __nv_bfloat16* src = bw + (static_cast<int64_t>(key) * out + o) * R + c;
       if (w_vec) {
         wv[i] = __ldg(reinterpret_cast<const uint4*>(src));
@@ -545,7 +533,7 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
   // g + 8 (the MMA's accumulator layout), for tokens with LoRA.
   float* y = p.y[mod];
   const int64_t ldy = p.ldy[mod];
-  const bool y_vec = (ldy & 1) == 0 && (reinterpret_cast<uintptr_t>(y) & 7) == 0;  // o is even
+  const bool y_vec = FULL || ((ldy & 1) == 0 && (reinterpret_cast<uintptr_t>(y) & 7) == 0);  // o is even
   float yv[16][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -556,8 +544,8 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
     for (int ni = 0; ni < 16; ++ni) {
       const int64_t o = o0 + ni * 8 + (lane & 3) * 2;
       yv[ni][2 * h] = yv[ni][2 * h + 1] = 0.0f;
-      if (!live || o >= out) continue;
-      if (y_vec && o + 1 < out) {
+      if (!live || (!FULL && o >= out)) continue;
+      if (FULL || (y_vec && o + 1 < out)) {
         const float2 v = *reinterpret_cast<const float2*>(yrow + o);
         yv[ni][2 * h] = v.x;
         yv[ni][2 * h + 1] = v.y;
@@ -567,7 +555,8 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
       }
     }
   }
-  const int n16 = static_cast<int>((out - o0 + 15) / 16 < 8 ? (out - o0 + 15) / 16 : 8);  // in range
+  const int n16 =
+      FULL ? 8 : static_cast<int>((out - o0 + 15) / 16 < 8 ? (out - o0 + 15) / 16 : 8);  // in range
   const uint32_t sx = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t sw = sx + kDmParts * kDmTile;
   for (int d = 0; d < nslots; ++d) {
@@ -590,7 +579,7 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
         const int r = xr + 16 * i;
         src[i] = s_key[r] == key && k + xc < R ? p.tmp + (row0 + r) * total + col0 + k + xc : nullptr;
       }
-#pragma unroll 2
+#pragma unroll 4
       for (int z = 0; z < p.splits; ++z) {
         float4 f[4];
 #pragma unroll
@@ -668,14 +657,46 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
 #pragma unroll
     for (int ni = 0; ni < 16; ++ni) {
       const int64_t o = o0 + ni * 8 + (lane & 3) * 2;
-      if (o >= out) break;
-      if (y_vec && o + 1 < out) {
+      if (!FULL && o >= out) break;
+      if (FULL || (y_vec && o + 1 < out)) {
         *reinterpret_cast<float2*>(yrow + o) = make_float2(yv[ni][2 * h], yv[ni][2 * h + 1]);
       } else {
         yrow[o] = yv[ni][2 * h];
         if (o + 1 < out) yrow[o + 1] = yv[ni][2 * h + 1];
       }
     }
+  }
+}
+
+__global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParams<__nv_bfloat16> p) {
+  __shared__ __align__(128) unsigned char smem[(kDmParts + 2) * kDmTile];  // tmp parts, then B [128][32]
+  __shared__ int32_t s_key[kDmRows];
+  __shared__ int32_t s_slots[kDmRows];
+  __shared__ int s_nslots;
+  int mod = 0;
+  int64_t chunk = blockIdx.y;
+  while (mod + 1 < p.num && chunk >= (p.out[mod] + kEmCols - 1) / kEmCols) {
+    chunk -= (p.out[mod] + kEmCols - 1) / kEmCols;
+    ++mod;
+  }
+  const int64_t out = p.out[mod], R = p.rank[mod], o0 = chunk * kEmCols;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDmRows;
+  const int tid = threadIdx.x;
+  // Step inputs and adapter weights only, before the wait (cuda_util.cuh).
+  __shared__ unsigned s_runs[kDmRows / 32];
+  if (tid < kDmRows) s_key[tid] = dense_key(p, row0 + tid, mod);
+  __syncthreads();
+  distinct_slots(s_key, s_slots, &s_nslots, s_runs);
+  const int nslots = s_nslots;
+  const int64_t total = p.first[p.num], col0 = p.first[mod];
+  const bool full = o0 + kEmCols <= out && (R & 7) == 0 && (total & 3) == 0 && (col0 & 3) == 0 &&
+                    (reinterpret_cast<uintptr_t>(p.tmp) & 15) == 0 &&
+                    (reinterpret_cast<uintptr_t>(p.b[mod]) & 15) == 0 && (p.ldy[mod] & 1) == 0 &&
+                    (reinterpret_cast<uintptr_t>(p.y[mod]) & 7) == 0;
+  if (full) {
+    expand_mma_tile<true>(p, mod, o0, row0, s_key, s_slots, nslots, smem);
+  } else {
+    expand_mma_tile<false>(p, mod, o0, row0, s_key, s_slots, nslots, smem);
   }
 }
 
