@@ -5,7 +5,7 @@
 # LoRA GPU tests (GpuLoraStack.Dense*: passes with both); `polylora_bench device` MXFP4 (512-token prompts,
 # BATCHES (16) sequences, 8 adapters) once per SPECS word (label:VAR=value,VAR=value; default: the expand
 # on CUDA cores, then on tensor cores); then scripts/device_prefill_trace.sh with the defaults (TRACE=0
-# skips).
+# skips). TESTS: the GPU tests' filter (default GpuLoraStack.Dense*).
 set -uo pipefail
 OUT=${OUT:-/tmp/dense_mma_check}
 # shellcheck source=scripts/device_env.sh
@@ -16,7 +16,7 @@ ninja -C build-gpu -j16 test_gpu polylora_bench polylora_cupti_trace >> "$OUT/bu
 stamp build
 nvidia-smi --query-gpu=name --format=csv,noheader
 TG=$(find build-gpu -name test_gpu -type f | head -1)
-timeout 120 "$TG" --gtest_filter='GpuLoraStack.Dense*' --gtest_brief=1 > "$OUT/tests.txt" 2>&1
+timeout 120 "$TG" --gtest_filter="${TESTS:-GpuLoraStack.Dense*}" --gtest_brief=1 > "$OUT/tests.txt" 2>&1
 echo "tests rc $?"
 grep -E "PASSED|FAILED|Failure" "$OUT/tests.txt" | head -12
 stamp tests

@@ -198,6 +198,12 @@ struct KernelTuning {
   // wait on the q/k/v product; bit-identical. Written in session 47 with the device time spent: not yet
   // measured, so off; env POLYLORA_ROPE_LORA_B_REGS.
   int64_t rope_lora_b_regs = 0;
+  // rope_kv_write (kernels/rope/rope_cuda.cu): steps of from this many tokens (0: never) take one CTA of 8
+  // warps per token, each warp looping over the token's heads, instead of a CTA per 4 heads (the cos/sin
+  // table computed once per token; 8,192-token prefill: 8,192 CTAs instead of 147,456). Written after
+  // session 54's H100 trace (16 x 512-token prefill, GPT-OSS-20B: 0.6 ms per layer for ~0.1 ms of q/k/v
+  // traffic); env POLYLORA_ROPE_KV_WRITE_LOOP_MIN_ROWS.
+  int64_t rope_kv_write_loop_min_rows = 256;
   // add_rms_norm with the o_proj LoRA term (kernels/norm/rms_norm_cuda.cu): rows (tokens) up to which a
   // cluster of 8 CTAs takes each row (each adding the term for its slice of the columns) instead of one CTA
   // (which reads every B row on one SM: 4.9 us per layer at batch 1 with 8 adapters, session 40's timeline).

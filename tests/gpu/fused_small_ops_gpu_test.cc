@@ -19,6 +19,7 @@
 
 #include "gpu_test_util.h"
 #include "kernels/rope_kv_test_util.h"
+#include "kernels/tuning.h"
 
 namespace polylora::gpu_test {
 namespace {
@@ -203,6 +204,16 @@ TEST(GpuFusedOps, RopeKvWrite) {
         run_rope_kv_write(ar, {m, s.heads, s.kv_heads, s.d, s.qk_norm, scaling});
   run_rope_kv_write(ar, {2048, 64, 8, 64, false, 1.3f});  // a prefill chunk
   run_rope_kv_write(ar, {2048, 32, 4, 128, true, 1.0f});
+  // m = 300 and 2,048 above take one CTA per token (rope_kv_write_loop_min_rows, default 256); the small
+  // steps the same way, and the prefill chunk a CTA per 4 heads.
+  for (int64_t from : {1, 0}) {
+    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    t.rope_kv_write_loop_min_rows = from;
+    k::override_kernel_tuning(t);
+    for (const Shape& s : shapes) run_rope_kv_write(ar, {5, s.heads, s.kv_heads, s.d, s.qk_norm, 1.3f});
+    run_rope_kv_write(ar, {2048, 64, 8, 64, false, 1.3f});
+  }
+  k::override_kernel_tuning(std::nullopt);
 }
 
 // The CPU test's hand-worked case on the device: head_dim 2, inv_freq 1, scaling 2; token 0 at position 0

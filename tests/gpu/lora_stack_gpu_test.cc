@@ -255,8 +255,9 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
   k::override_kernel_tuning(std::nullopt);
 }
 
-// rope_kv_write with each lane's B rows in registers (KernelTuning::rope_lora_b_regs) against the same op
-// reading them after the wait: bit for bit on q and on the cache's k and v, for head dims 64 and 128, stack
+// rope_kv_write with each lane's B rows in registers (KernelTuning::rope_lora_b_regs; also with one CTA
+// per token looping over its heads, rope_kv_write_loop_min_rows 1) against the same op reading them after
+// the wait: bit for bit on q and on the cache's k and v, for head dims 64 and 128, stack
 // ranks 8, 16 and 32 (rank 32 at head dim 128 does not fit the registers: the plain path), with and without
 // q/k norms, tokens of every slot kind; and the LoRA terms change the result.
 TEST(GpuLoraStack, RopeKvWriteBRowsInRegistersBitIdentical) {
@@ -292,10 +293,13 @@ TEST(GpuLoraStack, RopeKvWriteBRowsInRegistersBitIdentical) {
         const float* dtmp = ar.up(tmp);
         std::vector<k::LoraStack> dw;
         for (int i = 0; i < 3; ++i) dw.push_back(up_dense_stack(ar, *st[i]));
-        std::vector<float> got[3][3];  // [plain without LoRA, plain, registers][q, k, v]
-        for (int variant = 0; variant < 3; ++variant) {
+        // [plain without LoRA, plain, registers, registers with a CTA per token looping over its heads][q, k,
+        // v]
+        std::vector<float> got[4][3];
+        for (int variant = 0; variant < 4; ++variant) {
           k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
-          t.rope_lora_b_regs = variant == 2 ? 1 : 0;
+          t.rope_lora_b_regs = variant >= 2 ? 1 : 0;
+          t.rope_kv_write_loop_min_rows = variant == 3 ? 1 : 0;
           k::override_kernel_tuning(t);
           float* dq = ar.up(q);
           float* dck = ar.up(std::vector<float>(cache_n, 0.0f));
@@ -335,6 +339,7 @@ TEST(GpuLoraStack, RopeKvWriteBRowsInRegistersBitIdentical) {
         }
         for (int o = 0; o < 3; ++o) {
           EXPECT_EQ(got[2][o], got[1][o]) << what << " output " << o;
+          EXPECT_EQ(got[3][o], got[1][o]) << what << " output " << o << " (a CTA per token)";
           float diff = 0.0f;
           for (size_t i = 0; i < got[1][o].size(); ++i)
             diff = std::max(diff, std::fabs(got[1][o][i] - got[0][o][i]));

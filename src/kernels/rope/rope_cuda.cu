@@ -40,10 +40,15 @@ __global__ void rope_kernel(float* x, int64_t ldx, int64_t num_heads, int64_t he
   }
 }
 
-constexpr int kRkvWarps = 4;  // heads per CTA
+constexpr int kRkvWarps = 4;      // heads per CTA (a warp each) for steps of few tokens
+constexpr int kRkvLoopWarps = 8;  // warps per CTA when one CTA takes all of a token's heads
 
-// Grid (m, ⌈(num_heads + num_kv_heads) / kRkvWarps⌉), kRkvWarps·32 threads, 2·(head_dim / 2) floats of
-// dynamic shared memory. Heads [0, num_heads) are q's, the rest k's (and v's).
+// Grid (m, ⌈(num_heads + num_kv_heads) / kRkvWarps⌉), kRkvWarps·32 threads: a warp per head; or, for steps
+// of from KernelTuning::rope_kv_write_loop_min_rows tokens (prefill), grid (m, 1) with kRkvLoopWarps·32
+// threads, each warp looping over the token's heads (the token's cos/sin computed once, not once per 4
+// heads, and 18x fewer CTAs for GPT-OSS-20B's 72 heads: session 54's H100 trace of a 16 x 512-token prefill
+// had this kernel at 0.6 ms per layer for ~0.1 ms of traffic). 2·(head_dim / 2) floats of dynamic shared
+// memory. Heads [0, num_heads) are q's, the rest k's (and v's).
 // b_regs (KernelTuning::rope_lora_b_regs; head_dim a multiple of 64 up to 128): each lane loads the B rows
 // of its LoRA outputs (head · head_dim + lane + 32·i) into registers before pdl_wait where they fit
 // (lora_fused::load_b_regs), so after the wait only the shrink sums are read; the same sums, bit for bit.
@@ -61,7 +66,9 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
     cs[j] = static_cast<float>(c) * a.attention_scaling;
     cs[half + j] = static_cast<float>(s) * a.attention_scaling;
   }
-  const int64_t head = static_cast<int64_t>(blockIdx.y) * kRkvWarps + (threadIdx.x >> 5);
+  const int warps = static_cast<int>(blockDim.x >> 5);
+  const int64_t heads = a.num_heads + a.num_kv_heads, stride = static_cast<int64_t>(gridDim.y) * warps;
+  int64_t head = static_cast<int64_t>(blockIdx.y) * warps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   lora_fused::ExpandToken tq, tk, tv;
   // B rows in registers: b0 for q (q heads) or k (k/v heads), b1 for v; r0 / r1 whether they are there.
@@ -81,13 +88,18 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
       lora_fused::prefetch_b_rows(l, tok, o0, d, lane, 32);
     return in_regs;
   };
-  if (head < a.num_heads) {
-    if (a.lora_q.active()) r0 = stage(a.lora_q, tq, head * d, b0);
-  } else if (head < a.num_heads + a.num_kv_heads) {
-    const int64_t h = head - a.num_heads;
-    if (a.lora_k.active()) r0 = stage(a.lora_k, tk, h * d, b0);
-    if (a.lora_v.active()) r1 = stage(a.lora_v, tv, h * d, b1);
-  }
+  // The LoRA terms of a head (the warp's first before the wait: weights and step inputs only).
+  auto stage_head = [&](int64_t hd) {
+    r0 = r1 = false;
+    if (hd < a.num_heads) {
+      if (a.lora_q.active()) r0 = stage(a.lora_q, tq, hd * d, b0);
+    } else if (hd < heads) {
+      const int64_t h = hd - a.num_heads;
+      if (a.lora_k.active()) r0 = stage(a.lora_k, tk, h * d, b0);
+      if (a.lora_v.active()) r1 = stage(a.lora_v, tv, h * d, b1);
+    }
+  };
+  stage_head(head);
   // The term of output o0 + j (j = lane + 32·i) of module l, from the registers or through expand_at.
   auto term = [&](const LoraExpandIn& l, const lora_fused::ExpandToken& tok, bool in_regs,
                   const uint4(&regs)[lora_fused::kExpandRegs], int64_t o0, int64_t j) {
@@ -96,81 +108,87 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
   };
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
   __syncthreads();
-  if (head >= a.num_heads + a.num_kv_heads) return;  // whole warps leave, after the barrier
-  const float* src;                                  // q: its row, rotated in place; k: its input row
-  float* qdst = nullptr;                             // q's row
-  void* kc = nullptr;                                // k: the cache's K array (F32 or BF16) ...
-  int64_t koff = 0, kh = 0;                          // ... and the head's first element there; k's head
-  const float* norm_w;
-  bool klora = false;  // k + its LoRA term (computed where read: nothing is staged in the cache)
-  if (head < a.num_heads) {
-    qdst = a.q + t * a.ldq + head * d;
-    src = qdst;
-    norm_w = a.q_norm;
-    if (a.lora_q.active()) {  // q += its LoRA term, in place (each lane its own elements)
-      for (int64_t j = lane; j < d; j += 32) qdst[j] += term(a.lora_q, tq, r0, b0, head * d, j);
-      __syncwarp();
-    }
-  } else {
-    const int64_t slot = a.slot_mapping[t];
-    if (slot < 0) return;  // padding: nothing of k or v is stored
-    kh = head - a.num_heads;
-    const int64_t kv_row = a.num_kv_heads * d;
-    src = a.k + t * a.ldk + kh * d;
-    kc = a.cache.k;
-    koff = slot * kv_row + kh * d;
-    norm_w = a.k_norm;
-    const float* vs = a.v + t * a.ldv + kh * d;
-    if (a.lora_v.active()) {
-      for (int64_t j = lane; j < d; j += 32)
-        kv_store<B16>(a.cache.v, koff + j, vs[j] + term(a.lora_v, tv, r1, b1, kh * d, j));
+  // One head (whole warps; a return moves on to the warp's next head).
+  auto process = [&](int64_t head) {
+    const float* src;          // q: its row, rotated in place; k: its input row
+    float* qdst = nullptr;     // q's row
+    void* kc = nullptr;        // k: the cache's K array (F32 or BF16) ...
+    int64_t koff = 0, kh = 0;  // ... and the head's first element there; k's head
+    const float* norm_w;
+    bool klora = false;  // k + its LoRA term (computed where read: nothing is staged in the cache)
+    if (head < a.num_heads) {
+      qdst = a.q + t * a.ldq + head * d;
+      src = qdst;
+      norm_w = a.q_norm;
+      if (a.lora_q.active()) {  // q += its LoRA term, in place (each lane its own elements)
+        for (int64_t j = lane; j < d; j += 32) qdst[j] += term(a.lora_q, tq, r0, b0, head * d, j);
+        __syncwarp();
+      }
     } else {
-      for (int64_t j = lane; j < d; j += 32) kv_store<B16>(a.cache.v, koff + j, vs[j]);
+      const int64_t slot = a.slot_mapping[t];
+      if (slot < 0) return;  // padding: nothing of k or v is stored
+      kh = head - a.num_heads;
+      const int64_t kv_row = a.num_kv_heads * d;
+      src = a.k + t * a.ldk + kh * d;
+      kc = a.cache.k;
+      koff = slot * kv_row + kh * d;
+      norm_w = a.k_norm;
+      const float* vs = a.v + t * a.ldv + kh * d;
+      if (a.lora_v.active()) {
+        for (int64_t j = lane; j < d; j += 32)
+          kv_store<B16>(a.cache.v, koff + j, vs[j] + term(a.lora_v, tv, r1, b1, kh * d, j));
+      } else {
+        for (int64_t j = lane; j < d; j += 32) kv_store<B16>(a.cache.v, koff + j, vs[j]);
+      }
+      klora = a.lora_k.active();
     }
-    klora = a.lora_k.active();
-  }
-  // Element j of the head before the norm and rotation.
-  auto x_of = [&](int64_t j) {
-    float x = src[j];
-    if (klora) x += term(a.lora_k, tk, r0, b0, kh * d, j);
-    return x;
-  };
-  auto put = [&](int64_t j, float v) {
-    if (qdst != nullptr) {
-      qdst[j] = v;
-    } else {
-      kv_store<B16>(kc, koff + j, v);
+    // Element j of the head before the norm and rotation.
+    auto x_of = [&](int64_t j) {
+      float x = src[j];
+      if (klora) x += term(a.lora_k, tk, r0, b0, kh * d, j);
+      return x;
+    };
+    auto put = [&](int64_t j, float v) {
+      if (qdst != nullptr) {
+        qdst[j] = v;
+      } else {
+        kv_store<B16>(kc, koff + j, v);
+      }
+    };
+    const bool odd = (d & 1) != 0;  // the last element of an odd head is normed, never rotated
+    float inv = 1.0f;
+    if (norm_w) {
+      float sum = 0.0f;
+      for (int64_t j = lane; j < half; j += 32) {
+        const float x1 = x_of(j), x2 = x_of(j + half);
+        sum += x1 * x1 + x2 * x2;
+      }
+      if (odd && lane == 0) {
+        const float x = x_of(d - 1);
+        sum += x * x;
+      }
+      sum = cuda_util::warp_sum(sum);
+      inv = 1.0f / sqrtf(sum / static_cast<float>(d) + a.eps);
     }
-  };
-  const bool odd = (d & 1) != 0;  // the last element of an odd head is normed, never rotated
-  float inv = 1.0f;
-  if (norm_w) {
-    float sum = 0.0f;
+    // Every lane reads its own elements before it writes them, so q in place (src == qdst) is safe.
     for (int64_t j = lane; j < half; j += 32) {
-      const float x1 = x_of(j), x2 = x_of(j + half);
-      sum += x1 * x1 + x2 * x2;
+      float x1 = x_of(j), x2 = x_of(j + half);
+      if (norm_w) {
+        x1 = norm_w[j] * (x1 * inv);
+        x2 = norm_w[j + half] * (x2 * inv);
+      }
+      const float c = cs[j], s = cs[half + j];
+      put(j, x1 * c - x2 * s);
+      put(j + half, x2 * c + x1 * s);
     }
     if (odd && lane == 0) {
       const float x = x_of(d - 1);
-      sum += x * x;
+      put(d - 1, norm_w ? norm_w[d - 1] * (x * inv) : x);
     }
-    sum = cuda_util::warp_sum(sum);
-    inv = 1.0f / sqrtf(sum / static_cast<float>(d) + a.eps);
-  }
-  // Every lane reads its own elements before it writes them, so q in place (src == qdst) is safe.
-  for (int64_t j = lane; j < half; j += 32) {
-    float x1 = x_of(j), x2 = x_of(j + half);
-    if (norm_w) {
-      x1 = norm_w[j] * (x1 * inv);
-      x2 = norm_w[j + half] * (x2 * inv);
-    }
-    const float c = cs[j], s = cs[half + j];
-    put(j, x1 * c - x2 * s);
-    put(j + half, x2 * c + x1 * s);
-  }
-  if (odd && lane == 0) {
-    const float x = x_of(d - 1);
-    put(d - 1, norm_w ? norm_w[d - 1] * (x * inv) : x);
+  };
+  for (bool first = true; head < heads; head += stride, first = false) {
+    if (!first) stage_head(head);
+    process(head);
   }
 }
 
@@ -184,14 +202,18 @@ void rope_kv_write(const RopeKvWriteArgs& a, const CudaContext& ctx) {
                "rope_kv_write: q_norm and k_norm go together");
   KERNEL_CHECK(a.m < (1LL << 31), "rope_kv_write: too many tokens for one grid");
   const int64_t heads = a.num_heads + a.num_kv_heads;
-  const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>((heads + kRkvWarps - 1) / kRkvWarps));
+  const int64_t loop_from = kernel_tuning(TuningShape{}).rope_kv_write_loop_min_rows;
+  const bool loop = loop_from > 0 && a.m >= loop_from;
+  const dim3 grid(static_cast<unsigned>(a.m),
+                  loop ? 1u : static_cast<unsigned>((heads + kRkvWarps - 1) / kRkvWarps));
+  const int threads = (loop ? kRkvLoopWarps : kRkvWarps) * 32;
   const size_t smem = static_cast<size_t>(2 * (a.head_dim / 2)) * sizeof(float);
   // Lane j's outputs are lane + 32·i only when head_dim is a multiple of 64 (odd heads and other halves
   // take expand_at).
   const bool b_regs = kernel_tuning(TuningShape{}).rope_lora_b_regs != 0 && a.head_dim % 64 == 0 &&
                       a.head_dim <= 32 * lora_fused::kExpandRegs;
   attention_detail::with_cache_type(a.cache, [&](auto b16) {
-    cuda_util::launch_pdl(rope_kv_write_kernel<decltype(b16)::value>, grid, kRkvWarps * 32, smem,
+    cuda_util::launch_pdl(rope_kv_write_kernel<decltype(b16)::value>, grid, threads, smem,
                           cuda_util::stream(ctx), a, b_regs);
   });
   CUDA_CHECK_LAUNCH();
