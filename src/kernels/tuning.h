@@ -247,6 +247,12 @@ struct KernelTuning {
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
   int64_t linear_stream_max_rows = 8;
+  // 1: a group of BF16 products over one x that does not stream in one launch (q/k/v at prefill) casts x to
+  // bf16 once for all its cuBLAS products instead of once per product (linear_cuda.cu shares_cast; the same
+  // results). Written in session 54 after its H100 prefill trace (cast_rows_bf16_kernel 9.2 ms per
+  // 8,192-token step, 5 casts per layer of which q/k/v's 3 read the same rows); 0 until it has run on a GPU;
+  // env POLYLORA_LINEAR_GROUP_SHARED_CAST.
+  int64_t linear_group_shared_cast = 0;
   // Switches and sizes for A/B timing and tests (once read by getenv inside the kernels' files; the same
   // variables set them):
   // 0: every BF16 product through the split cuBLAS GEMM, never the weight-streaming kernel; env

@@ -124,19 +124,23 @@ TEST(GpuLinear, StreamSixteenRowPasses) {
   k::override_kernel_tuning(std::nullopt);
 }
 
-// Products of one x in one launch (Backend::linear_group, linear_stream_kernel over a table of products):
+// Products of one x in one launch (Backend::linear_group, linear_stream_kernel over a table of products;
+// past the streamed rows, cuBLAS products from one cast of x):
 // q/k/v-like groups of 2 and 3 products with different widths (rows that do not fill a CTA's block, a product
 // boundary inside a block), different y strides and biases, every m bucket, against ref::linear per product;
 // poisoned padding columns must stay untouched. A group that cannot fuse (two x) runs product by product.
-TEST(GpuLinear, GroupOfProductsSharingTheInput) {
-  SKIP_WITHOUT_GPU();
+// Run with and without the shared cast (KernelTuning::linear_group_shared_cast).
+void group_of_products_sharing_the_input() {
   Arena ar(backend(kBf16Mode));
   struct Group {
     int64_t m, kk;
     std::vector<int64_t> n;
   };
+  // m = 40 and 300: past the streamed rows, the products through cuBLAS from one cast of x (stacked halves
+  // folded at 40, two GEMMs per product at 300).
   for (const Group& g : {Group{1, 2880, {4096, 512, 512}}, Group{3, 1032, {100, 17, 33}},
-                         Group{8, 2888, {513, 64}}, Group{16, 64, {7, 9, 1}}, Group{5, 24, {40, 40, 40}}}) {
+                         Group{8, 2888, {513, 64}}, Group{16, 64, {7, 9, 1}}, Group{5, 24, {40, 40, 40}},
+                         Group{40, 1032, {100, 17, 33}}, Group{300, 2880, {4096, 512, 512}}}) {
     const int64_t ldx = g.kk + 4;
     std::vector<float> x = k::test::random_vec(static_cast<size_t>(g.m * ldx), 90 + g.m);
     float* dx = ar.up(x);
@@ -198,6 +202,18 @@ TEST(GpuLinear, GroupOfProductsSharingTheInput) {
   ar.be().linear_group(two);
   expect_close_for(kBf16Mode, ar.down(y0, r0.size()), r0, "unfused group, first x");
   expect_close_for(kBf16Mode, ar.down(y1, r1.size()), r1, "unfused group, second x");
+}
+
+TEST(GpuLinear, GroupOfProductsSharingTheInput) {
+  SKIP_WITHOUT_GPU();
+  for (int shared_cast : {0, 1}) {
+    SCOPED_TRACE("linear_group_shared_cast " + std::to_string(shared_cast));
+    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    t.linear_group_shared_cast = shared_cast;
+    k::override_kernel_tuning(t);
+    group_of_products_sharing_the_input();
+  }
+  k::override_kernel_tuning(std::nullopt);
 }
 
 // The default backend splits activations for products of up to CudaContext::kBf16SplitMaxRowsDefault rows

@@ -506,11 +506,16 @@ class CudaBackend final : public Backend {
   void linear_group(std::span<const k::LinearArgs> group) override {
     DeviceScope on_device(device_);
     const auto count = static_cast<int64_t>(group.size());
-    if (!k::cuda::linear_group_fused(group.data(), count, ctx())) {
-      for (const k::LinearArgs& a : group) linear(a);
+    if (k::cuda::linear_group_fused(group.data(), count, ctx())) {
+      timed("linear (m<=64)", [&] { k::cuda::linear_group(group.data(), count, ctx()); });  // streamed
       return;
     }
-    timed("linear (m<=64)", [&] { k::cuda::linear_group(group.data(), count, ctx()); });  // streamed
+    // Product by product (through cuBLAS from one cast of a shared x where it can).
+    size_t ws = 0;
+    for (const k::LinearArgs& a : group) ws = std::max(ws, k::cuda::linear_workspace_bytes(a, ctx()));
+    ensure_workspace(ws);
+    timed(count > 0 && group[0].m <= 64 ? "linear (m<=64)" : "linear (m>64)",
+          [&] { k::cuda::linear_group(group.data(), count, ctx()); });
   }
   void rms_norm(const k::RmsNormArgs& a) override {
     DeviceScope on_device(device_);

@@ -308,6 +308,59 @@ size_t linear_workspace_bytes(const LinearArgs& a, const CudaContext& ctx) {
 
 namespace {
 
+// x as bf16 for cuBLAS: hi [m, k] at the workspace's start and (split) lo [m, k] right after it, so hi;lo
+// is one [2m, k] matrix; the f32 halves of a stacked product follow (linear_workspace_bytes).
+struct CastX {
+  __nv_bfloat16* hi = nullptr;
+  __nv_bfloat16* lo = nullptr;
+};
+
+CastX cast_x(const LinearArgs& a, bool split, const CudaContext& ctx) {
+  const int64_t m = a.m, k = a.w.cols;
+  KERNEL_CHECK(linear_workspace_bytes(a, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
+  CastX c;
+  c.hi = static_cast<__nv_bfloat16*>(ctx.workspace);
+  c.lo = split ? c.hi + m * k : nullptr;
+  cast_rows_bf16_kernel<<<cuda_util::blocks_for(m * k, 256, 8192), 256, 0, cuda_util::stream(ctx)>>>(
+      a.x, a.ldx, m, k, c.hi, c.lo);
+  CUDA_CHECK_LAUNCH();
+  return c;
+}
+
+// The BF16 product through cuBLAS from x already cast (cast_x of this or of a product over the same x),
+// bias included.
+void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaContext& ctx) {
+  const int64_t m = a.m, n = a.w.rows, k = a.w.cols;
+  cudaStream_t st = cuda_util::stream(ctx);
+  auto handle = static_cast<cublasHandle_t>(ctx.cublas);
+  const float one = 1.0f, zero = 0.0f;
+  auto gemm = [&](const __nv_bfloat16* xs, int64_t rows, const float* beta, float* y, int64_t ldy) {
+    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(rows),
+                              static_cast<int>(k), &one, a.w.data, CUDA_R_16BF, static_cast<int>(k), xs,
+                              CUDA_R_16BF, static_cast<int>(k), beta, y, CUDA_R_32F, static_cast<int>(ldy),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  if (!split) {
+    gemm(c.hi, m, &zero, a.y, a.ldy);
+  } else if (stacked(m, n)) {
+    const size_t x_bytes = static_cast<size_t>(m * k) * sizeof(__nv_bfloat16);
+    auto* halves = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + 2 * align256(x_bytes));
+    gemm(c.hi, 2 * m, &zero, halves, n);
+    fold_halves_kernel<<<cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st>>>(halves, m, n, a.bias, a.y,
+                                                                                a.ldy);
+    CUDA_CHECK_LAUNCH();
+    return;  // bias added by the fold
+  } else {
+    gemm(c.hi, m, &zero, a.y, a.ldy);
+    gemm(c.lo, m, &one, a.y, a.ldy);
+  }
+  if (a.bias) {
+    cuda_util::launch_pdl(add_bias_kernel, cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st, a.y, a.ldy, m,
+                          n, a.bias);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
 void linear_product(const LinearArgs& a, const CudaContext& ctx) {
   const int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m == 0 || n == 0) return;
@@ -320,36 +373,7 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx) {
     case DType::kBF16: {
       const bool split = ctx.bf16_split(m);
       if (streamed(a, split)) return launch_stream_group(&a, 1, st);
-      KERNEL_CHECK(linear_workspace_bytes(a, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
-      // Workspace: hi [m, k] then (split) lo [m, k] right after it, so hi;lo is one [2m, k] matrix when the
-      // x part is not padded, then (stacked) the f32 halves [2m, n].
-      auto* xb = static_cast<__nv_bfloat16*>(ctx.workspace);
-      const size_t x_bytes = static_cast<size_t>(m * k) * sizeof(__nv_bfloat16);
-      auto* lo = split ? xb + m * k : nullptr;
-      cast_rows_bf16_kernel<<<cuda_util::blocks_for(m * k, 256, 8192), 256, 0, st>>>(a.x, a.ldx, m, k, xb,
-                                                                                     lo);
-      CUDA_CHECK_LAUNCH();
-      auto gemm = [&](const __nv_bfloat16* xs, int64_t rows, const float* beta, float* y, int64_t ldy) {
-        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
-                                  static_cast<int>(rows), static_cast<int>(k), &one, a.w.data, CUDA_R_16BF,
-                                  static_cast<int>(k), xs, CUDA_R_16BF, static_cast<int>(k), beta, y,
-                                  CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
-      };
-      if (!split) {
-        gemm(xb, m, &zero, a.y, a.ldy);
-      } else if (stacked(m, n)) {
-        auto* halves = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + 2 * align256(x_bytes));
-        gemm(xb, 2 * m, &zero, halves, n);
-        fold_halves_kernel<<<cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st>>>(halves, m, n, a.bias, a.y,
-                                                                                    a.ldy);
-        CUDA_CHECK_LAUNCH();
-        return;  // bias added by the fold
-      } else {
-        gemm(xb, m, &zero, a.y, a.ldy);
-        gemm(lo, m, &one, a.y, a.ldy);
-      }
-      break;
+      return bf16_product(a, split, cast_x(a, split, ctx), ctx);
     }
     case DType::kF32:
       CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
@@ -371,6 +395,22 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx) {
                           n, a.bias);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+// Whether a group that does not stream in one launch can still share one cast of its x (q/k/v at prefill:
+// the input cast once instead of once per product): BF16 products through cuBLAS of the same x and K.
+bool shares_cast(const LinearArgs* group, int64_t count, const CudaContext& ctx) {
+  if (count < 2 || kernel_tuning(TuningShape{}).linear_group_shared_cast == 0) return false;
+  const LinearArgs& a = group[0];
+  if (a.m == 0 || a.m >= (1LL << 31) || a.w.cols >= (1LL << 31)) return false;
+  const bool split = ctx.bf16_split(a.m);
+  for (int64_t gi = 0; gi < count; ++gi) {
+    const LinearArgs& g = group[gi];
+    if (g.w.dtype != DType::kBF16 || g.x != a.x || g.ldx != a.ldx || g.m != a.m || g.w.cols != a.w.cols ||
+        g.w.rows == 0 || g.w.rows >= (1LL << 31) || streamed(g, split))
+      return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -406,11 +446,25 @@ bool linear_group_fused(const LinearArgs* group, int64_t count, const CudaContex
 }
 
 void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx) {
-  if (!linear_group_fused(group, count, ctx)) {
-    for (int64_t gi = 0; gi < count; ++gi) linear(group[gi], ctx);
+  if (linear_group_fused(group, count, ctx)) return launch_stream_group(group, count, cuda_util::stream(ctx));
+  if (shares_cast(group, count, ctx)) {
+    // One cast of x for every product (each product's stacked halves, if any, follow it in the workspace;
+    // the products run one after another on the stream), then each product's LoRA shrink as linear does.
+    const bool split = ctx.bf16_split(group[0].m);
+    const CastX c = cast_x(group[0], split, ctx);
+    for (int64_t gi = 0; gi < count; ++gi) {
+      const LinearArgs& g = group[gi];
+      KERNEL_CHECK(linear_workspace_bytes(g, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
+      bf16_product(g, split, c, ctx);
+      if (g.lora_shrink != nullptr) {
+        KERNEL_CHECK(g.lora_shrink->x == g.x && g.lora_shrink->ldx == g.ldx && g.lora_shrink->m == g.m,
+                     "linear: the LoRA shrink must read the product's x");
+        lora_shrink(*g.lora_shrink, g.lora_tmp, g.lora_ld_tmp, ctx);
+      }
+    }
     return;
   }
-  launch_stream_group(group, count, cuda_util::stream(ctx));
+  for (int64_t gi = 0; gi < count; ++gi) linear(group[gi], ctx);
 }
 
 }  // namespace polylora::kernels::cuda
