@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -177,6 +178,10 @@ class LoraStacks {
   // The next staging buffer of `st` once no queued copy reads it (its index in *index); n f32 values
   // stored at dst in the stacks' dtype (rounded to BF16 or copied); a rows x cols block of buffer i
   // queued for dst.
+  static constexpr int kStagingBuffers = 4;  // per stager
+  // fn(k) for k in [0, n): k = 0 on the calling thread, the others on threads of their own; the first error
+  // (in k order) is thrown once all are done.
+  static void on_threads(size_t n, const std::function<void(size_t)>& fn);
   static std::byte* take_buffer(Stager& st, int* index);
   void store_values(const float* src, int64_t n, std::byte* dst) const;
   static void submit(Stager& st, int i, void* dst, int64_t rows, int64_t cols, DType dtype);
