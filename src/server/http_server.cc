@@ -547,13 +547,17 @@ HttpResponse HttpServer::preflight(const HttpRequest& req) const {
 void HttpServer::load_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
   if (!config_.allow_runtime_lora_updating)
     fail_with(ErrorKind::kNotFound,
-              "runtime LoRA loading is disabled; start the server with --enable-lora-runtime-updating");
+              "runtime LoRA loading is disabled; start the server with --enable-lora-runtime-updating (or "
+              "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and --lora-allowed-dirs");
   auto [name, path] = load_adapter_request(body_json(req));
   for (const auto& served : config_.served_model_names)
     if (served == name) fail("'{}' is the base model's name; choose another adapter name", name);
   if (engine_.has_adapter(name)) fail("The lora adapter '{}' has already been loaded.", name);
   if (config_.lora_allowed_dirs.empty())
-    fail("loading adapters at run time needs --lora-allowed-dirs; no directory is allowed");
+    fail(
+        "loading adapters at run time needs --lora-allowed-dirs DIR...: no directory is allowed, so '{}' "
+        "cannot be read",
+        path);
   // A relative lora_path is relative to the server's working directory, as in vLLM; the confined loader
   // then refuses it unless it lies inside an allowed directory.
   std::string where =
@@ -573,7 +577,8 @@ void HttpServer::load_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpR
 void HttpServer::unload_lora_adapter(HttpRequest& req, const std::shared_ptr<HttpResponder>& res) {
   if (!config_.allow_runtime_lora_updating)
     fail_with(ErrorKind::kNotFound,
-              "runtime LoRA loading is disabled; start the server with --enable-lora-runtime-updating");
+              "runtime LoRA loading is disabled; start the server with --enable-lora-runtime-updating (or "
+              "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and --lora-allowed-dirs");
   std::string name = unload_adapter_request(body_json(req));
   if (!engine_.remove_adapter(name))
     fail_with(ErrorKind::kNotFound, "The lora adapter '{}' cannot be found.", name);
