@@ -240,8 +240,8 @@ struct KernelTuning {
   // pass per distinct adapter among a tile's tokens) instead of the CUDA-core expand. Written after session
   // 54's H100 trace of a 16 x 512-token prefill with 8 adapters (MXFP4 config), where dense_expand_kernel
   // took 18.8 ms of the ~45 ms of kernel time the adapters added per step (0.39 ms per launch for ~0.1 ms
-  // of y traffic). Same session, H100, `polylora_bench device --prompt-len 512 --batches 16 --loras 8` (MXFP4):
-  // prefill ratio with 8 adapters 0.865 from 256 tokens against 0.833 with 0 in the same call; env
+  // of y traffic). Same session, H100, `polylora_bench device --prompt-len 512 --batches 16 --loras 8`
+  // (MXFP4): prefill ratio with 8 adapters 0.865 from 256 tokens against 0.833 with 0 in the same call; env
   // POLYLORA_LORA_DENSE_EXPAND_MMA_MIN_ROWS.
   int64_t lora_dense_expand_mma_min_rows = 256;
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which

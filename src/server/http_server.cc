@@ -137,13 +137,16 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
   if (config_.served_model_names.empty()) config_.served_model_names.push_back("polylora");
   if (!config_.tool_call_parser.empty()) {
     auto kind = tool_parser_from_name(config_.tool_call_parser);
-    if (!kind) fail("--tool-call-parser: unknown parser '{}' (polylora has {})", config_.tool_call_parser, tool_parser_names());
+    if (!kind)
+      fail("--tool-call-parser: unknown parser '{}' (polylora has {})", config_.tool_call_parser,
+           tool_parser_names());
     tool_parser_ = *kind;
   }
   if (!config_.reasoning_parser.empty()) {
     auto kind = reasoning_parser_from_name(config_.reasoning_parser);
     if (!kind)
-      fail("--reasoning-parser: unknown parser '{}' (polylora has {})", config_.reasoning_parser, reasoning_parser_names());
+      fail("--reasoning-parser: unknown parser '{}' (polylora has {})", config_.reasoning_parser,
+           reasoning_parser_names());
     reasoning_parser_ = *kind;
   }
   if (config_.enable_auto_tool_choice && tool_parser_ == ToolParserKind::kNone)
@@ -167,12 +170,14 @@ HttpServer::HttpServer(ServerConfig config, EngineThread& engine,
   size_t workers = config_.http_worker_threads > 0
                        ? static_cast<size_t>(config_.http_worker_threads)
                        : std::clamp<size_t>(std::thread::hardware_concurrency(), 4, 16);
-  AccessLogConfig access_log = AccessLogConfig::from_flags(
-      config_.uvicorn_log_level, config_.disable_uvicorn_access_log, config_.disable_access_log_for_endpoints);
+  AccessLogConfig access_log =
+      AccessLogConfig::from_flags(config_.uvicorn_log_level, config_.disable_uvicorn_access_log,
+                                  config_.disable_access_log_for_endpoints);
   if (!config_.default_chat_template_kwargs.empty()) {
     default_chat_template_kwargs_ = json::parse(config_.default_chat_template_kwargs, nullptr, false);
     if (!default_chat_template_kwargs_.is_object())
-      fail("--default-chat-template-kwargs: expected a JSON object, got {}", config_.default_chat_template_kwargs);
+      fail("--default-chat-template-kwargs: expected a JSON object, got {}",
+           config_.default_chat_template_kwargs);
   }
   transport_ = std::make_unique<HttpTransport>(
       limits,
@@ -477,7 +482,8 @@ std::vector<std::pair<std::string, std::string>> HttpServer::response_headers(co
 }
 
 HttpResponse HttpServer::preflight(const HttpRequest& req) const {
-  static const std::vector<std::string> kAllMethods = {"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"};
+  static const std::vector<std::string> kAllMethods = {"DELETE", "GET",  "HEAD", "OPTIONS",
+                                                       "PATCH",  "POST", "PUT"};
   const std::string& origin = *req.header("origin");
   const std::string& method = *req.header("access-control-request-method");
   const std::string* requested_headers = req.header("access-control-request-headers");

@@ -1,8 +1,8 @@
 // kernels/linear/linear_cpu.cc: the CPU fast path of y = x·Wᵀ + b.
 // Few rows (decode): register-tiled AVX2 dot products reading W (F32/F16/BF16, MXFP4: each 32-value block
 // decoded to f32 in registers, or INT8: codes widened to f32 in registers, each row's sum times its scale)
-// once, parallel over the output features (memory-bandwidth bound). Many rows (prefill): W panels converted to f32 into
-// thread-local scratch and multiplied with single-threaded OpenBLAS sgemm, parallel over panels.
+// once, parallel over the output features (memory-bandwidth bound). Many rows (prefill): W panels converted
+// to f32 into thread-local scratch and multiplied with single-threaded OpenBLAS sgemm, parallel over panels.
 // linear_batch runs several independent products (MoE experts) as the tasks of one OpenMP region.
 // Must not: allocate per call beyond thread-local scratch; nest OpenMP regions.
 #include <cblas.h>
@@ -155,7 +155,8 @@ POLYLORA_AVX2 void dot_tile_mxfp4(const float* x, int64_t ldx, const WeightView&
       for (int mi = 0; mi < M; ++mi) {
         const float* xb = x + mi * ldx + b * kMxfp4BlockSize;
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) acc[mi][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8 * j), wv[j], acc[mi][r]);
+        for (int j = 0; j < 4; ++j)
+          acc[mi][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8 * j), wv[j], acc[mi][r]);
       }
     }
   }
@@ -373,8 +374,8 @@ Plan plan(const LinearArgs& a, int64_t threads) {
   return {rows, (n + rows - 1) / rows, true};
 }
 
-// Rows [r0, r0 + nr) of W through sgemm: converted (MXFP4, INT8: decoded) to f32 in thread-local scratch unless
-// already F32.
+// Rows [r0, r0 + nr) of W through sgemm: converted (MXFP4, INT8: decoded) to f32 in thread-local scratch
+// unless already F32.
 void panel(const LinearArgs& a, int64_t r0, int64_t nr) {
   int64_t k = a.w.cols;
   const float* wp = nullptr;

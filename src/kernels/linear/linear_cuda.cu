@@ -294,6 +294,14 @@ __global__ void add_bias_kernel(float* y, int64_t ldy, int64_t m, int64_t n, con
   }
 }
 
+// y += bias, when the product has one.
+void add_bias(const LinearArgs& a, cudaStream_t st) {
+  if (a.bias == nullptr) return;
+  cuda_util::launch_pdl(add_bias_kernel, cuda_util::blocks_for(a.m * a.w.rows, 256, 8192), 256, 0, st, a.y,
+                        a.ldy, a.m, a.w.rows, a.bias);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 size_t linear_workspace_bytes(const LinearArgs& a, const CudaContext& ctx) {
@@ -354,11 +362,7 @@ void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaCon
     gemm(c.hi, m, &zero, a.y, a.ldy);
     gemm(c.lo, m, &one, a.y, a.ldy);
   }
-  if (a.bias) {
-    cuda_util::launch_pdl(add_bias_kernel, cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st, a.y, a.ldy, m,
-                          n, a.bias);
-    CUDA_CHECK_LAUNCH();
-  }
+  add_bias(a, st);
 }
 
 void linear_product(const LinearArgs& a, const CudaContext& ctx) {
@@ -390,11 +394,13 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx) {
     case DType::kU8:
       KERNEL_CHECK(false, "linear: CUDA weights must be BF16 or F32 (matrix_from_host converts them)");
   }
-  if (a.bias) {
-    cuda_util::launch_pdl(add_bias_kernel, cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st, a.y, a.ldy, m,
-                          n, a.bias);
-    CUDA_CHECK_LAUNCH();
-  }
+  add_bias(a, st);
+}
+
+// A product's LoRA shrink (LinearArgs::lora_shrink) reads the product's own x.
+void check_shrink_input(const LinearArgs& a) {
+  KERNEL_CHECK(a.lora_shrink->x == a.x && a.lora_shrink->ldx == a.ldx && a.lora_shrink->m == a.m,
+               "linear: the LoRA shrink must read the product's x");
 }
 
 // Whether a group that does not stream in one launch can still share one cast of its x (q/k/v at prefill:
@@ -417,8 +423,7 @@ bool shares_cast(const LinearArgs* group, int64_t count, const CudaContext& ctx)
 
 void linear(const LinearArgs& a, const CudaContext& ctx) {
   if (a.lora_shrink != nullptr) {
-    KERNEL_CHECK(a.lora_shrink->x == a.x && a.lora_shrink->ldx == a.ldx && a.lora_shrink->m == a.m,
-                 "linear: the LoRA shrink must read the product's x");
+    check_shrink_input(a);
     if (a.m > 0 && a.w.rows > 0 && streamed(a, ctx.bf16_split(a.m))) return linear_product(a, ctx);
     linear_product(a, ctx);
     return lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, ctx);
@@ -437,8 +442,7 @@ bool linear_group_fused(const LinearArgs* group, int64_t count, const CudaContex
         !streamed(g, ctx.bf16_split(g.m)))
       return false;
     if (g.lora_shrink != nullptr) {
-      KERNEL_CHECK(g.lora_shrink->x == g.x && g.lora_shrink->ldx == g.ldx && g.lora_shrink->m == g.m,
-                   "linear: the LoRA shrink must read the product's x");
+      check_shrink_input(g);
       ++shrinks;
     }
   }
@@ -457,8 +461,7 @@ void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx
       KERNEL_CHECK(linear_workspace_bytes(g, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
       bf16_product(g, split, c, ctx);
       if (g.lora_shrink != nullptr) {
-        KERNEL_CHECK(g.lora_shrink->x == g.x && g.lora_shrink->ldx == g.ldx && g.lora_shrink->m == g.m,
-                     "linear: the LoRA shrink must read the product's x");
+        check_shrink_input(g);
         lora_shrink(*g.lora_shrink, g.lora_tmp, g.lora_ld_tmp, ctx);
       }
     }

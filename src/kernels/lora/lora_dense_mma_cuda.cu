@@ -95,6 +95,49 @@ __device__ __forceinline__ void store_parts(unsigned char* s, uint32_t off, cons
                    part[q][2] | (static_cast<uint32_t>(part[q][3]) << 16));
 }
 
+// Eight bf16 of a row, row[c .. c + 7], as a uint4, zero from index lim on; vec: one 16-byte load (the
+// caller's row is 16-byte aligned and lim a multiple of 8).
+__device__ __forceinline__ uint4 load_bf16x8(const __nv_bfloat16* row, int64_t c, int64_t lim, bool vec) {
+  if (c >= lim) return make_uint4(0u, 0u, 0u, 0u);
+  if (vec) return __ldg(reinterpret_cast<const uint4*>(row + c));
+  uint32_t h[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t lo = c + 2 * q < lim ? __bfloat16_as_ushort(row[c + 2 * q]) : 0u;
+    const uint32_t hi = c + 2 * q + 1 < lim ? __bfloat16_as_ushort(row[c + 2 * q + 1]) : 0u;
+    h[q] = lo | (hi << 16);
+  }
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// One 32-wide slice on the tensor cores: the warp's 16 rows of the three bf16 parts at sx (swizzled [64][32]
+// tiles kDmTile apart) times the [16·nj_n][32] B tile at sw, into acc[2·nj] and acc[2·nj + 1] (16 columns
+// per nj); ks_n k16 steps (1: the slice's second half is zero).
+template <int NJ>
+__device__ __forceinline__ void mma_parts_slice(float (&acc)[2 * NJ][4], uint32_t sx, uint32_t sw, int warp,
+                                                int lane, int ks_n, int nj_n) {
+#pragma unroll
+  for (int ks = 0; ks < mma::kBK / 16; ++ks) {
+    if (ks >= ks_n) break;
+    uint32_t af[kDmParts][4];
+#pragma unroll
+    for (int q = 0; q < kDmParts; ++q)
+      mma::ldmatrix_x4(af[q], sx + q * kDmTile + mma::swz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+    for (int nj = 0; nj < NJ; ++nj) {
+      if (nj >= nj_n) break;
+      uint32_t w4[4];
+      mma::ldmatrix_x4(w4,
+                       sw + mma::swz(nj * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int q = 0; q < kDmParts; ++q) {
+        mma::mma_bf16(acc[2 * nj], af[q], w4[0], w4[1]);
+        mma::mma_bf16(acc[2 * nj + 1], af[q], w4[2], w4[3]);
+      }
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kDmThreads)
     dense_shrink_mma_kernel(DenseParams<__nv_bfloat16> p, int per_kt) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
@@ -159,23 +202,9 @@ __global__ void __launch_bounds__(kDmThreads)
         }
       }
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        wv[i] = make_uint4(0u, 0u, 0u, 0u);
-        if (w_src[i] == nullptr) continue;
-        const int64_t c = k + wc * 8;
-        if (w_vec) {
-          if (c < in) wv[i] = __ldg(reinterpret_cast<const uint4*>(w_src[i] + c));
-        } else {
-          uint32_t h[4];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint32_t lo = c + 2 * q < in ? __bfloat16_as_ushort(w_src[i][c + 2 * q]) : 0u;
-            const uint32_t hi = c + 2 * q + 1 < in ? __bfloat16_as_ushort(w_src[i][c + 2 * q + 1]) : 0u;
-            h[q] = lo | (hi << 16);
-          }
-          wv[i] = make_uint4(h[0], h[1], h[2], h[3]);
-        }
-      }
+      for (int i = 0; i < 2; ++i)
+        wv[i] =
+            w_src[i] == nullptr ? make_uint4(0u, 0u, 0u, 0u) : load_bf16x8(w_src[i], k + wc * 8, in, w_vec);
     };
     // The registers into buffer b: the input's three bf16 parts, then the A rows (swizzled [64][32] tiles).
     auto store = [&](int b) {
@@ -196,7 +225,8 @@ __global__ void __launch_bounds__(kDmThreads)
       for (int q = 0; q < 4; ++q) acc[ni][q] = 0.0f;
     // Whether the warp's 16 tokens hold some of the slot's.
     const bool mine = __any_sync(0xffffffffu, lane < 16 && s_key[warp * 16 + lane] == key);
-    const int n8 = static_cast<int>((total - j0 + 7) / 8 < 8 ? (total - j0 + 7) / 8 : 8);
+    // 16-column blocks with rank rows (the B rows past the group's ranks load as zeros).
+    const int n16 = static_cast<int>((total - j0 + 15) / 16 < 4 ? (total - j0 + 15) / 16 : 4);
     if (kt0 < kt1) load(kt0);
     for (int kt = kt0; kt < kt1; ++kt) {
       const int b = (kt - kt0) & 1;
@@ -205,26 +235,7 @@ __global__ void __launch_bounds__(kDmThreads)
       if (kt + 1 < kt1) load(kt + 1);
       if (!mine) continue;
       const uint32_t sx = static_cast<uint32_t>(__cvta_generic_to_shared(smem[b]));
-      const uint32_t sw = sx + kDmParts * kDmTile;
-#pragma unroll
-      for (int ks = 0; ks < mma::kBK / 16; ++ks) {
-        uint32_t af[kDmParts][4];
-#pragma unroll
-        for (int q = 0; q < kDmParts; ++q)
-          mma::ldmatrix_x4(af[q], sx + q * kDmTile + mma::swz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
-#pragma unroll
-        for (int nj = 0; nj < 4; ++nj) {
-          if (2 * nj >= n8) break;
-          uint32_t w4[4];
-          const int r = nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-          mma::ldmatrix_x4(w4, sw + mma::swz(r, ks * 2 + ((lane >> 3) & 1)));
-#pragma unroll
-          for (int q = 0; q < kDmParts; ++q) {
-            mma::mma_bf16(acc[2 * nj], af[q], w4[0], w4[1]);
-            if (2 * nj + 1 < n8) mma::mma_bf16(acc[2 * nj + 1], af[q], w4[2], w4[3]);
-          }
-        }
-      }
+      mma_parts_slice<4>(acc, sx, sx + kDmParts * kDmTile, warp, lane, mma::kBK / 16, n16);
     }
     __syncthreads();  // the next slot refills the buffers
     // c0, c1 at (token g, rank rows 2t, 2t + 1), c2, c3 at token g + 8.
@@ -278,22 +289,10 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
   auto load_b = [&](int32_t key, int64_t k) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t o = o0 + wr + 32 * i, c = k + wc * 8;
+      const int64_t o = o0 + wr + 32 * i;
       wv[i] = make_uint4(0u, 0u, 0u, 0u);
-      if ((!FULL && o >= out) || c >= R) continue;
-      const __nv_bfloat16* src = bw + (static_cast<int64_t>(key) * out + o) * R + c;
-      if (w_vec) {
-        wv[i] = __ldg(reinterpret_cast<const uint4*>(src));
-      } else {
-        uint32_t h[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint32_t lo = c + 2 * q < R ? __bfloat16_as_ushort(src[2 * q]) : 0u;
-          const uint32_t hi = c + 2 * q + 1 < R ? __bfloat16_as_ushort(src[2 * q + 1]) : 0u;
-          h[q] = lo | (hi << 16);
-        }
-        wv[i] = make_uint4(h[0], h[1], h[2], h[3]);
-      }
+      if (!FULL && o >= out) continue;
+      wv[i] = load_bf16x8(bw + (static_cast<int64_t>(key) * out + o) * R, k + wc * 8, R, w_vec);
     }
   };
   if (nslots > 0) load_b(s_slots[0], 0);
@@ -382,29 +381,7 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
       for (int i = 0; i < 4; ++i)
         *reinterpret_cast<uint4*>(smem + kDmParts * kDmTile + mma::swz(wr + 32 * i, wc)) = wv[i];
       __syncthreads();
-      if (mine) {
-#pragma unroll
-        for (int ks = 0; ks < mma::kBK / 16; ++ks) {
-          if (k + ks * 16 >= R) break;  // a zero half-slice
-          uint32_t af[kDmParts][4];
-#pragma unroll
-          for (int q = 0; q < kDmParts; ++q)
-            mma::ldmatrix_x4(af[q],
-                             sx + q * kDmTile + mma::swz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
-#pragma unroll
-          for (int nj = 0; nj < 8; ++nj) {
-            if (nj >= n16) break;
-            uint32_t w4[4];
-            mma::ldmatrix_x4(
-                w4, sw + mma::swz(nj * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
-#pragma unroll
-            for (int q = 0; q < kDmParts; ++q) {
-              mma::mma_bf16(acc[2 * nj], af[q], w4[0], w4[1]);
-              mma::mma_bf16(acc[2 * nj + 1], af[q], w4[2], w4[3]);
-            }
-          }
-        }
-      }
+      if (mine) mma_parts_slice<8>(acc, sx, sw, warp, lane, R - k > 16 ? 2 : 1, n16);  // 1: a zero half
       __syncthreads();  // the next slice or slot refills the tiles
     }
     if (!mine) continue;
