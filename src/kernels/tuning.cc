@@ -70,6 +70,7 @@ const std::vector<Field>& fields() {
        "POLYLORA_MOE_LORA_SHRINK_GROUP_KMAJOR"},
       {"moe_lora_expand_batched", &KernelTuning::moe_lora_expand_batched, "POLYLORA_MOE_LORA_EXPAND_BATCHED"},
       {"moe_lora_act_group", &KernelTuning::moe_lora_act_group, "POLYLORA_MOE_LORA_ACT_GROUP"},
+      {"moe_act_lora_pdl", &KernelTuning::moe_act_lora_pdl, "POLYLORA_MOE_ACT_LORA_PDL"},
       {"moe_lora_act_group_min_rows", &KernelTuning::moe_lora_act_group_min_rows,
        "POLYLORA_MOE_LORA_ACT_GROUP_MIN_ROWS"},
       {"attention_prefill_mma", &KernelTuning::attention_prefill_mma, "POLYLORA_ATTENTION_PREFILL_MMA"},

@@ -163,6 +163,12 @@ struct KernelTuning {
   // 24,246 / 24,245); at decode sizes groups are slower (batch 64 4,610 vs 4,703 tok/s), hence the bound:
   // 4,096 rows (1,024 tokens of top-4 routing), which no decode step of --max-num-seqs 256 reaches.
   int64_t moe_lora_act_group_min_rows = 4096;
+  // 1: the expand-fused MoE activation by row and by group (moe_act_lora_rows_kernel,
+  // moe_act_lora_group_kernel) launched with programmatic dependent launch like the kernels around them
+  // (launch_pdl; both wait first thing), 0: plainly. H100, session 55, MXFP4, batch-1 decode with 8
+  // adapters (scripts/device_b1_ab.sh): 3.090 ms per step with PDL against 3.160 / 3.215 plainly (ratio to
+  // the base 0.874 vs 0.857 / 0.842); env POLYLORA_MOE_ACT_LORA_PDL.
+  int64_t moe_act_lora_pdl = 1;
   // 1: on a BF16 backend, prefill attention (head_dim 64 or 128) on bf16 tensor cores
   // (kernels/attention/attention_mma_cuda.cu). H200, GPT-OSS-20B bf16, 8 x 2,048-token prompts (session 40):
   // prefill 23,491 vs 20,573 tok/s with the f32 kernel; the bf16 golden tests pass with it; env
@@ -250,9 +256,10 @@ struct KernelTuning {
   // 1: a group of BF16 products over one x that does not stream in one launch (q/k/v at prefill) casts x to
   // bf16 once for all its cuBLAS products instead of once per product (linear_cuda.cu shares_cast; the same
   // results). Written in session 54 after its H100 prefill trace (cast_rows_bf16_kernel 9.2 ms per
-  // 8,192-token step, 5 casts per layer of which q/k/v's 3 read the same rows); 0 until it has run on a GPU;
-  // env POLYLORA_LINEAR_GROUP_SHARED_CAST.
-  int64_t linear_group_shared_cast = 0;
+  // 8,192-token step, 5 casts per layer of which q/k/v's 3 read the same rows). H100, session 55, MXFP4,
+  // 16 x 512-token prompts: prefill 34,557 vs 34,051 tok/s base, 29,249 vs 28,810 with 8 adapters (+1.5%);
+  // GpuLinear.* pass with both settings; env POLYLORA_LINEAR_GROUP_SHARED_CAST.
+  int64_t linear_group_shared_cast = 1;
   // Switches and sizes for A/B timing and tests (once read by getenv inside the kernels' files; the same
   // variables set them):
   // 0: every BF16 product through the split cuBLAS GEMM, never the weight-streaming kernel; env

@@ -165,6 +165,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   const int num_kt = static_cast<int>(p.lda / kWgBK);
   const int kb64 = p.kb_tiles / 2;  // B's K extent in slices of 64 (the launcher makes kb_tiles even)
   const int total_kt = num_kt + ext_slices;
+  // B's slice of A's slice kt < num_kt (A holds one or two copies of K: the launcher checks num_kt <=
+  // 2 · kb64): a compare instead of kt % kb64, an integer division by a runtime value per slice.
+  const auto b_slice = [kb64](int kt) { return kt < kb64 ? kt : kt - kb64; };
 
   // kExt: extra slice x (after the weights' num_kt): part x % per of run x / per. A: the run's rows'
   // K-extension part (other rows zero-filled); B: rows n0 + ld_r + 32·i, chunk ld_c of [B | B | 0…] (the
@@ -215,12 +218,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     const uint32_t sa = base + stage * C::kStageBytes + ld_off;
     const uint32_t sb = sa + C::kABytes;
     const int64_t ka = static_cast<int64_t>(kt) * kWgBK + ld_c * 8;
-    const int64_t k = static_cast<int64_t>(kt % kb64) * kWgBK + ld_c * 8;  // B's K index
+    const int64_t k = static_cast<int64_t>(b_slice(kt)) * kWgBK + ld_c * 8;  // B's K index
 #pragma unroll
     for (int i = 0; i < kWgBM / 32; ++i)
       cp_async16(sa + 4096 * i, a_src[i] != nullptr ? a_src[i] + ka : p.a, a_src[i] != nullptr ? 16 : 0);
     if constexpr (MX) {
-      const int64_t blk = static_cast<int64_t>(kt % kb64) * 2 + mx_half;  // the chunk's block of 32 values
+      const int64_t blk = static_cast<int64_t>(b_slice(kt)) * 2 + mx_half;  // the chunk's block of 32 values
       const bool ok = mx_codes != nullptr && blk < p.mx_nb;
       cp_async16(raw_base + stage * C::kRawBytes + mx_row * 32 + mx_half * 16,
                  ok ? static_cast<const void*>(mx_codes + blk * 16) : static_cast<const void*>(p.a),
@@ -248,15 +251,24 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     }
   };
 
+  // MXFP4: the scale of the thread's block of slice kt (read a slice ahead of its decode: a global load on
+  // the decode's path otherwise, ncu's top long-scoreboard stall of this kernel in session 55).
+  auto mx_scale = [&](int kt) -> uint32_t {
+    if constexpr (MX) {
+      const int64_t blk = static_cast<int64_t>(b_slice(kt)) * 2 + mx_half;
+      return kt < num_kt && mx_codes != nullptr && blk < p.mx_nb ? __ldg(mx_scales + blk) : 0u;
+    } else {
+      return 0u;
+    }
+  };
   // MXFP4: the thread's own codes of slice kt (its cp.async group complete) as bf16 into that stage's B tile,
-  // chunks 4·half .. 4·half + 3 of its row (the swizzled layout), then made visible to the async proxy.
-  auto decode_mx = [&](int kt) {
+  // chunks 4·half .. 4·half + 3 of its row (the swizzled layout), then made visible to the async proxy; sc:
+  // mx_scale(kt).
+  auto decode_mx = [&](int kt, uint32_t sc) {
     if constexpr (MX) {
       const int stage = kt % C::kStages;
       const uint4 c = *reinterpret_cast<const uint4*>(wg_smem + (raw_base - raw) + stage * C::kRawBytes +
                                                       mx_row * 32 + mx_half * 16);
-      const int64_t blk = static_cast<int64_t>(kt % kb64) * 2 + mx_half;
-      const uint32_t sc = mx_codes != nullptr && blk < p.mx_nb ? __ldg(mx_scales + blk) : 0u;
       const uint32_t sb = base + stage * C::kStageBytes + C::kABytes;
       const uint32_t words[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
@@ -280,9 +292,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     if (s < total_kt) load_stage(s, s);
     cp_async_commit();
   }
-  if constexpr (MX) {  // slice 0's codes (its group complete once at most S − 3 are pending)
+  uint32_t sc_next = 0;  // MXFP4: mx_scale(kt + 1) at the top of iteration kt
+  if constexpr (MX) {     // slice 0's codes (its group complete once at most S − 3 are pending)
+    const uint32_t sc0 = mx_scale(0);
+    sc_next = mx_scale(1);
     cp_async_wait<S - 3>();
-    decode_mx(0);
+    decode_mx(0, sc0);
   }
   for (int kt = 0; kt < total_kt; ++kt) {
     // Groups committed so far: S − 2 + kt; slice kt's is complete once at most S − 3 are pending.
@@ -306,8 +321,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
       // Slice kt + 1's codes while slice kt's MMAs run: its group is complete once at most S − 3 are
       // pending; its B tile was last read by the MMAs of slice kt + 1 − S, long complete.
       if (kt + 1 < num_kt) {
+        const uint32_t sc = sc_next;
+        sc_next = mx_scale(kt + 2);
         cp_async_wait<S - 3>();
-        decode_mx(kt + 1);
+        decode_mx(kt + 1, sc);
       }
     }
     wgmma::wait<1>();

@@ -44,6 +44,8 @@ template <Phase P>
 void launch_wgmma_tile(int bn, const WgmmaParams& wp, cudaStream_t st) {
   KERNEL_CHECK(wp.mp.kb_tiles % 2 == 0 && wp.mp.lda % kWgBK == 0,
                "moe_experts: the warpgroup-MMA GEMM needs activation rows padded to 64 columns");
+  KERNEL_CHECK(wp.mp.lda / kWgBK <= wp.mp.kb_tiles,
+               "moe_experts: the warpgroup-MMA GEMM takes at most two copies of the activations' K");
   const bool lora = wp.mp.lora.b != nullptr, ext = lora && wp.lora_ext != nullptr;
   if (ext)
     KERNEL_CHECK(

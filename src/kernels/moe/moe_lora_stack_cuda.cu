@@ -517,17 +517,25 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
             static_cast<unsigned>(ws.max_rows),
             expand_column_ctas(ws.max_rows, width, 2 * std::max<int64_t>(G, 1), kActLoraRowThreads));
         const size_t rsmem = static_cast<size_t>(s.gu_slices * R8) * sizeof(float);
+        // With PDL (tuning moe_act_lora_pdl) or plainly: both kernels wait first thing.
+        const auto launch = [&](auto* kernel, size_t smem, auto... extra) {
+          if (t.moe_act_lora_pdl != 0) {
+            cuda_util::launch_pdl(kernel, rgrid, kActLoraRowThreads, smem, st, p, ws.gu, ws.lora_gu, ws.act,
+                                  ws.act_bf16, ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha, a.swiglu_limit,
+                                  extra...);
+          } else {
+            kernel<<<rgrid, kActLoraRowThreads, smem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16,
+                                                            ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
+                                                            a.swiglu_limit, extra...);
+          }
+        };
         if (G > 0) {
-          moe_act_lora_group_kernel<TW><<<rgrid, kActLoraRowThreads, G * rsmem, st>>>(
-              p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
-              a.swiglu_limit, static_cast<int>(G));
+          launch(moe_act_lora_group_kernel<TW>, G * rsmem, static_cast<int>(G));
           break;
         }
-        auto* kernel = t.moe_lora_expand_batched != 0 ? moe_act_lora_rows_kernel<TW, true>
-                                                      : moe_act_lora_rows_kernel<TW, false>;
-        kernel<<<rgrid, kActLoraRowThreads, rsmem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16,
-                                                         ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
-                                                         a.swiglu_limit);
+        launch(t.moe_lora_expand_batched != 0 ? moe_act_lora_rows_kernel<TW, true>
+                                              : moe_act_lora_rows_kernel<TW, false>,
+               rsmem);
         break;
       }
       const dim3 grid(tiles, expand_column_ctas(tiles, width, 4, kActLoraThreads));
