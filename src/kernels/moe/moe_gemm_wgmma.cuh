@@ -110,6 +110,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   }
   const DType bdt = weight_dtype<P>(ex);
   const float* bias = weight_bias<P>(ex);
+  // The tile's bias columns, read at the start (in the epilogue each add waited on its own global load:
+  // ncu, session 55).
+  __shared__ float s_bias[BN];
+  if (bias != nullptr && tid < BN) s_bias[tid] = n0 + tid < N ? bias[n0 + tid] : 0.0f;
   const bool b_fast = bdt == DType::kBF16 && weight_rows_aligned16<P>(ex, K);
   // Each thread copies chunk ld_c (8 bf16) of rows ld_r + 32·i of the A and B tiles; those rows share
   // r % 8, so their swizzled offsets are ld_off + 4096·i.
@@ -359,8 +363,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
           if (n >= N) continue;
           float g = acc[0][j][2 * h], u = acc[0][j][2 * h + 1];
           if (bias != nullptr) {
-            g += bias[n];
-            u += bias[n + 1];
+            g += s_bias[n - n0];
+            u += s_bias[n - n0 + 1];
           }
           const float v = expert_act(ExpertAct::kGptOssSwiglu, g, u, wp.swiglu_alpha, wp.swiglu_limit);
           const cuda_util::Bf16Pair q = cuda_util::split_bf16(v);
@@ -394,7 +398,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
                                       : p.out + static_cast<int64_t>(pr) * N;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
-      store_out_pair(orow, n0 + j * 8 + (lane & 3) * 2, N, acc[0][j][2 * h], acc[0][j][2 * h + 1], bias);
+      const int c = j * 8 + (lane & 3) * 2;  // the pair's first column in the tile
+      float v0 = acc[0][j][2 * h], v1 = acc[0][j][2 * h + 1];
+      if (bias != nullptr) {  // (zeros past N, unused there)
+        v0 += s_bias[c];
+        v1 += s_bias[c + 1];
+      }
+      store_out_pair(orow, n0 + c, N, v0, v1, nullptr);
     }
   }
 #else
