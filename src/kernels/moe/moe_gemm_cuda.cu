@@ -37,6 +37,8 @@ template void launch_mma_tile<Phase::kGateUp>(int, dim3, const MmaParams&, cudaS
 template void launch_mma_tile<Phase::kDown>(int, dim3, const MmaParams&, cudaStream_t);
 
 void launch_lora_shrink_mma_kernel(dim3 grid, const LoraShrinkMmaParams& lp, cudaStream_t st) {
+  KERNEL_CHECK(lp.kb_tiles > 0 && lp.lda / mma::kBK <= 2 * lp.kb_tiles,
+               "moe_experts: the LoRA shrink takes at most two copies of the activations' K");
   moe_lora_shrink_mma<><<<grid, kLsThreads, 0, st>>>(lp);
   CUDA_CHECK_LAUNCH();
 }
