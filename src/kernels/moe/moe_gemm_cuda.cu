@@ -18,6 +18,8 @@ void launch_mma(dim3 grid, const MmaParams& mp, cudaStream_t st) {
   (void)configured;
   const int64_t smem = MmaCfg<BM>::kSmemBytes + mma_mxfp4_smem_bytes(mp.mx_nb);
   KERNEL_CHECK(smem <= kMmaMaxSmem, "moe_experts: MXFP4 rows too long for the grouped GEMM's shared memory");
+  KERNEL_CHECK(mp.kb_tiles > 0 && mp.lda / kMmaBK <= 2 * mp.kb_tiles,
+               "moe_experts: the grouped GEMM takes at most two copies of the activations' K");
   moe_gemm_mma<P, BM><<<grid, kMmaThreads, static_cast<size_t>(smem), st>>>(mp);
   CUDA_CHECK_LAUNCH();
 }
