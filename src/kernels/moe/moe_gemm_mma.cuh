@@ -197,8 +197,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     const int stage = kt % kMmaStages;
     const unsigned char* raw = mma_smem + C::kSmemBytes + stage * kMxRawBytes + mx_row * 16 + mx_half * 8;
     const uint2 c = *reinterpret_cast<const uint2*>(raw);
-    const uint32_t sc =
-        mma_smem[C::kSmemBytes + kMmaStages * kMxRawBytes + mx_row * p.mx_nb + b_slice(kt)];
+    const uint32_t sc = mma_smem[C::kSmemBytes + kMmaStages * kMxRawBytes + mx_row * p.mx_nb + b_slice(kt)];
     const uint32_t sb = smem_base + stage * C::kStageBytes + C::kABytes;
     uint32_t w[4];
     mma::mxfp4x8_to_bf16x8(c.x, sc, w);

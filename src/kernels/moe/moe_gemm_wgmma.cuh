@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     cp_async_commit();
   }
   uint32_t sc_next = 0;  // MXFP4: mx_scale(kt + 1) at the top of iteration kt
-  if constexpr (MX) {     // slice 0's codes (its group complete once at most S − 3 are pending)
+  if constexpr (MX) {    // slice 0's codes (its group complete once at most S − 3 are pending)
     const uint32_t sc0 = mx_scale(0);
     sc_next = mx_scale(1);
     cp_async_wait<S - 3>();
