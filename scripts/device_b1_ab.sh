@@ -16,7 +16,8 @@ stamp build
 B=build-gpu/bench/polylora_bench
 C=tests/data/configs/gpt-oss-20b
 TR=$PWD/$(find build-gpu -name libpolylora_cupti_trace.so | head -1)
-for spec in ${SPECS:-"plain:POLYLORA_MOE_ACT_LORA_PDL=0 pdl:POLYLORA_MOE_ACT_LORA_PDL=1"}; do
+SPECS=${SPECS:-"plain:POLYLORA_MOE_ACT_LORA_PDL=0 pdl:POLYLORA_MOE_ACT_LORA_PDL=1"}
+for spec in $SPECS; do
   label=${spec%%:*} vars=${spec#*:}
   echo "== $label" >> "$OUT/rates.txt"
   # shellcheck disable=SC2086 # VAR=value words

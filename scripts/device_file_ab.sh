@@ -10,9 +10,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/file_ab}
 # shellcheck source=scripts/device_env.sh
 source scripts/device_env.sh
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/build.txt" 2>&1
-ninja -C build-gpu -j16 test_gpu polylora_bench >> "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
-stamp build
+build_gpu
 TG=$(find build-gpu -name test_gpu -type f | head -1)
 if [ -n "${TESTS:-}" ]; then
   timeout 200 "$TG" --gtest_filter="$TESTS" --gtest_brief=1 > "$OUT/tests.txt" 2>&1

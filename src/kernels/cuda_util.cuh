@@ -100,9 +100,10 @@ inline bool pdl_launch_on() {
   return pdl_enabled() && !programmatic_launch_off();
 }
 
+// launch_pdl when pdl, else a plain launch (a kernel whose PDL is a tuning switch).
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                Args&&... args) {
+void launch_pdl_if(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                   Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -112,8 +113,14 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_launch_on() ? 1 : 0;
+  cfg.numAttrs = pdl && pdl_launch_on() ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                Args&&... args) {
+  launch_pdl_if(true, kernel, grid, block, smem, st, std::forward<Args>(args)...);
 }
 
 // launch_pdl with thread-block clusters of `cluster_x` CTAs along x (grid.x a multiple of it).

@@ -75,6 +75,13 @@ __device__ __forceinline__ bool weight_rows_aligned16(const ExpertView& ex, int6
   return ok(ex.gate_up) && ok(ex.gate) && ok(ex.up);
 }
 
+// The weights' K slice of activation slice kt when the activation rows hold one or two copies of K (the bf16
+// hi + lo split) of kb slices each: kt % kb for kt < 2 · kb (the launchers check that bound) without an
+// integer division by a runtime value in every slice of a K loop (measured: +17% MXFP4 prefill, session 55).
+__device__ __forceinline__ int weight_k_slice(int kt, int kb) {
+  return kt < kb ? kt : kt - kb;
+}
+
 // Columns n and n + 1 (n even) of an f32 output row of N columns, plus the bias when there is one (only n
 // when n + 1 == N; a float2 store when N is even).
 __device__ __forceinline__ void store_out_pair(float* orow, int64_t n, int64_t N, float v0, float v1,

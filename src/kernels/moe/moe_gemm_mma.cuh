@@ -141,16 +141,13 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
   }
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
   const int num_kt = static_cast<int>(p.lda / kMmaBK);
-  // B's slice of A's slice kt < num_kt (A holds one or two copies of K: the launcher checks num_kt <= 2 ·
-  // kb_tiles): a compare instead of kt % kb_tiles, an integer division by a runtime value per slice (the
-  // same change in moe_gemm_wgmma.cuh measured +17% MXFP4 prefill on the H100, session 55).
-  const auto b_slice = [&p](int kt) { return kt < p.kb_tiles ? kt : kt - p.kb_tiles; };
 
   auto load_stage = [&](int stage, int kt) {
     const uint32_t sa = smem_base + stage * C::kStageBytes;
     const uint32_t sb = sa + C::kABytes;
     const int64_t ka = static_cast<int64_t>(kt) * kMmaBK + ld_chunk * 8;
-    const int64_t k = static_cast<int64_t>(b_slice(kt)) * kMmaBK + ld_chunk * 8;  // B's K index
+    const int64_t k =
+        static_cast<int64_t>(weight_k_slice(kt, p.kb_tiles)) * kMmaBK + ld_chunk * 8;  // B's K index
 #pragma unroll
     for (int i = 0; i < kARowsPerThread; ++i) {
       const int r = ld_row + 64 * i;
@@ -162,7 +159,7 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
       const int r = ld_row + 64 * i;
       if (b_mxfp4) {
         if (i == 0) {  // the thread's 8 code bytes of this slice's block, raw, into the ring
-          const int64_t kb = b_slice(kt);
+          const int64_t kb = weight_k_slice(kt, p.kb_tiles);
           const uint32_t dst = smem_base + C::kSmemBytes + stage * kMxRawBytes + mx_row * 16 + mx_half * 8;
           const void* src = mx_codes != nullptr ? static_cast<const void*>(mx_codes + kb * 16 + mx_half * 8)
                                                 : static_cast<const void*>(p.a);
@@ -197,7 +194,8 @@ __global__ void __launch_bounds__(kMmaThreads) moe_gemm_mma(MmaParams p) {
     const int stage = kt % kMmaStages;
     const unsigned char* raw = mma_smem + C::kSmemBytes + stage * kMxRawBytes + mx_row * 16 + mx_half * 8;
     const uint2 c = *reinterpret_cast<const uint2*>(raw);
-    const uint32_t sc = mma_smem[C::kSmemBytes + kMmaStages * kMxRawBytes + mx_row * p.mx_nb + b_slice(kt)];
+    const uint32_t sc = mma_smem[C::kSmemBytes + kMmaStages * kMxRawBytes + mx_row * p.mx_nb +
+                                 weight_k_slice(kt, p.kb_tiles)];
     const uint32_t sb = smem_base + stage * C::kStageBytes + C::kABytes;
     uint32_t w[4];
     mma::mxfp4x8_to_bf16x8(c.x, sc, w);

@@ -169,9 +169,6 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   const int num_kt = static_cast<int>(p.lda / kWgBK);
   const int kb64 = p.kb_tiles / 2;  // B's K extent in slices of 64 (the launcher makes kb_tiles even)
   const int total_kt = num_kt + ext_slices;
-  // B's slice of A's slice kt < num_kt (A holds one or two copies of K: the launcher checks num_kt <=
-  // 2 · kb64): a compare instead of kt % kb64, an integer division by a runtime value per slice.
-  const auto b_slice = [kb64](int kt) { return kt < kb64 ? kt : kt - kb64; };
 
   // kExt: extra slice x (after the weights' num_kt): part x % per of run x / per. A: the run's rows'
   // K-extension part (other rows zero-filled); B: rows n0 + ld_r + 32·i, chunk ld_c of [B | B | 0…] (the
@@ -222,12 +219,13 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     const uint32_t sa = base + stage * C::kStageBytes + ld_off;
     const uint32_t sb = sa + C::kABytes;
     const int64_t ka = static_cast<int64_t>(kt) * kWgBK + ld_c * 8;
-    const int64_t k = static_cast<int64_t>(b_slice(kt)) * kWgBK + ld_c * 8;  // B's K index
+    const int64_t k = static_cast<int64_t>(weight_k_slice(kt, kb64)) * kWgBK + ld_c * 8;  // B's K index
 #pragma unroll
     for (int i = 0; i < kWgBM / 32; ++i)
       cp_async16(sa + 4096 * i, a_src[i] != nullptr ? a_src[i] + ka : p.a, a_src[i] != nullptr ? 16 : 0);
     if constexpr (MX) {
-      const int64_t blk = static_cast<int64_t>(b_slice(kt)) * 2 + mx_half;  // the chunk's block of 32 values
+      const int64_t blk =
+          static_cast<int64_t>(weight_k_slice(kt, kb64)) * 2 + mx_half;  // the chunk's block of 32 values
       const bool ok = mx_codes != nullptr && blk < p.mx_nb;
       cp_async16(raw_base + stage * C::kRawBytes + mx_row * 32 + mx_half * 16,
                  ok ? static_cast<const void*>(mx_codes + blk * 16) : static_cast<const void*>(p.a),
@@ -259,7 +257,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   // the decode's path otherwise, ncu's top long-scoreboard stall of this kernel in session 55).
   auto mx_scale = [&](int kt) -> uint32_t {
     if constexpr (MX) {
-      const int64_t blk = static_cast<int64_t>(b_slice(kt)) * 2 + mx_half;
+      const int64_t blk = static_cast<int64_t>(weight_k_slice(kt, kb64)) * 2 + mx_half;
       return kt < num_kt && mx_codes != nullptr && blk < p.mx_nb ? __ldg(mx_scales + blk) : 0u;
     } else {
       return 0u;

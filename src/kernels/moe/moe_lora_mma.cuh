@@ -118,10 +118,7 @@ __global__ void __launch_bounds__(kLsThreads) moe_lora_shrink_mma(LoraShrinkMmaP
     auto load_stage = [&](int stage, int kt) {
       const uint32_t sa = base + stage * kLsStageBytes, sb = sa + kLsTileBytes;
       const int64_t ka = static_cast<int64_t>(kt) * mma::kBK + ld_chunk * 8;
-      // W's slice: A holds one or two copies of K (the launcher checks num_kt <= 2 · kb_tiles), so a compare
-      // instead of kt % kb_tiles (an integer division by a runtime value in every slice's copies).
-      const int64_t k =
-          static_cast<int64_t>(kt < p.kb_tiles ? kt : kt - p.kb_tiles) * mma::kBK + ld_chunk * 8;
+      const int64_t k = static_cast<int64_t>(weight_k_slice(kt, p.kb_tiles)) * mma::kBK + ld_chunk * 8;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = ld_row + 32 * i;

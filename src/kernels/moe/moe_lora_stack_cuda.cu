@@ -519,15 +519,9 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
         const size_t rsmem = static_cast<size_t>(s.gu_slices * R8) * sizeof(float);
         // With PDL (tuning moe_act_lora_pdl) or plainly: both kernels wait first thing.
         const auto launch = [&](auto* kernel, size_t smem, auto... extra) {
-          if (t.moe_act_lora_pdl != 0) {
-            cuda_util::launch_pdl(kernel, rgrid, kActLoraRowThreads, smem, st, p, ws.gu, ws.lora_gu, ws.act,
-                                  ws.act_bf16, ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha, a.swiglu_limit,
-                                  extra...);
-          } else {
-            kernel<<<rgrid, kActLoraRowThreads, smem, st>>>(p, ws.gu, ws.lora_gu, ws.act, ws.act_bf16,
-                                                            ws.lda_bf16, ws.copies, a.act, a.swiglu_alpha,
-                                                            a.swiglu_limit, extra...);
-          }
+          cuda_util::launch_pdl_if(t.moe_act_lora_pdl != 0, kernel, rgrid, kActLoraRowThreads, smem, st, p,
+                                   ws.gu, ws.lora_gu, ws.act, ws.act_bf16, ws.lda_bf16, ws.copies, a.act,
+                                   a.swiglu_alpha, a.swiglu_limit, extra...);
         };
         if (G > 0) {
           launch(moe_act_lora_group_kernel<TW>, G * rsmem, static_cast<int>(G));
