@@ -209,9 +209,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
   };
 
   const uint32_t raw_base = base + C::kStages * C::kStageBytes;  // MXFP4: the codes' ring
-  auto load_stage = [&](int stage, int kt) {
+  // may_ext: kt may be an extra slice (false in the K loop's first part, so that part is the base variant's
+  // code: with the extra slices' branch inside, the whole loop of the LoRA variant ran ~40% slower per slice
+  // than the base one at 8,192 tokens (session 52's trace), for ~2 extra slices on 45).
+  auto load_stage = [&](int stage, int kt, bool may_ext) {
     if constexpr (kExt) {
-      if (kt >= num_kt) {
+      if (may_ext && kt >= num_kt) {
         load_ext(stage, kt - num_kt);
         return;
       }
@@ -291,7 +294,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     for (int q = 0; q < 4; ++q) acc[0][j][q] = 0.0f;
 #pragma unroll
   for (int s = 0; s < S - 2; ++s) {
-    if (s < total_kt) load_stage(s, s);
+    if (s < total_kt) load_stage(s, s, true);
     cp_async_commit();
   }
   uint32_t sc_next = 0;  // MXFP4: mx_scale(kt + 1) at the top of iteration kt
@@ -301,7 +304,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     cp_async_wait<S - 3>();
     decode_mx(0, sc0);
   }
-  for (int kt = 0; kt < total_kt; ++kt) {
+  // One K slice: its MMAs, the load of slice kt + S − 2 (an extra slice only where may_ext) and, MXFP4, the
+  // decode of slice kt + 1.
+  auto k_step = [&](int kt, bool may_ext) {
     // Groups committed so far: S − 2 + kt; slice kt's is complete once at most S − 3 are pending.
     cp_async_wait<S - 3>();
     wgmma::fence_proxy_async();
@@ -309,7 +314,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
     // end of iteration kt − 1), whose stage the load below overwrites.
     __syncthreads();
     const int nk = kt + S - 2;
-    if (nk < total_kt) load_stage(nk % S, nk);
+    if (nk < total_kt) load_stage(nk % S, nk, may_ext);
     cp_async_commit();
     const uint32_t st = base + (kt % S) * C::kStageBytes;
     const uint32_t sa = st + wg * (64 * 128);
@@ -330,6 +335,15 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
       }
     }
     wgmma::wait<1>();
+  };
+  // The slices whose prefetch is a weight slice: the base variant's loop; then the last S − 2 weight slices
+  // and the extra ones.
+  const int plain_kt = kExt ? max(0, min(total_kt, num_kt) - (S - 2)) : total_kt;
+  int kt = 0;
+  for (; kt < plain_kt; ++kt) k_step(kt, false);
+  if constexpr (kExt) {
+#pragma unroll 1
+    for (; kt < total_kt; ++kt) k_step(kt, true);
   }
   wgmma::wait<0>();
 #pragma unroll
