@@ -4,7 +4,7 @@
 # weight_k_slice helper, launch_pdl_if) plus the LoRA stacks; the prefill trace of 16 x 512-token prompts
 # with 8 adapters (scripts/device_prefill_trace.sh); then Nsight Compute on the gate/up expert GEMM of one
 # `moe-lora --m 8192` call without and with the LoRA K slices (the same rows, so the two launches compare).
-# Results printed last. Env TESTS (gtest filter), SKIP (tests moelora trace ncu).
+# Each part's results printed as it ends. Env TESTS (gtest filter), SKIP (tests moelora trace ncu).
 set -uo pipefail
 OUT=${OUT:-/tmp/s56}
 # shellcheck source=scripts/device_env.sh
@@ -15,10 +15,17 @@ ninja -C build-gpu -j16 polylora_cupti_trace >> "$OUT/build.txt" 2>&1
 B=build-gpu/bench/polylora_bench
 if ! skip tests; then
   TG=$(find build-gpu -name test_gpu -type f | head -1)
-  timeout 240 "$TG" --gtest_brief=1 \
+  timeout 180 "$TG" --gtest_brief=1 \
     --gtest_filter="${TESTS:-GpuMoe.*:GpuMoeMxfp4.*:GpuLoraStack.*:GpuFusedOps.*:GpuLinear.*}" > "$OUT/tests.txt" 2>&1
   echo "test_gpu rc $?" >> "$OUT/tests.txt"
   stamp tests
+  echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+  grep -E "^\[  FAILED  \]|^\[  PASSED  \]|tests ran|SKIPPED \]|rc " "$OUT/tests.txt" | head -30
+fi
+if ! skip trace; then
+  OUT=$OUT/pt bash scripts/device_prefill_trace.sh > "$OUT/prefill_trace.txt" 2>&1
+  stamp trace
+  tail -45 "$OUT/prefill_trace.txt"
 fi
 if ! skip moelora; then  # the issue-15 microbenchmark (harness layout, bf16 experts) and the MXFP4 layout
   for d in "bfloat16 --act silu" "mxfp4"; do
@@ -30,10 +37,7 @@ for l in sys.stdin:
       >> "$OUT/moelora.txt"
   done
   stamp moelora
-fi
-if ! skip trace; then
-  OUT=$OUT/pt bash scripts/device_prefill_trace.sh > "$OUT/prefill_trace.txt" 2>&1
-  stamp trace
+  cat "$OUT/moelora.txt"
 fi
 if ! skip ncu; then
   M="$B moe-lora --device cuda --dtype mxfp4 --m 8192 --iters 2 --validate-tokens 16 --no-graphs"
@@ -48,8 +52,5 @@ if ! skip ncu; then
   done > "$OUT/ncu.txt"
   stamp ncu
 fi
-echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-grep -E "^\[  FAILED  \]|^\[  PASSED  \]|tests ran|SKIPPED \]|rc " "$OUT/tests.txt" 2>/dev/null | head -30
-tail -60 "$OUT/prefill_trace.txt" 2>/dev/null
-cat "$OUT/ncu.txt" "$OUT/moelora.txt" 2>/dev/null
+cat "$OUT/ncu.txt" 2>/dev/null
 cat "$OUT/times.txt"
