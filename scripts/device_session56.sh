@@ -4,7 +4,7 @@
 # weight_k_slice helper, launch_pdl_if) plus the LoRA stacks; the prefill trace of 16 x 512-token prompts
 # with 8 adapters (scripts/device_prefill_trace.sh); then Nsight Compute on the gate/up expert GEMM of one
 # `moe-lora --m 8192` call without and with the LoRA K slices (the same rows, so the two launches compare).
-# Each part's results printed as it ends. Env TESTS (gtest filter), SKIP (tests moelora trace ncu).
+# Each part's results printed as it ends. Env TESTS (gtest filter), SKIP (tests trace ab moelora ncu).
 set -uo pipefail
 OUT=${OUT:-/tmp/s56}
 # shellcheck source=scripts/device_env.sh
@@ -26,6 +26,16 @@ if ! skip trace; then
   OUT=$OUT/pt bash scripts/device_prefill_trace.sh > "$OUT/prefill_trace.txt" 2>&1
   stamp trace
   tail -45 "$OUT/prefill_trace.txt"
+fi
+if ! skip ab; then  # prefill with 8 adapters, the dense expand at 128 / 64 outputs per CTA (twice each)
+  for v in 128 64 128 64; do
+    echo "== lora_dense_expand_mma_cols $v" >> "$OUT/ab.txt"
+    POLYLORA_LORA_DENSE_EXPAND_MMA_COLS=$v timeout 100 "$B" device --config tests/data/configs/gpt-oss-20b \
+      --device cuda --prompt-len 512 --decode-tokens 4 --batches 16 --loras 8 2>&1 >/dev/null |
+      grep -E "^batch.*prefill" >> "$OUT/ab.txt"
+  done
+  stamp ab
+  cat "$OUT/ab.txt"
 fi
 if ! skip moelora; then  # the issue-15 microbenchmark (harness layout, bf16 experts) and the MXFP4 layout
   for d in "bfloat16 --act silu" "mxfp4"; do

@@ -108,6 +108,8 @@ const std::vector<Field>& fields() {
        "POLYLORA_ROPE_KV_WRITE_LOOP_MIN_ROWS"},
       {"lora_dense_expand_mma_min_rows", &KernelTuning::lora_dense_expand_mma_min_rows,
        "POLYLORA_LORA_DENSE_EXPAND_MMA_MIN_ROWS"},
+      {"lora_dense_expand_mma_cols", &KernelTuning::lora_dense_expand_mma_cols,
+       "POLYLORA_LORA_DENSE_EXPAND_MMA_COLS"},
   };
   return f;
 }

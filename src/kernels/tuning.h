@@ -250,6 +250,11 @@ struct KernelTuning {
   // (MXFP4): prefill ratio with 8 adapters 0.865 from 256 tokens against 0.833 with 0 in the same call; env
   // POLYLORA_LORA_DENSE_EXPAND_MMA_MIN_ROWS.
   int64_t lora_dense_expand_mma_min_rows = 256;
+  // Outputs per CTA of that tensor-core expand: 128, or 64 (half the accumulator and y registers: 255 per
+  // thread at 128, so 2 CTAs of 4 warps per SM; written in session 56 for the prefill expands, which ncu put
+  // at ~30% of DRAM bandwidth for a kernel bound by y's read-modify-write); env
+  // POLYLORA_LORA_DENSE_EXPAND_MMA_COLS.
+  int64_t lora_dense_expand_mma_cols = 128;
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
   int64_t linear_stream_max_rows = 8;

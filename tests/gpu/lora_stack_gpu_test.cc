@@ -134,15 +134,17 @@ TEST(GpuLoraStack, DenseBatchSizes) {
 // and the expands of 256 tokens and more by blocks of 4 tiles (lora_dense_expand_tiles 4; m = 1,100: a
 // last block of 1.5 tiles). Pass 2: those shrinks and every BF16 expand on tensor cores
 // (lora_dense_expand_mma_min_rows 1): ranks that end mid-slice of 16 and 32, outputs that end mid-chunk of
-// 128 and mid-pair (odd sizes: element loads and stores), runs of several slots in a 64-token tile.
+// 128 and mid-pair (odd sizes: element loads and stores), runs of several slots in a 64-token tile. Pass 3:
+// as pass 2 with 64 outputs per expand CTA (lora_dense_expand_mma_cols 64: outputs ending mid-chunk of 64).
 TEST(GpuLoraStack, DenseRanksAndShapes) {
   SKIP_WITHOUT_GPU();
-  for (int pass : {0, 1, 2}) {
+  for (int pass : {0, 1, 2, 3}) {
     SCOPED_TRACE("pass " + std::to_string(pass));
     k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
     tune.lora_dense_shrink_mma_min_rows = pass >= 1 ? 1 : 0;
     tune.lora_dense_expand_tiles = pass == 1 ? 4 : 1;
-    tune.lora_dense_expand_mma_min_rows = pass == 2 ? 1 : 0;
+    tune.lora_dense_expand_mma_min_rows = pass >= 2 ? 1 : 0;
+    tune.lora_dense_expand_mma_cols = pass == 3 ? 64 : 128;
     k::override_kernel_tuning(tune);
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t rank : {1, 5, 8, 32, 64})

@@ -8,6 +8,7 @@
 
 #include "kernels/lora/lora_dense_cuda.cuh"
 #include "kernels/mma_util.cuh"
+#include "kernels/tuning.h"
 
 namespace polylora::kernels::cuda::lora_dense {
 namespace {
@@ -265,11 +266,12 @@ __global__ void __launch_bounds__(kDmThreads)
 // kernel is bound by that traffic: the tile's keys and slots are found and the first slot's B rows loaded
 // before the PDL wait, the thread's y values are loaded right after it (in flight while tmp and B load and
 // the MMAs run), each slot's terms are added to them, and each token's outputs are written once.
-constexpr int kEmCols = 128;
+// NC: the CTA's outputs, 128 or 64 (KernelTuning::lora_dense_expand_mma_cols: half the registers for the
+// accumulators and the y values, so more CTAs per SM keep loads in flight).
 
-// The expand of one tile after its keys and slots (dense_expand_mma_kernel); FULL: the tile's 128 outputs all
+// The expand of one tile after its keys and slots (dense_expand_mma_kernel); FULL: the tile's NC outputs all
 // in the module, every load and store vectorized (the common case: no per-element guards).
-template <bool FULL>
+template <int NC, bool FULL>
 __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>& p, int mod, int64_t o0,
                                                 int64_t row0, const int32_t* s_key, const int32_t* s_slots,
                                                 int nslots, unsigned char* smem) {
@@ -285,10 +287,10 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
                               (reinterpret_cast<uintptr_t>(p.tmp) & 15) == 0);
   const __nv_bfloat16* bw = p.b[mod];
   const bool w_vec = FULL || ((R & 7) == 0 && (reinterpret_cast<uintptr_t>(bw) & 15) == 0);
-  uint4 wv[4];
+  uint4 wv[NC / 32];
   auto load_b = [&](int32_t key, int64_t k) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < NC / 32; ++i) {
       const int64_t o = o0 + wr + 32 * i;
       wv[i] = make_uint4(0u, 0u, 0u, 0u);
       if (!FULL && o >= out) continue;
@@ -304,14 +306,14 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
   float* y = p.y[mod];
   const int64_t ldy = p.ldy[mod];
   const bool y_vec = FULL || ((ldy & 1) == 0 && (reinterpret_cast<uintptr_t>(y) & 7) == 0);  // o is even
-  float yv[16][4];
+  float yv[NC / 8][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = warp * 16 + (lane >> 2) + h * 8;
     const float* yrow = y + (row0 + r) * ldy;
     const bool live = s_key[r] >= 0;
 #pragma unroll
-    for (int ni = 0; ni < 16; ++ni) {
+    for (int ni = 0; ni < NC / 8; ++ni) {
       const int64_t o = o0 + ni * 8 + (lane & 3) * 2;
       yv[ni][2 * h] = yv[ni][2 * h + 1] = 0.0f;
       if (!live || (!FULL && o >= out)) continue;
@@ -326,15 +328,15 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
     }
   }
   const int n16 =
-      FULL ? 8 : static_cast<int>((out - o0 + 15) / 16 < 8 ? (out - o0 + 15) / 16 : 8);  // in range
+      FULL ? NC / 16 : static_cast<int>((out - o0 + 15) / 16 < NC / 16 ? (out - o0 + 15) / 16 : NC / 16);
   const uint32_t sx = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t sw = sx + kDmParts * kDmTile;
   for (int d = 0; d < nslots; ++d) {
     const int32_t key = s_slots[d];
     const bool mine = __any_sync(0xffffffffu, lane < 16 && s_key[warp * 16 + lane] == key);
-    float acc[16][4];
+    float acc[NC / 8][4];
 #pragma unroll
-    for (int ni = 0; ni < 16; ++ni)
+    for (int ni = 0; ni < NC / 8; ++ni)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[ni][q] = 0.0f;
     for (int kt = 0; kt < num_kt; ++kt) {
@@ -378,10 +380,10 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
       for (int i = 0; i < 4; ++i)
         store_parts(smem, mma::swz(xr + 16 * i, xc >> 3) + ((xc >> 2) & 1) * 8, v[i]);
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < NC / 32; ++i)
         *reinterpret_cast<uint4*>(smem + kDmParts * kDmTile + mma::swz(wr + 32 * i, wc)) = wv[i];
       __syncthreads();
-      if (mine) mma_parts_slice<8>(acc, sx, sw, warp, lane, R - k > 16 ? 2 : 1, n16);  // 1: a zero half
+      if (mine) mma_parts_slice<NC / 16>(acc, sx, sw, warp, lane, R - k > 16 ? 2 : 1, n16);  // 1: a zero half
       __syncthreads();  // the next slice or slot refills the tiles
     }
     if (!mine) continue;
@@ -391,7 +393,7 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
       const int r = warp * 16 + (lane >> 2) + h * 8;
       if (s_key[r] != key) continue;
 #pragma unroll
-      for (int ni = 0; ni < 16; ++ni) {
+      for (int ni = 0; ni < NC / 8; ++ni) {
         yv[ni][2 * h] += sc * acc[ni][2 * h];
         yv[ni][2 * h + 1] += sc * acc[ni][2 * h + 1];
       }
@@ -403,7 +405,7 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
     if (s_key[r] < 0) continue;
     float* yrow = y + (row0 + r) * ldy;
 #pragma unroll
-    for (int ni = 0; ni < 16; ++ni) {
+    for (int ni = 0; ni < NC / 8; ++ni) {
       const int64_t o = o0 + ni * 8 + (lane & 3) * 2;
       if (!FULL && o >= out) break;
       if (FULL || (y_vec && o + 1 < out)) {
@@ -416,6 +418,7 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
   }
 }
 
+template <int NC>
 __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParams<__nv_bfloat16> p) {
   __shared__ __align__(128) unsigned char smem[(kDmParts + 2) * kDmTile];  // tmp parts, then B [128][32]
   __shared__ int32_t s_key[kDmRows];
@@ -423,11 +426,11 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
   __shared__ int s_nslots;
   int mod = 0;
   int64_t chunk = blockIdx.y;
-  while (mod + 1 < p.num && chunk >= (p.out[mod] + kEmCols - 1) / kEmCols) {
-    chunk -= (p.out[mod] + kEmCols - 1) / kEmCols;
+  while (mod + 1 < p.num && chunk >= (p.out[mod] + NC - 1) / NC) {
+    chunk -= (p.out[mod] + NC - 1) / NC;
     ++mod;
   }
-  const int64_t out = p.out[mod], R = p.rank[mod], o0 = chunk * kEmCols;
+  const int64_t out = p.out[mod], R = p.rank[mod], o0 = chunk * NC;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kDmRows;
   const int tid = threadIdx.x;
   // Step inputs and adapter weights only, before the wait (cuda_util.cuh).
@@ -437,14 +440,14 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
   distinct_slots(s_key, s_slots, &s_nslots, s_runs);
   const int nslots = s_nslots;
   const int64_t total = p.first[p.num], col0 = p.first[mod];
-  const bool full = o0 + kEmCols <= out && (R & 7) == 0 && (total & 3) == 0 && (col0 & 3) == 0 &&
+  const bool full = o0 + NC <= out && (R & 7) == 0 && (total & 3) == 0 && (col0 & 3) == 0 &&
                     (reinterpret_cast<uintptr_t>(p.tmp) & 15) == 0 &&
                     (reinterpret_cast<uintptr_t>(p.b[mod]) & 15) == 0 && (p.ldy[mod] & 1) == 0 &&
                     (reinterpret_cast<uintptr_t>(p.y[mod]) & 7) == 0;
   if (full) {
-    expand_mma_tile<true>(p, mod, o0, row0, s_key, s_slots, nslots, smem);
+    expand_mma_tile<NC, true>(p, mod, o0, row0, s_key, s_slots, nslots, smem);
   } else {
-    expand_mma_tile<false>(p, mod, o0, row0, s_key, s_slots, nslots, smem);
+    expand_mma_tile<NC, false>(p, mod, o0, row0, s_key, s_slots, nslots, smem);
   }
 }
 
@@ -458,12 +461,17 @@ void launch_dense_shrink_mma(const DenseParams<__nv_bfloat16>& p, const DenseMma
 }
 
 void launch_dense_expand_mma(const DenseParams<__nv_bfloat16>& p, cudaStream_t st) {
+  const int nc = kernel_tuning({}).lora_dense_expand_mma_cols == 64 ? 64 : 128;
   int64_t chunks = 0;
-  for (int i = 0; i < p.num; ++i) chunks += (p.out[i] + kEmCols - 1) / kEmCols;
+  for (int i = 0; i < p.num; ++i) chunks += (p.out[i] + nc - 1) / nc;
   KERNEL_CHECK((p.m + kDmRows - 1) / kDmRows < (1LL << 31) && chunks < 65535,
                "lora_batch: shape too large for the expand's grid");
   const dim3 ge(static_cast<unsigned>((p.m + kDmRows - 1) / kDmRows), static_cast<unsigned>(chunks));
-  cuda_util::launch_pdl(dense_expand_mma_kernel, ge, kDmThreads, 0, st, p);
+  if (nc == 64) {
+    cuda_util::launch_pdl(dense_expand_mma_kernel<64>, ge, kDmThreads, 0, st, p);
+  } else {
+    cuda_util::launch_pdl(dense_expand_mma_kernel<128>, ge, kDmThreads, 0, st, p);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
