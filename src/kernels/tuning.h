@@ -252,8 +252,9 @@ struct KernelTuning {
   int64_t lora_dense_expand_mma_min_rows = 256;
   // Outputs per CTA of that tensor-core expand: 128, or 64 (half the accumulator and y registers: 255 per
   // thread at 128, so 2 CTAs of 4 warps per SM; written in session 56 for the prefill expands, which ncu put
-  // at ~30% of DRAM bandwidth for a kernel bound by y's read-modify-write); env
-  // POLYLORA_LORA_DENSE_EXPAND_MMA_COLS.
+  // at ~30% of DRAM bandwidth for a kernel bound by y's read-modify-write). H100, session 56, MXFP4, 16 x
+  // 512-token prompts with 8 adapters: prefill 35,064 / 35,078 tok/s at 128 against 34,982 / 35,016 at 64
+  // (168 registers, 3 CTAs per SM): no gain, so 128; env POLYLORA_LORA_DENSE_EXPAND_MMA_COLS.
   int64_t lora_dense_expand_mma_cols = 128;
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
