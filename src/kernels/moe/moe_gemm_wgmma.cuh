@@ -210,8 +210,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
 
   const uint32_t raw_base = base + C::kStages * C::kStageBytes;  // MXFP4: the codes' ring
   // may_ext: kt may be an extra slice (false in the K loop's first part, so that part is the base variant's
-  // code: with the extra slices' branch inside, the whole loop of the LoRA variant ran ~40% slower per slice
-  // than the base one at 8,192 tokens (session 52's trace), for ~2 extra slices on 45).
+  // code). With the branch in every iteration the LoRA variant's gate/up took +10.8% over the base for ~2
+  // extra slices on 45 (H100 prefill trace, session 54); peeled, +6.3%, and prefill with 8 adapters +2.6%
+  // (H100, session 56, docs/gpu-machine.md).
   auto load_stage = [&](int stage, int kt, bool may_ext) {
     if constexpr (kExt) {
       if (may_ext && kt >= num_kt) {
