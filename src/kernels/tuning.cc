@@ -66,6 +66,8 @@ const std::vector<Field>& fields() {
        "POLYLORA_MOE_LORA_DELTA_CLUSTER_ROWS"},
       {"moe_lora_by_row", &KernelTuning::moe_lora_by_row, "POLYLORA_MOE_LORA_BY_ROW"},
       {"moe_lora_shrink_group", &KernelTuning::moe_lora_shrink_group, "POLYLORA_MOE_LORA_SHRINK_GROUP"},
+      {"moe_lora_gemm_group_shrink", &KernelTuning::moe_lora_gemm_group_shrink,
+       "POLYLORA_MOE_LORA_GEMM_GROUP_SHRINK"},
       {"moe_lora_shrink_group_kmajor", &KernelTuning::moe_lora_shrink_group_kmajor,
        "POLYLORA_MOE_LORA_SHRINK_GROUP_KMAJOR"},
       {"moe_lora_expand_batched", &KernelTuning::moe_lora_expand_batched, "POLYLORA_MOE_LORA_EXPAND_BATCHED"},

@@ -146,6 +146,15 @@ struct KernelTuning {
   // (H100, session 45, MXFP4 experts, 8 adapters: LoRA cost at M = 16 / 64 / 256 11.4 / 35.7 / 93.6 us vs
   // 13.6 / 35.8 / 105.1); env POLYLORA_MOE_LORA_SHRINK_GROUP_KMAJOR.
   int64_t moe_lora_shrink_group_kmajor = 1;
+  // 1: on the grouped-GEMM path without the tensor-core LoRA (BF16 experts from 16 to moe_lora_mma_per_expert
+  // pairs per expert, e.g. moe-lora M = 256) the expert LoRA shrinks run by group of same-key rows
+  // (moe_lora_shrink_group_kernel, as the weight-streaming paths) instead of the tiled split-K shrink, and
+  // the expand-fused activation picks its groups by the step's pairs rather than its padded rows. Written in
+  // session 56 after an H100 trace of moe-lora M = 256 on BF16 experts (harness layout): LoRA cost 215.5 us
+  // per layer, the tiled shrinks 63.7 us x 2 and the group activation 91.1 us (the plain one 19.6) where
+  // MXFP4 experts at the same size (weight-streaming path, group shrink, by-row activation) cost 97.7 in all
+  // (default 0 until measured); env POLYLORA_MOE_LORA_GEMM_GROUP_SHRINK.
+  int64_t moe_lora_gemm_group_shrink = 0;
   // 1: the by-row activation and the combine with the expert LoRA expands issue all of a row's / token's B
   // loads before their sums for ranks up to 16 (with the group shrink above: M = 256 97.3 vs 108.7 us);
   // env POLYLORA_MOE_LORA_EXPAND_BATCHED.

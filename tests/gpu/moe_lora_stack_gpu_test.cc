@@ -487,6 +487,64 @@ TEST(GpuLoraStack, MoeAwkwardShapes) {
            .biases = true});
 }
 
+// The grouped-GEMM path below the tensor-core LoRA (moe_lora_mma_per_expert) with the shrinks by group of
+// same-key rows (moe_lora_gemm_group_shrink, moe_lora_shrink_group 8 and 3, both product layouts): the
+// expert tiles' padding rows, groups cut at multiples of G inside one key's rows, the 64- and 128-row tiles,
+// K not a multiple of 8 (the group kernel declines: the by-row shrink on padded rows), and the activation's
+// groups chosen by the step's pairs (4,400: groups of 8; 1,024 and 600: by row). Every backend mode (F32
+// experts: the f32 grouped GEMM, also padded tiles).
+TEST(GpuLoraStack, MoeGroupedGemmGroupShrink) {
+  SKIP_WITHOUT_GPU();
+  for (const auto [group, kmajor] : {std::pair<int64_t, int64_t>{8, 1}, {3, 0}}) {
+    SCOPED_TRACE("moe_lora_shrink_group " + std::to_string(group));
+    k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    t.moe_lora_gemm_group_shrink = 1;
+    t.moe_lora_shrink_group = group;
+    t.moe_lora_shrink_group_kmajor = kmajor;
+    t.moe_lora_mma_per_expert = 1 << 20;  // the CUDA-core LoRA kernels at every size
+    k::override_kernel_tuning(t);
+    // 32 experts top 4 at M = 256 (1,024 pairs, 32 per expert: the grouped GEMM, 64-row tiles).
+    run_all({.m = 256,
+             .hidden = 256,
+             .inter = 192,
+             .num_experts = 32,
+             .top_k = 4,
+             .rank = 16,
+             .gu_slices = 2,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .fused = true,
+             .biases = true,
+             .slots = 8,
+             .weight_scale = 0.1f,
+             .lora_a = 0.15f,
+             .lora_b = 0.3f});
+    // Separate gate and up weights, the 128-row tile (pairs >= 256 per expert), 4,400 pairs.
+    run_all({.m = 1100,
+             .hidden = 64,
+             .inter = 40,
+             .num_experts = 4,
+             .top_k = 4,
+             .rank = 16,
+             .gu_slices = 2,
+             .act = k::ExpertAct::kSiluGate,
+             .fused = false,
+             .biases = false,
+             .slots = 8});
+    // K not a multiple of 8 (136 / 72 are; 33 / 17 are not): the by-row shrink over padded rows.
+    run_all({.m = 300,
+             .hidden = 33,
+             .inter = 17,
+             .num_experts = 6,
+             .top_k = 2,
+             .rank = 6,
+             .gu_slices = 1,
+             .act = k::ExpertAct::kGptOssSwiglu,
+             .fused = true,
+             .biases = true});
+  }
+  k::override_kernel_tuning(std::nullopt);
+}
+
 // The grouped-GEMM path with BF16 stacks takes the tensor-core shrinks and the expands fused into the GEMMs'
 // epilogues (moe_lora_mma.cuh): rank spaces of one and several k16 steps and of several 64-wide CTA chunks
 // (gu_slices 2 at rank 72: 144 rank rows), ranks not a multiple of 8 or 16 (odd ones: B pairs straddling a

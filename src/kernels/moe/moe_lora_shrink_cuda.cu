@@ -406,12 +406,15 @@ void launch_gemv_shrink(const MoeExpertsArgs& a, const StackBuffers& b, cudaStre
 
 }  // namespace
 
-// Do the shrinks run by sorted row (moe_lora_shrink_rows_kernel)? On the tile_m 1 paths whenever they are
-// not items of the products (shrinks_fused), for up to moe_lora_by_row sorted rows (above, and with 0, the
-// item or tiled shrinks), or for any number with the group kernel (moe_lora_shrink_group > 0).
+// Do the shrinks run by sorted row (moe_lora_shrink_rows_kernel) or by group of same-key rows? On the
+// tile_m 1 paths whenever they are not items of the products (shrinks_fused), for up to moe_lora_by_row
+// sorted rows (above, and with 0, the item or tiled shrinks), or for any number with the group kernel
+// (moe_lora_shrink_group > 0). On the grouped-GEMM paths (tile_m > 1: an expert's rows padded to whole
+// tiles, the padding rows exit at once) only by group, with moe_lora_gemm_group_shrink.
 bool row_shrink(const KernelTuning& t, const StackBuffers& b) {
-  return b.tile_m == 1 && !b.shrinks_fused &&
-         (b.max_rows <= t.moe_lora_by_row || t.moe_lora_shrink_group > 0);
+  if (b.shrinks_fused) return false;
+  if (b.tile_m == 1) return b.max_rows <= t.moe_lora_by_row || t.moe_lora_shrink_group > 0;
+  return t.moe_lora_gemm_group_shrink != 0 && t.moe_lora_shrink_group > 0;
 }
 
 template <typename TW>

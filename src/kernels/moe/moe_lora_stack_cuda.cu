@@ -509,10 +509,14 @@ void stack_lora(StackStep step, const MoeExpertsArgs& a, const StackBuffers& ws,
       }
       const int64_t width = ws.act_bf16 != nullptr ? ws.lda_bf16 : a.inter;
       if (ws.max_rows <= t.moe_lora_by_row) {
-        // Rows over x (a group's CTA takes up to G rows); columns over enough CTAs for ~2 per SM in all.
+        // Rows over x (a group's CTA takes up to G rows); columns over enough CTAs for ~2 per SM in all. The
+        // step's size against moe_lora_act_group_min_rows: its sorted rows, or with
+        // moe_lora_gemm_group_shrink its pairs (a grouped-GEMM path's rows count each expert's tile padding:
+        // 5,120 for 1,024 pairs).
+        const int64_t size = ws.tile_m > 1 && t.moe_lora_gemm_group_shrink != 0 ? a.m * a.top_k : ws.max_rows;
         const int64_t G = t.moe_lora_act_group > 0 ? std::min<int64_t>(t.moe_lora_act_group, kSgMaxGroup)
-                          : ws.max_rows >= t.moe_lora_act_group_min_rows ? kSgMaxGroup
-                                                                         : 0;
+                          : size >= t.moe_lora_act_group_min_rows ? kSgMaxGroup
+                                                                  : 0;
         const dim3 rgrid(
             static_cast<unsigned>(ws.max_rows),
             expand_column_ctas(ws.max_rows, width, 2 * std::max<int64_t>(G, 1), kActLoraRowThreads));
