@@ -284,21 +284,48 @@ size_t align256(size_t v) {
   return (v + 255) / 256 * 256;
 }
 
+// y[i, j] += bias[j]: rows over the grid's y (grid-stride), columns over x; VEC: 4 columns per thread
+// (n, ldy and both pointers 4-float aligned). No division per element: the 64-bit index split of the flat
+// loop this replaced made it ~1.4x the time of its y traffic at prefill (5.4 ms of an 8,192-token GPT-OSS-20B
+// step for q/k/v/o and the router, H100 session 56 trace; bytes ~3.8 ms).
+template <bool VEC>
 __global__ void add_bias_kernel(float* y, int64_t ldy, int64_t m, int64_t n, const float* bias) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  int64_t total = m * n;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t i = idx / n, j = idx % n;
-    y[i * ldy + j] += bias[j];
+  const int64_t cols = VEC ? n / 4 : n;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  if constexpr (VEC) {
+    const float4 b = reinterpret_cast<const float4*>(bias)[j];
+    for (int64_t i = blockIdx.y; i < m; i += gridDim.y) {
+      float4* p = reinterpret_cast<float4*>(y + i * ldy) + j;
+      float4 v = *p;
+      v.x += b.x;
+      v.y += b.y;
+      v.z += b.z;
+      v.w += b.w;
+      *p = v;
+    }
+  } else {
+    const float b = bias[j];
+    for (int64_t i = blockIdx.y; i < m; i += gridDim.y) y[i * ldy + j] += b;
   }
 }
 
 // y += bias, when the product has one.
 void add_bias(const LinearArgs& a, cudaStream_t st) {
-  if (a.bias == nullptr) return;
-  cuda_util::launch_pdl(add_bias_kernel, cuda_util::blocks_for(a.m * a.w.rows, 256, 8192), 256, 0, st, a.y,
-                        a.ldy, a.m, a.w.rows, a.bias);
+  if (a.bias == nullptr || a.m == 0) return;
+  const int64_t n = a.w.rows;
+  const bool vec = n % 4 == 0 && a.ldy % 4 == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(a.bias) & 15) == 0;
+  constexpr int kThreads = 256;
+  const auto gx = static_cast<unsigned>((((vec ? n / 4 : n) + kThreads - 1) / kThreads));
+  // ~8 row passes per block at most: enough blocks to fill the GPU, each thread's bias read once.
+  const auto gy = static_cast<unsigned>(std::clamp<int64_t>((a.m + 7) / 8, 1, 65535));
+  if (vec) {
+    cuda_util::launch_pdl(add_bias_kernel<true>, dim3(gx, gy), kThreads, 0, st, a.y, a.ldy, a.m, n, a.bias);
+  } else {
+    cuda_util::launch_pdl(add_bias_kernel<false>, dim3(gx, gy), kThreads, 0, st, a.y, a.ldy, a.m, n, a.bias);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
