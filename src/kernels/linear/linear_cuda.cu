@@ -35,17 +35,53 @@
 namespace polylora::kernels::cuda {
 namespace {
 
-// out[i, j] = bf16(x[i, j]); with lo != nullptr also lo[i, j] = bf16(x[i, j] − out[i, j]).
+// out[i, j] = bf16(x[i, j]); with lo != nullptr also lo[i, j] = bf16(x[i, j] − out[i, j]). Rows over the
+// grid's y (grid-stride), columns over x; VEC: 8 columns per thread, two 16-byte loads and one 16-byte store
+// per output (k and ldx multiples of 8 and 4, 16-byte aligned pointers). The flat loop this replaced (a
+// 64-bit division and 2-byte stores per element) took ~1.9x its bytes at prefill (5.8 ms of an 8,192-token
+// GPT-OSS-20B step, H100 session 56 trace).
+template <bool VEC>
 __global__ void cast_rows_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64_t k, __nv_bfloat16* out,
                                       __nv_bfloat16* lo) {
-  int64_t total = m * k;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t i = idx / k, j = idx % k;
-    const cuda_util::Bf16Pair p = cuda_util::split_bf16(x[i * ldx + j]);
-    out[idx] = p.hi;
-    if (lo != nullptr) lo[idx] = p.lo;
+  const int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * (VEC ? 8 : 1);
+  if (j >= k) return;
+  for (int64_t i = blockIdx.y; i < m; i += gridDim.y) {
+    if constexpr (VEC) {
+      const float4* src = reinterpret_cast<const float4*>(x + i * ldx + j);
+      const float4 v0 = src[0], v1 = src[1];
+      const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      uint32_t h[4], l[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const cuda_util::Bf16Pair a = cuda_util::split_bf16(v[2 * q]),
+                                  b = cuda_util::split_bf16(v[2 * q + 1]);
+        h[q] = __bfloat16_as_ushort(a.hi) | (static_cast<uint32_t>(__bfloat16_as_ushort(b.hi)) << 16);
+        l[q] = __bfloat16_as_ushort(a.lo) | (static_cast<uint32_t>(__bfloat16_as_ushort(b.lo)) << 16);
+      }
+      *reinterpret_cast<uint4*>(out + i * k + j) = make_uint4(h[0], h[1], h[2], h[3]);
+      if (lo != nullptr) *reinterpret_cast<uint4*>(lo + i * k + j) = make_uint4(l[0], l[1], l[2], l[3]);
+    } else {
+      const cuda_util::Bf16Pair p = cuda_util::split_bf16(x[i * ldx + j]);
+      out[i * k + j] = p.hi;
+      if (lo != nullptr) lo[i * k + j] = p.lo;
+    }
   }
+}
+
+void launch_cast_rows_bf16(const float* x, int64_t ldx, int64_t m, int64_t k, __nv_bfloat16* out,
+                           __nv_bfloat16* lo, cudaStream_t st) {
+  if (m == 0 || k == 0) return;
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  const bool vec = k % 8 == 0 && ldx % 4 == 0 && aligned(x) && aligned(out) && (lo == nullptr || aligned(lo));
+  constexpr int kThreads = 256;
+  const auto gx = static_cast<unsigned>(((vec ? k / 8 : k) + kThreads - 1) / kThreads);
+  const auto gy = static_cast<unsigned>(std::clamp<int64_t>((m + 7) / 8, 1, 65535));  // ~8 rows per block
+  if (vec) {
+    cast_rows_bf16_kernel<true><<<dim3(gx, gy), kThreads, 0, st>>>(x, ldx, m, k, out, lo);
+  } else {
+    cast_rows_bf16_kernel<false><<<dim3(gx, gy), kThreads, 0, st>>>(x, ldx, m, k, out, lo);
+  }
+  CUDA_CHECK_LAUNCH();
 }
 
 // y[i, j] = halves[i, j] + halves[m + i, j] (+ bias[j]); halves is [2m, n] dense.
@@ -356,9 +392,7 @@ CastX cast_x(const LinearArgs& a, bool split, const CudaContext& ctx) {
   CastX c;
   c.hi = static_cast<__nv_bfloat16*>(ctx.workspace);
   c.lo = split ? c.hi + m * k : nullptr;
-  cast_rows_bf16_kernel<<<cuda_util::blocks_for(m * k, 256, 8192), 256, 0, cuda_util::stream(ctx)>>>(
-      a.x, a.ldx, m, k, c.hi, c.lo);
-  CUDA_CHECK_LAUNCH();
+  launch_cast_rows_bf16(a.x, a.ldx, m, k, c.hi, c.lo, cuda_util::stream(ctx));
   return c;
 }
 
