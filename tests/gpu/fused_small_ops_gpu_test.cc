@@ -194,10 +194,12 @@ TEST(GpuFusedOps, RopeKvWrite) {
     int64_t heads, kv_heads, d;
     bool qk_norm;
   };
-  const Shape shapes[] = {{64, 8, 64, false},  // GPT-OSS-20B
-                          {32, 4, 128, true},  // Qwen3-30B-A3B
-                          {32, 4, 128, false}, {3, 1, 6, true},  {6, 3, 7, true},
-                          {6, 3, 7, false},    {1, 1, 2, false}, {5, 5, 256, true}};
+  const Shape shapes[] = {
+      {64, 8, 64, false},  // GPT-OSS-20B
+      {32, 4, 128, true},  // Qwen3-30B-A3B
+      {32, 4, 128, false}, {3, 1, 6, true},   {6, 3, 7, true},   {6, 3, 7, false},
+      {1, 1, 2, false},    {5, 5, 256, true}, {37, 3, 64, false}};  // plain heads of 64 in batches of 4 with
+                                                                    // a ragged tail
   for (const Shape& s : shapes)
     for (int64_t m : {1, 5, 300})
       for (float scaling : {1.0f, 1.3f})

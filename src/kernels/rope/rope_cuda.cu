@@ -42,6 +42,7 @@ __global__ void rope_kernel(float* x, int64_t ldx, int64_t num_heads, int64_t he
 
 constexpr int kRkvWarps = 4;      // heads per CTA (a warp each) for steps of few tokens
 constexpr int kRkvLoopWarps = 8;  // warps per CTA when one CTA takes all of a token's heads
+constexpr int kRkvBatch = 4;      // plain heads a warp loads before it stores (rope_kv_write_kernel)
 
 // Grid (m, ⌈(num_heads + num_kv_heads) / kRkvWarps⌉), kRkvWarps·32 threads: a warp per head; or, for steps
 // of from KernelTuning::rope_kv_write_loop_min_rows tokens (prefill), grid (m, 1) with kRkvLoopWarps·32
@@ -186,6 +187,55 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
       put(d - 1, norm_w ? norm_w[d - 1] * (x * inv) : x);
     }
   };
+  // Plain heads (no norm, no LoRA term, head_dim 64: each lane one rotation pair per head, GPT-OSS's
+  // prefill): kRkvBatch of the warp's heads at a time, every load issued before the first store, so a warp's
+  // loads overlap instead of each head waiting a memory round trip (q rows are rotated in place and a head's
+  // elements are its own: loading later heads before earlier stores reads what the one-head loop reads).
+  const bool plain =
+      a.q_norm == nullptr && !a.lora_q.active() && !a.lora_k.active() && !a.lora_v.active() && d == 64;
+  if (plain) {
+    const float c = cs[lane], sn = cs[32 + lane];
+    const int64_t slot = a.slot_mapping[t], kv_row = a.num_kv_heads * d;
+    for (; head < heads; head += kRkvBatch * stride) {
+      float x1[kRkvBatch], x2[kRkvBatch], v1[kRkvBatch], v2[kRkvBatch];
+#pragma unroll
+      for (int u = 0; u < kRkvBatch; ++u) {
+        const int64_t h = head + u * stride;
+        x1[u] = x2[u] = v1[u] = v2[u] = 0.0f;
+        if (h >= heads) continue;
+        const float* src;
+        if (h < a.num_heads) {
+          src = a.q + t * a.ldq + h * d;
+        } else {
+          if (slot < 0) continue;  // padding: nothing of k or v is stored
+          src = a.k + t * a.ldk + (h - a.num_heads) * d;
+          const float* vs = a.v + t * a.ldv + (h - a.num_heads) * d;
+          v1[u] = vs[lane];
+          v2[u] = vs[lane + 32];
+        }
+        x1[u] = src[lane];
+        x2[u] = src[lane + 32];
+      }
+#pragma unroll
+      for (int u = 0; u < kRkvBatch; ++u) {
+        const int64_t h = head + u * stride;
+        if (h >= heads) continue;
+        const float r1 = x1[u] * c - x2[u] * sn, r2 = x2[u] * c + x1[u] * sn;
+        if (h < a.num_heads) {
+          float* q = a.q + t * a.ldq + h * d;
+          q[lane] = r1;
+          q[lane + 32] = r2;
+        } else if (slot >= 0) {
+          const int64_t koff = slot * kv_row + (h - a.num_heads) * d;
+          kv_store<B16>(a.cache.k, koff + lane, r1);
+          kv_store<B16>(a.cache.k, koff + lane + 32, r2);
+          kv_store<B16>(a.cache.v, koff + lane, v1[u]);
+          kv_store<B16>(a.cache.v, koff + lane + 32, v2[u]);
+        }
+      }
+    }
+    return;
+  }
   for (bool first = true; head < heads; head += stride, first = false) {
     if (!first) stage_head(head);
     process(head);
