@@ -234,8 +234,11 @@ struct KernelTuning {
   // (lora_cuda.cu dense_shrink_slot_kernel: each slot's A rows read once per 8 of its tokens, the input
   // split over 8 warps per block). Written after session 51's H200 timeline of batch-64 decode with 8
   // adapters, where the per-token q/k/v and o shrinks took 8.2 and 8.1 us per layer (17.7 MB of A read for
-  // 2.2 MB of distinct rows); 0 until measured; env POLYLORA_LORA_SLOT_SHRINK_MIN_ROWS.
-  int64_t lora_dense_slot_shrink_min_rows = 0;
+  // 2.2 MB of distinct rows). H100, session 52 (`polylora_bench device --loras 8`, MXFP4, two rounds): from
+  // 16 rows batch-64 decode with 8 adapters 13.46 against 13.60 ms per step (ratio 0.906-0.907 against
+  // 0.897), batch 16 within the spread; batch 1 never takes it (one row): 16 since session 56; env
+  // POLYLORA_LORA_SLOT_SHRINK_MIN_ROWS.
+  int64_t lora_dense_slot_shrink_min_rows = 16;
   // BF16 dense LoRA shrinks of from this many tokens (0: never) on tensor cores (lora_cuda.cu
   // dense_shrink_mma_kernel: 64-token tiles, the f32 input split exactly into three bf16 parts, one pass of
   // the K loop per distinct adapter among a tile's tokens) instead of the CUDA-core tiled shrink. Written
