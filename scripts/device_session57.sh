@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# On the GPU machine (docs/gpu-machine.md; carry [".device-carry"]): the first call after session 56, whose
-# last five changes never ran on a GPU. Before carrying, put the old versions of the A/B files in place:
-#   for f in src/kernels/linear/linear_cuda.cu src/kernels/rope/rope_cuda.cu; do
-#     git show 7be6a4b:$f > .device-carry/old/$(basename $f); done
-# Builds; the GPU tests of those changes (the bias and cast kernels, the plain-heads rope, the grouped-GEMM
-# group shrink) and the golden models that run them; `moe-lora` on bf16 experts (harness layout) at M = 64 /
-# 256 with moe_lora_gemm_group_shrink 0 and 1; then scripts/device_file_ab.sh on the two kernel files
-# (prefill base and with 8 adapters, new / old / new). Each part's results printed as it ends.
+# On the GPU machine (docs/gpu-machine.md; carry [".device-carry"]): the first calls after session 56, whose
+# last kernel changes never ran on a GPU. Before carrying, put the old versions of the A/B files in place:
+#   for f in src/kernels/linear/linear_cuda.cu src/kernels/rope/rope_cuda.cu \
+#            src/kernels/moe/moe_steps_cuda.cu; do git show 7be6a4b:$f > .device-carry/old/$(basename $f); done
+# Builds; the GPU tests of those changes (the bias, cast and combine kernels, the plain-heads rope, the
+# grouped-GEMM group shrink, the slot shrink's new default) and the golden models that run them; `moe-lora`
+# on bf16 experts (harness layout) at M = 64 / 256 with moe_lora_gemm_group_shrink 0 and 1; then
+# scripts/device_file_ab.sh on the three kernel files (prefill base and with 8 adapters, new / old / new).
+# Each part's results printed as it ends. Two calls fit the per-call limit: SKIP=ab, then SKIP="tests
+# moelora" on the warm machine.
 set -uo pipefail
 OUT=${OUT:-/tmp/s57}
 # shellcheck source=scripts/device_env.sh
@@ -17,7 +19,7 @@ B=build-gpu/bench/polylora_bench
 echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 if ! skip tests; then
   TG=$(find build-gpu -name test_gpu -type f | head -1)
-  timeout 200 "$TG" --gtest_brief=1 --gtest_filter="${TESTS:-GpuLinear.*:GpuFusedOps.*:GpuLoraStack.Moe*:*GoldenGpuTest.Float32*}" \
+  timeout 280 "$TG" --gtest_brief=1 --gtest_filter="${TESTS:-GpuLinear.*:GpuFusedOps.*:GpuMoe.*:GpuLoraStack.*:*GoldenGpuTest.Float32*}" \
     > "$OUT/tests.txt" 2>&1
   echo "test_gpu rc $?" >> "$OUT/tests.txt"
   stamp tests
@@ -34,7 +36,8 @@ print(" ".join("M=%d base=%.1f delta=%.1f err=%.3g" % (j["M"], j["base_us"], j["
   stamp moelora
 fi
 if ! skip ab; then
-  FILES="src/kernels/linear/linear_cuda.cu src/kernels/rope/rope_cuda.cu" OUT=$OUT/ab timeout 300 \
+  FILES="src/kernels/linear/linear_cuda.cu src/kernels/rope/rope_cuda.cu src/kernels/moe/moe_steps_cuda.cu" \
+    OUT=$OUT/ab timeout 300 \
     bash scripts/device_file_ab.sh 2>&1 | tail -12
 fi
 cat "$OUT/times.txt"
