@@ -144,6 +144,11 @@ void launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// Whether p is 16-byte aligned (the vectorized loads' condition, with the sizes' own).
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
 inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 16) {
   int64_t b = (n + threads - 1) / threads;
   if (b < 1) b = 1;

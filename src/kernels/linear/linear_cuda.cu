@@ -68,18 +68,26 @@ __global__ void cast_rows_bf16_kernel(const float* x, int64_t ldx, int64_t m, in
   }
 }
 
+constexpr int kRowPassThreads = 256;
+
+// The grid of the row-pass kernels (cast_rows_bf16_kernel, add_bias_kernel): a thread per column unit over
+// x, rows over y with ~8 row passes per block at most (enough blocks to fill the GPU).
+dim3 row_pass_grid(int64_t units, int64_t m) {
+  return dim3(static_cast<unsigned>((units + kRowPassThreads - 1) / kRowPassThreads),
+              static_cast<unsigned>(std::clamp<int64_t>((m + 7) / 8, 1, 65535)));
+}
+
 void launch_cast_rows_bf16(const float* x, int64_t ldx, int64_t m, int64_t k, __nv_bfloat16* out,
                            __nv_bfloat16* lo, cudaStream_t st) {
   if (m == 0 || k == 0) return;
-  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  const bool vec = k % 8 == 0 && ldx % 4 == 0 && aligned(x) && aligned(out) && (lo == nullptr || aligned(lo));
-  constexpr int kThreads = 256;
-  const auto gx = static_cast<unsigned>(((vec ? k / 8 : k) + kThreads - 1) / kThreads);
-  const auto gy = static_cast<unsigned>(std::clamp<int64_t>((m + 7) / 8, 1, 65535));  // ~8 rows per block
+  using cuda_util::aligned16;
+  const bool vec =
+      k % 8 == 0 && ldx % 4 == 0 && aligned16(x) && aligned16(out) && (lo == nullptr || aligned16(lo));
+  const dim3 grid = row_pass_grid(vec ? k / 8 : k, m);
   if (vec) {
-    cast_rows_bf16_kernel<true><<<dim3(gx, gy), kThreads, 0, st>>>(x, ldx, m, k, out, lo);
+    cast_rows_bf16_kernel<true><<<grid, kRowPassThreads, 0, st>>>(x, ldx, m, k, out, lo);
   } else {
-    cast_rows_bf16_kernel<false><<<dim3(gx, gy), kThreads, 0, st>>>(x, ldx, m, k, out, lo);
+    cast_rows_bf16_kernel<false><<<grid, kRowPassThreads, 0, st>>>(x, ldx, m, k, out, lo);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -224,11 +232,10 @@ __global__ void __launch_bounds__(kStreamThreads, 2)
 // rows (at most kStreamMaxRows), unless linear_stream is 0 (POLYLORA_LINEAR_STREAM=0: the split cuBLAS GEMM
 // for every BF16 product, for A/B timing and tests).
 bool streamed(const LinearArgs& a, bool split) {
-  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   const KernelTuning t = kernel_tuning(TuningShape{});
   return split && t.linear_stream != 0 && a.w.dtype == DType::kBF16 &&
          a.m <= std::min<int64_t>(kStreamMaxRows, t.linear_stream_max_rows) && a.w.cols % 8 == 0 &&
-         a.ldx % 4 == 0 && aligned(a.w.data) && aligned(a.x);
+         a.ldx % 4 == 0 && cuda_util::aligned16(a.w.data) && cuda_util::aligned16(a.x);
 }
 
 // K slices per row group (1, 2, 4 or 8; from n alone, so a product's sums do not depend on the batch size).
@@ -351,16 +358,12 @@ __global__ void add_bias_kernel(float* y, int64_t ldy, int64_t m, int64_t n, con
 void add_bias(const LinearArgs& a, cudaStream_t st) {
   if (a.bias == nullptr || a.m == 0) return;
   const int64_t n = a.w.rows;
-  const bool vec = n % 4 == 0 && a.ldy % 4 == 0 && (reinterpret_cast<uintptr_t>(a.y) & 15) == 0 &&
-                   (reinterpret_cast<uintptr_t>(a.bias) & 15) == 0;
-  constexpr int kThreads = 256;
-  const auto gx = static_cast<unsigned>((((vec ? n / 4 : n) + kThreads - 1) / kThreads));
-  // ~8 row passes per block at most: enough blocks to fill the GPU, each thread's bias read once.
-  const auto gy = static_cast<unsigned>(std::clamp<int64_t>((a.m + 7) / 8, 1, 65535));
+  const bool vec = n % 4 == 0 && a.ldy % 4 == 0 && cuda_util::aligned16(a.y) && cuda_util::aligned16(a.bias);
+  const dim3 grid = row_pass_grid(vec ? n / 4 : n, a.m);  // each thread's bias read once
   if (vec) {
-    cuda_util::launch_pdl(add_bias_kernel<true>, dim3(gx, gy), kThreads, 0, st, a.y, a.ldy, a.m, n, a.bias);
+    cuda_util::launch_pdl(add_bias_kernel<true>, grid, kRowPassThreads, 0, st, a.y, a.ldy, a.m, n, a.bias);
   } else {
-    cuda_util::launch_pdl(add_bias_kernel<false>, dim3(gx, gy), kThreads, 0, st, a.y, a.ldy, a.m, n, a.bias);
+    cuda_util::launch_pdl(add_bias_kernel<false>, grid, kRowPassThreads, 0, st, a.y, a.ldy, a.m, n, a.bias);
   }
   CUDA_CHECK_LAUNCH();
 }

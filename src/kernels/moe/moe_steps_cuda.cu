@@ -241,9 +241,9 @@ void launch_expert_act(const int32_t* sorted, const int32_t* num_tiles, int tile
 // Column blocks per token: ~2,048 CTAs in all up to one per 256 columns (at batch 64 one CTA per token left
 // 64 CTAs for 2.9 MB of y: 25.6 us under ncu where the activation took 11.5).
 void launch_expert_combine(const MoeExpertsArgs& a, const float* y, const float* y_delta, cudaStream_t st) {
-  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  const bool vec = a.hidden % 4 == 0 && a.ldo % 4 == 0 && aligned(y) && aligned(a.out) &&
-                   (y_delta == nullptr || aligned(y_delta));
+  using cuda_util::aligned16;
+  const bool vec = a.hidden % 4 == 0 && a.ldo % 4 == 0 && aligned16(y) && aligned16(a.out) &&
+                   (y_delta == nullptr || aligned16(y_delta));
   const int64_t cols = vec ? a.hidden / 4 : a.hidden;
   const dim3 grid(static_cast<unsigned>(a.m), static_cast<unsigned>(std::min<int64_t>(
                                                   (cols + 255) / 256, std::max<int64_t>(1, 2048 / a.m))));

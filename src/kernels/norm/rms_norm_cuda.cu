@@ -145,9 +145,7 @@ int row_threads(int64_t n, bool vec) {
   return units >= 512 ? 512 : static_cast<int>(std::max<int64_t>(32, (units + 31) / 32 * 32));
 }
 
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
+using cuda_util::aligned16;
 
 // add_rms_norm with a LoRA term on delta (AddRmsNormArgs::lora_delta): one block per row (t0: the first row's
 // token index for the term).
