@@ -39,6 +39,48 @@ inline cudaStream_t stream(const CudaContext& ctx) {
   return static_cast<cudaStream_t>(ctx.stream);
 }
 
+// Whether ctx has a side stream (CudaContext::side_stream) to run work beside its own.
+inline bool has_side_stream(const CudaContext& ctx) {
+  return ctx.side_stream != nullptr && ctx.side_fork != nullptr && ctx.side_join != nullptr;
+}
+
+// side(c) and then main() queued so that they run concurrently: side's launches on ctx's side stream,
+// forked from ctx's stream where the call is (an event recorded there, waited for by the side stream) and
+// joined back after main's launches (ctx's stream waits for the side stream's event), so what follows on
+// ctx's stream sees both. c is ctx on the side stream, without ctx's workspace (main's launches use it) and
+// with programmatic dependent launch off (a side launch's predecessor is the fork, not a kernel). Inside a
+// graph capture the side stream joins the capture at the fork and leaves it at the join: two branches of
+// the graph. Without a side stream, side then main on ctx's stream.
+template <typename Side, typename Main>
+void run_beside(const CudaContext& ctx, Side&& side, Main&& main) {
+  if (!has_side_stream(ctx)) {
+    side(ctx);
+    main();
+    return;
+  }
+  const cudaStream_t st = stream(ctx), ss = static_cast<cudaStream_t>(ctx.side_stream);
+  const auto fork = static_cast<cudaEvent_t>(ctx.side_fork), join = static_cast<cudaEvent_t>(ctx.side_join);
+  CUDA_CHECK(cudaEventRecord(fork, st));
+  CUDA_CHECK(cudaStreamWaitEvent(ss, fork, 0));
+  CudaContext c = ctx;
+  c.stream = ss;
+  c.cublas = nullptr;
+  c.workspace = nullptr;
+  c.workspace_bytes = 0;
+  c.side_stream = c.side_fork = c.side_join = nullptr;
+  {
+    struct Off {
+      bool saved = programmatic_launch_off();
+      Off() { programmatic_launch_off() = true; }
+      ~Off() { programmatic_launch_off() = saved; }
+    } off;
+    side(c);
+  }
+  CUDA_CHECK(cudaEventRecord(join, ss));
+  main();
+  CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
+}
+
 // Multiprocessors of the current device (read once; 132, an H100/H200's, if the query fails).
 inline int num_sms() {
   static const int n = [] {

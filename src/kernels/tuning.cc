@@ -106,6 +106,8 @@ const std::vector<Field>& fields() {
       {"lora_dense_expand_tiles", &KernelTuning::lora_dense_expand_tiles, "POLYLORA_LORA_DENSE_EXPAND_TILES"},
       {"linear_group_shared_cast", &KernelTuning::linear_group_shared_cast,
        "POLYLORA_LINEAR_GROUP_SHARED_CAST"},
+      {"lora_shrink_beside_product", &KernelTuning::lora_shrink_beside_product,
+       "POLYLORA_LORA_SHRINK_BESIDE_PRODUCT"},
       {"rope_kv_write_loop_min_rows", &KernelTuning::rope_kv_write_loop_min_rows,
        "POLYLORA_ROPE_KV_WRITE_LOOP_MIN_ROWS"},
       {"lora_dense_expand_mma_min_rows", &KernelTuning::lora_dense_expand_mma_min_rows,

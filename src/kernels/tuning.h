@@ -278,6 +278,13 @@ struct KernelTuning {
   // 16 x 512-token prompts: prefill 34,557 vs 34,051 tok/s base, 29,249 vs 28,810 with 8 adapters (+1.5%);
   // GpuLinear.* pass with both settings; env POLYLORA_LINEAR_GROUP_SHARED_CAST.
   int64_t linear_group_shared_cast = 1;
+  // 1: a dense LoRA shrink that is a launch of its own after its projection's cuBLAS product (decode batches
+  // past linear_stream_max_rows: q/k/v's and o's) runs beside the product on a second stream
+  // (CudaContext::side_stream; parallel branches of the step's graph), joined before what reads it. Written
+  // in session 57 after the H100 timeline of batch-64 decode with 8 adapters (MXFP4): the slot shrinks took
+  // 6.9 and 6.8 us per layer in series with the products (12 and 26 us of small GEMMs on 64-128 CTAs) for
+  // ~2.9 MB of bytes; env POLYLORA_LORA_SHRINK_BESIDE_PRODUCT.
+  int64_t lora_shrink_beside_product = 0;
   // Switches and sizes for A/B timing and tests (once read by getenv inside the kernels' files; the same
   // variables set them):
   // 0: every BF16 product through the split cuBLAS GEMM, never the weight-streaming kernel; env

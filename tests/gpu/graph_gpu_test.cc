@@ -15,12 +15,15 @@
 
 #include "backend/backend.h"
 #include "engine/engine.h"
+#include "kernels/tuning.h"
 #include "lora/adapter.h"
 #include "model/model.h"
 #include "worker/kv_storage.h"
 
 namespace polylora {
 namespace {
+
+namespace k = kernels;
 
 constexpr int64_t kBlock = 16;
 constexpr int64_t kMaxBlocks = 4;  // graphs' block-table width: contexts up to 64 tokens
@@ -92,7 +95,7 @@ TEST_P(GraphGpuTest, ReplayEqualsEagerAtEverySize) {
   auto backend = cuda(gc.dtype);
   auto model = Model::load(std::string(POLYLORA_TEST_DATA) + "/models/" + gc.model, {}, backend);
   const ModelConfig& c = model->config();
-  const int64_t V = c.vocab_size, N = 8;
+  const int64_t V = c.vocab_size, N = 16;
   KvStorage kv(c, *backend, N * kMaxBlocks, kBlock);
   // Prefill 8 sequences of different lengths eagerly.
   std::vector<int32_t> len, tok;
@@ -190,7 +193,9 @@ INSTANTIATE_TEST_SUITE_P(Models, GraphGpuTest,
 
 // Decode steps with adapters replay the graphs captured with the slot-stacked LoRA kernels: bit for bit the
 // same logits as the same padded step run eagerly, for mixes of adapters, the base model and padding; and
-// the LoRA is really applied (the logits differ from the base model's).
+// the LoRA is really applied (the logits differ from the base model's). 13 sequences (past the streamed
+// products' rows: cuBLAS products with the dense shrinks as launches of their own) run with the shrinks
+// beside the products on the side stream (lora_shrink_beside_product 1: two branches in the graph).
 TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
   const GraphCase& gc = GetParam();
   const std::string dir = std::string(POLYLORA_TEST_DATA) + "/models/" + gc.model;
@@ -208,7 +213,7 @@ TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
   model->reserve_adapters(4, 16);
   std::vector<const LoraAdapter*> slots(4, nullptr);
   for (size_t i = 0; i < owned.size(); ++i) slots[i + 1] = owned[i].get();  // slot 0 stays empty
-  const int64_t V = c.vocab_size, N = 8;
+  const int64_t V = c.vocab_size, N = 16;
   KvStorage kv(c, *backend, N * kMaxBlocks, kBlock);
   std::vector<int32_t> len, tok;
   ForwardBatch pre;
@@ -234,12 +239,15 @@ TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
   model->forward(pre, kv.views(), slots, pre_logits.data());
   GraphOptions on;
   on.enabled = true;
-  on.sizes = {1, 2, 4, 8};
+  on.sizes = {1, 2, 4, 8, 16};
   on.max_blocks_per_seq = kMaxBlocks;
   on.warmup_tokens = 64;
-  on.warmup_logits_rows = 8;
-  for (int64_t n : {1, 3, 8}) {
-    const int64_t size = n <= 2 ? n : n <= 4 ? 4 : 8;
+  on.warmup_logits_rows = 16;
+  for (int64_t n : {1, 3, 8, 13}) {
+    const int64_t size = n <= 2 ? n : n <= 4 ? 4 : n <= 8 ? 8 : 16;
+    k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
+    tune.lora_shrink_beside_product = n == 13 ? 1 : 0;
+    k::override_kernel_tuning(tune);
     ForwardBatch step = decode_batch(n, len, tok, 3);
     for (int64_t s = 0; s < n; ++s) step.adapter_slots[s] = slot_for(s);
     model->prepare_graphs(kv.views(), on);
@@ -267,6 +275,7 @@ TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
       }
     }
   }
+  k::override_kernel_tuning(std::nullopt);
 }
 
 // Greedy decoding through the engine: graphs on (the default on a GPU), --enforce-eager, and graphs on with

@@ -189,15 +189,19 @@ TEST(GpuLoraStack, DenseNoAdapterTokensAreNoOps) {
 // The dense shrink alone (lora.h lora_shrink) as extra items of a streamed BF16 projection over the same x
 // (m <= 8 with the split) or as its own launch after the product (larger m): tmp equals
 // ref::lora_shrink on the rows whose slot has LoRA in some module of the group, other rows are untouched
-// (poisoned), and the product itself equals ref::linear.
+// (poisoned), and the product itself equals ref::linear. Also as the first of a group of two products over
+// the same x (Backend::linear_group: one launch, or one cast for both cuBLAS products), and with the
+// separate shrink beside the product on the side stream (lora_shrink_beside_product 1).
 TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
   SKIP_WITHOUT_GPU();
-  // Pass 1: the separate shrinks by adapter slot (lora_dense_slot_shrink_min_rows 1; m = 100 and 256: more
-  // than 8 tokens per slot, several tiles per block).
-  for (int pass : {0, 1}) {
-    SCOPED_TRACE("lora_dense_slot_shrink_min_rows " + std::to_string(pass));
+  // Pass 1 and 3: the separate shrinks by adapter slot (lora_dense_slot_shrink_min_rows 1; m = 100 and 256:
+  // more than 8 tokens per slot, several tiles per block); passes 2 and 3 beside the product.
+  for (int pass : {0, 1, 2, 3}) {
+    SCOPED_TRACE("lora_dense_slot_shrink_min_rows " + std::to_string(pass & 1) +
+                 " lora_shrink_beside_product " + std::to_string(pass >> 1));
     k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
-    tune.lora_dense_slot_shrink_min_rows = pass;
+    tune.lora_dense_slot_shrink_min_rows = pass & 1;
+    tune.lora_shrink_beside_product = pass >> 1;
     k::override_kernel_tuning(tune);
     const DType wd = DType::kBF16;
     for (int64_t m : {1, 2, 5, 8, 13, 40, 100, 256}) {
@@ -251,6 +255,29 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
             for (int64_t j = 0; j < ld_tmp; ++j)
               ASSERT_EQ(got[t * ld_tmp + j], -7.0f) << what << " token " << t;
         kt::expect_close(ar.down(dy, y_expect.size()), y_expect, 1e-4f, 1e-3f, what + ": y");
+        // The same as the first product of a group; the second (its own weight, no shrink) beside it.
+        const int64_t n2 = 40;
+        kt::TestWeight w2 = kt::make_weight(n2, in, wd, 72, 0.1f);
+        std::vector<float> y2_expect(static_cast<size_t>(m * n2));
+        k::ref::linear({.x = x.data(), .m = m, .ldx = ldx, .w = w2.view, .y = y2_expect.data(), .ldy = n2});
+        float* dtmp_g = ar.up(std::vector<float>(tmp_expect.size(), -7.0f));
+        float* dy_g = ar.up(std::vector<float>(y_expect.size(), 0.0f));
+        float* dy2 = ar.up(std::vector<float>(y2_expect.size(), 0.0f));
+        const k::LinearArgs group[2] = {
+            {.x = d.x,
+             .m = m,
+             .ldx = ldx,
+             .w = ar.weight(w.view),
+             .y = dy_g,
+             .ldy = n,
+             .lora_shrink = &d,
+             .lora_tmp = dtmp_g,
+             .lora_ld_tmp = ld_tmp},
+            {.x = d.x, .m = m, .ldx = ldx, .w = ar.weight(w2.view), .y = dy2, .ldy = n2}};
+        ar.be().linear_group(group);
+        EXPECT_EQ(ar.down(dtmp_g, tmp_expect.size()), got) << what << ": the group's tmp";
+        kt::expect_close(ar.down(dy_g, y_expect.size()), y_expect, 1e-4f, 1e-3f, what + ": the group's y");
+        kt::expect_close(ar.down(dy2, y2_expect.size()), y2_expect, 1e-4f, 1e-3f, what + ": the group's y2");
       }
     }
   }

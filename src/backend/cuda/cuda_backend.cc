@@ -200,6 +200,9 @@ class CudaBackend final : public Backend {
     // process: with tensor parallelism every rank's GPU is the same model.
     k::set_tuning_device(prop.name);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&side_fork_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&side_join_, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     // Kernels' counters kept zero between calls (k::CudaContext::counters), zeroed once here.
@@ -217,6 +220,9 @@ class CudaBackend final : public Backend {
     if (workspace_) cudaFree(workspace_);
     if (counters_) cudaFree(counters_);
     cublasDestroy(cublas_);
+    cudaEventDestroy(side_fork_);
+    cudaEventDestroy(side_join_);
+    cudaStreamDestroy(side_stream_);  // its work was joined back into stream_, synchronized above
     cudaStreamDestroy(stream_);
   }
 
@@ -625,7 +631,8 @@ class CudaBackend final : public Backend {
   std::map<std::string, std::pair<double, int64_t>> profile_totals_;
 
   k::CudaContext ctx() const {
-    return {stream_, cublas_, workspace_, workspace_bytes_, bf16_split_max_rows_, counters_, kNumCounters};
+    return {stream_,   cublas_,      workspace_,   workspace_bytes_, bf16_split_max_rows_,
+            counters_, kNumCounters, side_stream_, side_fork_,       side_join_};
   }
 
   // Grows the workspace (after the stream drains, since queued kernels may still use the old one). The
@@ -656,6 +663,9 @@ class CudaBackend final : public Backend {
   int64_t bf16_split_max_rows_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  // k::CudaContext::side_stream and its fork / join events.
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t side_fork_ = nullptr, side_join_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;

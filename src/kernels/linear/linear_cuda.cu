@@ -483,12 +483,24 @@ bool shares_cast(const LinearArgs* group, int64_t count, const CudaContext& ctx)
   return true;
 }
 
+// Whether a product's LoRA shrink (a launch of its own, past the streamed rows) runs beside the product on
+// ctx's side stream (KernelTuning::lora_shrink_beside_product): it reads only x and writes only its tmp,
+// which the product neither reads nor writes.
+bool shrink_beside(const CudaContext& ctx) {
+  return kernel_tuning(TuningShape{}).lora_shrink_beside_product != 0 && cuda_util::has_side_stream(ctx);
+}
+
 }  // namespace
 
 void linear(const LinearArgs& a, const CudaContext& ctx) {
   if (a.lora_shrink != nullptr) {
     check_shrink_input(a);
     if (a.m > 0 && a.w.rows > 0 && streamed(a, ctx.bf16_split(a.m))) return linear_product(a, ctx);
+    if (shrink_beside(ctx)) {
+      return cuda_util::run_beside(
+          ctx, [&](const CudaContext& side) { lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, side); },
+          [&] { linear_product(a, ctx); });
+    }
     linear_product(a, ctx);
     return lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, ctx);
   }
@@ -518,16 +530,36 @@ void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx
   if (shares_cast(group, count, ctx)) {
     // One cast of x for every product (each product's stacked halves, if any, follow it in the workspace;
     // the products run one after another on the stream), then each product's LoRA shrink as linear does.
+    // With lora_shrink_beside_product, every shrink of the group beside the cast and the products.
     const bool split = ctx.bf16_split(group[0].m);
+    bool any_shrink = false;
+    for (int64_t gi = 0; gi < count; ++gi) {
+      KERNEL_CHECK(linear_workspace_bytes(group[gi], ctx) <= ctx.workspace_bytes,
+                   "linear: workspace too small");
+      if (group[gi].lora_shrink != nullptr) {
+        check_shrink_input(group[gi]);
+        any_shrink = true;
+      }
+    }
+    if (any_shrink && shrink_beside(ctx)) {
+      cuda_util::run_beside(
+          ctx,
+          [&](const CudaContext& side) {
+            for (int64_t gi = 0; gi < count; ++gi)
+              if (group[gi].lora_shrink != nullptr)
+                lora_shrink(*group[gi].lora_shrink, group[gi].lora_tmp, group[gi].lora_ld_tmp, side);
+          },
+          [&] {
+            const CastX c = cast_x(group[0], split, ctx);
+            for (int64_t gi = 0; gi < count; ++gi) bf16_product(group[gi], split, c, ctx);
+          });
+      return;
+    }
     const CastX c = cast_x(group[0], split, ctx);
     for (int64_t gi = 0; gi < count; ++gi) {
       const LinearArgs& g = group[gi];
-      KERNEL_CHECK(linear_workspace_bytes(g, ctx) <= ctx.workspace_bytes, "linear: workspace too small");
       bf16_product(g, split, c, ctx);
-      if (g.lora_shrink != nullptr) {
-        check_shrink_input(g);
-        lora_shrink(*g.lora_shrink, g.lora_tmp, g.lora_ld_tmp, ctx);
-      }
+      if (g.lora_shrink != nullptr) lora_shrink(*g.lora_shrink, g.lora_tmp, g.lora_ld_tmp, ctx);
     }
     return;
   }
