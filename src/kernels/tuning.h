@@ -283,8 +283,12 @@ struct KernelTuning {
   // (CudaContext::side_stream; parallel branches of the step's graph), joined before what reads it. Written
   // in session 57 after the H100 timeline of batch-64 decode with 8 adapters (MXFP4): the slot shrinks took
   // 6.9 and 6.8 us per layer in series with the products (12 and 26 us of small GEMMs on 64-128 CTAs) for
-  // ~2.9 MB of bytes; env POLYLORA_LORA_SHRINK_BESIDE_PRODUCT.
-  int64_t lora_shrink_beside_product = 0;
+  // ~2.9 MB of bytes. H100, session 57 (`polylora_bench device --loras 8`, MXFP4, two rounds each): batch 16
+  // with 8 adapters 8.681 / 8.688 ms per step against 8.953 / 8.929 (ratio to the base 0.945-0.951 against
+  // 0.920), batch 64 13.300 / 13.305 against 13.516 / 13.507 (0.916 against 0.902); its GPU tests pass (the
+  // graph replay with the side branch bit for bit equal to eager): on; env
+  // POLYLORA_LORA_SHRINK_BESIDE_PRODUCT.
+  int64_t lora_shrink_beside_product = 1;
   // Switches and sizes for A/B timing and tests (once read by getenv inside the kernels' files; the same
   // variables set them):
   // 0: every BF16 product through the split cuBLAS GEMM, never the weight-streaming kernel; env

@@ -117,13 +117,18 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
     int64_t koff = 0, kh = 0;  // ... and the head's first element there; k's head
     const float* norm_w;
     bool klora = false;  // k + its LoRA term (computed where read: nothing is staged in the cache)
+    bool qlora = false;  // q + its LoRA term where read (no norm: each element read once)
     if (head < a.num_heads) {
       qdst = a.q + t * a.ldq + head * d;
       src = qdst;
       norm_w = a.q_norm;
-      if (a.lora_q.active()) {  // q += its LoRA term, in place (each lane its own elements)
+      if (a.lora_q.active() && norm_w != nullptr) {
+        // q += its LoRA term, in place (each lane its own elements), before the norm reads every element
+        // twice; the same floats as adding it where read.
         for (int64_t j = lane; j < d; j += 32) qdst[j] += term(a.lora_q, tq, r0, b0, head * d, j);
         __syncwarp();
+      } else {
+        qlora = a.lora_q.active();
       }
     } else {
       const int64_t slot = a.slot_mapping[t];
@@ -147,6 +152,7 @@ __global__ void rope_kv_write_kernel(RopeKvWriteArgs a, bool b_regs) {
     auto x_of = [&](int64_t j) {
       float x = src[j];
       if (klora) x += term(a.lora_k, tk, r0, b0, kh * d, j);
+      if (qlora) x += term(a.lora_q, tq, r0, b0, head * d, j);
       return x;
     };
     auto put = [&](int64_t j, float v) {
