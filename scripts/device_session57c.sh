@@ -30,6 +30,8 @@ cp .device-carry/old/rope_cuda.cu "$F"
 ninja -C build-gpu -j16 polylora_bench >> "$OUT/build.txt" 2>&1
 bench old
 cp /tmp/new_rope.cu "$F"
-ninja -C build-gpu -j16 polylora_bench >> "$OUT/build.txt" 2>&1
-bench new-again
+if [ "${REPEAT:-1}" = 1 ]; then
+  ninja -C build-gpu -j16 polylora_bench >> "$OUT/build.txt" 2>&1
+  bench new-again
+fi
 stamp bench
