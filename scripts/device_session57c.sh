@@ -12,7 +12,7 @@ build_gpu
 B=build-gpu/bench/polylora_bench
 echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 TG=$(find build-gpu -name test_gpu -type f | head -1)
-timeout 150 "$TG" --gtest_brief=1 \
+timeout "${TEST_TIMEOUT:-150}" "$TG" --gtest_brief=1 \
   --gtest_filter="${TESTS:-GpuLoraStack.Rope*:GpuLoraStack.DenseExpand*:GpuFusedOps.Rope*:*GraphGpuTest.ReplayWithAdapters*}" \
   > "$OUT/tests.txt" 2>&1
 echo "test_gpu rc $?" >> "$OUT/tests.txt"
