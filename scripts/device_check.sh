@@ -24,16 +24,8 @@ if ! skip tests; then
   stamp tests
 fi
 if ! skip timeline; then
-  TR=$PWD/$(find build-gpu -name libpolylora_cupti_trace.so | head -1)
   for run in ${TIMELINES:-gpt-oss-20b:0:1 gpt-oss-20b:8:1 gpt-oss-20b-bf16:0:1 gpt-oss-20b:0:16 gpt-oss-20b-bf16:0:16}; do
-    set -- ${run//:/ }
-    label=$1-loras$2-b$3
-    CUDA_INJECTION64_PATH=$TR POLYLORA_TRACE_OUT=/tmp/t-$label.csv POLYLORA_TRACE_KERNELS_ONLY=1 timeout 150 \
-      "$B" device --config "tests/data/configs/$1" --device cuda --prompt-len 512 --decode-tokens 32 --batches "$3" \
-      --loras "$2" 2>&1 | grep -E "^batch" | tee -a "$OUT/device.txt"
-    { echo "== timeline $label"; python3 scripts/trace_steps.py /tmp/t-$label.csv --layer-period -1 --layer-offset 2; } \
-      >> "$OUT/timelines.txt" 2>&1
-    stamp "timeline $label"
+    timeline "$run"
   done
 fi
 if ! skip device; then

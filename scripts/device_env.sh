@@ -17,3 +17,21 @@ build_gpu() {
   ninja -C build-gpu -j16 test_gpu polylora_bench >> "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
   stamp build
 }
+# timeline CONFIG:LORAS:BATCH[:PROMPT_LEN]: a CUPTI timeline of `polylora_bench device` on
+# tests/data/configs/CONFIG (LORAS adapters, decode at BATCH after PROMPT_LEN-token prompts, 512 by default),
+# its lines to $OUT/device.txt and its per-layer table (scripts/trace_steps.py) to $OUT/timelines.txt.
+timeline() {
+  local cfg loras batch plen
+  IFS=: read -r cfg loras batch plen <<< "$1"
+  local label=$cfg-loras$loras-b$batch
+  ninja -C build-gpu -j16 polylora_cupti_trace >> "$OUT/build.txt" 2>&1
+  local tr
+  tr=$PWD/$(find build-gpu -name libpolylora_cupti_trace.so | head -1)
+  CUDA_INJECTION64_PATH=$tr POLYLORA_TRACE_OUT=/tmp/t-$label.csv POLYLORA_TRACE_KERNELS_ONLY=1 timeout 150 \
+    build-gpu/bench/polylora_bench device --config "tests/data/configs/$cfg" --device cuda \
+    --prompt-len "${plen:-512}" --decode-tokens 32 --batches "$batch" --loras "$loras" 2>&1 | grep -E "^batch" |
+    tee -a "$OUT/device.txt"
+  { echo "== timeline $label"; python3 scripts/trace_steps.py "/tmp/t-$label.csv" --layer-period -1 --layer-offset 2; } \
+    >> "$OUT/timelines.txt" 2>&1
+  stamp "timeline $label"
+}

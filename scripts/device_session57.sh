@@ -43,17 +43,6 @@ fi
 if ! skip tl; then
   # Per-layer CUPTI timelines of batch-64 MXFP4 decode, base and with 8 adapters (issue 15's C=64 OTPS gap:
   # where the decode LoRA cost of ~1.6 ms per step goes).
-  ninja -C build-gpu -j16 polylora_cupti_trace >> "$OUT/build.txt" 2>&1
-  TR=$PWD/$(find build-gpu -name libpolylora_cupti_trace.so | head -1)
-  for run in ${TIMELINES:-gpt-oss-20b:0:64 gpt-oss-20b:8:64}; do
-    set -- ${run//:/ }
-    label=$1-loras$2-b$3
-    CUDA_INJECTION64_PATH=$TR POLYLORA_TRACE_OUT=/tmp/t-$label.csv POLYLORA_TRACE_KERNELS_ONLY=1 timeout 150 \
-      "$B" device --config "tests/data/configs/$1" --device cuda --prompt-len 512 --decode-tokens 32 --batches "$3" \
-      --loras "$2" 2>&1 | grep -E "^batch" | tee -a "$OUT/device.txt"
-    { echo "== timeline $label"; python3 scripts/trace_steps.py /tmp/t-$label.csv --layer-period -1 --layer-offset 2; } \
-      >> "$OUT/timelines.txt" 2>&1
-    stamp "timeline $label"
-  done
+  for run in ${TIMELINES:-gpt-oss-20b:0:64 gpt-oss-20b:8:64}; do timeline "$run"; done
 fi
 cat "$OUT/times.txt"

@@ -32,12 +32,6 @@ if ! skip ab; then
   stamp ab
 fi
 if [ "${TL:-0}" = 1 ]; then
-  ninja -C build-gpu -j16 polylora_cupti_trace >> "$OUT/build.txt" 2>&1
-  TR=$PWD/$(find build-gpu -name libpolylora_cupti_trace.so | head -1)
-  POLYLORA_LORA_SHRINK_BESIDE_PRODUCT=1 CUDA_INJECTION64_PATH=$TR POLYLORA_TRACE_OUT=/tmp/t.csv \
-    POLYLORA_TRACE_KERNELS_ONLY=1 timeout 150 "$B" device --config tests/data/configs/gpt-oss-20b --device cuda \
-    --prompt-len 512 --decode-tokens 32 --batches 64 --loras 8 2>&1 | grep -E "^batch"
-  python3 scripts/trace_steps.py /tmp/t.csv --layer-period -1 --layer-offset 2 > "$OUT/timeline.txt" 2>&1
-  stamp timeline
+  POLYLORA_LORA_SHRINK_BESIDE_PRODUCT=1 timeline gpt-oss-20b:8:64
 fi
 cat "$OUT/times.txt"

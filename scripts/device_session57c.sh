@@ -36,17 +36,9 @@ if [ "${REPEAT:-1}" = 1 ]; then
 fi
 stamp bench
 if [ "${TL:-0}" = 1 ]; then
-  # Batch-1 MXFP4 decode timelines, base and with 8 adapters (issue 15's C=1 gap: where the ~0.37 ms of LoRA
+  # Batch-1 MXFP4 decode timelines, base and with 8 adapters (issue 15's C=1 gap: where the ~0.34 ms of LoRA
   # per step goes on this tree).
-  ninja -C build-gpu -j16 polylora_cupti_trace >> "$OUT/build.txt" 2>&1
-  TR=$PWD/$(find build-gpu -name libpolylora_cupti_trace.so | head -1)
-  for n in 0 8; do
-    CUDA_INJECTION64_PATH=$TR POLYLORA_TRACE_OUT=/tmp/t$n.csv POLYLORA_TRACE_KERNELS_ONLY=1 timeout 100 "$B" device \
-      --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 128 --decode-tokens 32 --batches 1 \
-      --loras $n 2>&1 | grep -E "^batch"
-    { echo "== timeline b1 loras $n"; python3 scripts/trace_steps.py /tmp/t$n.csv --layer-period -1 --layer-offset 2; } \
-      >> "$OUT/timelines.txt" 2>&1
-  done
-  stamp timelines
+  timeline gpt-oss-20b:0:1:128
+  timeline gpt-oss-20b:8:1:128
 fi
 cat "$OUT/times.txt"
