@@ -4,7 +4,9 @@
 # C=1 gap: ~0.34 ms of LoRA per step on session 57's tree); then Nsight Compute on the dense LoRA kernels of
 # batch-64 decode with 8 adapters, which cost ~20x their bytes (session 57's timeline): rope_kv_write with
 # the q/k/v expands (+8.2 us per layer) and add_rms_norm_lora (o's expand, +4 us), two launches each from the
-# decode steps (graphs off so ncu sees single launches). SKIP words: tl, ncu.
+# decode steps (graphs off so ncu sees single launches); and the shrink's early join (lora_shrink_join_early,
+# written after session 57's device time): its GPU tests, then batch-16 / 64 decode with 8 adapters with it
+# 0 / 1 / 0 / 1. SKIP words: tl, ncu, join.
 set -uo pipefail
 OUT=${OUT:-/tmp/s58}
 # shellcheck source=scripts/device_env.sh
@@ -30,5 +32,21 @@ if ! skip ncu; then
       "$OUT/ncu-$k.txt" | head -16
     stamp "ncu $k"
   done
+fi
+if ! skip join; then
+  TG=$(find build-gpu -name test_gpu -type f | head -1)
+  timeout 200 "$TG" --gtest_brief=1 \
+    --gtest_filter="GpuLoraStack.DenseShrinkWithTheProjection:*GraphGpuTest.ReplayWithAdapters*:GpuLinear.*" \
+    > "$OUT/tests.txt" 2>&1
+  echo "test_gpu rc $?" >> "$OUT/tests.txt"
+  grep -E "^\[  FAILED  \]|^\[  PASSED  \]|Failure|rc " "$OUT/tests.txt" | head -20
+  stamp tests
+  for v in 0 1 0 1; do
+    echo "lora_shrink_join_early $v:"
+    POLYLORA_LORA_SHRINK_JOIN_EARLY=$v timeout 120 build-gpu/bench/polylora_bench device \
+      --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 32 --batches 16,64 \
+      --loras 8 2>&1 | grep -E "^batch.*adapters"
+  done | tee "$OUT/join.txt"
+  stamp join
 fi
 cat "$OUT/times.txt"

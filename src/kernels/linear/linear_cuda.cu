@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 
 #include "kernels/cuda_util.cuh"
 #include "kernels/linear/linear.h"
@@ -401,7 +402,10 @@ CastX cast_x(const LinearArgs& a, bool split, const CudaContext& ctx) {
 
 // The BF16 product through cuBLAS from x already cast (cast_x of this or of a product over the same x),
 // bias included.
-void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaContext& ctx) {
+// before_last (if set) is called before the product's last launch of its own (the fold of the stacked
+// halves, or the bias), or after the GEMMs where there is none.
+void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaContext& ctx,
+                  const std::function<void()>* before_last = nullptr) {
   const int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   cudaStream_t st = cuda_util::stream(ctx);
   auto handle = static_cast<cublasHandle_t>(ctx.cublas);
@@ -418,6 +422,7 @@ void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaCon
     const size_t x_bytes = static_cast<size_t>(m * k) * sizeof(__nv_bfloat16);
     auto* halves = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + 2 * align256(x_bytes));
     gemm(c.hi, 2 * m, &zero, halves, n);
+    if (before_last != nullptr) (*before_last)();
     fold_halves_kernel<<<cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st>>>(halves, m, n, a.bias, a.y,
                                                                                 a.ldy);
     CUDA_CHECK_LAUNCH();
@@ -426,6 +431,7 @@ void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaCon
     gemm(c.hi, m, &zero, a.y, a.ldy);
     gemm(c.lo, m, &one, a.y, a.ldy);
   }
+  if (before_last != nullptr) (*before_last)();
   add_bias(a, st);
 }
 
@@ -490,6 +496,21 @@ bool shrink_beside(const CudaContext& ctx) {
   return kernel_tuning(TuningShape{}).lora_shrink_beside_product != 0 && cuda_util::has_side_stream(ctx);
 }
 
+// The join of a shrink beside a product (cuda_util::run_beside) before the product's last launch when that
+// is a BF16 product of ours (KernelTuning::lora_shrink_join_early), else after the product.
+template <typename Join>
+void product_then_join(const LinearArgs& a, const CudaContext& ctx, Join&& join) {
+  const bool split = ctx.bf16_split(a.m);
+  if (kernel_tuning(TuningShape{}).lora_shrink_join_early != 0 && a.w.dtype == DType::kBF16 && a.m > 0 &&
+      a.w.rows > 0 && a.m < (1LL << 31) && a.w.rows < (1LL << 31) && a.w.cols < (1LL << 31) &&
+      !streamed(a, split)) {
+    const std::function<void()> before_last = join;
+    bf16_product(a, split, cast_x(a, split, ctx), ctx, &before_last);
+    return;
+  }
+  linear_product(a, ctx);
+}
+
 }  // namespace
 
 void linear(const LinearArgs& a, const CudaContext& ctx) {
@@ -499,7 +520,7 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
     if (shrink_beside(ctx)) {
       return cuda_util::run_beside(
           ctx, [&](const CudaContext& side) { lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, side); },
-          [&] { linear_product(a, ctx); });
+          [&](auto join) { product_then_join(a, ctx, join); });
     }
     linear_product(a, ctx);
     return lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, ctx);
@@ -549,9 +570,13 @@ void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx
               if (group[gi].lora_shrink != nullptr)
                 lora_shrink(*group[gi].lora_shrink, group[gi].lora_tmp, group[gi].lora_ld_tmp, side);
           },
-          [&] {
+          [&](auto join) {
+            // With lora_shrink_join_early, joined before the last product's last launch.
+            const std::function<void()> before_last = join;
+            const bool early = kernel_tuning(TuningShape{}).lora_shrink_join_early != 0;
             const CastX c = cast_x(group[0], split, ctx);
-            for (int64_t gi = 0; gi < count; ++gi) bf16_product(group[gi], split, c, ctx);
+            for (int64_t gi = 0; gi < count; ++gi)
+              bf16_product(group[gi], split, c, ctx, early && gi + 1 == count ? &before_last : nullptr);
           });
       return;
     }
