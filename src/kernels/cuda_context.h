@@ -29,7 +29,7 @@ struct CudaContext {
   int64_t num_counters = 0;
   // A second stream of the same device and two events (cudaStream_t / cudaEvent_t, timing off) for work
   // that runs beside `stream`'s inside one call, forked from it and joined back to it before the call
-  // returns (cuda_util::SideWork: a dense LoRA shrink beside its projection's cuBLAS GEMM, tuning
+  // returns (cuda_util::run_beside: a dense LoRA shrink beside its projection's cuBLAS GEMM, tuning
   // lora_shrink_beside_product). Inside a graph capture the two become parallel branches. nullptr: none.
   void* side_stream = nullptr;
   void* side_fork = nullptr;

@@ -220,7 +220,9 @@ TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
   ForwardBatch pre;
   pre.max_blocks_per_seq = kMaxBlocks;
   pre.query_start.push_back(0);
-  auto slot_for = [&](int64_t s) { return static_cast<int32_t>(s % 4 == 3 ? -1 : 1 + s % static_cast<int64_t>(owned.size())); };
+  auto slot_for = [&](int64_t s) {
+    return static_cast<int32_t>(s % 4 == 3 ? -1 : 1 + s % static_cast<int64_t>(owned.size()));
+  };
   for (int64_t s = 0; s < N; ++s) {
     int32_t l = static_cast<int32_t>(4 + 3 * s);
     len.push_back(l);
@@ -234,7 +236,8 @@ TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
     pre.context_lens.push_back(l);
     pre.adapter_slots.push_back(slot_for(s));
     pre.logits_rows.push_back(static_cast<int32_t>(pre.token_ids.size() - 1));
-    for (int64_t j = 0; j < kMaxBlocks; ++j) pre.block_tables.push_back(static_cast<int32_t>(s * kMaxBlocks + j));
+    for (int64_t j = 0; j < kMaxBlocks; ++j)
+      pre.block_tables.push_back(static_cast<int32_t>(s * kMaxBlocks + j));
   }
   std::vector<float> pre_logits(static_cast<size_t>(N * V));
   model->forward(pre, kv.views(), slots, pre_logits.data());
@@ -265,7 +268,8 @@ TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
     std::vector<float> eager(static_cast<size_t>(size * V));
     model->forward(eager_step, kv.views(), slots, eager.data());
     size_t mismatches = 0;
-    for (size_t i = 0; i < replay.size(); ++i) mismatches += std::memcmp(&replay[i], &eager[i], sizeof(float)) != 0;
+    for (size_t i = 0; i < replay.size(); ++i)
+      mismatches += std::memcmp(&replay[i], &eager[i], sizeof(float)) != 0;
     EXPECT_EQ(mismatches, 0u) << gc.model << " n=" << n << ": replay with adapters differs from eager";
     for (int64_t s = 0; s < n; ++s) {
       float diff = 0;

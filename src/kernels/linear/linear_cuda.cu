@@ -435,7 +435,9 @@ void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaCon
   add_bias(a, st);
 }
 
-void linear_product(const LinearArgs& a, const CudaContext& ctx) {
+// before_last: as bf16_product's, for the BF16 products through cuBLAS (other paths ignore it).
+void linear_product(const LinearArgs& a, const CudaContext& ctx,
+                    const std::function<void()>* before_last = nullptr) {
   const int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m == 0 || n == 0) return;
   KERNEL_CHECK(m < (1LL << 31) && n < (1LL << 31) && k < (1LL << 31),
@@ -447,7 +449,7 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx) {
     case DType::kBF16: {
       const bool split = ctx.bf16_split(m);
       if (streamed(a, split)) return launch_stream_group(&a, 1, st);
-      return bf16_product(a, split, cast_x(a, split, ctx), ctx);
+      return bf16_product(a, split, cast_x(a, split, ctx), ctx, before_last);
     }
     case DType::kF32:
       CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
@@ -496,19 +498,10 @@ bool shrink_beside(const CudaContext& ctx) {
   return kernel_tuning(TuningShape{}).lora_shrink_beside_product != 0 && cuda_util::has_side_stream(ctx);
 }
 
-// The join of a shrink beside a product (cuda_util::run_beside) before the product's last launch when that
-// is a BF16 product of ours (KernelTuning::lora_shrink_join_early), else after the product.
-template <typename Join>
-void product_then_join(const LinearArgs& a, const CudaContext& ctx, Join&& join) {
-  const bool split = ctx.bf16_split(a.m);
-  if (kernel_tuning(TuningShape{}).lora_shrink_join_early != 0 && a.w.dtype == DType::kBF16 && a.m > 0 &&
-      a.w.rows > 0 && a.m < (1LL << 31) && a.w.rows < (1LL << 31) && a.w.cols < (1LL << 31) &&
-      !streamed(a, split)) {
-    const std::function<void()> before_last = join;
-    bf16_product(a, split, cast_x(a, split, ctx), ctx, &before_last);
-    return;
-  }
-  linear_product(a, ctx);
+// The join of a shrink beside its product (cuda_util::run_beside), for the product's before_last: before the
+// product's last launch with KernelTuning::lora_shrink_join_early, else none (joined after the product).
+const std::function<void()>* early_join(const std::function<void()>& join) {
+  return kernel_tuning(TuningShape{}).lora_shrink_join_early != 0 ? &join : nullptr;
 }
 
 }  // namespace
@@ -520,7 +513,7 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
     if (shrink_beside(ctx)) {
       return cuda_util::run_beside(
           ctx, [&](const CudaContext& side) { lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, side); },
-          [&](auto join) { product_then_join(a, ctx, join); });
+          [&](const std::function<void()>& join) { linear_product(a, ctx, early_join(join)); });
     }
     linear_product(a, ctx);
     return lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, ctx);
@@ -570,13 +563,10 @@ void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx
               if (group[gi].lora_shrink != nullptr)
                 lora_shrink(*group[gi].lora_shrink, group[gi].lora_tmp, group[gi].lora_ld_tmp, side);
           },
-          [&](auto join) {
-            // With lora_shrink_join_early, joined before the last product's last launch.
-            const std::function<void()> before_last = join;
-            const bool early = kernel_tuning(TuningShape{}).lora_shrink_join_early != 0;
+          [&](const std::function<void()>& join) {
             const CastX c = cast_x(group[0], split, ctx);
             for (int64_t gi = 0; gi < count; ++gi)
-              bf16_product(group[gi], split, c, ctx, early && gi + 1 == count ? &before_last : nullptr);
+              bf16_product(group[gi], split, c, ctx, gi + 1 == count ? early_join(join) : nullptr);
           });
       return;
     }
