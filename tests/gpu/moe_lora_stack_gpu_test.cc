@@ -163,25 +163,27 @@ void run_all(kt::StackMoeCase c, bool mxfp4 = false, bool bf16_modes_only = fals
 }
 
 // GPT-OSS layout: fused interleaved gate_up with biases, kGptOssSwiglu, one gate_up LoRA (gu_slices 1) or
-// separate gate and up LoRAs (gu_slices 2, slice n & 1), 8 experts top-2: batch 1 (GEMV), 16..256 (BF16:
-// tensor-core weight streaming; F32: GEMV), 300 (grouped GEMMs).
+// separate gate and up LoRAs (gu_slices 2, slice n & 1), 8 experts top-2, m tokens.
+kt::StackMoeCase gpt_oss_layout(int64_t m, int gu) {
+  return {.m = m,
+          .hidden = 64,
+          .inter = 48,
+          .num_experts = 8,
+          .top_k = 2,
+          .rank = 16,
+          .gu_slices = gu,
+          .act = k::ExpertAct::kGptOssSwiglu,
+          .fused = true,
+          .biases = true,
+          .slots = 8};
+}
+
+// The GPT-OSS layout at batch 1 (GEMV), 16..256 (BF16: tensor-core weight streaming; F32: GEMV), 300
+// (grouped GEMMs).
 TEST(GpuLoraStack, MoeGptOssLayoutBatchSizes) {
   SKIP_WITHOUT_GPU();
-  for (int gu : {1, 2}) {
-    for (int64_t m : {1, 16, 64, 256, 300}) {
-      run_all({.m = m,
-               .hidden = 64,
-               .inter = 48,
-               .num_experts = 8,
-               .top_k = 2,
-               .rank = 16,
-               .gu_slices = gu,
-               .act = k::ExpertAct::kGptOssSwiglu,
-               .fused = true,
-               .biases = true,
-               .slots = 8});
-    }
-  }
+  for (int gu : {1, 2})
+    for (int64_t m : {1, 16, 64, 256, 300}) run_all(gpt_oss_layout(m, gu));
 }
 
 // Mixtral / Qwen3-MoE layout: separate gate and up weights, kSiluGate, separate gate and up LoRAs; and a
@@ -297,22 +299,9 @@ TEST(GpuLoraStack, MoeMxfp4GroupedGemmLoraExt) {
     t.moe_down_shrink_in_gate_up = ext == 2 ? 1 : 0;
     k::override_kernel_tuning(t);
     for (int64_t m : {40, 300}) run_mxfp4_cases(m, true);
-    if (ext == 2) {
+    if (ext == 2)
       for (int gu : {1, 2})
-        for (int64_t m : {40, 300})
-          run_all({.m = m,
-                   .hidden = 64,
-                   .inter = 48,
-                   .num_experts = 8,
-                   .top_k = 2,
-                   .rank = 16,
-                   .gu_slices = gu,
-                   .act = k::ExpertAct::kGptOssSwiglu,
-                   .fused = true,
-                   .biases = true,
-                   .slots = 8},
-                  false, true);
-    }
+        for (int64_t m : {40, 300}) run_all(gpt_oss_layout(m, gu), false, true);
   }
   k::override_kernel_tuning(std::nullopt);
 }
