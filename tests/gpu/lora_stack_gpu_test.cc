@@ -305,7 +305,8 @@ TEST(GpuLoraStack, LinearGroupLoraBeforeTheProducts) {
       for (int64_t m : {100, 256, 300, 700}) {
         for (int64_t in : {136, 1000}) {
           const std::string what = std::string(mode.name) + " lora_expand_before_product " +
-                                   std::to_string(first) + " m=" + std::to_string(m) + " in=" + std::to_string(in);
+                                   std::to_string(first) + " m=" + std::to_string(m) +
+                                   " in=" + std::to_string(in);
           SCOPED_TRACE(what);
           Arena ar(backend(mode));
           const int64_t S = 8, R = 16, ldx = in + 4;
@@ -361,10 +362,12 @@ TEST(GpuLoraStack, LinearGroupLoraBeforeTheProducts) {
           d.y[1] = dy[2];
           ar.be().linear_group_lora(group, d);
           for (int i = 0; i < 3; ++i)
-            expect_close_for(mode, ar.down(dy[i], expect[i].size()), expect[i], what + ": y" + std::to_string(i));
+            expect_close_for(mode, ar.down(dy[i], expect[i].size()), expect[i],
+                             what + ": y" + std::to_string(i));
           // The LoRA changes the outputs it adds to (so the comparison above sees it).
           std::vector<float> plain(expect[2].size());
-          k::ref::linear({.x = x.data(), .m = m, .ldx = ldx, .w = w[2].view, .y = plain.data(), .ldy = outs[2]});
+          k::ref::linear(
+              {.x = x.data(), .m = m, .ldx = ldx, .w = w[2].view, .y = plain.data(), .ldy = outs[2]});
           float most = 0.0f;
           for (size_t j = 0; j < plain.size(); ++j) most = std::max(most, std::fabs(plain[j] - expect[2][j]));
           EXPECT_GT(most, 0.05f);

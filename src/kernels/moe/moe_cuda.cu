@@ -707,13 +707,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
         wp.swiglu_alpha = a.swiglu_alpha;
         wp.swiglu_limit = a.swiglu_limit;
         if (down_in_gu) {
-          const MoeLoraStack& s = a.lora_stack;
-          wp.ds_a = static_cast<const __nv_bfloat16*>(s.a_down);
-          wp.ds_gr = static_cast<int>(s.rank);
-          wp.ds_token_slots = a.token_slots;
-          wp.ds_slots = s.slots;
-          wp.ds_E = a.num_experts;
-          wp.ds_scale = s.scale;
+          wp.ds_a = static_cast<const __nv_bfloat16*>(a.lora_stack.a_down);  // keys, ranks: p.lora's
           wp.ds_part = ws.gu;
           wp.ds_count = ws.ds_count;
           wp.ds_out = ws.lora_down;

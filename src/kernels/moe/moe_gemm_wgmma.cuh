@@ -58,17 +58,14 @@ struct WgmmaParams {
   // act_copies 2, as the shrink over act_out sums), key = the row's down LoRA key (lora_row_key, scale
   // column 2). Each CTA's partial sums over its BN / 2 activation columns go to ds_part[tile][column tile];
   // the last CTA of a row tile to arrive (ds_count) sums them in column-tile order (deterministic).
-  const __nv_bfloat16* ds_a = nullptr;  // A_down [slots, E, ds_gr, inter]
-  int ds_gr = 0;                        // rank rows per key, at most kDsMaxRanks
-  const int32_t* ds_token_slots = nullptr;
-  int64_t ds_slots = 0, ds_E = 0;
-  const float* ds_scale = nullptr;  // [slots, E, 3]
-  float* ds_part = nullptr;         // [max_tiles][col_tiles][kWgBM][ds_gr]
+  // A_down [slots, E, mp.lora.R, inter]; the keys from mp.lora's token slots, slots, E and scale.
+  const __nv_bfloat16* ds_a = nullptr;
+  float* ds_part = nullptr;         // [max_tiles][col_tiles][kWgBM][mp.lora.R]
   int32_t* ds_count = nullptr;      // [max_tiles], zero before the launch
-  float* ds_out = nullptr;          // [max_rows][ds_gr]
+  float* ds_out = nullptr;          // [max_rows][mp.lora.R]
 };
 
-constexpr int kDsMaxRanks = 64;
+constexpr int kDsMaxRanks = 64;  // the down shrink's ranks (mp.lora.R) at most
 
 // WgmmaParams::ds_out: the down LoRA shrink of the activations a gate/up CTA computed (ah / al: the thread's
 // hi / lo parts at rows row_base + lane / 4 (+ 8) and activation columns n0 / 2 + 4j + lane % 4, zero where
@@ -83,13 +80,13 @@ __device__ __forceinline__ void down_shrink_from_act(const WgmmaParams& wp,
                                                      const int32_t* s_pair, int row_base, int tile,
                                                      int64_t n0, int32_t e) {
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int gr = wp.ds_gr, n8 = (gr + 7) / 8;
+  const int gr = static_cast<int>(wp.mp.lora.R), n8 = (gr + 7) / 8;
   const int64_t I = wp.mp.inter, c0 = n0 / 2;
   int32_t key[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    key[h] = lora_row_key(s_pair[row_base + g + 8 * h], e, wp.ds_token_slots, wp.mp.top_k, wp.ds_slots,
-                          wp.ds_E, wp.ds_scale, 2, 1);
+    key[h] = lora_row_key(s_pair[row_base + g + 8 * h], e, wp.mp.lora.token_slots, wp.mp.top_k,
+                          wp.mp.lora.slots, wp.mp.lora.E, wp.mp.lora.scale, 2, 1);
   float acc[kDsMaxRanks / 8][4];
 #pragma unroll
   for (int nt = 0; nt < kDsMaxRanks / 8; ++nt)
