@@ -525,8 +525,8 @@ OutputParser::Snapshot OutputParser::snapshot(bool final) const {
         std::string_view head = s.substr(a);
         if (head.substr(0, kThinkOpen.size()) == kThinkOpen)
           start = a + kThinkOpen.size();
-        else if (!final && !head.empty() && kThinkOpen.substr(0, head.size()) == head)
-          start = s.size();  // undecided: "<thi" may still become "<think>"
+        else if (!final && kThinkOpen.substr(0, head.size()) == head)
+          start = s.size();  // undecided: "<thi" (or whitespace alone) may still become "<think>"
       } else {
         size_t a = skip_space(s, 0);
         std::string_view head = s.substr(a);

@@ -226,6 +226,19 @@ TEST(HermesParser, ThinkThenAnswer) {
   EXPECT_EQ(r.reasoning, "Greeting.");
   EXPECT_EQ(r.content, "Hi");
   expect_stream_matches(o, "Greeting.</think>Hi");
+  // ... and the model may still write <think> itself after whitespace: a stream holds the whitespace back
+  // until it knows (a fuzz finding: "\t" went out as reasoning, then the whole parse dropped it with the
+  // tag).
+  for (const std::string text : {"\t<think>Plan.</think>Hi", " \n <think>Plan.</think>Hi"}) {
+    r = OutputParser::parse(o, text);
+    EXPECT_EQ(r.reasoning, "Plan.") << text;
+    EXPECT_EQ(r.content, "Hi") << text;
+    expect_stream_matches(o, text);
+  }
+  // Whitespace alone, to the end, is the reasoning.
+  r = OutputParser::parse(o, " \n");
+  EXPECT_EQ(r.reasoning, " \n");
+  expect_stream_matches(o, " \n");
 }
 
 // deepseek_r1 (vLLM's DeepSeekR1ReasoningParser): the output starts inside the reasoning whether or not the
