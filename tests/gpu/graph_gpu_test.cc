@@ -253,7 +253,10 @@ TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
     tune.lora_shrink_beside_product = n > 8 ? 1 : 0;
     tune.lora_shrink_join_early = n == 16 ? 1 : 0;
     k::override_kernel_tuning(tune);
-    ForwardBatch step = decode_batch(n, len, tok, 3);
+    // The step's block tables as narrow as its longest context allows (3 blocks up to 13 sequences, 4 at 16:
+    // sequence 15 attends to 50 tokens), narrower than the graphs' kMaxBlocks.
+    const int64_t width = (len[n - 1] + 1 + kBlock - 1) / kBlock;
+    ForwardBatch step = decode_batch(n, len, tok, width);
     for (int64_t s = 0; s < n; ++s) step.adapter_slots[s] = slot_for(s);
     model->prepare_graphs(kv.views(), on);
     ASSERT_TRUE(model->graphs_enabled());
