@@ -6,8 +6,8 @@
 # the q/k/v expands (+8.2 us per layer) and add_rms_norm_lora (o's expand, +4 us), two launches each from the
 # decode steps (graphs off so ncu sees single launches); and the shrink's early join (lora_shrink_join_early,
 # written after session 57's device time): its GPU tests, then batch-16 / 64 decode with 8 adapters with it
-# 0 / 1 / 0 / 1; session 58's prefill LoRA changes (lora_expand_before_product, moe_down_shrink_in_gate_up):
-# their tests and prefill A/B. SKIP words: tl, ncu, join, first.
+# 0 / 1 / 0 / 1; the dense LoRA before its products at prefill (lora_expand_before_product, session 58):
+# its tests and prefill 0 / 1 / 0 / 1. SKIP words: tl, ncu, join, first.
 set -uo pipefail
 OUT=${OUT:-/tmp/s58}
 # shellcheck source=scripts/device_env.sh
@@ -37,7 +37,7 @@ if ! skip ncu; then
   done
   # The dense LoRA kernels of an 8,192-token prefill step with 8 adapters (16 x 512-token prompts): the
   # expand runs at ~30% of DRAM bandwidth (session 55), ~9.8 of the 27 ms that adapters add to the step.
-  for k in dense_expand_mma dense_shrink_mma moe_lora_shrink_mma; do
+  for k in dense_expand_mma dense_shrink_mma; do
     OUT=$OUT timeout 200 bash scripts/device_ncu.sh "$k" "$k" 0 2 -- build-gpu/bench/polylora_bench \
       device --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 2 \
       --batches 16 --loras 8 > /dev/null 2>&1
@@ -63,26 +63,21 @@ if ! skip join; then
   stamp join
 fi
 if ! skip first; then
-  # Written in session 58: lora_expand_before_product (the dense LoRA of q/k/v and o before its products at
-  # prefill sizes, the expand storing, cuBLAS accumulating) and moe_down_shrink_in_gate_up (the down LoRA's
-  # shrink in the fused gate/up epilogue). Their GPU tests, the golden / graph tests with both on, then
-  # prefill with 8 adapters (16 x 512-token prompts: one 8,192-token step for the base, one with adapters)
-  # off / dense / dense + moe, twice.
+  # lora_expand_before_product (written in session 58): the dense LoRA of q/k/v and o before its products at
+  # prefill sizes. Its GPU test and the golden / graph tests with it on, then prefill with 8 adapters
+  # 0 / 1 / 0 / 1 (16 x 512-token prompts: one 8,192-token prefill step for the base, one with adapters).
   TG=$(find build-gpu -name test_gpu -type f | head -1)
-  POLYLORA_LORA_EXPAND_BEFORE_PRODUCT=1 POLYLORA_MOE_DOWN_SHRINK_IN_GATE_UP=1 timeout 300 "$TG" --gtest_brief=1 \
-    --gtest_filter="GpuLoraStack.LinearGroupLora*:GpuLoraStack.MoeMxfp4GroupedGemmLoraExt:*GoldenGpuTest*:GpuLoraStack.Dense*:*GraphEngineGpuTest*" \
+  POLYLORA_LORA_EXPAND_BEFORE_PRODUCT=1 timeout 300 "$TG" --gtest_brief=1 \
+    --gtest_filter="GpuLoraStack.LinearGroupLora*:*GoldenGpuTest*:GpuLoraStack.Dense*:*GraphEngineGpuTest*" \
     > "$OUT/tests-first.txt" 2>&1
   echo "test_gpu rc $?" >> "$OUT/tests-first.txt"
   grep -E "^\[  FAILED  \]|^\[  PASSED  \]|Failure|rc " "$OUT/tests-first.txt" | head -20
   stamp "tests first"
-  for r in 1 2; do
-    for v in "0 0" "1 0" "1 1"; do
-      read -r e d <<< "$v"
-      echo "lora_expand_before_product $e moe_down_shrink_in_gate_up $d:"
-      POLYLORA_LORA_EXPAND_BEFORE_PRODUCT=$e POLYLORA_MOE_DOWN_SHRINK_IN_GATE_UP=$d timeout 120 \
-        build-gpu/bench/polylora_bench device --config tests/data/configs/gpt-oss-20b --device cuda \
-        --prompt-len 512 --decode-tokens 4 --batches 16 --loras 8 2>&1 | grep -E "^batch"
-    done
+  for v in 0 1 0 1; do
+    echo "lora_expand_before_product $v:"
+    POLYLORA_LORA_EXPAND_BEFORE_PRODUCT=$v timeout 120 build-gpu/bench/polylora_bench device \
+      --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 4 --batches 16 \
+      --loras 8 2>&1 | grep -E "^(prefill|batch)"
   done | tee "$OUT/first.txt"
   stamp first
 fi

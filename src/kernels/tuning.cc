@@ -51,8 +51,6 @@ const std::vector<Field>& fields() {
       {"moe_wgmma_group", &KernelTuning::moe_wgmma_group, "POLYLORA_MOE_WGMMA_GROUP"},
       {"moe_wgmma_fused_act", &KernelTuning::moe_wgmma_fused_act, "POLYLORA_MOE_WGMMA_FUSED_ACT"},
       {"moe_wgmma_lora_ext", &KernelTuning::moe_wgmma_lora_ext, "POLYLORA_MOE_WGMMA_LORA_EXT"},
-      {"moe_down_shrink_in_gate_up", &KernelTuning::moe_down_shrink_in_gate_up,
-       "POLYLORA_MOE_DOWN_SHRINK_IN_GATE_UP"},
       {"moe_wgmma_mxfp4", &KernelTuning::moe_wgmma_mxfp4, "POLYLORA_MOE_WGMMA_MXFP4"},
       {"moe_lora_mma_per_expert", &KernelTuning::moe_lora_mma_per_expert, "POLYLORA_MOE_LORA_MMA_PER_EXPERT"},
       {"lora_gemv_shrink_rows", &KernelTuning::lora_gemv_shrink_rows, "POLYLORA_LORA_GEMV_SHRINK_ROWS"},

@@ -93,12 +93,6 @@ struct KernelTuning {
   // as the epilogue's; `polylora_bench device` MXFP4 prefill with 8 adapters 27,643 / 26,698 tok/s (16 / 64
   // x 512 tokens) against 27,241 / 26,312: on; env POLYLORA_MOE_WGMMA_LORA_EXT.
   int64_t moe_wgmma_lora_ext = 1;
-  // 1: with moe_wgmma_lora_ext and GPT-OSS's activation fused into the warpgroup-MMA gate/up epilogue, that
-  // epilogue also runs the down LoRA's shrink on the activations in its registers (mma.sync, partial sums
-  // per column tile, summed in order by the row tile's last CTA) instead of moe_lora_shrink_mma reading the
-  // bf16 activation back (~189 MB per layer at 8,192 tokens with top-4). Written in session 58 without a
-  // GPU (off until measured); env POLYLORA_MOE_DOWN_SHRINK_IN_GATE_UP.
-  int64_t moe_down_shrink_in_gate_up = 0;
   // 1: with it, MXFP4 experts take the warpgroup-MMA GEMM too (their codes decoded into its B tiles; 128
   // columns per CTA). Its GPU test failed in session 40 (the grid counted column tiles in the tuning's BN
   // 256, half of every row unwritten); fixed in session 41, passing in session 42 on an H100, where

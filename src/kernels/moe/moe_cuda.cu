@@ -192,7 +192,6 @@ struct MoeWorkspace {
       nullptr;                   // [max_rows, ext_w] lora_ext: the rows' K-extensions (one phase at a time)
   int32_t* lora_keys = nullptr;  // [max_rows] lora_ext: the rows' LoRA keys (one phase at a time)
   int64_t ext_w = 0;             // 2 · gu_slices · rank rounded up to the slice of 64
-  int32_t* ds_count = nullptr;   // [max_tiles] lora_ext: arrivals of the down shrink in the gate/up GEMM
   float* lora_dgu = nullptr;     // [max_rows, 2I] delta mode (moe_lora_delta): gate/up LoRA by sorted row
   float* lora_dy = nullptr;      // [pairs, H] delta mode: down LoRA by pair
   size_t bytes = 0;
@@ -270,7 +269,6 @@ struct MoeWorkspace {
         ext_w = round_up(2 * a.lora_stack.gu_slices * a.lora_stack.rank, moe_detail::kWgBK);
         lora_ext = reinterpret_cast<__nv_bfloat16*>(take(static_cast<size_t>(2 * max_rows * ext_w)));
         lora_keys = reinterpret_cast<int32_t*>(take(static_cast<size_t>(4 * max_rows)));
-        ds_count = reinterpret_cast<int32_t*>(take(static_cast<size_t>(4 * std::max<int64_t>(max_tiles, 1))));
       }
       if (lora_delta(a, path)) {
         lora_dgu = reinterpret_cast<float*>(take(4 * max_rows * 2 * a.inter));
@@ -668,13 +666,6 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
     // when nothing else reads gu: no per-adapter LoRA views, no stack LoRA outside the GEMMs.
     const bool fused_act = ws.wgmma && a.act == ExpertAct::kGptOssSwiglu && !lora && (!stack || mma_lora) &&
                            tuning_of(a).moe_wgmma_fused_act != 0;
-    // The down LoRA shrink inside the fused activation's epilogue (KernelTuning::moe_down_shrink_in_gate_up;
-    // WgmmaParams::ds_out): its partial sums in gu, which the fused activation leaves unused (the column
-    // tiles of 128 or more gate/up columns times the ranks fit a row's 2I floats).
-    const bool down_in_gu = fused_act && mma_lora && ws.lora_ext != nullptr &&
-                            a.lora_stack.a_down != nullptr && a.lora_stack.rank <= moe_detail::kDsMaxRanks &&
-                            ((2 * I + 127) / 128) * a.lora_stack.rank <= 2 * I &&
-                            tuning_of(a).moe_down_shrink_in_gate_up != 0;
     // The tensor-core GEMM of one phase (N output columns): the warpgroup-MMA kernel when the workspace was
     // laid out for it, else the mma.sync one.
     auto launch_grouped_gemm = [&](Phase phase, int64_t N, dim3 grid, const moe_detail::MmaParams& p) {
@@ -706,13 +697,6 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
         wp.act_copies = static_cast<int>(ws.copies);
         wp.swiglu_alpha = a.swiglu_alpha;
         wp.swiglu_limit = a.swiglu_limit;
-        if (down_in_gu) {
-          wp.ds_a = static_cast<const __nv_bfloat16*>(a.lora_stack.a_down);  // keys, ranks: p.lora's
-          wp.ds_part = ws.gu;
-          wp.ds_count = ws.ds_count;
-          wp.ds_out = ws.lora_down;
-          CUDA_CHECK(cudaMemsetAsync(ws.ds_count, 0, static_cast<size_t>(4 * ws.max_tiles), st));
-        }
       }
       if (phase == Phase::kGateUp) {
         moe_detail::launch_wgmma_tile<Phase::kGateUp>(bn, wp, st);
@@ -760,8 +744,8 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       if (!fused_act)
         moe_detail::launch_expert_act(ws.sorted, ws.num_tiles, tile_m, ws.max_rows, ws.gu, nullptr, nullptr,
                                       ws.act_bf16, ws.lda_i, ws.copies, a, st);
-      if (!down_in_gu) launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);  // else summed by gate/up
-      if (ws.lora_ext != nullptr) launch_lora_ext_pack<Phase::kDown>(a, ws, down_in_gu ? 1 : lms.down, st);
+      launch_lora_shrink_mma<Phase::kDown>(a, ws, lms.down, st);
+      if (ws.lora_ext != nullptr) launch_lora_ext_pack<Phase::kDown>(a, ws, lms.down, st);
     } else if (!fused_act) {
       gate_up_lora_and_activation();
     }
@@ -772,7 +756,7 @@ void moe_experts(const MoeExpertsArgs& a, bool tensor_cores, const CudaContext& 
       mp.kb_tiles = static_cast<int>(ws.lda_i / moe_detail::kMmaBK);
       mp.out = ws.y;
       mp.mx_nb = a.experts_mxfp4 ? I / kMxfp4BlockSize : 0;
-      if (mma_lora) mp.lora = lora_expand_params<Phase::kDown>(a, ws, down_in_gu ? 1 : lms.down);
+      if (mma_lora) mp.lora = lora_expand_params<Phase::kDown>(a, ws, lms.down);
       launch_grouped_gemm(Phase::kDown, H, grid_down, mp);
     } else {
       gp.x = ws.act;

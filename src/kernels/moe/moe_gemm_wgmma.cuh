@@ -52,119 +52,7 @@ struct WgmmaParams {
   const __nv_bfloat16* lora_ext = nullptr;
   int ext_w = 0;
   const int32_t* lora_keys = nullptr;  // [max_rows] the rows' keys as moe_lora_ext_pack wrote them
-  // With act_out and ds_out set (KernelTuning::moe_down_shrink_in_gate_up): the down phase's LoRA shrink
-  // from the activations this epilogue computes, so no kernel reads them back for it:
-  // ds_out[sorted row][j] = Σ_i act[row][i] · A_down[key][j][i] (the bf16 hi part, + the lo part with
-  // act_copies 2, as the shrink over act_out sums), key = the row's down LoRA key (lora_row_key, scale
-  // column 2). Each CTA's partial sums over its BN / 2 activation columns go to ds_part[tile][column tile];
-  // the last CTA of a row tile to arrive (ds_count) sums them in column-tile order (deterministic).
-  // A_down [slots, E, mp.lora.R, inter]; the keys from mp.lora's token slots, slots, E and scale.
-  const __nv_bfloat16* ds_a = nullptr;
-  float* ds_part = nullptr;         // [max_tiles][col_tiles][kWgBM][mp.lora.R]
-  int32_t* ds_count = nullptr;      // [max_tiles], zero before the launch
-  float* ds_out = nullptr;          // [max_rows][mp.lora.R]
 };
-
-constexpr int kDsMaxRanks = 64;  // the down shrink's ranks (mp.lora.R) at most
-
-// WgmmaParams::ds_out: the down LoRA shrink of the activations a gate/up CTA computed (ah / al: the thread's
-// hi / lo parts at rows row_base + lane / 4 (+ 8) and activation columns n0 / 2 + 4j + lane % 4, zero where
-// none). mma.sync m16n8k16 with the accumulator-layout activations as the A fragments: logical k 2t + δ and
-// 2t + 8 + δ of a k16 step are the thread's columns 4δ + t and 8 + 4δ + t (a permutation of the step's 16
-// columns, applied to the B fragments' A_down columns alike). One pass per distinct key among the warp's
-// rows (rows of other keys zero in the A fragments). Called by every thread of the CTA.
-template <int BN>
-__device__ __forceinline__ void down_shrink_from_act(const WgmmaParams& wp,
-                                                     const __nv_bfloat16 (&ah)[2][BN / 8],
-                                                     const __nv_bfloat16 (&al)[2][BN / 8],
-                                                     const int32_t* s_pair, int row_base, int tile,
-                                                     int64_t n0, int32_t e) {
-  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int gr = static_cast<int>(wp.mp.lora.R), n8 = (gr + 7) / 8;
-  const int64_t I = wp.mp.inter, c0 = n0 / 2;
-  int32_t key[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    key[h] = lora_row_key(s_pair[row_base + g + 8 * h], e, wp.mp.lora.token_slots, wp.mp.top_k,
-                          wp.mp.lora.slots, wp.mp.lora.E, wp.mp.lora.scale, 2, 1);
-  float acc[kDsMaxRanks / 8][4];
-#pragma unroll
-  for (int nt = 0; nt < kDsMaxRanks / 8; ++nt)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc[nt][q] = 0.0f;
-  bool todo0 = key[0] >= 0, todo1 = key[1] >= 0;
-  const __nv_bfloat16 z = __float2bfloat16_rn(0.0f);
-  auto pack = [](__nv_bfloat16 lo, __nv_bfloat16 hi) {
-    return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) |
-           (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
-  };
-  for (;;) {
-    const unsigned pend = __ballot_sync(0xffffffffu, todo0 || todo1);
-    if (pend == 0) break;
-    const int32_t k = __shfl_sync(0xffffffffu, todo0 ? key[0] : key[1], __ffs(pend) - 1);
-    const bool use0 = todo0 && key[0] == k, use1 = todo1 && key[1] == k;
-    const __nv_bfloat16* w = wp.ds_a + static_cast<int64_t>(k) * gr * I;
-#pragma unroll
-    for (int kk = 0; kk < BN / 32; ++kk) {
-      uint32_t fh[4], fl[4];
-      fh[0] = pack(use0 ? ah[0][4 * kk] : z, use0 ? ah[0][4 * kk + 1] : z);
-      fh[1] = pack(use1 ? ah[1][4 * kk] : z, use1 ? ah[1][4 * kk + 1] : z);
-      fh[2] = pack(use0 ? ah[0][4 * kk + 2] : z, use0 ? ah[0][4 * kk + 3] : z);
-      fh[3] = pack(use1 ? ah[1][4 * kk + 2] : z, use1 ? ah[1][4 * kk + 3] : z);
-      fl[0] = pack(use0 ? al[0][4 * kk] : z, use0 ? al[0][4 * kk + 1] : z);
-      fl[1] = pack(use1 ? al[1][4 * kk] : z, use1 ? al[1][4 * kk + 1] : z);
-      fl[2] = pack(use0 ? al[0][4 * kk + 2] : z, use0 ? al[0][4 * kk + 3] : z);
-      fl[3] = pack(use1 ? al[1][4 * kk + 2] : z, use1 ? al[1][4 * kk + 3] : z);
-      const int64_t col = c0 + 16 * kk + t;  // + 4q: the thread's q-th column of the step
-#pragma unroll
-      for (int nt = 0; nt < kDsMaxRanks / 8; ++nt) {
-        if (nt >= n8) break;
-        const int j = nt * 8 + g;  // the B fragment's rank row
-        uint32_t b0 = 0, b1 = 0;
-        if (j < gr) {
-          const __nv_bfloat16* wr = w + static_cast<int64_t>(j) * I;
-          auto ld = [&](int q) -> uint32_t {
-            return col + 4 * q < I ? static_cast<uint32_t>(__bfloat16_as_ushort(wr[col + 4 * q])) : 0u;
-          };
-          b0 = ld(0) | (ld(1) << 16);
-          b1 = ld(2) | (ld(3) << 16);
-        }
-        mma::mma_bf16(acc[nt], fh, b0, b1);
-        if (wp.act_copies == 2) mma::mma_bf16(acc[nt], fl, b0, b1);
-      }
-    }
-    todo0 = todo0 && !use0;
-    todo1 = todo1 && !use1;
-  }
-  // This CTA's partial sums (zero for rows without a key), then the last CTA of the row tile sums them.
-  const int64_t ct = n0 / BN, per = static_cast<int64_t>(kWgBM) * gr;
-  float* part = wp.ds_part + (static_cast<int64_t>(tile) * wp.col_tiles + ct) * per;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float* prow = part + static_cast<int64_t>(row_base + g + 8 * h) * gr;
-#pragma unroll
-    for (int nt = 0; nt < kDsMaxRanks / 8; ++nt) {
-      if (nt >= n8) break;
-      const int j = nt * 8 + 2 * t;
-      if (j < gr) prow[j] = acc[nt][2 * h];
-      if (j + 1 < gr) prow[j + 1] = acc[nt][2 * h + 1];
-    }
-  }
-  __shared__ int s_last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s_last = atomicAdd(wp.ds_count + tile, 1) == wp.col_tiles - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  const float* tp = wp.ds_part + static_cast<int64_t>(tile) * wp.col_tiles * per;
-  float* out = wp.ds_out + static_cast<int64_t>(tile) * per;
-  for (int64_t i = tid; i < per; i += kWgThreads) {
-    float sum = 0.0f;
-    for (int64_t c = 0; c < wp.col_tiles; ++c) sum += __ldcg(tp + c * per + i);
-    out[i] = sum;
-  }
-}
 
 // MX: MXFP4 weights (BN 128): each stage's B codes (32 bytes per row and slice of 64) travel through a raw
 // ring after the stages and are decoded into the swizzled bf16 B tile by the threads that copied them.
@@ -476,19 +364,16 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
 
   if constexpr (P == Phase::kGateUp) {
     if (wp.act_out != nullptr) {  // gate 2i and up 2i + 1 are one thread's accumulator pair
-      // The thread's activations, kept for the down shrink (ds_out; zero where there is none).
-      __nv_bfloat16 ah[2][BN / 8], al[2][BN / 8];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row_base + (lane >> 2) + h * 8;
-        const bool live = s_pair[r] >= 0;
+        if (s_pair[r] < 0) continue;
         __nv_bfloat16* arow =
             wp.act_out + (static_cast<int64_t>(tile) * kWgBM + r) * wp.act_copies * wp.act_lda;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
-          ah[h][j] = al[h][j] = __float2bfloat16_rn(0.0f);
           const int64_t n = n0 + j * 8 + (lane & 3) * 2;  // even; N = 2I is even
-          if (!live || n >= N) continue;
+          if (n >= N) continue;
           float g = acc[0][j][2 * h], u = acc[0][j][2 * h + 1];
           if (bias != nullptr) {
             g += s_bias[n - n0];
@@ -498,12 +383,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) moe_gemm_wgmma(WgmmaParams wp) 
           const cuda_util::Bf16Pair q = cuda_util::split_bf16(v);
           arow[n >> 1] = q.hi;
           if (wp.act_copies == 2) arow[wp.act_lda + (n >> 1)] = q.lo;
-          ah[h][j] = q.hi;
-          al[h][j] = q.lo;
         }
       }
-      if (wp.ds_out != nullptr)
-        down_shrink_from_act<BN>(wp, ah, al, s_pair, row_base, tile, n0, p.tile_expert[tile]);
       const int64_t I = p.inter, pad = wp.act_lda - I;
       if (n0 + BN >= N && pad > 0) {  // the rows' padding columns, read as zeros by the down product
         for (int64_t idx = tid; idx < kWgBM * pad; idx += kWgThreads) {
