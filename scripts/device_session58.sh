@@ -6,8 +6,7 @@
 # the q/k/v expands (+8.2 us per layer) and add_rms_norm_lora (o's expand, +4 us), two launches each from the
 # decode steps (graphs off so ncu sees single launches); and the shrink's early join (lora_shrink_join_early,
 # written after session 57's device time): its GPU tests, then batch-16 / 64 decode with 8 adapters with it
-# 0 / 1 / 0 / 1; the dense LoRA before its products at prefill (lora_expand_before_product, session 58):
-# its tests and prefill 0 / 1 / 0 / 1. SKIP words: tl, ncu, join, first.
+# 0 / 1 / 0 / 1. SKIP words: tl, ncu, join.
 set -uo pipefail
 OUT=${OUT:-/tmp/s58}
 # shellcheck source=scripts/device_env.sh
@@ -16,11 +15,9 @@ skip() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 build_gpu
 echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 if ! skip tl; then
-  # --loras 8 times the base model beside the adapters in the same engine, so each trace holds both; the
-  # batch-64 one also holds four 8,192-token prefill steps of each (the TTFT ratio of issue 15).
+  timeline gpt-oss-20b:0:1:128
   timeline gpt-oss-20b:8:1:128
-  timeline gpt-oss-20b:8:64:512
-  grep -E "^span|^=== |^== " "$OUT/timelines.txt" | head -24
+  grep -E "^span|^=== " "$OUT/timelines.txt" | head -12
 fi
 if ! skip ncu; then
   # The bench runs the base model, then the adapters: 24 layers per step, 64 decode steps each, so rope's
@@ -33,16 +30,6 @@ if ! skip ncu; then
       --batches 64 --loras 8 --enforce-eager > /dev/null 2>&1
     grep -E "ncu rc|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per" \
       "$OUT/ncu-$k.txt" | head -16
-    stamp "ncu $k"
-  done
-  # The dense LoRA kernels of an 8,192-token prefill step with 8 adapters (16 x 512-token prompts): the
-  # expand runs at ~30% of DRAM bandwidth (session 55), ~9.8 of the 27 ms that adapters add to the step.
-  for k in dense_expand_mma dense_shrink_mma; do
-    OUT=$OUT timeout 200 bash scripts/device_ncu.sh "$k" "$k" 0 2 -- build-gpu/bench/polylora_bench \
-      device --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 2 \
-      --batches 16 --loras 8 > /dev/null 2>&1
-    grep -E "ncu rc|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Grid Size" \
-      "$OUT/ncu-$k.txt" | head -18
     stamp "ncu $k"
   done
 fi
@@ -62,26 +49,4 @@ if ! skip join; then
   done | tee "$OUT/join.txt"
   stamp join
 fi
-if ! skip first; then
-  # lora_expand_before_product (written in session 58): the dense LoRA of q/k/v and o before its products at
-  # prefill sizes. Its GPU test and the golden / graph tests with it on, then prefill with 8 adapters
-  # 0 / 1 / 0 / 1 (16 x 512-token prompts: one 8,192-token prefill step for the base, one with adapters).
-  TG=$(find build-gpu -name test_gpu -type f | head -1)
-  POLYLORA_LORA_EXPAND_BEFORE_PRODUCT=1 timeout 300 "$TG" --gtest_brief=1 \
-    --gtest_filter="GpuLoraStack.LinearGroupLora*:*GoldenGpuTest*:GpuLoraStack.Dense*:*GraphEngineGpuTest*" \
-    > "$OUT/tests-first.txt" 2>&1
-  echo "test_gpu rc $?" >> "$OUT/tests-first.txt"
-  grep -E "^\[  FAILED  \]|^\[  PASSED  \]|Failure|rc " "$OUT/tests-first.txt" | head -20
-  stamp "tests first"
-  for v in 0 1 0 1; do
-    echo "lora_expand_before_product $v:"
-    POLYLORA_LORA_EXPAND_BEFORE_PRODUCT=$v timeout 120 build-gpu/bench/polylora_bench device \
-      --config tests/data/configs/gpt-oss-20b --device cuda --prompt-len 512 --decode-tokens 4 --batches 16 \
-      --loras 8 2>&1 | grep -E "^(prefill|batch)"
-  done | tee "$OUT/first.txt"
-  stamp first
-fi
-# The device tool returns at most 8 files: the Nsight pages as one.
-for f in "$OUT"/ncu-*.txt; do [ -e "$f" ] && { cat "$f" >> "$OUT/ncu.all"; rm -f "$f"; }; done
-rm -f "$OUT/build.txt"
 cat "$OUT/times.txt"

@@ -207,15 +207,6 @@ class Backend {
   virtual void linear_group(std::span<const kernels::LinearArgs> group) {
     for (const kernels::LinearArgs& a : group) linear(a);
   }
-  // linear_group(group), then lora_batch(lora) over the products' outputs (each lora.y is one of the
-  // group's y), which is what this default does. CUDA at prefill sizes runs the LoRA first, its expand
-  // writing the terms, and the products accumulating onto them (kernels::cuda::linear_group_lora): the same
-  // results up to the order of the final sum.
-  virtual void linear_group_lora(std::span<const kernels::LinearArgs> group,
-                                 const kernels::LoraBatchArgs& lora) {
-    linear_group(group);
-    lora_batch(lora);
-  }
   virtual void rms_norm(const kernels::RmsNormArgs& args) = 0;
   // The residual add fused with the next norm: x += delta, then y = rms_norm(x) · w (one launch for
   // add_inplace then rms_norm, with the same results).

@@ -109,8 +109,6 @@ const std::vector<Field>& fields() {
       {"lora_shrink_beside_product", &KernelTuning::lora_shrink_beside_product,
        "POLYLORA_LORA_SHRINK_BESIDE_PRODUCT"},
       {"lora_shrink_join_early", &KernelTuning::lora_shrink_join_early, "POLYLORA_LORA_SHRINK_JOIN_EARLY"},
-      {"lora_expand_before_product", &KernelTuning::lora_expand_before_product,
-       "POLYLORA_LORA_EXPAND_BEFORE_PRODUCT"},
       {"rope_kv_write_loop_min_rows", &KernelTuning::rope_kv_write_loop_min_rows,
        "POLYLORA_ROPE_KV_WRITE_LOOP_MIN_ROWS"},
       {"lora_dense_expand_mma_min_rows", &KernelTuning::lora_dense_expand_mma_min_rows,

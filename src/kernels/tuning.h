@@ -295,13 +295,6 @@ struct KernelTuning {
   // session 57's batch-64 timeline both lost it to the join (~1.3 us each per layer). Written in session 57
   // after the device time: not yet run on a GPU, so off; env POLYLORA_LORA_SHRINK_JOIN_EARLY.
   int64_t lora_shrink_join_early = 0;
-  // 1: at prefill sizes (the tensor-core expand's rows, BF16 products through cuBLAS) the dense LoRA of q/k/v
-  // and o runs before its products, the expand writing its terms into their outputs (0 for tokens without
-  // LoRA) and the products accumulating onto them (beta = 1): kernels::cuda::linear_group_lora. The expand
-  // after the product read and wrote the f32 outputs again at ~30% of DRAM bandwidth (9.8 of the 27 ms that
-  // 8 adapters added to an 8,192-token step, session 55); now they are written and the GEMM reads them in
-  // its epilogue. Written in session 58; env POLYLORA_LORA_EXPAND_BEFORE_PRODUCT.
-  int64_t lora_expand_before_product = 0;
   // Switches and sizes for A/B timing and tests (once read by getenv inside the kernels' files; the same
   // variables set them):
   // 0: every BF16 product through the split cuBLAS GEMM, never the weight-streaming kernel; env

@@ -8,7 +8,6 @@
 // buffers (model_step.h); nothing is read back. Must not: allocate outside ensure_buffer; synchronize.
 #include <cmath>
 #include <initializer_list>
-#include <span>
 #include <tuple>
 
 #include "model/model.h"
@@ -29,12 +28,8 @@ class Model::ForwardPass {
   // kernels over every token's slot, where some adapter of the step has the module (or, for graphs with
   // LoRA, wherever the stacks hold it).
   bool lora_active(int64_t layer, LoraModule module) const;
-  // With `products` (whose outputs the modules' are, all over `in`): the products and then the LoRA, as
-  // one backend op (Backend::linear_group_lora: at prefill sizes CUDA runs the LoRA first and the products
-  // onto it).
   void lora_group(int64_t layer, const float* in, int64_t ldx,
-                  std::initializer_list<std::tuple<LoraModule, float*, int64_t>> modules,
-                  std::span<const k::LinearArgs> products = {});
+                  std::initializer_list<std::tuple<LoraModule, float*, int64_t>> modules);
   void linear(const LinearWeights& lw, const float* in, int64_t ldx, float* y, int64_t ldy,
               const k::LoraBatchArgs* shrink = nullptr, float* shrink_tmp = nullptr, int64_t ld_tmp = 0);
   // The split shrink of the active modules among `modules` (their sums side by side in lora_tmp_, then
@@ -113,8 +108,7 @@ bool Model::ForwardPass::lora_active(int64_t layer, LoraModule module) const {
 }
 
 void Model::ForwardPass::lora_group(int64_t layer, const float* in, int64_t ldx,
-                                    std::initializer_list<std::tuple<LoraModule, float*, int64_t>> modules,
-                                    std::span<const k::LinearArgs> products) {
+                                    std::initializer_list<std::tuple<LoraModule, float*, int64_t>> modules) {
   k::LoraBatchArgs a{.x = in, .ldx = ldx, .m = T_, .token_slots = d_tslots_, .num = 0};
   for (const auto& [mod, y, ldy] : modules) {
     if (!lora_active(layer, mod)) continue;
@@ -123,12 +117,7 @@ void Model::ForwardPass::lora_group(int64_t layer, const float* in, int64_t ldx,
     a.ldy[a.num] = ldy;
     ++a.num;
   }
-  if (!products.empty() && a.num > 0) {
-    be_.linear_group_lora(products, a);
-  } else {
-    if (!products.empty()) be_.linear_group(products);
-    if (a.num > 0) be_.lora_batch(a);
-  }
+  if (a.num > 0) be_.lora_batch(a);
   if (m_.tp_.fully_sharded_loras && !si_.adapters.empty())  // --fully-sharded-loras: not in the stacks
     for (const auto& [mod, y, ldy] : modules)
       if (si_.adapters.dense[static_cast<size_t>(layer)][static_cast<size_t>(mod)])
@@ -191,12 +180,10 @@ void Model::ForwardPass::attention_block(int64_t l) {
        .lora_ld_tmp = qkv_ranks},
       {.x = h_, .m = T_, .ldx = H_, .w = aw.k.w, .bias = aw.k.bias, .y = kk_, .ldy = kvs_},
       {.x = h_, .m = T_, .ldx = H_, .w = aw.v.w, .bias = aw.v.bias, .y = v_, .ldy = kvs_}};
-  if (split_lora_) {
-    be_.linear_group(qkv);
-  } else {
+  be_.linear_group(qkv);
+  if (!split_lora_)
     lora_group(l, h_, H_,
-               {{LoraModule::kQ, q_, qs_}, {LoraModule::kK, kk_, kvs_}, {LoraModule::kV, v_, kvs_}}, qkv);
-  }
+               {{LoraModule::kQ, q_, qs_}, {LoraModule::kK, kk_, kvs_}, {LoraModule::kV, v_, kvs_}});
   // Qwen3's per-head q/k norms, RoPE on q and k, k and v into the paged cache: one op (with the q/k/v
   // LoRA expands when split).
   be_.rope_kv_write({.q = q_,
@@ -240,14 +227,8 @@ void Model::ForwardPass::attention_block(int64_t l) {
   const int64_t o_ranks = split_lora_ ? split_group(l, attn_, qs_, {LoraModule::kO}, o_shrink, o_lora) : 0;
   // Its sums after q/k/v's in lora_tmp_ (rope_kv_write has read those).
   for (k::LoraExpandIn& e : o_lora) e.tmp = lora_tmp_ + T_ * qkv_ranks;
-  if (split_lora_) {
-    linear(aw.o, attn_, qs_, tmp_, H_, o_ranks > 0 ? &o_shrink : nullptr, lora_tmp_ + T_ * qkv_ranks,
-           o_ranks);
-  } else {
-    const k::LinearArgs o = {
-        .x = attn_, .m = T_, .ldx = qs_, .w = aw.o.w, .bias = aw.o.bias, .y = tmp_, .ldy = H_};
-    lora_group(l, attn_, qs_, {{LoraModule::kO, tmp_, H_}}, {&o, 1});
-  }
+  linear(aw.o, attn_, qs_, tmp_, H_, o_ranks > 0 ? &o_shrink : nullptr, lora_tmp_ + T_ * qkv_ranks, o_ranks);
+  if (!split_lora_) lora_group(l, attn_, qs_, {{LoraModule::kO, tmp_, H_}});
   m_.all_reduce_sum(tmp_, T_ * H_);  // row-parallel o_proj: the ranks' heads
   add_norm(lw.post_attention_norm, o_lora[0]);
 }

@@ -14,7 +14,6 @@
 #include <random>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "gpu_test_util.h"
 #include "kernels/lora_stack_util.h"
@@ -282,117 +281,6 @@ TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
         EXPECT_EQ(ar.down(dtmp_g, tmp_expect.size()), got) << what << ": the group's tmp";
         kt::expect_close(ar.down(dy_g, y_expect.size()), y_expect, 1e-4f, 1e-3f, what + ": the group's y");
         kt::expect_close(ar.down(dy2, y2_expect.size()), y2_expect, 1e-4f, 1e-3f, what + ": the group's y2");
-      }
-    }
-  }
-  k::override_kernel_tuning(std::nullopt);
-}
-
-// Backend::linear_group_lora (kernels::cuda::linear_group_lora) against the reference products and then
-// ref::lora_batch: three products of one x (q/k/v-like: LoRA on the first and the third, the first and the
-// second with a bias) and a group of one (o-like), with lora_expand_before_product 0 (the products, then
-// lora_batch) and 1 (from 256 rows the tensor-core expand writes the terms and cuBLAS accumulates onto
-// them; 100 rows keep the old order). The outputs start at 1e6, so a row the expand failed to write (a
-// token without LoRA gets 0) would show; slots in runs as prefill's sequences, -1 tokens, a slot with no
-// LoRA in a module, the hi + lo split and the rounded bf16 activations.
-TEST(GpuLoraStack, LinearGroupLoraBeforeTheProducts) {
-  SKIP_WITHOUT_GPU();
-  for (int first : {0, 1}) {
-    k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
-    tune.lora_expand_before_product = first;
-    k::override_kernel_tuning(tune);
-    for (const Mode& mode : {kBf16Mode, kBf16RoundMode}) {
-      for (int64_t m : {100, 256, 300, 700}) {
-        for (int64_t in : {136, 1000}) {
-          const std::string what = std::string(mode.name) + " lora_expand_before_product " +
-                                   std::to_string(first) + " m=" + std::to_string(m) +
-                                   " in=" + std::to_string(in);
-          SCOPED_TRACE(what);
-          Arena ar(backend(mode));
-          const int64_t S = 8, R = 16, ldx = in + 4;
-          const std::vector<float> scales = {0.5f, 1.0f, -0.75f, 2.0f, 0.25f, 1.5f, -1.0f, 0.8f};
-          // Slot 2 has LoRA in neither module; the third module has none for slot 5.
-          const std::vector<std::vector<int64_t>> ranks = {{16, 3, 0, 16, 9, 16, 1, 16},
-                                                           {5, 16, 0, 2, 16, 0, 4, 16}};
-          const int64_t outs[3] = {300, 64, 72};
-          kt::DenseStack s0(S, R, in, outs[0], ranks[0], scales, DType::kBF16, 81, 0.2f, 0.3f);
-          kt::DenseStack s2(S, R, in, outs[2], ranks[1], scales, DType::kBF16, 82, 0.2f, 0.3f);
-          const std::vector<float> x = kt::random_vec(static_cast<size_t>(m * ldx), 17);
-          const std::vector<int32_t> slots = kt::slot_pattern(m, {0, -1, 1, 2, 4, 5, 6, 7, 3}, 37);
-          std::vector<kt::TestWeight> w;
-          std::vector<std::vector<float>> bias(3), expect(3);
-          for (int i = 0; i < 3; ++i) {
-            w.push_back(kt::make_weight(outs[i], in, DType::kBF16, static_cast<uint32_t>(91 + i), 0.1f));
-            if (i < 2) bias[i] = kt::random_vec(static_cast<size_t>(outs[i]), static_cast<uint32_t>(95 + i));
-            expect[i].assign(static_cast<size_t>(m * outs[i]), 0.0f);
-            k::ref::linear({.x = x.data(),
-                            .m = m,
-                            .ldx = ldx,
-                            .w = w[i].view,
-                            .bias = bias[i].empty() ? nullptr : bias[i].data(),
-                            .y = expect[i].data(),
-                            .ldy = outs[i]});
-          }
-          k::LoraBatchArgs la{.x = x.data(), .ldx = ldx, .m = m, .token_slots = slots.data(), .num = 2};
-          la.w[0] = s0.stack();
-          la.w[1] = s2.stack();
-          la.y[0] = expect[0].data();
-          la.ldy[0] = outs[0];
-          la.y[1] = expect[2].data();
-          la.ldy[1] = outs[2];
-          k::ref::lora_batch(la);
-          k::LoraBatchArgs d = la;
-          d.x = ar.up(x);
-          d.token_slots = ar.up(slots);
-          d.w[0] = up_dense_stack(ar, s0);
-          d.w[1] = up_dense_stack(ar, s2);
-          float* dy[3];
-          k::LinearArgs group[3];
-          for (int i = 0; i < 3; ++i) {
-            dy[i] = ar.up(std::vector<float>(expect[i].size(), 1e6f));
-            group[i] = {.x = d.x,
-                        .m = m,
-                        .ldx = ldx,
-                        .w = ar.weight(w[i].view),
-                        .bias = bias[i].empty() ? nullptr : ar.up(bias[i]),
-                        .y = dy[i],
-                        .ldy = outs[i]};
-          }
-          d.y[0] = dy[0];
-          d.y[1] = dy[2];
-          ar.be().linear_group_lora(group, d);
-          for (int i = 0; i < 3; ++i)
-            expect_close_for(mode, ar.down(dy[i], expect[i].size()), expect[i],
-                             what + ": y" + std::to_string(i));
-          // The LoRA changes the outputs it adds to (so the comparison above sees it).
-          std::vector<float> plain(expect[2].size());
-          k::ref::linear(
-              {.x = x.data(), .m = m, .ldx = ldx, .w = w[2].view, .y = plain.data(), .ldy = outs[2]});
-          float most = 0.0f;
-          for (size_t j = 0; j < plain.size(); ++j) most = std::max(most, std::fabs(plain[j] - expect[2][j]));
-          EXPECT_GT(most, 0.05f);
-          // A group of one (o-like): the first product alone with its module.
-          std::vector<float> e1(static_cast<size_t>(m * outs[0]));
-          k::ref::linear({.x = x.data(),
-                          .m = m,
-                          .ldx = ldx,
-                          .w = w[0].view,
-                          .bias = bias[0].data(),
-                          .y = e1.data(),
-                          .ldy = outs[0]});
-          k::LoraBatchArgs l1 = la;
-          l1.num = 1;
-          l1.y[0] = e1.data();
-          k::ref::lora_batch(l1);
-          float* dy1 = ar.up(std::vector<float>(e1.size(), 1e6f));
-          k::LinearArgs one = group[0];
-          one.y = dy1;
-          k::LoraBatchArgs d1 = d;
-          d1.num = 1;
-          d1.y[0] = dy1;
-          ar.be().linear_group_lora({&one, 1}, d1);
-          expect_close_for(mode, ar.down(dy1, e1.size()), e1, what + ": a group of one");
-        }
       }
     }
   }

@@ -523,15 +523,6 @@ class CudaBackend final : public Backend {
     timed(count > 0 && group[0].m <= 64 ? "linear (m<=64)" : "linear (m>64)",
           [&] { k::cuda::linear_group(group.data(), count, ctx()); });
   }
-  void linear_group_lora(std::span<const k::LinearArgs> group, const k::LoraBatchArgs& lora) override {
-    DeviceScope on_device(device_);
-    if (lora.num == 0 || lora.m == 0) return linear_group(group);
-    size_t ws = k::cuda::lora_batch_workspace_bytes(lora);
-    for (const k::LinearArgs& a : group) ws = std::max(ws, k::cuda::linear_workspace_bytes(a, ctx()));
-    ensure_workspace(ws);
-    timed("linear+lora",
-          [&] { k::cuda::linear_group_lora(group.data(), static_cast<int64_t>(group.size()), lora, ctx()); });
-  }
   void rms_norm(const k::RmsNormArgs& a) override {
     DeviceScope on_device(device_);
     timed("rms_norm", [&] { k::cuda::rms_norm(a, ctx()); });

@@ -51,13 +51,6 @@ void linear(const LinearArgs& args, const CudaContext& ctx);
 // order of the K-slice sums (a group picks its slices from its total rows).
 void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx);
 bool linear_group_fused(const LinearArgs* group, int64_t count, const CudaContext& ctx);
-// linear_group, then lora_batch(lora) on the products' outputs (lora.y among the group's y): the same
-// results up to the order of the final sums. At prefill sizes with BF16 weights and stacks
-// (KernelTuning::lora_expand_before_product) the LoRA runs first, its expand writing the terms into the
-// outputs, and the cuBLAS products accumulate onto them (beta = 1): the outputs are written twice and read
-// once, where the expand after the products read and wrote them again.
-void linear_group_lora(const LinearArgs* group, int64_t count, const LoraBatchArgs& lora,
-                       const CudaContext& ctx);
 // Workspace bytes linear() needs (the bf16 copies of x and, for small split products, the f32 halves).
 size_t linear_workspace_bytes(const LinearArgs& args, const CudaContext& ctx);
 // INT8 weights (linear_int8_cuda.cu; codes and row scales read as stored): a weight-streaming kernel for

@@ -404,9 +404,8 @@ CastX cast_x(const LinearArgs& a, bool split, const CudaContext& ctx) {
 // bias included.
 // before_last (if set) is called before the product's last launch of its own (the fold of the stacked
 // halves, or the bias), or after the GEMMs where there is none.
-// accumulate: y += the product (y holds lora_batch_store's LoRA terms; cuBLAS's beta = 1), not stacked.
 void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaContext& ctx,
-                  const std::function<void()>* before_last = nullptr, bool accumulate = false) {
+                  const std::function<void()>* before_last = nullptr) {
   const int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   cudaStream_t st = cuda_util::stream(ctx);
   auto handle = static_cast<cublasHandle_t>(ctx.cublas);
@@ -417,10 +416,8 @@ void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaCon
                               CUDA_R_16BF, static_cast<int>(k), beta, y, CUDA_R_32F, static_cast<int>(ldy),
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   };
-  const float* beta = accumulate ? &one : &zero;
-  KERNEL_CHECK(!accumulate || !split || !stacked(m, n), "linear: a stacked product cannot accumulate");
   if (!split) {
-    gemm(c.hi, m, beta, a.y, a.ldy);
+    gemm(c.hi, m, &zero, a.y, a.ldy);
   } else if (stacked(m, n)) {
     const size_t x_bytes = static_cast<size_t>(m * k) * sizeof(__nv_bfloat16);
     auto* halves = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + 2 * align256(x_bytes));
@@ -431,7 +428,7 @@ void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaCon
     CUDA_CHECK_LAUNCH();
     return;  // bias added by the fold
   } else {
-    gemm(c.hi, m, beta, a.y, a.ldy);
+    gemm(c.hi, m, &zero, a.y, a.ldy);
     gemm(c.lo, m, &one, a.y, a.ldy);
   }
   if (before_last != nullptr) (*before_last)();
@@ -507,59 +504,7 @@ const std::function<void()>* early_join(const std::function<void()>& join) {
   return kernel_tuning(TuningShape{}).lora_shrink_join_early != 0 ? &join : nullptr;
 }
 
-// Whether linear_group_lora runs the LoRA first, its expand storing the terms into the outputs, and then
-// the products accumulating onto them (KernelTuning::lora_expand_before_product): the group's products all
-// BF16 through cuBLAS without the stacked halves (prefill sizes) and without a shrink of their own, the
-// LoRA's outputs among theirs, and its expand the tensor-core kernel (lora_batch_stores).
-bool lora_first(const LinearArgs* group, int64_t count, const LoraBatchArgs& lora, const CudaContext& ctx) {
-  if (kernel_tuning(TuningShape{}).lora_expand_before_product == 0 || count < 1 || lora.num < 1 ||
-      lora.m == 0 || !lora_batch_stores(lora))
-    return false;
-  for (int64_t gi = 0; gi < count; ++gi) {
-    const LinearArgs& g = group[gi];
-    const bool split = ctx.bf16_split(g.m);
-    if (g.lora_shrink != nullptr || g.w.dtype != DType::kBF16 || g.m != lora.m || g.w.rows == 0 ||
-        g.m >= (1LL << 31) || g.w.rows >= (1LL << 31) || g.w.cols >= (1LL << 31) || streamed(g, split) ||
-        (split && stacked(g.m, g.w.rows)))
-      return false;
-  }
-  for (int i = 0; i < lora.num; ++i) {
-    bool found = false;
-    for (int64_t gi = 0; gi < count && !found; ++gi)
-      found = lora.y[i] == group[gi].y && lora.ldy[i] == group[gi].ldy && lora.w[i].out == group[gi].w.rows;
-    if (!found) return false;
-  }
-  return true;
-}
-
 }  // namespace
-
-void linear_group_lora(const LinearArgs* group, int64_t count, const LoraBatchArgs& lora,
-                       const CudaContext& ctx) {
-  if (!lora_first(group, count, lora, ctx)) {
-    linear_group(group, count, ctx);
-    return lora_batch(lora, ctx);
-  }
-  // The terms first (y written, never read), then each product with beta = 1 where the LoRA wrote its y.
-  lora_batch_store(lora, ctx);
-  auto accumulates = [&](const LinearArgs& g) {
-    for (int i = 0; i < lora.num; ++i)
-      if (lora.y[i] == g.y) return true;
-    return false;
-  };
-  if (shares_cast(group, count, ctx)) {
-    const bool split = ctx.bf16_split(group[0].m);
-    const CastX c = cast_x(group[0], split, ctx);
-    for (int64_t gi = 0; gi < count; ++gi)
-      bf16_product(group[gi], split, c, ctx, nullptr, accumulates(group[gi]));
-    return;
-  }
-  for (int64_t gi = 0; gi < count; ++gi) {
-    const LinearArgs& g = group[gi];
-    const bool split = ctx.bf16_split(g.m);
-    bf16_product(g, split, cast_x(g, split, ctx), ctx, nullptr, accumulates(g));
-  }
-}
 
 void linear(const LinearArgs& a, const CudaContext& ctx) {
   if (a.lora_shrink != nullptr) {

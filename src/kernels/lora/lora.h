@@ -99,12 +99,6 @@ void lora_apply(const LoraApplyArgs& args, const CudaContext& ctx);
 // Everything in device memory; the rank-sized intermediates in ctx.workspace.
 void lora_batch(const LoraBatchArgs& args, const CudaContext& ctx);
 size_t lora_batch_workspace_bytes(const LoraBatchArgs& args);
-// lora_batch overwriting the outputs instead of adding to them: y_i[t] = module i's LoRA term for t < m, 0
-// for tokens without one (a product accumulating onto it afterwards then reads y where lora_batch would
-// read and write it again). Only where lora_batch_stores(args): BF16 stacks at the tensor-core expand's
-// sizes (KernelTuning::lora_dense_expand_mma_min_rows).
-bool lora_batch_stores(const LoraBatchArgs& args);
-void lora_batch_store(const LoraBatchArgs& args, const CudaContext& ctx);
 // The shrink alone (weight-streaming items, one launch); tmp in device memory.
 void lora_shrink(const LoraBatchArgs& args, float* tmp, int64_t ld_tmp, const CudaContext& ctx);
 }  // namespace cuda

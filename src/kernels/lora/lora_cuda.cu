@@ -302,9 +302,8 @@ DenseParams<TW> dense_params(const LoraBatchArgs& a) {
 }
 
 template <typename TW>
-void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx, bool store = false) {
+void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   DenseParams<TW> p = dense_params<TW>(a);
-  p.store = store;
   int64_t max_out = 0, max_rank = 0;
   for (int i = 0; i < a.num; ++i) {
     const LoraStack& w = a.w[i];
@@ -348,7 +347,6 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx, bool stor
       return;
     }
   }
-  KERNEL_CHECK(!store, "lora_batch_store: only the tensor-core expand stores (lora_batch_stores)");
   const int64_t lds = ls::round8(max_rank);
   const int sub = dense_expand_sub(a.m);
   dim3 ge(static_cast<unsigned>((tiles + sub - 1) / sub),
@@ -399,19 +397,6 @@ size_t lora_batch_workspace_bytes(const LoraBatchArgs& a) {
                                          lora_stack::shrink_rank_blocks(ranks), a.w[0].in);
   if (mma_shrink(a)) splits = std::max(splits, dense_mma_shape(a.m, ranks, a.w[0].in).splits);
   return static_cast<size_t>(splits * a.m * ranks) * sizeof(float);
-}
-
-bool lora_batch_stores(const LoraBatchArgs& a) {
-  return a.num >= 1 && a.num <= kMaxLoraGroup && !a.w[0].empty() && mma_expand(a);
-}
-
-void lora_batch_store(const LoraBatchArgs& a, const CudaContext& ctx) {
-  if (a.m == 0 || a.num == 0) return;
-  KERNEL_CHECK(lora_batch_stores(a), "lora_batch_store: BF16 stacks at the tensor-core expand's sizes only");
-  for (int i = 0; i < a.num; ++i)
-    KERNEL_CHECK(!a.w[i].empty() && a.w[i].rank > 0, "lora_batch: empty module");
-  KERNEL_CHECK(lora_batch_workspace_bytes(a) <= ctx.workspace_bytes, "lora_batch: workspace too small");
-  launch_lora_batch<__nv_bfloat16>(a, ctx, true);
 }
 
 void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {

@@ -26,9 +26,6 @@ struct DenseParams {
   int64_t first[kMaxLoraGroup + 1] = {};  // tmp column of each module's ranks; first[num]: the row width
   float* tmp = nullptr;                   // [splits][m][first[num]] partial sums
   int splits = 1;
-  // The tensor-core expand overwrites y instead of adding to it: y = the LoRA term, 0 for tokens without
-  // one (lora_batch_store: the product then accumulates onto it).
-  bool store = false;
 };
 
 // The token's slot when any module has LoRA for it, else −1.

@@ -300,7 +300,7 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
   if (nslots > 0) load_b(s_slots[0], 0);
   cuda_util::pdl_wait();
   cuda_util::pdl_trigger();
-  if (nslots == 0 && !p.store) return;
+  if (nslots == 0) return;
   // The thread's y values: c0, c1 at (token g, outputs 2t, 2t + 1) of each 8-output block, c2, c3 at token
   // g + 8 (the MMA's accumulator layout), for tokens with LoRA.
   float* y = p.y[mod];
@@ -311,7 +311,7 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
   for (int h = 0; h < 2; ++h) {
     const int r = warp * 16 + (lane >> 2) + h * 8;
     const float* yrow = y + (row0 + r) * ldy;
-    const bool live = !p.store && s_key[r] >= 0;  // store: y not read
+    const bool live = s_key[r] >= 0;
 #pragma unroll
     for (int ni = 0; ni < NC / 8; ++ni) {
       const int64_t o = o0 + ni * 8 + (lane & 3) * 2;
@@ -402,7 +402,7 @@ __device__ __forceinline__ void expand_mma_tile(const DenseParams<__nv_bfloat16>
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = warp * 16 + (lane >> 2) + h * 8;
-    if (p.store ? row0 + r >= p.m : s_key[r] < 0) continue;  // store: every row of the step (0 without LoRA)
+    if (s_key[r] < 0) continue;
     float* yrow = y + (row0 + r) * ldy;
 #pragma unroll
     for (int ni = 0; ni < NC / 8; ++ni) {
