@@ -9,7 +9,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <functional>
 #include <string>
 #include <utility>
 
@@ -45,21 +44,18 @@ inline bool has_side_stream(const CudaContext& ctx) {
   return ctx.side_stream != nullptr && ctx.side_fork != nullptr && ctx.side_join != nullptr;
 }
 
-// side(c) and then main(join) (join: a std::function<void()>) queued so that they run concurrently: side's
-// launches on ctx's side stream, forked from ctx's stream where the call is (an event recorded there, waited
-// for by the side stream) and joined back (ctx's stream waits for the side stream's event) where main calls
-// join(), or after main's launches if it does not, so what follows on ctx's stream sees both. A kernel queued
-// right after the join depends on the side work fully (no programmatic overlap with the kernel before it):
-// main may join before its own last launch so that the launch after main keeps its overlap with that one. c
-// is ctx on the side stream, without ctx's workspace (main's launches use it) and with programmatic dependent
-// launch off (a side launch's predecessor is the fork, not a kernel). Inside a graph capture the side stream
-// joins the capture at the fork and leaves it at the join: two branches of the graph. Without a side stream,
-// side then main on ctx's stream.
+// side(c) and then main() queued so that they run concurrently: side's launches on ctx's side stream,
+// forked from ctx's stream where the call is (an event recorded there, waited for by the side stream) and
+// joined back after main's launches (ctx's stream waits for the side stream's event), so what follows on
+// ctx's stream sees both. c is ctx on the side stream, without ctx's workspace (main's launches use it) and
+// with programmatic dependent launch off (a side launch's predecessor is the fork, not a kernel). Inside a
+// graph capture the side stream joins the capture at the fork and leaves it at the join: two branches of
+// the graph. Without a side stream, side then main on ctx's stream.
 template <typename Side, typename Main>
 void run_beside(const CudaContext& ctx, Side&& side, Main&& main) {
   if (!has_side_stream(ctx)) {
     side(ctx);
-    main(std::function<void()>([] {}));
+    main();
     return;
   }
   const cudaStream_t st = stream(ctx), ss = static_cast<cudaStream_t>(ctx.side_stream);
@@ -81,14 +77,8 @@ void run_beside(const CudaContext& ctx, Side&& side, Main&& main) {
     side(c);
   }
   CUDA_CHECK(cudaEventRecord(join, ss));
-  bool joined = false;
-  const std::function<void()> join_now = [&] {
-    if (joined) return;
-    CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
-    joined = true;
-  };
-  main(join_now);
-  join_now();  // a no-op where main joined
+  main();
+  CUDA_CHECK(cudaStreamWaitEvent(st, join, 0));
 }
 
 // Multiprocessors of the current device (read once; 132, an H100/H200's, if the query fails).

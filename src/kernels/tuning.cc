@@ -108,7 +108,6 @@ const std::vector<Field>& fields() {
        "POLYLORA_LINEAR_GROUP_SHARED_CAST"},
       {"lora_shrink_beside_product", &KernelTuning::lora_shrink_beside_product,
        "POLYLORA_LORA_SHRINK_BESIDE_PRODUCT"},
-      {"lora_shrink_join_early", &KernelTuning::lora_shrink_join_early, "POLYLORA_LORA_SHRINK_JOIN_EARLY"},
       {"rope_kv_write_loop_min_rows", &KernelTuning::rope_kv_write_loop_min_rows,
        "POLYLORA_ROPE_KV_WRITE_LOOP_MIN_ROWS"},
       {"lora_dense_expand_mma_min_rows", &KernelTuning::lora_dense_expand_mma_min_rows,

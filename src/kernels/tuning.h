@@ -289,12 +289,6 @@ struct KernelTuning {
   // graph replay with the side branch bit for bit equal to eager): on; env
   // POLYLORA_LORA_SHRINK_BESIDE_PRODUCT.
   int64_t lora_shrink_beside_product = 1;
-  // 1: that shrink's join comes before the product's last launch of its own (the fold of the bf16 halves or
-  // the bias; for q/k/v, the last product's) instead of after the product, so the kernel after the product
-  // (rope_kv_write, add_rms_norm with the LoRA expands) keeps its programmatic overlap with that launch: in
-  // session 57's batch-64 timeline both lost it to the join (~1.3 us each per layer). Written in session 57
-  // after the device time: not yet run on a GPU, so off; env POLYLORA_LORA_SHRINK_JOIN_EARLY.
-  int64_t lora_shrink_join_early = 0;
   // Switches and sizes for A/B timing and tests (once read by getenv inside the kernels' files; the same
   // variables set them):
   // 0: every BF16 product through the split cuBLAS GEMM, never the weight-streaming kernel; env

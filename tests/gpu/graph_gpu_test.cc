@@ -194,9 +194,9 @@ INSTANTIATE_TEST_SUITE_P(Models, GraphGpuTest,
 // Decode steps with adapters replay the graphs captured with the slot-stacked LoRA kernels: bit for bit the
 // same logits as the same padded step run eagerly, for mixes of adapters, the base model and padding; and
 // the LoRA is really applied (the logits differ from the base model's). 13 and 16 sequences (past the
-// streamed products' rows: cuBLAS products with the dense shrinks as launches of their own) run with the
-// shrinks beside the products on the side stream (lora_shrink_beside_product 1: two branches in the graph),
-// 16 with the join before the products' last launch (lora_shrink_join_early 1); 1 to 8 without either.
+// streamed products' rows: cuBLAS products with the dense shrinks as launches of their own; 16 fills its
+// graph, no padding) run with the shrinks beside the products on the side stream (lora_shrink_beside_product
+// 1: two branches in the graph); 1 to 8 without.
 TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
   const GraphCase& gc = GetParam();
   const std::string dir = std::string(POLYLORA_TEST_DATA) + "/models/" + gc.model;
@@ -251,7 +251,6 @@ TEST_P(GraphGpuTest, ReplayWithAdaptersEqualsEager) {
     const int64_t size = n <= 2 ? n : n <= 4 ? 4 : n <= 8 ? 8 : 16;
     k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
     tune.lora_shrink_beside_product = n > 8 ? 1 : 0;
-    tune.lora_shrink_join_early = n == 16 ? 1 : 0;
     k::override_kernel_tuning(tune);
     // The step's block tables as narrow as its longest context allows (3 blocks up to 13 sequences, 4 at 16:
     // sequence 15 attends to 50 tokens), narrower than the graphs' kMaxBlocks.

@@ -191,20 +191,17 @@ TEST(GpuLoraStack, DenseNoAdapterTokensAreNoOps) {
 // ref::lora_shrink on the rows whose slot has LoRA in some module of the group, other rows are untouched
 // (poisoned), and the product itself equals ref::linear. Also as the first of a group of two products over
 // the same x (Backend::linear_group: one launch, or one cast for both cuBLAS products), and with the
-// separate shrink beside the product on the side stream (lora_shrink_beside_product 1), joined after the
-// product or before its last launch (lora_shrink_join_early 1).
+// separate shrink beside the product on the side stream (lora_shrink_beside_product 1).
 TEST(GpuLoraStack, DenseShrinkWithTheProjection) {
   SKIP_WITHOUT_GPU();
-  // Odd passes: the separate shrinks by adapter slot (lora_dense_slot_shrink_min_rows 1; m = 100 and 256:
-  // more than 8 tokens per slot, several tiles per block); 2, 3, 6, 7 beside the product; 6, 7 joined early.
-  for (int pass : {0, 1, 2, 3, 6, 7}) {
+  // Pass 1 and 3: the separate shrinks by adapter slot (lora_dense_slot_shrink_min_rows 1; m = 100 and 256:
+  // more than 8 tokens per slot, several tiles per block); passes 2 and 3 beside the product.
+  for (int pass : {0, 1, 2, 3}) {
     SCOPED_TRACE("lora_dense_slot_shrink_min_rows " + std::to_string(pass & 1) +
-                 " lora_shrink_beside_product " + std::to_string((pass >> 1) & 1) +
-                 " lora_shrink_join_early " + std::to_string(pass >> 2));
+                 " lora_shrink_beside_product " + std::to_string(pass >> 1));
     k::KernelTuning tune = k::kernel_tuning(k::TuningShape{});
     tune.lora_dense_slot_shrink_min_rows = pass & 1;
-    tune.lora_shrink_beside_product = (pass >> 1) & 1;
-    tune.lora_shrink_join_early = pass >> 2;
+    tune.lora_shrink_beside_product = pass >> 1;
     k::override_kernel_tuning(tune);
     const DType wd = DType::kBF16;
     for (int64_t m : {1, 2, 5, 8, 13, 40, 100, 256}) {

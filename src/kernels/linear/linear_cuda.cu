@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <functional>
 
 #include "kernels/cuda_util.cuh"
 #include "kernels/linear/linear.h"
@@ -402,10 +401,7 @@ CastX cast_x(const LinearArgs& a, bool split, const CudaContext& ctx) {
 
 // The BF16 product through cuBLAS from x already cast (cast_x of this or of a product over the same x),
 // bias included.
-// before_last (if set) is called before the product's last launch of its own (the fold of the stacked
-// halves, or the bias), or after the GEMMs where there is none.
-void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaContext& ctx,
-                  const std::function<void()>* before_last = nullptr) {
+void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaContext& ctx) {
   const int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   cudaStream_t st = cuda_util::stream(ctx);
   auto handle = static_cast<cublasHandle_t>(ctx.cublas);
@@ -422,7 +418,6 @@ void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaCon
     const size_t x_bytes = static_cast<size_t>(m * k) * sizeof(__nv_bfloat16);
     auto* halves = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + 2 * align256(x_bytes));
     gemm(c.hi, 2 * m, &zero, halves, n);
-    if (before_last != nullptr) (*before_last)();
     fold_halves_kernel<<<cuda_util::blocks_for(m * n, 256, 8192), 256, 0, st>>>(halves, m, n, a.bias, a.y,
                                                                                 a.ldy);
     CUDA_CHECK_LAUNCH();
@@ -431,13 +426,10 @@ void bf16_product(const LinearArgs& a, bool split, const CastX& c, const CudaCon
     gemm(c.hi, m, &zero, a.y, a.ldy);
     gemm(c.lo, m, &one, a.y, a.ldy);
   }
-  if (before_last != nullptr) (*before_last)();
   add_bias(a, st);
 }
 
-// before_last: as bf16_product's, for the BF16 products through cuBLAS (other paths ignore it).
-void linear_product(const LinearArgs& a, const CudaContext& ctx,
-                    const std::function<void()>* before_last = nullptr) {
+void linear_product(const LinearArgs& a, const CudaContext& ctx) {
   const int64_t m = a.m, n = a.w.rows, k = a.w.cols;
   if (m == 0 || n == 0) return;
   KERNEL_CHECK(m < (1LL << 31) && n < (1LL << 31) && k < (1LL << 31),
@@ -449,7 +441,7 @@ void linear_product(const LinearArgs& a, const CudaContext& ctx,
     case DType::kBF16: {
       const bool split = ctx.bf16_split(m);
       if (streamed(a, split)) return launch_stream_group(&a, 1, st);
-      return bf16_product(a, split, cast_x(a, split, ctx), ctx, before_last);
+      return bf16_product(a, split, cast_x(a, split, ctx), ctx);
     }
     case DType::kF32:
       CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
@@ -498,12 +490,6 @@ bool shrink_beside(const CudaContext& ctx) {
   return kernel_tuning(TuningShape{}).lora_shrink_beside_product != 0 && cuda_util::has_side_stream(ctx);
 }
 
-// The join of a shrink beside its product (cuda_util::run_beside), for the product's before_last: before the
-// product's last launch with KernelTuning::lora_shrink_join_early, else none (joined after the product).
-const std::function<void()>* early_join(const std::function<void()>& join) {
-  return kernel_tuning(TuningShape{}).lora_shrink_join_early != 0 ? &join : nullptr;
-}
-
 }  // namespace
 
 void linear(const LinearArgs& a, const CudaContext& ctx) {
@@ -513,7 +499,7 @@ void linear(const LinearArgs& a, const CudaContext& ctx) {
     if (shrink_beside(ctx)) {
       return cuda_util::run_beside(
           ctx, [&](const CudaContext& side) { lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, side); },
-          [&](const std::function<void()>& join) { linear_product(a, ctx, early_join(join)); });
+          [&] { linear_product(a, ctx); });
     }
     linear_product(a, ctx);
     return lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp, ctx);
@@ -563,10 +549,9 @@ void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx
               if (group[gi].lora_shrink != nullptr)
                 lora_shrink(*group[gi].lora_shrink, group[gi].lora_tmp, group[gi].lora_ld_tmp, side);
           },
-          [&](const std::function<void()>& join) {
+          [&] {
             const CastX c = cast_x(group[0], split, ctx);
-            for (int64_t gi = 0; gi < count; ++gi)
-              bf16_product(group[gi], split, c, ctx, gi + 1 == count ? early_join(join) : nullptr);
+            for (int64_t gi = 0; gi < count; ++gi) bf16_product(group[gi], split, c, ctx);
           });
       return;
     }
