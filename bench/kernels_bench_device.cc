@@ -2,7 +2,8 @@
 // (slot-stacked dense LoRA, lora_batch, at GPT-OSS-20B's q/k/v and o shapes; the decode path's fused small
 // ops add_rms_norm and rope_kv_write, with the time of the op sequence each replaces beside it; paged
 // attention at GPT-OSS-20B's heads: decode against the copy bandwidth, prefill on the f32 CUDA-core kernel
-// and on the bf16 tensor-core one against the bf16 GEMM rate of the same run), each first checked against
+// and on the bf16 tensor-core one against the bf16 GEMM rate of the same run; the prefill q/k/v and o
+// products with and without 128 more K columns, against that rate), each first checked against
 // its reference on the host (a failure is an error: a benchmarked kernel is a validated one; the GPU tests
 // cover the awkward shapes), then timed as CUDA-graph replays and judged against the device limits measured
 // in the same run.
@@ -136,6 +137,79 @@ KernelResult bench_lora_batch_device(Backend& be, int64_t m, bool qkv, double co
           "GB/s",
           100.0 * gbs / copy_gbs,
           -1.0};
+}
+
+// What the dense LoRA as extra K columns of its product would cost (docs/gpu-machine.md, session 59's design
+// note): the q/k/v product of an 8,192-token prefill step as one BF16 product (Backend::linear, x cast and
+// cuBLAS as the model runs it) over k = 2880 and over k = 2880 + extra (8 slots x rank 16 = 128: the
+// adapters' B columns beside W, the shrink outputs beside x). The extra time is to be set against the
+// `lora_batch bf16 qkv` m=8192 entry's (the expand it would replace, with the shrink). Eight rows of each
+// product are checked against a double-precision reference of the bf16 weights and the bf16-rounded x first
+// (max |error| over the row's rms, tolerance 1e-2: bf16 inputs, f32 sums).
+KernelResult bench_linear_extra_k_device(Backend& be, int64_t m, int64_t n, int64_t k, int64_t extra,
+                                         double gemm_tflops) {
+  double secs[2] = {0, 0};
+  for (int wide = 0; wide < 2; ++wide) {
+    const int64_t kk = k + (wide ? extra : 0);
+    std::vector<float> x = random_floats(static_cast<size_t>(m * kk), 61);
+    std::vector<uint16_t> w = random_bf16(static_cast<size_t>(n * kk), 62);
+    void* dw = be.alloc(w.size() * 2);
+    auto* dx = static_cast<float*>(be.alloc(x.size() * sizeof(float)));
+    auto* dy = static_cast<float*>(be.alloc(static_cast<size_t>(m * n) * sizeof(float)));
+    be.copy_to_device(dw, w.data(), w.size() * 2);
+    be.copy_to_device(dx, x.data(), x.size() * sizeof(float));
+    LinearArgs a;
+    a.x = dx;
+    a.m = m;
+    a.ldx = kk;
+    a.w = WeightView{.data = dw, .dtype = DType::kBF16, .rows = n, .cols = kk};
+    a.y = dy;
+    a.ldy = n;
+    be.linear(a);
+    auto bf16 = [](uint16_t b) {
+      uint32_t bits = static_cast<uint32_t>(b) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      return static_cast<double>(f);
+    };
+    auto round_bf16 = [](float v) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      bits = (bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff0000u;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      return static_cast<double>(f);
+    };
+    std::vector<float> row(static_cast<size_t>(n));
+    for (int64_t i = 0; i < 8; ++i) {
+      const int64_t r = i * (m - 1) / 7;
+      be.copy_to_host(row.data(), dy + r * n, row.size() * sizeof(float));
+      double sq = 0, err = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0;
+        for (int64_t c = 0; c < kk; ++c) ref += bf16(w[j * kk + c]) * round_bf16(x[r * kk + c]);
+        sq += ref * ref;
+        err = std::max(err, std::fabs(ref - row[j]));
+      }
+      const double rel = err / std::max(1e-30, std::sqrt(sq / static_cast<double>(n)));
+      if (!(rel <= 1e-2))
+        fail("linear m={} n={} k={}: row {} max error {:.3g} of its rms (tolerance 1e-2); not timing", m, n,
+             kk, r, rel);
+    }
+    OpTiming t = time_backend_op(
+        be, [&] { be.linear(a); }, 20, true);
+    secs[wide] = t.seconds;
+    be.synchronize();
+    be.free(dw);
+    be.free(dx);
+    be.free(dy);
+  }
+  const double tflops = 2.0 * m * n * (k + extra) / secs[1] / 1e12;
+  char shape[160];
+  std::snprintf(shape, sizeof shape, "m=%ld %ldx%ld: %.3f ms; +%ld K: +%.3f ms", static_cast<long>(m),
+                static_cast<long>(n), static_cast<long>(k), secs[0] * 1e3, static_cast<long>(extra),
+                (secs[1] - secs[0]) * 1e3);
+  return {"linear bf16 extra K", shape, secs[1] * 1e3, tflops, "TFLOP/s", 100.0 * tflops / gemm_tflops, -1.0};
 }
 
 // Device buffers of one bench entry, freed when it ends.
@@ -534,6 +608,9 @@ int run_device_kernels(bool json) {
   for (bool qwen3 : {false, true})
     for (int64_t m : {1, 64, 2048}) rs.push_back(bench_rope_kv_write_device(*be, m, qwen3, copy_gbs));
   const double gemm_tflops = measure_backend_gemm_tflops(*be);
+  // q/k/v of GPT-OSS-20B as one product (4096 + 512 + 512 outputs) and o, with 8 x r16 columns more.
+  rs.push_back(bench_linear_extra_k_device(*be, 8192, 5120, 2880, 128, gemm_tflops));
+  rs.push_back(bench_linear_extra_k_device(*be, 8192, 2880, 4096, 128, gemm_tflops));
   rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs));
   rs.push_back(bench_attention_device(*be, false, false, 1, 8192, copy_gbs));
   rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs, DType::kBF16));

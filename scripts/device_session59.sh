@@ -9,6 +9,8 @@
 #   ncu    Nsight Compute on the dense LoRA kernels of batch-64 decode (rope_kv_write with the q/k/v expands,
 #          add_rms_norm_lora) and of the 8,192-token prefill step (dense_expand_mma, dense_shrink_mma,
 #          moe_lora_shrink_mma).
+#   kern   polylora_bench kernels --device cuda: lora_batch at prefill sizes beside the q/k/v and o products
+#          with 128 more K columns (what the dense LoRA as extra K of its product would cost, gpu-machine.md).
 set -uo pipefail
 OUT=${OUT:-/tmp/s59}
 # shellcheck source=scripts/device_env.sh
@@ -22,6 +24,12 @@ if ! skip tests; then
   echo "test_gpu rc $?" >> "$OUT/tests.txt"
   grep -E "^\[  FAILED  \]|^\[  PASSED  \]|^\[==========\]|rc " "$OUT/tests.txt" | head -30
   stamp tests
+fi
+if ! skip kern; then
+  timeout 200 build-gpu/bench/polylora_bench kernels --device cuda > "$OUT/kernels.txt" 2>&1
+  echo "kernels rc $?" >> "$OUT/kernels.txt"
+  grep -E "^device|lora_batch|extra K|rc " "$OUT/kernels.txt"
+  stamp kernels
 fi
 if ! skip tl; then
   # --loras 8 times the base model beside the adapters in the same engine, so each trace holds both; the
