@@ -166,20 +166,6 @@ KernelResult bench_linear_extra_k_device(Backend& be, int64_t m, int64_t n, int6
     a.y = dy;
     a.ldy = n;
     be.linear(a);
-    auto bf16 = [](uint16_t b) {
-      uint32_t bits = static_cast<uint32_t>(b) << 16;
-      float f;
-      std::memcpy(&f, &bits, sizeof f);
-      return static_cast<double>(f);
-    };
-    auto round_bf16 = [](float v) {
-      uint32_t bits;
-      std::memcpy(&bits, &v, sizeof bits);
-      bits = (bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff0000u;
-      float f;
-      std::memcpy(&f, &bits, sizeof f);
-      return static_cast<double>(f);
-    };
     std::vector<float> row(static_cast<size_t>(n));
     for (int64_t i = 0; i < 8; ++i) {
       const int64_t r = i * (m - 1) / 7;
@@ -187,7 +173,8 @@ KernelResult bench_linear_extra_k_device(Backend& be, int64_t m, int64_t n, int6
       double sq = 0, err = 0;
       for (int64_t j = 0; j < n; ++j) {
         double ref = 0;
-        for (int64_t c = 0; c < kk; ++c) ref += bf16(w[j * kk + c]) * round_bf16(x[r * kk + c]);
+        for (int64_t c = 0; c < kk; ++c)
+          ref += double(bf16_to_f32(w[j * kk + c])) * bf16_to_f32(f32_to_bf16(x[r * kk + c]));
         sq += ref * ref;
         err = std::max(err, std::fabs(ref - row[j]));
       }

@@ -111,9 +111,9 @@ size_t read_key(std::string_view s, size_t pos, std::string_view key) {
 struct CallObject {
   bool name_known = false;
   std::string name;
-  std::string arguments;  // so far
-  bool complete = false;  // the object's closing brace has been read
-  bool valid = false;     // complete and well-formed
+  std::string arguments;                // so far
+  bool complete = false;                // the object's closing brace has been read
+  bool valid = false;                   // complete and well-formed
   size_t end = std::string_view::npos;  // after the object, when complete
 };
 
@@ -139,7 +139,8 @@ CallObject read_call_object(std::string_view s, size_t pos, bool final) {
           if (a != std::string_view::npos) {
             a = skip_space(s, a);
             size_t a_end = scan_json_value(s, a);
-            out.arguments = std::string(s.substr(a, a_end == std::string_view::npos ? s.size() - a : a_end - a));
+            out.arguments =
+                std::string(s.substr(a, a_end == std::string_view::npos ? s.size() - a : a_end - a));
           }
         }
       }
@@ -152,8 +153,9 @@ CallObject read_call_object(std::string_view s, size_t pos, bool final) {
   if (obj.is_discarded() || !obj.is_object() || !obj.contains("name") || !obj["name"].is_string()) return out;
   const char* key = obj.contains("arguments") ? "arguments" : "parameters";
   std::string name = obj["name"].get<std::string>();
-  std::string args = obj.contains(key) ? (obj[key].is_string() ? obj[key].get<std::string>() : obj[key].dump())
-                                       : std::string("{}");
+  std::string args = obj.contains(key)
+                         ? (obj[key].is_string() ? obj[key].get<std::string>() : obj[key].dump())
+                         : std::string("{}");
   if (!out.name_known || out.name != name || !valid_json(out.arguments)) {
     // Keys in another order (or arguments as a string): the parsed values, in one piece.
     out.name_known = true;
@@ -295,9 +297,9 @@ void parse_tool_text(const OutputParserOptions& o, const ToolParamTypes& types, 
     case ToolParserKind::kNamed: {
       size_t a = skip_space(s, 0);
       size_t end = scan_json_value(s, a);
-      out.calls.push_back({o.named_function, std::string(rtrim(s.substr(a, end == std::string_view::npos
-                                                                                  ? std::string_view::npos
-                                                                                  : end - a)))});
+      out.calls.push_back(
+          {o.named_function, std::string(rtrim(s.substr(
+                                 a, end == std::string_view::npos ? std::string_view::npos : end - a)))});
       return;
     }
     case ToolParserKind::kRequired: {
@@ -330,8 +332,10 @@ void parse_tool_text(const OutputParserOptions& o, const ToolParamTypes& types, 
         size_t body = pos + kToolCallOpen.size();
         size_t close = s.find(kToolCallClose, body);
         bool complete = close != std::string_view::npos || final;
-        std::string_view inner = s.substr(body, close == std::string_view::npos ? std::string_view::npos : close - body);
-        if (close == std::string_view::npos && !final) inner.remove_suffix(partial_suffix(inner, kToolCallClose));
+        std::string_view inner =
+            s.substr(body, close == std::string_view::npos ? std::string_view::npos : close - body);
+        if (close == std::string_view::npos && !final)
+          inner.remove_suffix(partial_suffix(inner, kToolCallClose));
         CallObject c = read_call_object(inner, 0, complete);
         if (c.name_known) calls.push_back({c.name, c.arguments});
         if (complete && !c.valid) ok = false;
@@ -434,8 +438,10 @@ void parse_tool_text(const OutputParserOptions& o, const ToolParamTypes& types, 
         std::string name(rtrim(s.substr(p, args - p)));
         size_t a = skip_space(s, args + kMistralArgs.size());
         size_t end = scan_json_value(s, a);
-        std::string_view value = s.substr(a, end == std::string_view::npos ? std::string_view::npos : end - a);
-        if (end == std::string_view::npos && !final) value.remove_suffix(partial_suffix(value, kMistralCalls));
+        std::string_view value =
+            s.substr(a, end == std::string_view::npos ? std::string_view::npos : end - a);
+        if (end == std::string_view::npos && !final)
+          value.remove_suffix(partial_suffix(value, kMistralCalls));
         out.calls.push_back({name, std::string(rtrim(value))});
         if (end == std::string_view::npos) {
           if (final && !valid_json(rtrim(value))) ok = false;
@@ -478,7 +484,8 @@ void parse_harmony(const OutputParserOptions& o, std::string_view s, bool final,
         end_len = t.size();
       }
     }
-    std::string_view text = s.substr(body, end == std::string_view::npos ? std::string_view::npos : end - body);
+    std::string_view text =
+        s.substr(body, end == std::string_view::npos ? std::string_view::npos : end - body);
     if (end == std::string_view::npos && !final) text.remove_suffix(partial_special(text));
     std::string channel, recipient;
     if (size_t c = header.find(kChannel); c != std::string_view::npos) {
@@ -492,7 +499,8 @@ void parse_harmony(const OutputParserOptions& o, std::string_view s, bool final,
       recipient = std::string(header.substr(a, b - a));
     }
     if (recipient.rfind("functions.", 0) == 0 && o.tools == ToolParserKind::kOpenai) {
-      out.calls.push_back({recipient.substr(10), std::string(end == std::string_view::npos && !final ? text : rtrim(text))});
+      out.calls.push_back(
+          {recipient.substr(10), std::string(end == std::string_view::npos && !final ? text : rtrim(text))});
     } else if (channel == "analysis") {
       out.reasoning.append(text);
     } else {
@@ -568,7 +576,7 @@ std::string required_tools_schema(std::string_view tools_json) {
       const json& f = t["function"];
       json name = f.contains("name") && f["name"].is_string() ? f["name"] : json("");
       json params = f.contains("parameters") && f["parameters"].is_object() ? f["parameters"]
-                                                                               : json{{"type", "object"}};
+                                                                            : json{{"type", "object"}};
       any.push_back(
           {{"type", "object"},
            {"properties",

@@ -154,11 +154,12 @@ TEST(HarmonyParser, AnalysisThenFinal) {
 }
 
 TEST(HarmonyParser, ToolCallAsTheTemplateRendersIt) {
-  json assistant = {{"role", "assistant"},
-                    {"thinking", "Need the weather tool."},
-                    {"tool_calls", json::array({{{"type", "function"},
-                                                 {"function", {{"name", "get_weather"},
-                                                               {"arguments", {{"city", "Paris"}}}}}}})}};
+  json assistant = {
+      {"role", "assistant"},
+      {"thinking", "Need the weather tool."},
+      {"tool_calls",
+       json::array({{{"type", "function"},
+                     {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}}}}}}})}};
   // The prompt ends with "<|start|>assistant": the model's text is what follows it.
   std::string out = rendered_turn("gpt-oss.jinja", assistant, "<|start|>assistant", "<|call|>");
   ASSERT_NE(out.find("to=functions.get_weather"), std::string::npos) << out;
@@ -266,12 +267,14 @@ TEST(DeepSeekR1Parser, ReasoningFirstWithOrWithoutTheOpeningTag) {
 }
 
 TEST(HermesParser, OneToolCallAsTheTemplateRendersIt) {
-  json assistant = {{"role", "assistant"},
-                    {"content", ""},
-                    {"tool_calls", json::array({{{"type", "function"},
-                                                 {"function", {{"name", "get_weather"},
-                                                               {"arguments", {{"city", "Paris"}}}}}}})}};
-  std::string out = rendered_turn("qwen2.5-instruct.jinja", assistant, "<|im_start|>assistant\n", "<|im_end|>");
+  json assistant = {
+      {"role", "assistant"},
+      {"content", ""},
+      {"tool_calls",
+       json::array({{{"type", "function"},
+                     {"function", {{"name", "get_weather"}, {"arguments", {{"city", "Paris"}}}}}}})}};
+  std::string out =
+      rendered_turn("qwen2.5-instruct.jinja", assistant, "<|im_start|>assistant\n", "<|im_end|>");
   ASSERT_NE(out.find("<tool_call>"), std::string::npos) << out;
   auto o = opts(ToolParserKind::kHermes, ReasoningParserKind::kQwen3);
   auto r = OutputParser::parse(o, out);
@@ -436,8 +439,9 @@ TEST(MistralParser, ListAndNamedForms) {
 
 TEST(RequiredAndNamed, WholeOutputIsTheCalls) {
   auto o = opts(ToolParserKind::kRequired, ReasoningParserKind::kNone);
-  std::string out = "[{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}, {\"name\": \"get_weather\", "
-                    "\"parameters\": {\"city\": \"Lima\"}}]";
+  std::string out =
+      "[{\"name\": \"get_time\", \"parameters\": {\"tz\": \"UTC\"}}, {\"name\": \"get_weather\", "
+      "\"parameters\": {\"city\": \"Lima\"}}]";
   auto r = OutputParser::parse(o, out);
   ASSERT_EQ(r.tool_calls.size(), 2u);
   EXPECT_EQ(r.tool_calls[1].name, "get_weather");
