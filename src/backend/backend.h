@@ -221,6 +221,15 @@ class Backend {
   virtual void gpt_oss_swiglu(const kernels::GptOssSwigluArgs& args) = 0;
   virtual void lora_apply(const kernels::LoraApplyArgs& args) = 0;
   virtual void lora_batch(const kernels::LoraBatchArgs& args) = 0;
+  // The dense LoRA as extra K columns of its product (kernels::LinearLoraExtArgs, model/lora_dense_ext.h):
+  // whether steps of `tokens` tokens take it with `tail_cols` tail columns per product (CUDA: past the
+  // bf16 split rows, from the tuned lora_dense_ext_min_rows, up to lora_dense_ext_max_cols; never
+  // elsewhere), and the op (elsewhere an error).
+  virtual bool dense_lora_ext(int64_t tokens, int64_t tail_cols) const {
+    (void)tokens, (void)tail_cols;
+    return false;
+  }
+  virtual void linear_lora_ext(const kernels::LinearLoraExtArgs& args);
   virtual void route(const kernels::RouteArgs& args) = 0;
   virtual void moe_experts(const kernels::MoeExpertsArgs& args) = 0;
   // y[i] += x[i] for i < n (residual connections).

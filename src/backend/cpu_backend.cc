@@ -155,6 +155,10 @@ void Backend::free_host(void* ptr) {
   std::free(ptr);
 }
 
+void Backend::linear_lora_ext(const kernels::LinearLoraExtArgs&) {
+  fail("{}: the dense LoRA as extra K columns runs on CUDA only", name());
+}
+
 void Backend::fill_zero(void* ptr, size_t bytes) {
   if (bytes > 0) std::memset(ptr, 0, bytes);
 }

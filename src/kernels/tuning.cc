@@ -114,6 +114,8 @@ const std::vector<Field>& fields() {
        "POLYLORA_LORA_DENSE_EXPAND_MMA_MIN_ROWS"},
       {"lora_dense_expand_mma_cols", &KernelTuning::lora_dense_expand_mma_cols,
        "POLYLORA_LORA_DENSE_EXPAND_MMA_COLS"},
+      {"lora_dense_ext_min_rows", &KernelTuning::lora_dense_ext_min_rows, "POLYLORA_LORA_DENSE_EXT_MIN_ROWS"},
+      {"lora_dense_ext_max_cols", &KernelTuning::lora_dense_ext_max_cols, "POLYLORA_LORA_DENSE_EXT_MAX_COLS"},
   };
   return f;
 }

@@ -268,6 +268,16 @@ struct KernelTuning {
   // 512-token prompts with 8 adapters: prefill 35,064 / 35,078 tok/s at 128 against 34,982 / 35,016 at 64
   // (168 registers, 3 CTAs per SM): no gain, so 128; env POLYLORA_LORA_DENSE_EXPAND_MMA_COLS.
   int64_t lora_dense_expand_mma_cols = 128;
+  // Steps of from this many tokens (and past the bf16 split rows) run the q/k/v and o LoRA as extra K
+  // columns of their products (kernels::LinearLoraExtArgs, model/lora_dense_ext.h: one cuBLAS GEMM over
+  // [x | scaled shrink sums | 1 1] and [W | the slots' B | bias hi lo] in place of the product, its bias add
+  // and lora_batch's expand, whose read-modify-write of the f32 outputs took ~9.8 ms of an 8,192-token
+  // GPT-OSS-20B step with 8 adapters on the H100, session 57). Costs a copy of the q/k/v and o weights with
+  // the tails (GPT-OSS-20B, 8 slots of rank 16: ~1.4 GB). 0: never; env POLYLORA_LORA_DENSE_EXT_MIN_ROWS.
+  int64_t lora_dense_ext_min_rows = 0;
+  // ... when a product's tail columns (slots x rank for each module, q/k/v stacked: three) are at most
+  // this many; env POLYLORA_LORA_DENSE_EXT_MAX_COLS.
+  int64_t lora_dense_ext_max_cols = 512;
   // Dense BF16 products (kernels/linear/linear_cuda.cu) with the hi + lo split: rows (tokens) up to which
   // the weight-streaming kernel replaces the split cuBLAS GEMM (at most 16); env POLYLORA_LINEAR_STREAM_ROWS.
   int64_t linear_stream_max_rows = 8;

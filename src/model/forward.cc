@@ -73,6 +73,13 @@ class Model::ForwardPass {
   // lora_tmp_, sized for the largest such step whenever the stacks exist (no allocation inside a capture).
   bool split_lora_ = false;
   float* lora_tmp_ = nullptr;
+  // Steps of many tokens with dense LoRA where the backend takes it (Backend::dense_lora_ext): q/k/v as one
+  // product and o, each with the LoRA as extra K columns (model/lora_dense_ext.h); q_ then holds q, k and v
+  // side by side (rows of qs_ + 2 kvs_).
+  const LoraDenseExt* ext_ = nullptr;
+  // q/k/v as one extended product (false: the layer's q/k/v have no LoRA this step, or no ext_).
+  bool ext_qkv(int64_t l, const float*& k, const float*& v, int64_t& ld);
+  bool ext_o(int64_t l);
 };
 
 Model::ForwardPass::ForwardPass(Model& m, const ForwardBatch& b, std::span<const k::KvCacheView> kv,
@@ -157,41 +164,82 @@ int64_t Model::ForwardPass::split_group(int64_t layer, const float* in, int64_t 
   return first;
 }
 
+bool Model::ForwardPass::ext_qkv(int64_t l, const float*& k, const float*& v, int64_t& ld) {
+  if (ext_ == nullptr) return false;
+  const LoraDenseExt::Product& p = ext_->qkv(l);
+  k::LinearLoraExtArgs a{.x = h_, .m = T_, .ldx = H_, .k = p.k, .w = p.w, .y = q_, .ldy = qs_ + 2 * kvs_};
+  a.shrink = {.x = h_, .ldx = H_, .m = T_, .token_slots = d_tslots_, .num = 0};
+  const LoraModule mods[3] = {LoraModule::kQ, LoraModule::kK, LoraModule::kV};
+  for (int i = 0; i < 3; ++i) {
+    if (!lora_active(l, mods[i])) continue;
+    a.shrink.w[a.shrink.num] = m_.lora_->dense(l, mods[i]);
+    a.tail[a.shrink.num++] = p.tail[i];
+  }
+  if (a.shrink.num == 0) return false;
+  a.bias_col = p.bias_col;
+  be_.linear_lora_ext(a);
+  ld = qs_ + 2 * kvs_;
+  k = q_ + qs_;
+  v = q_ + qs_ + kvs_;
+  return true;
+}
+
+bool Model::ForwardPass::ext_o(int64_t l) {
+  if (ext_ == nullptr || !lora_active(l, LoraModule::kO)) return false;
+  const LoraDenseExt::Product& p = ext_->o(l);
+  k::LinearLoraExtArgs a{.x = attn_, .m = T_, .ldx = qs_, .k = p.k, .w = p.w, .y = tmp_, .ldy = H_};
+  a.shrink = {.x = attn_, .ldx = qs_, .m = T_, .token_slots = d_tslots_, .num = 1};
+  a.shrink.w[0] = m_.lora_->dense(l, LoraModule::kO);
+  a.tail[0] = p.tail[0];
+  a.bias_col = p.bias_col;
+  be_.linear_lora_ext(a);
+  return true;
+}
+
 void Model::ForwardPass::attention_block(int64_t l) {
   const LayerWeights& lw = m_.weights_.layers[l];
   const AttentionWeights& aw = lw.attn;
+  // q, k and v: their rows and strides (one extended product's output, or three products').
+  const float* kp = kk_;
+  const float* vp = v_;
+  int64_t ldq = qs_, ldk = kvs_, ldv = kvs_;
   k::LoraBatchArgs qkv_shrink;
   k::LoraExpandIn qkv_lora[3];
-  const int64_t qkv_ranks =
-      split_lora_
-          ? split_group(l, h_, H_, {LoraModule::kQ, LoraModule::kK, LoraModule::kV}, qkv_shrink, qkv_lora)
-          : 0;
-  // q, k and v read the same h: one launch where the backend can (CUDA at decode sizes).
-  const k::LinearArgs qkv[3] = {
-      {.x = h_,
-       .m = T_,
-       .ldx = H_,
-       .w = aw.q.w,
-       .bias = aw.q.bias,
-       .y = q_,
-       .ldy = qs_,
-       .lora_shrink = qkv_ranks > 0 ? &qkv_shrink : nullptr,
-       .lora_tmp = lora_tmp_,
-       .lora_ld_tmp = qkv_ranks},
-      {.x = h_, .m = T_, .ldx = H_, .w = aw.k.w, .bias = aw.k.bias, .y = kk_, .ldy = kvs_},
-      {.x = h_, .m = T_, .ldx = H_, .w = aw.v.w, .bias = aw.v.bias, .y = v_, .ldy = kvs_}};
-  be_.linear_group(qkv);
-  if (!split_lora_)
-    lora_group(l, h_, H_,
-               {{LoraModule::kQ, q_, qs_}, {LoraModule::kK, kk_, kvs_}, {LoraModule::kV, v_, kvs_}});
+  int64_t qkv_ranks = 0;
+  int64_t ld_ext = 0;
+  if (ext_qkv(l, kp, vp, ld_ext)) {
+    ldq = ldk = ldv = ld_ext;
+  } else {
+    qkv_ranks = split_lora_ ? split_group(l, h_, H_, {LoraModule::kQ, LoraModule::kK, LoraModule::kV},
+                                          qkv_shrink, qkv_lora)
+                            : 0;
+    // q, k and v read the same h: one launch where the backend can (CUDA at decode sizes).
+    const k::LinearArgs qkv[3] = {
+        {.x = h_,
+         .m = T_,
+         .ldx = H_,
+         .w = aw.q.w,
+         .bias = aw.q.bias,
+         .y = q_,
+         .ldy = qs_,
+         .lora_shrink = qkv_ranks > 0 ? &qkv_shrink : nullptr,
+         .lora_tmp = lora_tmp_,
+         .lora_ld_tmp = qkv_ranks},
+        {.x = h_, .m = T_, .ldx = H_, .w = aw.k.w, .bias = aw.k.bias, .y = kk_, .ldy = kvs_},
+        {.x = h_, .m = T_, .ldx = H_, .w = aw.v.w, .bias = aw.v.bias, .y = v_, .ldy = kvs_}};
+    be_.linear_group(qkv);
+    if (!split_lora_)
+      lora_group(l, h_, H_,
+                 {{LoraModule::kQ, q_, qs_}, {LoraModule::kK, kk_, kvs_}, {LoraModule::kV, v_, kvs_}});
+  }
   // Qwen3's per-head q/k norms, RoPE on q and k, k and v into the paged cache: one op (with the q/k/v
   // LoRA expands when split).
   be_.rope_kv_write({.q = q_,
-                     .ldq = qs_,
-                     .k = kk_,
-                     .ldk = kvs_,
-                     .v = v_,
-                     .ldv = kvs_,
+                     .ldq = ldq,
+                     .k = kp,
+                     .ldk = ldk,
+                     .v = vp,
+                     .ldv = ldv,
                      .m = T_,
                      .num_heads = c_.num_heads,
                      .num_kv_heads = c_.num_kv_heads,
@@ -208,7 +256,7 @@ void Model::ForwardPass::attention_block(int64_t l) {
                      .lora_k = qkv_lora[1],
                      .lora_v = qkv_lora[2]});
   be_.attention({.q = q_,
-                 .ldq = qs_,
+                 .ldq = ldq,
                  .out = attn_,
                  .ldo = qs_,
                  .num_seqs = S_,
@@ -224,11 +272,14 @@ void Model::ForwardPass::attention_block(int64_t l) {
                  .cache = kv_[l]});
   k::LoraBatchArgs o_shrink;
   k::LoraExpandIn o_lora[1];
-  const int64_t o_ranks = split_lora_ ? split_group(l, attn_, qs_, {LoraModule::kO}, o_shrink, o_lora) : 0;
-  // Its sums after q/k/v's in lora_tmp_ (rope_kv_write has read those).
-  for (k::LoraExpandIn& e : o_lora) e.tmp = lora_tmp_ + T_ * qkv_ranks;
-  linear(aw.o, attn_, qs_, tmp_, H_, o_ranks > 0 ? &o_shrink : nullptr, lora_tmp_ + T_ * qkv_ranks, o_ranks);
-  if (!split_lora_) lora_group(l, attn_, qs_, {{LoraModule::kO, tmp_, H_}});
+  if (!ext_o(l)) {
+    const int64_t o_ranks = split_lora_ ? split_group(l, attn_, qs_, {LoraModule::kO}, o_shrink, o_lora) : 0;
+    // Its sums after q/k/v's in lora_tmp_ (rope_kv_write has read those).
+    for (k::LoraExpandIn& e : o_lora) e.tmp = lora_tmp_ + T_ * qkv_ranks;
+    linear(aw.o, attn_, qs_, tmp_, H_, o_ranks > 0 ? &o_shrink : nullptr, lora_tmp_ + T_ * qkv_ranks,
+           o_ranks);
+    if (!split_lora_) lora_group(l, attn_, qs_, {{LoraModule::kO, tmp_, H_}});
+  }
   m_.all_reduce_sum(tmp_, T_ * H_);  // row-parallel o_proj: the ranks' heads
   add_norm(lw.post_attention_norm, o_lora[0]);
 }
@@ -371,13 +422,20 @@ void Model::ForwardPass::run() {
   } lora_scope(be_, m_.lora_ && m_.lora_->reserved() && (si_.all_lora || !si_.adapters.empty()), T_);
   x_ = ensure_buffer<float>(be_, ws_.x, T_ * H_, ws_.epoch);
   h_ = ensure_buffer<float>(be_, ws_.h, T_ * H_, ws_.epoch);
-  q_ = ensure_buffer<float>(be_, ws_.q, T_ * qs_, ws_.epoch);
+  const bool stacks = m_.lora_ && m_.lora_->reserved();
+  // With stacks, room for q, k and v side by side (the extended q/k/v product's output).
+  q_ = ensure_buffer<float>(be_, ws_.q, T_ * (stacks ? qs_ + 2 * kvs_ : qs_), ws_.epoch);
   kk_ = ensure_buffer<float>(be_, ws_.kk, T_ * kvs_, ws_.epoch);
   v_ = ensure_buffer<float>(be_, ws_.v, T_ * kvs_, ws_.epoch);
   attn_ = ensure_buffer<float>(be_, ws_.attn, T_ * qs_, ws_.epoch);
   tmp_ = ensure_buffer<float>(be_, ws_.tmp, T_ * H_, ws_.epoch);
-  const bool stacks = m_.lora_ && m_.lora_->reserved();
   split_lora_ = stacks && !m_.comm_ && T_ <= be_.split_dense_lora_max_rows();
+  ext_ = nullptr;
+  if (stacks && !split_lora_ && !m_.comm_ && m_.lora_ext_ && !si_.all_lora && !si_.adapters.empty() &&
+      !be_.dry_run() && be_.dense_lora_ext(T_, m_.lora_ext_->max_tail_cols())) {
+    m_.lora_ext_->refresh();
+    ext_ = m_.lora_ext_.get();
+  }
   if (stacks && be_.split_dense_lora_max_rows() > 0)
     lora_tmp_ = ensure_buffer<float>(
         be_, ws_.lora_tmp, static_cast<size_t>(be_.split_dense_lora_max_rows() * 4 * m_.lora_->rank()),

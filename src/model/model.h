@@ -26,6 +26,7 @@
 #include "model/expert_parallel.h"
 #include "model/forward_batch.h"
 #include "model/fully_sharded_lora.h"
+#include "model/lora_dense_ext.h"
 #include "model/lora_stacks.h"
 #include "model/tp_shard.h"
 #include "model/weight_loader.h"
@@ -168,7 +169,7 @@ class Model : public AdapterDevice {
   // slot by slot.
   void set_adapter_slots(int64_t slots);
   // Bytes of the stacks (0 before the first adapter or reservation; rank 0's under tensor parallelism).
-  size_t adapter_bytes() const { return lora_ ? lora_->bytes() : 0; }
+  size_t adapter_bytes() const { return (lora_ ? lora_->bytes() : 0) + (lora_ext_ ? lora_ext_->bytes() : 0); }
   // Captures a graph per decode batch size (largest first, after a warm-up prefill). From then on a step
   // whose sequences each compute one token, without adapters, whose logits are wanted for every token and
   // whose block tables fit max_blocks_per_seq replays the graph of its padded size; other steps run
@@ -277,6 +278,9 @@ class Model : public AdapterDevice {
   std::unique_ptr<WeightsInFlight> weights_in_flight_;  // background load, until wait_for_weights()
   std::exception_ptr weights_error_;                    // the background load's error, thrown by every step
   std::unique_ptr<LoraStacks> lora_;
+  // The q/k/v and o LoRA as extra K columns of their products (prefill; made with the stacks where the
+  // backend would take it; destroyed before the stacks).
+  std::unique_ptr<LoraDenseExt> lora_ext_;
   int64_t adapter_slots_hint_ = 1;
   bool async_uploads_ = false;
   int upload_delay_ms_ = 0;

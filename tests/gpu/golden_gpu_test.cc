@@ -6,6 +6,7 @@
 // interleaved) too. The prompt log-probs' max |Δ| from the reference is printed (not a criterion in bf16:
 // a router near-tie may move it by whole units).
 #include "golden/golden_fixture.h"
+#include "kernels/tuning.h"
 
 namespace polylora::golden {
 namespace {
@@ -44,9 +45,22 @@ TEST_P(GoldenGpuTest, Float32MatchesReference) {
 }
 
 // bf16 weights, the KV cache in kv_dtype: vLLM's close-logprobs rule against the CPU engine's top-5.
-void check_bf16_close_logprobs(const std::string& model, DType kv_dtype) {
+// lora_ext: every step takes the dense LoRA as extra K columns of the q/k/v and o products
+// (model/lora_dense_ext.h; x as one bf16 in every product, no split LoRA).
+void check_bf16_close_logprobs(const std::string& model, DType kv_dtype, bool lora_ext = false) {
   Fixture cpu(model);
-  Fixture f(model, cuda_backend(DType::kBF16));
+  std::shared_ptr<Backend> be;
+  if (lora_ext) {
+    BackendOptions o;
+    o.device = DeviceKind::kCuda;
+    o.weight_dtype = DType::kBF16;
+    o.bf16_split_max_rows = 0;
+    be = make_cuda_backend(o);
+    be->set_split_dense_lora_max_rows(0);
+  } else {
+    be = cuda_backend(DType::kBF16);
+  }
+  Fixture f(model, be);
   f.kv_cache_dtype = kv_dtype;
   std::vector<EngineRequest> reqs;
   std::vector<std::pair<std::string, size_t>> owner;
@@ -99,6 +113,16 @@ void check_bf16_close_logprobs(const std::string& model, DType kv_dtype) {
 
 TEST_P(GoldenGpuTest, Bfloat16CloseLogprobs) {
   check_bf16_close_logprobs(GetParam(), DType::kF32);
+}
+
+// The same rule with the q/k/v and o LoRA as extra K columns of their products on every step (the
+// prefill path of lora_dense_ext_min_rows, forced down to one token).
+TEST_P(GoldenGpuTest, Bfloat16LoraExtCloseLogprobs) {
+  kernels::KernelTuning t = kernels::kernel_tuning(kernels::TuningShape{});
+  t.lora_dense_ext_min_rows = 1;
+  kernels::override_kernel_tuning(t);
+  check_bf16_close_logprobs(GetParam(), DType::kF32, true);
+  kernels::override_kernel_tuning(std::nullopt);
 }
 
 // --kv-cache-dtype bfloat16: the same rule with the KV cache stored in bf16.

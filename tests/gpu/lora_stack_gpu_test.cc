@@ -658,5 +658,54 @@ TEST(GpuLoraStack, AddRmsNormLoraBaseRowsBitIdentical) {
   }
 }
 
+// ------------------------------------------------- LoRA as extra K columns ----
+
+// Backend::linear_lora_ext (kernels::LinearLoraExtArgs: one BF16 GEMM over [x | scaled shrink sums | 1 1]
+// and [W | the slots' B | bias hi lo]) for q/k/v stacked (3 modules of 200, 64 and 33 outputs, k = 136;
+// and the o shape, one module) and a group without its middle module (its tail columns then read zeros):
+// (1) against ref::linear_lora_ext (the same rounded operands, f32 sums in another order): within
+// 1e-3 · |ref| + 2e-2; (2) against what the model computed before, ref::linear (x unrounded) + bias +
+// the old per-slot LoRA: within 1e-2 of the row's rms (bf16 inputs), with a LoRA term of at least 0.1 of
+// the rms where a token has LoRA (a missing or misplaced term fails (2)). Tokens of slot −1, a slot
+// without tokens, scale 0 on a module; m on the per-token shrink (40) and the tensor-core one (300).
+void run_ext(int64_t m, int num, bool skip_middle) {
+  Arena ar(backend());
+  const kt::ExtCase c(m, num, skip_middle);
+  std::vector<float> sem(static_cast<size_t>(m * c.n));
+  k::ref::linear_lora_ext(c.args(sem.data()));
+  // The device run.
+  k::LinearLoraExtArgs d = c.args(nullptr);
+  d.x = ar.up(c.x);
+  d.w.data = ar.up(c.wext);
+  d.shrink.x = d.x;
+  d.shrink.token_slots = ar.up(c.slots);
+  for (int j = 0; j < d.shrink.num; ++j) d.shrink.w[j] = up_dense_stack(ar, *c.stacks[c.group[j]]);
+  float* dy = ar.up(std::vector<float>(sem.size(), std::nanf("")));
+  d.y = dy;
+  ar.be().linear_lora_ext(d);
+  const std::vector<float> got = ar.down(dy, sem.size());
+  const std::string what =
+      "linear_lora_ext m=" + std::to_string(m) + " modules=" + std::to_string(c.group.size());
+  // A shrink sum summed in another order may round to the neighbouring bf16 (a change of ~2^-8 of a tail
+  // value, times B): hence 2e-2 absolute.
+  kt::expect_close(got, sem, 2e-2f, 1e-3f, what + " vs ref::linear_lora_ext");
+  int64_t with_lora = 0;
+  const auto rows = c.row_errors(got);
+  for (int64_t t = 0; t < m; ++t) {
+    ASSERT_LE(rows[t].err, 1e-2) << what << " token " << t << " (slot " << c.slots[t] << ") vs the f32 path";
+    if (rows[t].effect > 0.1) ++with_lora;
+  }
+  EXPECT_GT(with_lora, m / 2) << what << ": LoRA terms too small to test";
+}
+
+TEST(GpuLoraStack, LinearLoraExtEqualsProductBiasAndLora) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t m : {40, 300}) {
+    run_ext(m, 3, false);
+    run_ext(m, 3, true);
+    run_ext(m, 1, false);
+  }
+}
+
 }  // namespace
 }  // namespace polylora::gpu_test

@@ -22,6 +22,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "kernel_test_util.h"
 #include "kernels/lora_stack_util.h"
@@ -312,6 +313,26 @@ TEST(LoraStack, MoeRanksTopKAndExpertCounts) {
                  .stack_dtype = DType::kBF16,
                  .gu_slices = 1,
                  .slots = 8});
+}
+
+// ref::linear_lora_ext (the dense LoRA as extra K columns: x, the weights and the scaled shrink sums rounded
+// to bf16, the bias as bf16 hi + lo) against what the model computes without it (ref::linear of the
+// unrounded x, the bias, the old per-slot LoRA): within 1e-2 of each token's rms, with LoRA terms of at
+// least 0.1 of the rms for most tokens (a missing, misplaced or mis-scaled term fails); q/k/v stacked, a
+// group without its middle module (its tails read zeros), and one module.
+TEST(LoraStack, LinearLoraExtRefEqualsProductBiasAndLora) {
+  for (auto [m, num, skip] : {std::tuple{40, 3, false}, std::tuple{40, 3, true}, std::tuple{17, 1, false}}) {
+    const test::ExtCase c(m, num, skip);
+    std::vector<float> got(static_cast<size_t>(m * c.n), std::nanf(""));
+    ref::linear_lora_ext(c.args(got.data()));
+    const auto rows = c.row_errors(got);
+    int64_t with_lora = 0;
+    for (int64_t t = 0; t < m; ++t) {
+      ASSERT_LE(rows[t].err, 1e-2) << "m=" << m << " modules=" << c.group.size() << " token " << t;
+      if (rows[t].effect > 0.1) ++with_lora;
+    }
+    EXPECT_GT(with_lora, m / 2) << "LoRA terms too small to test";
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -20,6 +21,7 @@
 
 #include "common/dtype.h"
 #include "kernels/kernel_test_util.h"
+#include "kernels/linear/linear.h"
 #include "kernels/lora/lora.h"
 #include "kernels/moe/moe.h"
 
@@ -409,5 +411,108 @@ inline std::unique_ptr<MoeStack> make_moe_stack(const StackMoeCase& c, uint32_t 
       [&](int64_t s, int64_t e) { return moe_spec(s, e, E, R, gu); }, seed, c.lora_a, c.lora_b,
       /*unused_slice1_scale=*/3.0f);
 }
+
+// ---- The dense LoRA as extra K columns (kernels::LinearLoraExtArgs) ----
+// One case in host memory: num modules (outputs 200, 64, 33: q/k/v stacked, or one: o) over k = 136 inputs,
+// 8 slots of stack rank 16 (adapters of ranks 1..16, one slot without LoRA per module, slot 3 without
+// tokens, tokens of slot −1), BF16 weights W with a random f32 bias; the extended matrix as
+// model/lora_dense_ext.h lays it out (W, module i's B at tail[i] + s · 16 in its rows, bias hi / lo,
+// padded to 8 columns); the group (every module, or all but the middle one: its tail columns then read
+// zeros). base: the f32 product of the unrounded x with W plus the bias; before: base plus the old per-slot
+// LoRA of the group (what the model computed before the extension).
+struct ExtCase {
+  static constexpr int64_t S = 8, R = 16, k = 136, ldx = k + 4;
+  int64_t m = 0, n = 0, cols = 0, bias_col = 0;
+  int64_t outs[3] = {200, 64, 33}, row0[3] = {}, tail[3] = {};
+  std::vector<std::unique_ptr<DenseStack>> stacks;
+  std::vector<int> group;
+  std::vector<float> x, bias, base, before;
+  std::vector<uint16_t> w16, wext;
+  std::vector<int32_t> slots;
+
+  ExtCase(int64_t m_, int num, bool skip_middle) : m(m_) {
+    const std::vector<int64_t> ranks[3] = {
+        {16, 1, 8, 16, 3, 0, 15, 7}, {5, 16, 0, 2, 16, 1, 4, 16}, {1, 14, 16, 16, 6, 16, 2, 0}};
+    const std::vector<float> scales = {0.5f, 1.0f, -0.75f, 2.0f, 0.25f, 1.5f, -1.0f, 0.8f};
+    int64_t col = k;
+    for (int i = 0; i < num; ++i) {
+      stacks.push_back(std::make_unique<DenseStack>(S, R, k, outs[i], ranks[i], scales, DType::kBF16,
+                                                    static_cast<uint32_t>(300 + i), 0.4f, 0.6f));
+      row0[i] = n;
+      n += outs[i];
+      tail[i] = col;
+      col += S * R;
+      if (!(skip_middle && i == 1)) group.push_back(i);
+    }
+    bias_col = col;
+    cols = (col + 2 + 7) / 8 * 8;
+    x = random_vec(static_cast<size_t>(m * ldx), 31);
+    bias = random_vec(static_cast<size_t>(n), 32);
+    const std::vector<float> wf = random_vec(static_cast<size_t>(n * k), 33);
+    wext.assign(static_cast<size_t>(n * cols), 0);
+    w16.resize(static_cast<size_t>(n * k));
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < k; ++c) wext[r * cols + c] = w16[r * k + c] = f32_to_bf16(wf[r * k + c]);
+      wext[r * cols + bias_col] = f32_to_bf16(bias[r]);
+      wext[r * cols + bias_col + 1] = f32_to_bf16(bias[r] - bf16_to_f32(wext[r * cols + bias_col]));
+    }
+    for (int i = 0; i < num; ++i)
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t o = 0; o < outs[i]; ++o)
+          for (int64_t r = 0; r < R; ++r)
+            wext[(row0[i] + o) * cols + tail[i] + s * R + r] = stacks[i]->b.bf16[(s * outs[i] + o) * R + r];
+    slots = slot_pattern(m, {0, -1, 1, 2, 4, 5, 6, 7}, 5);
+    base.resize(static_cast<size_t>(m * n));
+    ref::linear({.x = x.data(),
+                 .m = m,
+                 .ldx = ldx,
+                 .w = WeightView{.data = w16.data(), .dtype = DType::kBF16, .rows = n, .cols = k},
+                 .bias = bias.data(),
+                 .y = base.data(),
+                 .ldy = n});
+    before = base;
+    LoraBatchArgs a{.x = x.data(), .ldx = ldx, .m = m, .token_slots = slots.data(), .num = 0};
+    std::vector<const DenseStack*> sp;
+    for (int i : group) {
+      a.w[a.num] = stacks[i]->stack();
+      a.y[a.num] = before.data() + row0[i];
+      a.ldy[a.num++] = n;
+      sp.push_back(stacks[i].get());
+    }
+    old_lora_batch(a, sp);
+  }
+  // The op's arguments in host memory, writing y [m, n].
+  LinearLoraExtArgs args(float* y) const {
+    LinearLoraExtArgs h{.x = x.data(), .m = m, .ldx = ldx, .k = k, .y = y, .ldy = n};
+    h.w = WeightView{.data = wext.data(), .dtype = DType::kBF16, .rows = n, .cols = cols};
+    h.bias_col = bias_col;
+    h.shrink = {.x = x.data(), .ldx = ldx, .m = m, .token_slots = slots.data(), .num = 0};
+    for (int i : group) {
+      h.shrink.w[h.shrink.num] = stacks[i]->stack();
+      h.tail[h.shrink.num++] = tail[i];
+    }
+    return h;
+  }
+  // Per token: the largest |got − before| and |before − base| over the token's outputs, over the rms of
+  // its `before` row.
+  struct RowError {
+    double err = 0, effect = 0;
+  };
+  std::vector<RowError> row_errors(const std::vector<float>& got) const {
+    std::vector<RowError> out(static_cast<size_t>(m));
+    for (int64_t t = 0; t < m; ++t) {
+      double sq = 0, err = 0, effect = 0;
+      for (int64_t o = 0; o < n; ++o) {
+        const double e = before[t * n + o];
+        sq += e * e;
+        err = std::max(err, std::fabs(e - got[t * n + o]));
+        effect = std::max(effect, std::fabs(e - base[t * n + o]));
+      }
+      const double rms = std::sqrt(sq / static_cast<double>(n));
+      out[static_cast<size_t>(t)] = {err / rms, effect / rms};
+    }
+    return out;
+  }
+};
 
 }  // namespace polylora::kernels::test

@@ -565,6 +565,16 @@ class CudaBackend final : public Backend {
     ensure_workspace(k::cuda::lora_batch_workspace_bytes(a));
     timed("lora_batch", [&] { k::cuda::lora_batch(a, ctx()); });
   }
+  bool dense_lora_ext(int64_t tokens, int64_t tail_cols) const override {
+    const k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
+    return t.lora_dense_ext_min_rows > 0 && tokens >= t.lora_dense_ext_min_rows &&
+           tokens > bf16_split_max_rows_ && tail_cols <= t.lora_dense_ext_max_cols;
+  }
+  void linear_lora_ext(const k::LinearLoraExtArgs& a) override {
+    DeviceScope on_device(device_);
+    ensure_workspace(k::cuda::linear_lora_ext_workspace_bytes(a));
+    timed("linear_lora_ext", [&] { k::cuda::linear_lora_ext(a, ctx()); });
+  }
   void route(const k::RouteArgs& a) override {
     DeviceScope on_device(device_);
     timed("route", [&] { k::cuda::route(a, ctx()); });

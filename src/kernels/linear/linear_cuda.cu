@@ -42,7 +42,7 @@ namespace {
 // GPT-OSS-20B step, H100 session 56 trace).
 template <bool VEC>
 __global__ void cast_rows_bf16_kernel(const float* x, int64_t ldx, int64_t m, int64_t k, __nv_bfloat16* out,
-                                      __nv_bfloat16* lo) {
+                                      __nv_bfloat16* lo, int64_t ldo) {
   const int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * (VEC ? 8 : 1);
   if (j >= k) return;
   for (int64_t i = blockIdx.y; i < m; i += gridDim.y) {
@@ -58,12 +58,12 @@ __global__ void cast_rows_bf16_kernel(const float* x, int64_t ldx, int64_t m, in
         h[q] = __bfloat16_as_ushort(a.hi) | (static_cast<uint32_t>(__bfloat16_as_ushort(b.hi)) << 16);
         l[q] = __bfloat16_as_ushort(a.lo) | (static_cast<uint32_t>(__bfloat16_as_ushort(b.lo)) << 16);
       }
-      *reinterpret_cast<uint4*>(out + i * k + j) = make_uint4(h[0], h[1], h[2], h[3]);
-      if (lo != nullptr) *reinterpret_cast<uint4*>(lo + i * k + j) = make_uint4(l[0], l[1], l[2], l[3]);
+      *reinterpret_cast<uint4*>(out + i * ldo + j) = make_uint4(h[0], h[1], h[2], h[3]);
+      if (lo != nullptr) *reinterpret_cast<uint4*>(lo + i * ldo + j) = make_uint4(l[0], l[1], l[2], l[3]);
     } else {
       const cuda_util::Bf16Pair p = cuda_util::split_bf16(x[i * ldx + j]);
-      out[i * k + j] = p.hi;
-      if (lo != nullptr) lo[i * k + j] = p.lo;
+      out[i * ldo + j] = p.hi;
+      if (lo != nullptr) lo[i * ldo + j] = p.lo;
     }
   }
 }
@@ -77,17 +77,19 @@ dim3 row_pass_grid(int64_t units, int64_t m) {
               static_cast<unsigned>(std::clamp<int64_t>((m + 7) / 8, 1, 65535)));
 }
 
+// out (and lo) rows ldo values apart (0: k).
 void launch_cast_rows_bf16(const float* x, int64_t ldx, int64_t m, int64_t k, __nv_bfloat16* out,
-                           __nv_bfloat16* lo, cudaStream_t st) {
+                           __nv_bfloat16* lo, cudaStream_t st, int64_t ldo = 0) {
   if (m == 0 || k == 0) return;
+  if (ldo == 0) ldo = k;
   using cuda_util::aligned16;
-  const bool vec =
-      k % 8 == 0 && ldx % 4 == 0 && aligned16(x) && aligned16(out) && (lo == nullptr || aligned16(lo));
+  const bool vec = k % 8 == 0 && ldx % 4 == 0 && ldo % 8 == 0 && aligned16(x) && aligned16(out) &&
+                   (lo == nullptr || aligned16(lo));
   const dim3 grid = row_pass_grid(vec ? k / 8 : k, m);
   if (vec) {
-    cast_rows_bf16_kernel<true><<<grid, kRowPassThreads, 0, st>>>(x, ldx, m, k, out, lo);
+    cast_rows_bf16_kernel<true><<<grid, kRowPassThreads, 0, st>>>(x, ldx, m, k, out, lo, ldo);
   } else {
-    cast_rows_bf16_kernel<false><<<grid, kRowPassThreads, 0, st>>>(x, ldx, m, k, out, lo);
+    cast_rows_bf16_kernel<false><<<grid, kRowPassThreads, 0, st>>>(x, ldx, m, k, out, lo, ldo);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -368,6 +370,52 @@ void add_bias(const LinearArgs& a, cudaStream_t st) {
   CUDA_CHECK_LAUNCH();
 }
 
+// The extended rows' columns past k (LinearLoraExtArgs): the scaled shrink sums at the token's slot's
+// columns of each module, 1 at the bias columns, 0 elsewhere. A thread per column (its module, slot and
+// rank found once), rows over the grid's y.
+struct ExtPack {
+  __nv_bfloat16* xe = nullptr;
+  int64_t ld = 0, m = 0, k = 0;
+  const int32_t* token_slots = nullptr;
+  int64_t slots = 0;
+  const float* tmp = nullptr;  // [splits][m][ranks]
+  int64_t ranks = 0;
+  int splits = 1;
+  int num = 0;
+  int64_t tail[kMaxLoraGroup] = {}, rank[kMaxLoraGroup] = {}, first[kMaxLoraGroup] = {};
+  const float* scale[kMaxLoraGroup] = {};
+  int64_t bias_col = -1;
+};
+
+__global__ void ext_pack_kernel(ExtPack p) {
+  const int64_t c = p.k + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= p.ld) return;
+  int mod = -1;
+  int64_t cs = -1, r = 0;
+  for (int i = 0; i < p.num; ++i) {
+    if (c >= p.tail[i] && c < p.tail[i] + p.slots * p.rank[i]) {
+      mod = i;
+      cs = (c - p.tail[i]) / p.rank[i];
+      r = (c - p.tail[i]) % p.rank[i];
+    }
+  }
+  const bool bias = p.bias_col >= 0 && (c == p.bias_col || c == p.bias_col + 1);
+  const int64_t split_stride = p.m * p.ranks;
+  for (int64_t t = blockIdx.y; t < p.m; t += gridDim.y) {
+    float v = bias ? 1.0f : 0.0f;
+    if (mod >= 0 && p.token_slots[t] == cs) {
+      const float sc = p.scale[mod][cs];
+      if (sc != 0.0f) {
+        const float* q = p.tmp + t * p.ranks + p.first[mod] + r;
+        float sum = 0.0f;
+        for (int z = 0; z < p.splits; ++z) sum += q[z * split_stride];
+        v = sc * sum;
+      }
+    }
+    p.xe[t * p.ld + c] = __float2bfloat16_rn(v);
+  }
+}
+
 }  // namespace
 
 size_t linear_workspace_bytes(const LinearArgs& a, const CudaContext& ctx) {
@@ -564,6 +612,62 @@ void linear_group(const LinearArgs* group, int64_t count, const CudaContext& ctx
     return;
   }
   for (int64_t gi = 0; gi < count; ++gi) linear(group[gi], ctx);
+}
+
+size_t linear_lora_ext_workspace_bytes(const LinearLoraExtArgs& a) {
+  const size_t xe = align256(static_cast<size_t>(a.m * a.w.cols) * sizeof(__nv_bfloat16));
+  return xe + (a.shrink.num > 0 ? lora_batch_workspace_bytes(a.shrink) : 0);
+}
+
+void linear_lora_ext(const LinearLoraExtArgs& a, const CudaContext& ctx) {
+  const int64_t m = a.m, n = a.w.rows, cols = a.w.cols;
+  if (m == 0 || n == 0) return;
+  KERNEL_CHECK(a.w.dtype == DType::kBF16 && cols % 8 == 0 && a.k > 0 && a.k <= cols,
+               "linear_lora_ext: BF16 weights of k columns and their tails (a multiple of 8 columns)");
+  KERNEL_CHECK(m < (1LL << 31) && n < (1LL << 31) && cols < (1LL << 31),
+               "linear_lora_ext: dimension too large for cuBLAS");
+  KERNEL_CHECK(a.bias_col < 0 || (a.bias_col >= a.k && a.bias_col + 2 <= cols),
+               "linear_lora_ext: the bias columns lie past k, inside the rows");
+  const LoraBatchArgs& g = a.shrink;
+  ExtPack p{.xe = static_cast<__nv_bfloat16*>(ctx.workspace),
+            .ld = cols,
+            .m = m,
+            .k = a.k,
+            .token_slots = g.token_slots,
+            .slots = g.num > 0 ? g.w[0].slots : 0,
+            .num = g.num,
+            .bias_col = a.bias_col};
+  for (int i = 0; i < g.num; ++i) {
+    KERNEL_CHECK(g.w[i].rank > 0 && a.tail[i] >= a.k && a.tail[i] + g.w[i].slots * g.w[i].rank <= cols,
+                 "linear_lora_ext: each module's tails lie past k, inside the rows");
+    p.tail[i] = a.tail[i];
+    p.rank[i] = g.w[i].rank;
+    p.first[i] = p.ranks;
+    p.scale[i] = g.w[i].scale;
+    p.ranks += g.w[i].rank;
+  }
+  KERNEL_CHECK(g.num == 0 || (g.x == a.x && g.ldx == a.ldx && g.m == m),
+               "linear_lora_ext: the shrink must read the product's x");
+  KERNEL_CHECK(linear_lora_ext_workspace_bytes(a) <= ctx.workspace_bytes,
+               "linear_lora_ext: workspace too small");
+  cudaStream_t st = cuda_util::stream(ctx);
+  auto* tmp = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) +
+                                       align256(static_cast<size_t>(m * cols) * sizeof(__nv_bfloat16)));
+  if (g.num > 0) {
+    p.tmp = tmp;
+    p.splits = lora_shrink_partials(g, tmp, ctx);
+  }
+  launch_cast_rows_bf16(a.x, a.ldx, m, a.k, p.xe, nullptr, st, cols);
+  if (cols > a.k) {
+    ext_pack_kernel<<<row_pass_grid(cols - a.k, m), kRowPassThreads, 0, st>>>(p);
+    CUDA_CHECK_LAUNCH();
+  }
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_CHECK(cublasGemmEx(static_cast<cublasHandle_t>(ctx.cublas), CUBLAS_OP_T, CUBLAS_OP_N,
+                            static_cast<int>(n), static_cast<int>(m), static_cast<int>(cols), &one, a.w.data,
+                            CUDA_R_16BF, static_cast<int>(cols), p.xe, CUDA_R_16BF, static_cast<int>(cols),
+                            &zero, a.y, CUDA_R_32F, static_cast<int>(a.ldy), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace polylora::kernels::cuda

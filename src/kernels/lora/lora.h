@@ -99,6 +99,10 @@ void lora_apply(const LoraApplyArgs& args, const CudaContext& ctx);
 // Everything in device memory; the rank-sized intermediates in ctx.workspace.
 void lora_batch(const LoraBatchArgs& args, const CudaContext& ctx);
 size_t lora_batch_workspace_bytes(const LoraBatchArgs& args);
+// lora_batch's shrink alone: partial sums tmp[z][t][first_i + r] (z < the returned number of splits, t < m,
+// first_i the earlier modules' ranks; sum over z for A_i[s] row r · x[t]) for the tokens whose slot has
+// LoRA in some module of the group (other rows are not written). tmp holds lora_batch_workspace_bytes(args).
+int lora_shrink_partials(const LoraBatchArgs& args, float* tmp, const CudaContext& ctx);
 // The shrink alone (weight-streaming items, one launch); tmp in device memory.
 void lora_shrink(const LoraBatchArgs& args, float* tmp, int64_t ld_tmp, const CudaContext& ctx);
 }  // namespace cuda

@@ -301,27 +301,22 @@ DenseParams<TW> dense_params(const LoraBatchArgs& a) {
   return p;
 }
 
+// lora_batch's shrink: the group's partial sums into p.tmp ([p.splits][m][ranks], p.splits set here) for
+// the tokens with LoRA (other rows of tmp are not written). p from dense_params, p.tmp set.
 template <typename TW>
-void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
-  DenseParams<TW> p = dense_params<TW>(a);
-  int64_t max_out = 0, max_rank = 0;
+void launch_dense_shrinks(const LoraBatchArgs& a, DenseParams<TW>& p, cudaStream_t st) {
   for (int i = 0; i < a.num; ++i) {
     const LoraStack& w = a.w[i];
     KERNEL_CHECK(w.in == p.in && w.slots == p.slots && w.dtype == a.w[0].dtype,
                  "lora_batch: the modules of a group share their input size, slots and dtype");
-    max_out = std::max(max_out, w.out);
-    max_rank = std::max(max_rank, w.rank);
   }
-  p.tmp = static_cast<float*>(ctx.workspace);
   const int64_t tiles = (a.m + ls::kTileRows - 1) / ls::kTileRows;
   const int64_t rank_blocks = ls::shrink_rank_blocks(p.first[p.num]);
   const bool gemv = a.m <= dense_gemv_shrink_max_rows();
   const bool tc = mma_shrink(a);
   const DenseMmaShape ms = tc ? dense_mma_shape(a.m, p.first[p.num], p.in) : DenseMmaShape{};
   p.splits = gemv ? 1 : (tc ? ms.splits : ls::shrink_splits(tiles, rank_blocks, p.in));
-  KERNEL_CHECK(tiles < (1LL << 31) && rank_blocks < 65535 && max_out / ls::kExpandThreads < 65535,
-               "lora_batch: shape too large for the grid");
-  cudaStream_t st = cuda_util::stream(ctx);
+  KERNEL_CHECK(tiles < (1LL << 31) && rank_blocks < 65535, "lora_batch: shape too large for the grid");
   if (gemv && slot_shrink(a.m)) {
     launch_slot_shrink(p, p.tmp, p.first[p.num], st);
   } else if (gemv) {
@@ -341,6 +336,21 @@ void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
     }
   }
   CUDA_CHECK_LAUNCH();
+}
+
+template <typename TW>
+void launch_lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
+  DenseParams<TW> p = dense_params<TW>(a);
+  int64_t max_out = 0, max_rank = 0;
+  for (int i = 0; i < a.num; ++i) {
+    max_out = std::max(max_out, a.w[i].out);
+    max_rank = std::max(max_rank, a.w[i].rank);
+  }
+  p.tmp = static_cast<float*>(ctx.workspace);
+  const int64_t tiles = (a.m + ls::kTileRows - 1) / ls::kTileRows;
+  KERNEL_CHECK(max_out / ls::kExpandThreads < 65535, "lora_batch: shape too large for the grid");
+  cudaStream_t st = cuda_util::stream(ctx);
+  launch_dense_shrinks(a, p, st);
   if constexpr (std::is_same_v<TW, __nv_bfloat16>) {
     if (mma_expand(a)) {
       launch_dense_expand_mma(p, st);
@@ -411,6 +421,25 @@ void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
     KERNEL_CHECK(a.w[0].dtype == DType::kF32, "lora_batch: stacks are F32 or BF16");
     launch_lora_batch<float>(a, ctx);
   }
+}
+
+int lora_shrink_partials(const LoraBatchArgs& a, float* tmp, const CudaContext& ctx) {
+  if (a.m == 0 || a.num == 0) return 1;
+  KERNEL_CHECK(a.num >= 1 && a.num <= kMaxLoraGroup, "lora_shrink_partials: 1 to 3 modules per call");
+  for (int i = 0; i < a.num; ++i)
+    KERNEL_CHECK(!a.w[i].empty() && a.w[i].rank > 0, "lora_shrink_partials: empty module");
+  cudaStream_t st = cuda_util::stream(ctx);
+  if (a.w[0].dtype == DType::kBF16) {
+    DenseParams<__nv_bfloat16> p = dense_params<__nv_bfloat16>(a);
+    p.tmp = tmp;
+    launch_dense_shrinks(a, p, st);
+    return p.splits;
+  }
+  KERNEL_CHECK(a.w[0].dtype == DType::kF32, "lora_shrink_partials: stacks are F32 or BF16");
+  DenseParams<float> p = dense_params<float>(a);
+  p.tmp = tmp;
+  launch_dense_shrinks(a, p, st);
+  return p.splits;
 }
 
 }  // namespace polylora::kernels::cuda
