@@ -596,8 +596,10 @@ int run_device_kernels(bool json) {
     for (int64_t m : {1, 64, 2048}) rs.push_back(bench_rope_kv_write_device(*be, m, qwen3, copy_gbs));
   const double gemm_tflops = measure_backend_gemm_tflops(*be);
   // q/k/v of GPT-OSS-20B as one product (4096 + 512 + 512 outputs) and o, with 8 x r16 columns more.
-  rs.push_back(bench_linear_extra_k_device(*be, 8192, 5120, 2880, 128, gemm_tflops));
-  rs.push_back(bench_linear_extra_k_device(*be, 8192, 2880, 4096, 128, gemm_tflops));
+  // The extended products of model/lora_dense_ext.h for 8 slots of rank 16: q/k/v stacked with three
+  // modules' tails and the bias columns (3 x 128 + 2, to 8), o with one module's.
+  rs.push_back(bench_linear_extra_k_device(*be, 8192, 5120, 2880, 392, gemm_tflops));
+  rs.push_back(bench_linear_extra_k_device(*be, 8192, 2880, 4096, 136, gemm_tflops));
   rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs));
   rs.push_back(bench_attention_device(*be, false, false, 1, 8192, copy_gbs));
   rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs, DType::kBF16));
