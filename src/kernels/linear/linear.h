@@ -39,7 +39,9 @@ struct LinearArgs {
 // extended input is x[t] rounded to bf16, then, at module i's columns of the token's slot s, the group's
 // shrink sums scaled: bf16(scale_i[s] · A_i[s] · x[t]) (zero where the slot has no LoRA in the module),
 // 1 at the bias columns and 0 everywhere else. So y = x · Wᵀ + bias + Σ_i scale_i · B_i · A_i · x with x,
-// the weights and the scaled shrink sums rounded to bf16 and f32 sums (the bias exact to ~16 bits).
+// the weights and the scaled shrink sums rounded to bf16 and f32 sums (the bias exact to ~16 bits). The
+// CUDA shrink of many rows reads x as rounded to bf16 (the product's own rows); the reference and the
+// shrink of few rows read the f32 x (the difference is within the shrink sums' rounding).
 struct LinearLoraExtArgs {
   const float* x = nullptr;  // [m, k], row stride ldx
   int64_t m = 0;

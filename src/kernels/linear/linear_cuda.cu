@@ -653,11 +653,12 @@ void linear_lora_ext(const LinearLoraExtArgs& a, const CudaContext& ctx) {
   cudaStream_t st = cuda_util::stream(ctx);
   auto* tmp = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) +
                                        align256(static_cast<size_t>(m * cols) * sizeof(__nv_bfloat16)));
+  // x into the extended rows first: the tensor-core shrink reads it there (one bf16 part).
+  launch_cast_rows_bf16(a.x, a.ldx, m, a.k, p.xe, nullptr, st, cols);
   if (g.num > 0) {
     p.tmp = tmp;
-    p.splits = lora_shrink_partials(g, tmp, ctx);
+    p.splits = lora_shrink_partials(g, tmp, ctx, p.xe, cols);
   }
-  launch_cast_rows_bf16(a.x, a.ldx, m, a.k, p.xe, nullptr, st, cols);
   if (cols > a.k) {
     ext_pack_kernel<<<row_pass_grid(cols - a.k, m), kRowPassThreads, 0, st>>>(p);
     CUDA_CHECK_LAUNCH();

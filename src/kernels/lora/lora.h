@@ -102,7 +102,11 @@ size_t lora_batch_workspace_bytes(const LoraBatchArgs& args);
 // lora_batch's shrink alone: partial sums tmp[z][t][first_i + r] (z < the returned number of splits, t < m,
 // first_i the earlier modules' ranks; sum over z for A_i[s] row r · x[t]) for the tokens whose slot has
 // LoRA in some module of the group (other rows are not written). tmp holds lora_batch_workspace_bytes(args).
-int lora_shrink_partials(const LoraBatchArgs& args, float* tmp, const CudaContext& ctx);
+// x_bf16 (optional, BF16 stacks): args.x rounded to bf16 in device memory (rows ld_bf16 apart), which the
+// tensor-core shrink (prefill sizes) then reads instead of args.x: one bf16 part, not x split exactly into
+// three (the sums of the rounded x).
+int lora_shrink_partials(const LoraBatchArgs& args, float* tmp, const CudaContext& ctx,
+                         const void* x_bf16 = nullptr, int64_t ld_bf16 = 0);
 // The shrink alone (weight-streaming items, one launch); tmp in device memory.
 void lora_shrink(const LoraBatchArgs& args, float* tmp, int64_t ld_tmp, const CudaContext& ctx);
 }  // namespace cuda

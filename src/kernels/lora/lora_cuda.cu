@@ -423,7 +423,8 @@ void lora_batch(const LoraBatchArgs& a, const CudaContext& ctx) {
   }
 }
 
-int lora_shrink_partials(const LoraBatchArgs& a, float* tmp, const CudaContext& ctx) {
+int lora_shrink_partials(const LoraBatchArgs& a, float* tmp, const CudaContext& ctx, const void* x_bf16,
+                         int64_t ld_bf16) {
   if (a.m == 0 || a.num == 0) return 1;
   KERNEL_CHECK(a.num >= 1 && a.num <= kMaxLoraGroup, "lora_shrink_partials: 1 to 3 modules per call");
   for (int i = 0; i < a.num; ++i)
@@ -432,6 +433,8 @@ int lora_shrink_partials(const LoraBatchArgs& a, float* tmp, const CudaContext& 
   if (a.w[0].dtype == DType::kBF16) {
     DenseParams<__nv_bfloat16> p = dense_params<__nv_bfloat16>(a);
     p.tmp = tmp;
+    p.xb = static_cast<const __nv_bfloat16*>(x_bf16);
+    p.ldxb = ld_bf16;
     launch_dense_shrinks(a, p, st);
     return p.splits;
   }

@@ -26,6 +26,10 @@ struct DenseParams {
   int64_t first[kMaxLoraGroup + 1] = {};  // tmp column of each module's ranks; first[num]: the row width
   float* tmp = nullptr;                   // [splits][m][first[num]] partial sums
   int splits = 1;
+  // Optional: x already rounded to bf16 (rows ldxb apart), which the tensor-core shrink then reads as its
+  // one part instead of splitting x exactly into three (lora_shrink_partials' x_bf16).
+  const __nv_bfloat16* xb = nullptr;
+  int64_t ldxb = 0;
 };
 
 // The token's slot when any module has LoRA for it, else −1.

@@ -114,15 +114,15 @@ __device__ __forceinline__ uint4 load_bf16x8(const __nv_bfloat16* row, int64_t c
 // One 32-wide slice on the tensor cores: the warp's 16 rows of the three bf16 parts at sx (swizzled [64][32]
 // tiles kDmTile apart) times the [16·nj_n][32] B tile at sw, into acc[2·nj] and acc[2·nj + 1] (16 columns
 // per nj); ks_n k16 steps (1: the slice's second half is zero).
-template <int NJ>
+template <int NJ, int P = kDmParts>
 __device__ __forceinline__ void mma_parts_slice(float (&acc)[2 * NJ][4], uint32_t sx, uint32_t sw, int warp,
                                                 int lane, int ks_n, int nj_n) {
 #pragma unroll
   for (int ks = 0; ks < mma::kBK / 16; ++ks) {
     if (ks >= ks_n) break;
-    uint32_t af[kDmParts][4];
+    uint32_t af[P][4];
 #pragma unroll
-    for (int q = 0; q < kDmParts; ++q)
+    for (int q = 0; q < P; ++q)
       mma::ldmatrix_x4(af[q], sx + q * kDmTile + mma::swz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
 #pragma unroll
     for (int nj = 0; nj < NJ; ++nj) {
@@ -131,7 +131,7 @@ __device__ __forceinline__ void mma_parts_slice(float (&acc)[2 * NJ][4], uint32_
       mma::ldmatrix_x4(w4,
                        sw + mma::swz(nj * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
 #pragma unroll
-      for (int q = 0; q < kDmParts; ++q) {
+      for (int q = 0; q < P; ++q) {
         mma::mma_bf16(acc[2 * nj], af[q], w4[0], w4[1]);
         mma::mma_bf16(acc[2 * nj + 1], af[q], w4[2], w4[3]);
       }
@@ -139,10 +139,13 @@ __device__ __forceinline__ void mma_parts_slice(float (&acc)[2 * NJ][4], uint32_
   }
 }
 
+// P: 3, the f32 input p.x split exactly into three bf16 parts; 1, the bf16 input p.xb (x already rounded,
+// LinearLoraExtArgs: the product's own bf16 rows), one part.
+template <int P>
 __global__ void __launch_bounds__(kDmThreads)
     dense_shrink_mma_kernel(DenseParams<__nv_bfloat16> p, int per_kt) {
   cuda_util::pdl_begin();  // launched by launch_pdl (cuda_util.cuh)
-  __shared__ __align__(128) unsigned char smem[2][(kDmParts + 1) * kDmTile];
+  __shared__ __align__(128) unsigned char smem[2][(P + 1) * kDmTile];
   __shared__ int32_t s_key[kDmRows];
   __shared__ int32_t s_slots[kDmRows];  // the distinct slots among the tile's tokens
   __shared__ int s_nslots;
@@ -162,16 +165,20 @@ __global__ void __launch_bounds__(kDmThreads)
   // as 2 chunks of 8 bf16 (rank rows wr and wr + 32, chunk wc).
   const int xr = tid >> 3, xc = (tid & 7) * 4;
   const int wr = tid >> 2, wc = tid & 3;
-  const bool x_vec = (in % mma::kBK) == 0 && (p.ldx & 3) == 0 && (reinterpret_cast<uintptr_t>(p.x) & 15) == 0;
+  const bool x_vec =
+      P == 1 ? (in % mma::kBK) == 0 && (p.ldxb & 3) == 0 && (reinterpret_cast<uintptr_t>(p.xb) & 7) == 0
+             : (in % mma::kBK) == 0 && (p.ldx & 3) == 0 && (reinterpret_cast<uintptr_t>(p.x) & 15) == 0;
   bool w_vec = (in & 7) == 0;
   for (int i = 0; i < p.num; ++i) w_vec = w_vec && (reinterpret_cast<uintptr_t>(p.a[i]) & 15) == 0;
   for (int d = 0; d < nslots; ++d) {
     const int32_t key = s_slots[d];
     const float* x_src[4];
+    const __nv_bfloat16* xb_src[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = xr + 16 * i;
-      x_src[i] = s_key[r] == key ? p.x + (row0 + r) * p.ldx : nullptr;
+      x_src[i] = P == 3 && s_key[r] == key ? p.x + (row0 + r) * p.ldx : nullptr;
+      xb_src[i] = P == 1 && s_key[r] == key ? p.xb + (row0 + r) * p.ldxb : nullptr;
     }
     const __nv_bfloat16* w_src[2];
 #pragma unroll
@@ -185,9 +192,26 @@ __global__ void __launch_bounds__(kDmThreads)
       }
     }
     float4 xv[4];
+    uint2 xbv[4];
     uint4 wv[2];
     auto load = [&](int kt) {
       const int64_t k = static_cast<int64_t>(kt) * mma::kBK;
+      if constexpr (P == 1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          xbv[i] = make_uint2(0u, 0u);
+          if (xb_src[i] == nullptr) continue;
+          if (x_vec) {
+            xbv[i] = __ldg(reinterpret_cast<const uint2*>(xb_src[i] + k + xc));
+          } else {
+            uint32_t h[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              h[e] = k + xc + e < in ? __bfloat16_as_ushort(xb_src[i][k + xc + e]) : 0u;
+            xbv[i] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+          }
+        }
+      }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         xv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -212,12 +236,17 @@ __global__ void __launch_bounds__(kDmThreads)
       unsigned char* s = smem[b];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float v[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
-        store_parts(s, mma::swz(xr + 16 * i, xc >> 3) + ((xc >> 2) & 1) * 8, v);
+        const uint32_t off = mma::swz(xr + 16 * i, xc >> 3) + ((xc >> 2) & 1) * 8;
+        if constexpr (P == 1) {
+          *reinterpret_cast<uint2*>(s + off) = xbv[i];
+        } else {
+          const float v[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w};
+          store_parts(s, off, v);
+        }
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        *reinterpret_cast<uint4*>(s + kDmParts * kDmTile + mma::swz(wr + 32 * i, wc)) = wv[i];
+        *reinterpret_cast<uint4*>(s + P * kDmTile + mma::swz(wr + 32 * i, wc)) = wv[i];
     };
     float acc[8][4];
 #pragma unroll
@@ -236,7 +265,7 @@ __global__ void __launch_bounds__(kDmThreads)
       if (kt + 1 < kt1) load(kt + 1);
       if (!mine) continue;
       const uint32_t sx = static_cast<uint32_t>(__cvta_generic_to_shared(smem[b]));
-      mma_parts_slice<4>(acc, sx, sx + kDmParts * kDmTile, warp, lane, mma::kBK / 16, n16);
+      mma_parts_slice<4, P>(acc, sx, sx + P * kDmTile, warp, lane, mma::kBK / 16, n16);
     }
     __syncthreads();  // the next slot refills the buffers
     // c0, c1 at (token g, rank rows 2t, 2t + 1), c2, c3 at token g + 8.
@@ -456,7 +485,11 @@ __global__ void __launch_bounds__(kDmThreads) dense_expand_mma_kernel(DenseParam
 void launch_dense_shrink_mma(const DenseParams<__nv_bfloat16>& p, const DenseMmaShape& ms, cudaStream_t st) {
   const dim3 gs(static_cast<unsigned>((p.m + kDmRows - 1) / kDmRows), static_cast<unsigned>(ms.chunks),
                 static_cast<unsigned>(ms.splits));
-  cuda_util::launch_pdl(dense_shrink_mma_kernel, gs, kDmThreads, 0, st, p, ms.per_kt);
+  if (p.xb != nullptr) {
+    cuda_util::launch_pdl(dense_shrink_mma_kernel<1>, gs, kDmThreads, 0, st, p, ms.per_kt);
+  } else {
+    cuda_util::launch_pdl(dense_shrink_mma_kernel<3>, gs, kDmThreads, 0, st, p, ms.per_kt);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
