@@ -238,6 +238,141 @@ double worst_tolerance_ratio(const std::vector<float>& got, const std::vector<fl
   return worst;
 }
 
+// The dense LoRA as extra K columns of its product (Backend::linear_lora_ext, model/lora_dense_ext.h) at
+// GPT-OSS-20B's prefill shapes, 16 sequences of m / 16 tokens over 8 adapters (BF16 r16 stacks, scales 2),
+// with biases: q/k/v stacked (2880 -> 4096 + 512 + 512, three modules' tails) or o (4096 -> 2880). Eight
+// rows are checked against ref::linear_lora_ext first (max error over the row's rms <= 1e-2: the shrink
+// sums round to bf16 after sums in another order), then the op is timed beside what it replaces: the
+// BF16 product with its bias (one product of the stacked rows) and Backend::lora_batch's shrink and expand
+// (speedup = their time / the op's). TFLOP/s of the extended GEMM against the GEMM rate of the run.
+KernelResult bench_linear_lora_ext_device(Backend& be, int64_t m, bool qkv, double gemm_tflops) {
+  constexpr int64_t kSlots = 8, kRank = 16;
+  const int num = qkv ? 3 : 1;
+  const int64_t k = qkv ? 2880 : 4096;
+  const int64_t outs[3] = {qkv ? 4096 : 2880, 512, 512};
+  int64_t n = 0, row0[3] = {}, tail[3] = {}, col = k;
+  for (int i = 0; i < num; ++i) {
+    row0[i] = n;
+    n += outs[i];
+    tail[i] = col;
+    col += kSlots * kRank;
+  }
+  const int64_t bias_col = col, cols = (col + 2 + 7) / 8 * 8;
+  std::vector<void*> ptrs;
+  auto up = [&](const void* src, size_t bytes) {
+    void* p = be.alloc(std::max<size_t>(bytes, 1));
+    ptrs.push_back(p);
+    be.copy_to_device(p, src, bytes);
+    return p;
+  };
+  std::vector<float> x = random_floats(static_cast<size_t>(m * k), 71);
+  std::vector<float> bias = random_floats(static_cast<size_t>(n), 72);
+  std::vector<uint16_t> w = random_bf16(static_cast<size_t>(n * k), 73);
+  std::vector<int32_t> slots(static_cast<size_t>(m));
+  for (int64_t t = 0; t < m; ++t) slots[t] = static_cast<int32_t>((t * 16 / m) % kSlots);
+  std::vector<float> scale(kSlots, 2.0f);
+  std::vector<std::vector<uint16_t>> a(3), b(3);
+  std::vector<uint16_t> wext(static_cast<size_t>(n * cols), 0);
+  for (int64_t r = 0; r < n; ++r) {
+    std::memcpy(wext.data() + r * cols, w.data() + r * k, static_cast<size_t>(k) * 2);
+    wext[r * cols + bias_col] = f32_to_bf16(bias[r]);
+    wext[r * cols + bias_col + 1] = f32_to_bf16(bias[r] - bf16_to_f32(wext[r * cols + bias_col]));
+  }
+  const auto* dx = static_cast<const float*>(up(x.data(), x.size() * sizeof(float)));
+  const auto* dslots = static_cast<const int32_t*>(up(slots.data(), slots.size() * sizeof(int32_t)));
+  const auto* dscale = static_cast<const float*>(up(scale.data(), scale.size() * sizeof(float)));
+  LinearLoraExtArgs h{.x = x.data(), .m = m, .ldx = k, .k = k, .ldy = n};
+  h.shrink = {.x = x.data(), .ldx = k, .m = m, .token_slots = slots.data(), .num = num};
+  LoraBatchArgs dl{.x = dx, .ldx = k, .m = m, .token_slots = dslots, .num = num};
+  for (int i = 0; i < num; ++i) {
+    a[i] = random_bf16(static_cast<size_t>(kSlots * kRank * k), static_cast<uint32_t>(74 + i));
+    b[i] = random_bf16(static_cast<size_t>(kSlots * outs[i] * kRank), static_cast<uint32_t>(78 + i));
+    for (int64_t s = 0; s < kSlots; ++s)
+      for (int64_t o = 0; o < outs[i]; ++o)
+        std::memcpy(wext.data() + (row0[i] + o) * cols + tail[i] + s * kRank,
+                    b[i].data() + (s * outs[i] + o) * kRank, kRank * 2);
+    h.shrink.w[i] = {.a = a[i].data(),
+                     .b = b[i].data(),
+                     .dtype = DType::kBF16,
+                     .scale = scale.data(),
+                     .slots = kSlots,
+                     .rank = kRank,
+                     .in = k,
+                     .out = outs[i]};
+    h.tail[i] = tail[i];
+    dl.w[i] = h.shrink.w[i];
+    dl.w[i].a = up(a[i].data(), a[i].size() * 2);
+    dl.w[i].b = up(b[i].data(), b[i].size() * 2);
+    dl.w[i].scale = dscale;
+  }
+  h.w = WeightView{.data = wext.data(), .dtype = DType::kBF16, .rows = n, .cols = cols};
+  h.bias_col = bias_col;
+  auto* dy = static_cast<float*>(be.alloc(static_cast<size_t>(m * n) * sizeof(float)));
+  ptrs.push_back(dy);
+  LinearLoraExtArgs d = h;
+  d.x = dx;
+  d.w.data = up(wext.data(), wext.size() * 2);
+  d.y = dy;
+  d.shrink = dl;
+  be.linear_lora_ext(d);
+  std::vector<float> row(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+  double worst = 0;
+  for (int64_t i = 0; i < 8; ++i) {
+    const int64_t r = i * (m - 1) / 7;
+    be.copy_to_host(row.data(), dy + r * n, row.size() * sizeof(float));
+    LinearLoraExtArgs one = h;
+    one.x = x.data() + r * k;
+    one.m = 1;
+    one.y = ref.data();
+    one.shrink.x = one.x;
+    one.shrink.m = 1;
+    one.shrink.token_slots = slots.data() + r;
+    ref::linear_lora_ext(one);
+    double sq = 0, err = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      sq += double(ref[j]) * ref[j];
+      err = std::max(err, std::fabs(double(ref[j]) - row[j]));
+    }
+    const double rel = err / std::max(1e-30, std::sqrt(sq / static_cast<double>(n)));
+    worst = std::max(worst, rel);
+    if (!(rel <= 1e-2))
+      fail("linear_lora_ext m={} row {}: max error {:.3g} of the row's rms (tolerance 1e-2); not timing", m,
+           r, rel);
+  }
+  OpTiming t = time_backend_op(
+      be, [&] { be.linear_lora_ext(d); }, 20, true);
+  // What it replaces: the product (stacked rows, bias) and lora_batch into its outputs.
+  LinearArgs plain{
+      .x = dx,
+      .m = m,
+      .ldx = k,
+      .w = WeightView{.data = up(w.data(), w.size() * 2), .dtype = DType::kBF16, .rows = n, .cols = k},
+      .bias = static_cast<const float*>(up(bias.data(), bias.size() * sizeof(float))),
+      .y = dy,
+      .ldy = n};
+  for (int i = 0; i < num; ++i) {
+    dl.y[i] = dy + row0[i];
+    dl.ldy[i] = n;
+  }
+  OpTiming t0 = time_backend_op(
+      be,
+      [&] {
+        be.linear(plain);
+        be.lora_batch(dl);
+      },
+      20, true);
+  be.synchronize();
+  for (void* p : ptrs) be.free(p);
+  const double tflops = 2.0 * m * n * cols / t.seconds / 1e12;
+  char shape[200];
+  std::snprintf(shape, sizeof shape,
+                "m=%ld %s %ldx%ld +%ld K, 8 slots r16: product + lora_batch %.3f ms; err %.0e",
+                static_cast<long>(m), qkv ? "qkv" : "o", static_cast<long>(n), static_cast<long>(k),
+                static_cast<long>(cols - k), t0.seconds * 1e3, worst);
+  return {"linear lora ext",     shape, t.seconds * 1e3, tflops, "TFLOP/s", 100.0 * tflops / gemm_tflops,
+          t0.seconds / t.seconds};
+}
+
 // add_rms_norm (the residual add fused with the next RMSNorm) at GPT-OSS-20B's hidden size 2880, m rows.
 // Validated first against ref::add_rms_norm (x exact, y within 1e-5 + 1e-5·|ref|), then timed, and the pair
 // it replaces (add_inplace, rms_norm) timed the same way (speedup column: pair time / fused time). Bytes:
@@ -600,6 +735,8 @@ int run_device_kernels(bool json) {
   // modules' tails and the bias columns (3 x 128 + 2, to 8), o with one module's.
   rs.push_back(bench_linear_extra_k_device(*be, 8192, 5120, 2880, 392, gemm_tflops));
   rs.push_back(bench_linear_extra_k_device(*be, 8192, 2880, 4096, 136, gemm_tflops));
+  rs.push_back(bench_linear_lora_ext_device(*be, 8192, true, gemm_tflops));
+  rs.push_back(bench_linear_lora_ext_device(*be, 8192, false, gemm_tflops));
   rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs));
   rs.push_back(bench_attention_device(*be, false, false, 1, 8192, copy_gbs));
   rs.push_back(bench_attention_device(*be, false, false, 64, 4096, copy_gbs, DType::kBF16));
