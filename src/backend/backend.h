@@ -223,13 +223,27 @@ class Backend {
   virtual void lora_batch(const kernels::LoraBatchArgs& args) = 0;
   // The dense LoRA as extra K columns of its product (kernels::LinearLoraExtArgs, model/lora_dense_ext.h):
   // whether steps of `tokens` tokens take it with `tail_cols` tail columns per product (CUDA: past the
-  // bf16 split rows, from the tuned lora_dense_ext_min_rows, up to lora_dense_ext_max_cols; never
-  // elsewhere), and the op (elsewhere an error).
+  // bf16 split rows, from lora_dense_ext_min_rows (tuned, or what set_dense_lora_ext_min_rows set), up to
+  // lora_dense_ext_max_cols; the CPU only from what set_dense_lora_ext_min_rows set, through the
+  // reference; never elsewhere), and the op (elsewhere an error). Asked when the stacks are reserved
+  // (whether to make the extended matrices) and per step.
   virtual bool dense_lora_ext(int64_t tokens, int64_t tail_cols) const {
     (void)tokens, (void)tail_cols;
     return false;
   }
   virtual void linear_lora_ext(const kernels::LinearLoraExtArgs& args);
+  // Tests: steps of from `rows` tokens take it (0: never; -1: the backend's default); exact (the CPU): the
+  // reference op without its bf16 rounding, so the model's side of the path can be compared exactly.
+  void set_dense_lora_ext_min_rows(int64_t rows, bool exact = false) {
+    dense_lora_ext_min_rows_ = rows;
+    dense_lora_ext_exact_ = exact;
+  }
+  // The dtype of the LoRA stacks (model/lora_stacks.h): BF16 on CUDA with BF16/F16 weights, else F32 (the
+  // CPU's sgemm paths), except BF16 on the CPU where a test runs the extended products there (they take
+  // BF16 stacks; its lora_batch runs BF16 stacks through the reference).
+  virtual DType lora_stack_dtype() const {
+    return kind() == DeviceKind::kCuda && weight_dtype() != DType::kF32 ? DType::kBF16 : DType::kF32;
+  }
   virtual void route(const kernels::RouteArgs& args) = 0;
   virtual void moe_experts(const kernels::MoeExpertsArgs& args) = 0;
   // y[i] += x[i] for i < n (residual connections).
@@ -252,6 +266,8 @@ class Backend {
  protected:
   virtual int64_t default_split_dense_lora_max_rows() const { return 0; }
   bool dry_run_ = false;
+  int64_t dense_lora_ext_min_rows_ = -1;
+  bool dense_lora_ext_exact_ = false;
 
  private:
   int64_t split_dense_lora_max_rows_ = -1;

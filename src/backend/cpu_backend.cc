@@ -104,6 +104,17 @@ class CpuBackend final : public Backend {
   void gpt_oss_swiglu(const kernels::GptOssSwigluArgs& a) override { kernels::cpu::gpt_oss_swiglu(a); }
   void lora_apply(const kernels::LoraApplyArgs& a) override { kernels::cpu::lora_apply(a); }
   void lora_batch(const kernels::LoraBatchArgs& a) override { kernels::cpu::lora_batch(a); }
+  // Only where a test asks (set_dense_lora_ext_min_rows), through the reference: the model's side of the
+  // extended products (model/lora_dense_ext.h) checked on the CPU.
+  bool dense_lora_ext(int64_t tokens, int64_t tail_cols) const override {
+    return dense_lora_ext_min_rows_ > 0 && tokens >= dense_lora_ext_min_rows_ && tail_cols > 0;
+  }
+  void linear_lora_ext(const kernels::LinearLoraExtArgs& a) override {
+    kernels::ref::linear_lora_ext(a, !dense_lora_ext_exact_);
+  }
+  DType lora_stack_dtype() const override {
+    return dense_lora_ext_min_rows_ > 0 ? DType::kBF16 : DType::kF32;
+  }
   void route(const kernels::RouteArgs& a) override { kernels::cpu::route(a); }
   void moe_experts(const kernels::MoeExpertsArgs& a) override { kernels::cpu::moe_experts(a); }
   void add_inplace(float* y, const float* x, int64_t n) override {

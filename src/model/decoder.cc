@@ -251,7 +251,10 @@ void Model::fit_stacks(int32_t slot, const LoraAdapter& adapter) {
 }
 
 void Model::ensure_uploaded(int32_t slot, const LoraAdapter& full) {
-  if (lora_ && lora_->upload_pending(slot)) lora_->finish_upload(slot);  // begun, not yet finished
+  if (lora_ && lora_->upload_pending(slot)) {  // begun, not yet finished
+    lora_->finish_upload(slot);
+    if (lora_ext_) lora_ext_->mark_slot(slot);
+  }
   const LoraAdapter& adapter = rank_adapter(slot, full);
   if (lora_ && lora_->holds(slot, adapter)) return;
   fit_stacks(slot, adapter);

@@ -120,8 +120,7 @@ void LoraStacks::on_threads(size_t n, const std::function<void(size_t)>& fn) {
 }
 
 LoraStacks::LoraStacks(Backend& backend, const ModelConfig& config) : be_(backend), config_(config) {
-  dtype_ = backend.kind() == DeviceKind::kCuda && backend.weight_dtype() != DType::kF32 ? DType::kBF16
-                                                                                        : DType::kF32;
+  dtype_ = backend.lora_stack_dtype();
   gu_slices_ = config.expert_activation == ExpertActivation::kGptOssClampedSwiglu ? 1 : 2;
   image_budget_.store(default_image_budget(backend.kind()));
   upload_threads_ = default_upload_threads();

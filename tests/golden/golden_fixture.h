@@ -91,10 +91,13 @@ struct Fixture {
 
   // The engine over this fixture's model with every adapter added (made at first use; one per fixture,
   // since a model's CUDA graphs are recorded against one KV cache).
+  // --max-loras of the engine (set before its first use; <= 0: the test default).
+  int64_t max_loras = 0;
   Engine& engine() {
     if (!engine_) {
       EngineConfig config = testing_util::test_engine_config();
       config.cache.kv_cache_dtype = kv_cache_dtype;
+      if (max_loras > 0) config.lora.max_loras = max_loras;
       engine_ = std::make_unique<Engine>(model, config, nullptr);
       for (const auto& a : adapters) engine_->add_adapter(a);
     }

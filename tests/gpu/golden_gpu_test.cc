@@ -6,7 +6,6 @@
 // interleaved) too. The prompt log-probs' max |Δ| from the reference is printed (not a criterion in bf16:
 // a router near-tie may move it by whole units).
 #include "golden/golden_fixture.h"
-#include "kernels/tuning.h"
 
 namespace polylora::golden {
 namespace {
@@ -57,6 +56,7 @@ void check_bf16_close_logprobs(const std::string& model, DType kv_dtype, bool lo
     o.bf16_split_max_rows = 0;
     be = make_cuda_backend(o);
     be->set_split_dense_lora_max_rows(0);
+    be->set_dense_lora_ext_min_rows(1);
   } else {
     be = cuda_backend(DType::kBF16);
   }
@@ -118,11 +118,7 @@ TEST_P(GoldenGpuTest, Bfloat16CloseLogprobs) {
 // The same rule with the q/k/v and o LoRA as extra K columns of their products on every step (the
 // prefill path of lora_dense_ext_min_rows, forced down to one token).
 TEST_P(GoldenGpuTest, Bfloat16LoraExtCloseLogprobs) {
-  kernels::KernelTuning t = kernels::kernel_tuning(kernels::TuningShape{});
-  t.lora_dense_ext_min_rows = 1;
-  kernels::override_kernel_tuning(t);
   check_bf16_close_logprobs(GetParam(), DType::kF32, true);
-  kernels::override_kernel_tuning(std::nullopt);
 }
 
 // --kv-cache-dtype bfloat16: the same rule with the KV cache stored in bf16.

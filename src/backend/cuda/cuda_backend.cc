@@ -567,8 +567,9 @@ class CudaBackend final : public Backend {
   }
   bool dense_lora_ext(int64_t tokens, int64_t tail_cols) const override {
     const k::KernelTuning t = k::kernel_tuning(k::TuningShape{});
-    return t.lora_dense_ext_min_rows > 0 && tokens >= t.lora_dense_ext_min_rows &&
-           tokens > bf16_split_max_rows_ && tail_cols <= t.lora_dense_ext_max_cols;
+    const int64_t from = dense_lora_ext_min_rows_ >= 0 ? dense_lora_ext_min_rows_ : t.lora_dense_ext_min_rows;
+    return from > 0 && tokens >= from && tokens > bf16_split_max_rows_ && tail_cols > 0 &&
+           tail_cols <= t.lora_dense_ext_max_cols;
   }
   void linear_lora_ext(const k::LinearLoraExtArgs& a) override {
     DeviceScope on_device(device_);

@@ -58,8 +58,9 @@ struct LinearLoraExtArgs {
 
 namespace ref {
 void linear(const LinearArgs& args);
-// The semantics above, in f32 from the views in host memory (the extended rows built as the GPU does).
-void linear_lora_ext(const LinearLoraExtArgs& args);
+// The semantics above, in f32 from the views in host memory (the extended rows built as the GPU does);
+// round_bf16 false: x and the scaled shrink sums not rounded (tests of the model's side of the path).
+void linear_lora_ext(const LinearLoraExtArgs& args, bool round_bf16 = true);
 }
 namespace cpu {
 void linear(const LinearArgs& args);

@@ -22,14 +22,14 @@ void linear(const LinearArgs& a) {
   if (a.lora_shrink != nullptr) lora_shrink(*a.lora_shrink, a.lora_tmp, a.lora_ld_tmp);
 }
 
-void linear_lora_ext(const LinearLoraExtArgs& a) {
+void linear_lora_ext(const LinearLoraExtArgs& a, bool round_bf16) {
   const int64_t cols = a.w.cols, m = a.m;
   const LoraBatchArgs& g = a.shrink;
   int64_t ranks = 0;
   for (int i = 0; i < g.num; ++i) ranks += g.w[i].rank;
   std::vector<float> tmp(static_cast<size_t>(m * ranks), 0.0f);
   if (g.num > 0 && ranks > 0) lora_shrink(g, tmp.data(), ranks);
-  auto round = [](float v) { return bf16_to_f32(f32_to_bf16(v)); };
+  auto round = [round_bf16](float v) { return round_bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; };
   // The extended input rows, as the GPU builds them.
   std::vector<float> xe(static_cast<size_t>(m * cols), 0.0f);
   for (int64_t t = 0; t < m; ++t) {
