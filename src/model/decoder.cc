@@ -196,15 +196,14 @@ void Model::reserve_local(int64_t slots, int64_t max_rank) {
   lora_->reserve(slots, max_rank);
   ++ws_->epoch;  // graphs hold the stacks' pointers
   // The dense LoRA as extra K columns of the prefill products, where the backend would take it.
-  const int64_t tails = comm_ ? 0 : LoraDenseExt::tail_cols(shard_cfg_, weights_, *lora_);
+  const int64_t tails = comm_ ? 0 : LoraDenseExt::tail_cols(weights_, *lora_);
   if (tails > 0 && backend_->dense_lora_ext(std::numeric_limits<int64_t>::max(), tails))
-    lora_ext_ = std::make_unique<LoraDenseExt>(*backend_, shard_cfg_, weights_, *lora_);
+    lora_ext_ = std::make_unique<LoraDenseExt>(*backend_, weights_, *lora_);
 }
 
 void Model::free_adapter_slot(int32_t slot) {
   for_each_rank([&](Model& m) {
     if (m.lora_) m.lora_->clear(slot);
-    if (m.lora_ext_) m.lora_ext_->mark_slot(slot);
   });
 }
 
@@ -234,7 +233,6 @@ bool Model::upload_done(int32_t slot) {
 void Model::finish_upload(int32_t slot) {
   for_each_rank([&](Model& m) {
     if (m.lora_) m.lora_->finish_upload(slot);
-    if (m.lora_ext_) m.lora_ext_->mark_slot(slot);
   });
 }
 
@@ -251,15 +249,11 @@ void Model::fit_stacks(int32_t slot, const LoraAdapter& adapter) {
 }
 
 void Model::ensure_uploaded(int32_t slot, const LoraAdapter& full) {
-  if (lora_ && lora_->upload_pending(slot)) {  // begun, not yet finished
-    lora_->finish_upload(slot);
-    if (lora_ext_) lora_ext_->mark_slot(slot);
-  }
+  if (lora_ && lora_->upload_pending(slot)) lora_->finish_upload(slot);  // begun, not yet finished
   const LoraAdapter& adapter = rank_adapter(slot, full);
   if (lora_ && lora_->holds(slot, adapter)) return;
   fit_stacks(slot, adapter);
   lora_->upload(slot, adapter);
-  if (lora_ext_) lora_ext_->mark_slot(slot);
 }
 
 void Model::forward(const ForwardBatch& b, std::span<const k::KvCacheView> kv,

@@ -24,8 +24,7 @@ bool plain_bf16(const kernels::WeightView& w) {
 
 }  // namespace
 
-int64_t LoraDenseExt::tail_cols(const ModelConfig& config, const ModelWeights& weights,
-                                const LoraStacks& stacks) {
+int64_t LoraDenseExt::tail_cols(const ModelWeights& weights, const LoraStacks& stacks) {
   if (!stacks.reserved() || stacks.dtype() != DType::kBF16 || weights.layers.empty()) return 0;
   int64_t most = 0;
   for (int64_t l = 0; l < static_cast<int64_t>(weights.layers.size()); ++l) {
@@ -44,14 +43,12 @@ int64_t LoraDenseExt::tail_cols(const ModelConfig& config, const ModelWeights& w
     if (so.empty() || so.dtype != DType::kBF16 || so.out != aw.o.w.rows || so.in != aw.o.w.cols) return 0;
     most = std::max({most, qkv, so.slots * so.rank});
   }
-  (void)config;
   return most;
 }
 
-LoraDenseExt::LoraDenseExt(Backend& backend, const ModelConfig& config, const ModelWeights& weights,
-                           const LoraStacks& stacks)
-    : be_(backend), config_(config), weights_(weights), stacks_(stacks) {
-  tail_cols_ = tail_cols(config, weights, stacks);
+LoraDenseExt::LoraDenseExt(Backend& backend, const ModelWeights& weights, const LoraStacks& stacks)
+    : be_(backend), weights_(weights), stacks_(stacks) {
+  tail_cols_ = tail_cols(weights, stacks);
   CHECK_MSG(tail_cols_ > 0, "the dense LoRA as extra K needs BF16 q/k/v/o and stacks");
   const int64_t S = stacks.slots();
   const auto layers = static_cast<int64_t>(weights.layers.size());
@@ -84,7 +81,7 @@ LoraDenseExt::LoraDenseExt(Backend& backend, const ModelConfig& config, const Mo
          aw.q.bias != nullptr || aw.k.bias != nullptr || aw.v.bias != nullptr);
     make(o_[static_cast<size_t>(l)], aw.o.w.rows, aw.o.w.cols, {LoraModule::kO}, l, aw.o.bias != nullptr);
   }
-  dirty_.assign(static_cast<size_t>(S), true);
+  copied_.assign(static_cast<size_t>(S), ~uint64_t{0});  // none copied yet
 }
 
 LoraDenseExt::~LoraDenseExt() {
@@ -93,10 +90,6 @@ LoraDenseExt::~LoraDenseExt() {
   } catch (...) {
   }
   for (void* p : allocations_) be_.free(p);
-}
-
-void LoraDenseExt::mark_slot(int32_t slot) {
-  if (slot >= 0 && static_cast<size_t>(slot) < dirty_.size()) dirty_[static_cast<size_t>(slot)] = true;
 }
 
 void LoraDenseExt::refresh() {
@@ -132,10 +125,11 @@ void LoraDenseExt::refresh() {
     for (void* t : temps) be_.free(t);
     weights_copied_ = true;
   }
-  for (size_t s = 0; s < dirty_.size(); ++s) {
-    if (!dirty_[s]) continue;
+  for (size_t s = 0; s < copied_.size(); ++s) {
+    const uint64_t v = stacks_.slot_version(static_cast<int32_t>(s));
+    if (copied_[s] == v) continue;
     copy_slot(static_cast<int32_t>(s));
-    dirty_[s] = false;
+    copied_[s] = v;
   }
 }
 

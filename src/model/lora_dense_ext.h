@@ -8,8 +8,8 @@
 // H100). The cost is memory: a second copy of the four projections' weights (GPT-OSS-20B, 8 slots of rank
 // 16: ~1.4 GB); the decode paths keep reading the originals.
 // The weights are copied at the first refresh (they may still be loading in the background when the
-// stacks are reserved); a slot's B is copied again at the refresh after mark_slot(). All copies are queued
-// on the backend like ops, so a step queued after a refresh reads them.
+// stacks are reserved); a slot's B at the first refresh after its LoraStacks::slot_version() moved. All
+// copies are queued on the backend like ops, so a step queued after a refresh reads them.
 // Must not: decide which steps use it (model/forward.cc asks Backend::dense_lora_ext), or own the stacks.
 #pragma once
 
@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "config/model_config.h"
 #include "kernels/linear/linear.h"
 #include "model/lora_stacks.h"
 #include "model/weights.h"
@@ -37,18 +36,16 @@ class LoraDenseExt {
 
   // Tail columns per product for these stacks (q/k/v: three modules' slots x rank); 0 when the model or
   // the stacks cannot take the path (non-BF16 weights or stacks, a layer without q/k/v/o stacks).
-  static int64_t tail_cols(const ModelConfig& config, const ModelWeights& weights, const LoraStacks& stacks);
+  static int64_t tail_cols(const ModelWeights& weights, const LoraStacks& stacks);
 
   // Allocates (zeroed) the matrices of every layer for the stacks' slots and rank; nothing is copied yet.
-  LoraDenseExt(Backend& backend, const ModelConfig& config, const ModelWeights& weights,
-               const LoraStacks& stacks);
+  LoraDenseExt(Backend& backend, const ModelWeights& weights, const LoraStacks& stacks);
   ~LoraDenseExt();
   LoraDenseExt(const LoraDenseExt&) = delete;
   LoraDenseExt& operator=(const LoraDenseExt&) = delete;
 
-  // Slot `slot`'s adapter changed (uploaded, cleared): its B is copied again at the next refresh.
-  void mark_slot(int32_t slot);
-  // Queues the copies still owed (the weights at the first call, then the marked slots' B).
+  // Queues the copies still owed (the weights at the first call, then the B of slots whose contents
+  // changed since the last copy).
   void refresh();
   const Product& qkv(int64_t layer) const { return qkv_[static_cast<size_t>(layer)]; }
   const Product& o(int64_t layer) const { return o_[static_cast<size_t>(layer)]; }
@@ -60,12 +57,11 @@ class LoraDenseExt {
   void copy_slot(int32_t slot);
 
   Backend& be_;
-  const ModelConfig& config_;
   const ModelWeights& weights_;
   const LoraStacks& stacks_;
   std::vector<Product> qkv_, o_;
   std::vector<void*> allocations_;
-  std::vector<bool> dirty_;
+  std::vector<uint64_t> copied_;  // per slot, the slot_version() its B was copied at
   int64_t tail_cols_ = 0;
   bool weights_copied_ = false;
   size_t bytes_ = 0;

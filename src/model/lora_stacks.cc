@@ -224,6 +224,7 @@ void LoraStacks::reserve(int64_t slots, int64_t rank) {
   scales_.assign(experts_scale_offset_ + static_cast<size_t>(c.num_layers * slots * E * 3), 0.0f);
   d_scales_ = static_cast<float*>(alloc(scales_.size() * sizeof(float)));
   held_.assign(static_cast<size_t>(slots), {});
+  versions_.assign(static_cast<size_t>(slots), 0);
   // Made after the allocations (and their zeroing), so the uploads are ordered after them.
   main_.staging = be_.make_upload_staging(kStagingBuffers, kStagingBytes);
 }
@@ -480,6 +481,7 @@ void LoraStacks::activate(int32_t slot, const LoraAdapter& ad) {
   }
   upload_scales();
   held_[static_cast<size_t>(slot)] = {.adapter = &ad, .generation = ad.generation, .owner = {}};
+  ++versions_[static_cast<size_t>(slot)];
 }
 
 void LoraStacks::zero_scales(int32_t slot) {
@@ -498,6 +500,7 @@ void LoraStacks::clear(int32_t slot) {
   if (slot < 0 || slot >= slots_) return;
   CHECK_MSG(!upload_pending(slot), "LoRA slot {} is cleared while an upload into it is pending", slot);
   zero_scales(slot);
+  ++versions_[static_cast<size_t>(slot)];
   std::shared_ptr<const LoraAdapter> leaving = leave(slot, nullptr);
   if (!leaving) return;
   {

@@ -108,6 +108,9 @@ class LoraStacks {
   // Whether `slot` holds this adapter (the same object and registry version; unregistered adapters, of
   // version 0, never match, so they are copied at every use).
   bool holds(int32_t slot, const LoraAdapter& adapter) const;
+  // Moves whenever slot's contents change (an adapter made live in it, or the slot cleared), so copies of
+  // the slot's weights kept elsewhere (model/lora_dense_ext.h) know when to copy them again.
+  uint64_t slot_version(int32_t slot) const { return versions_.at(static_cast<size_t>(slot)); }
 
   // The stack of a dense module of a layer (empty when the model has no such module there), and of a MoE
   // layer's experts (empty for dense layers).
@@ -237,6 +240,7 @@ class LoraStacks {
   float* d_scales_ = nullptr;
   size_t experts_scale_offset_ = 0;
   std::vector<Held> held_;
+  std::vector<uint64_t> versions_;  // slot_version()
   Stager main_;
   // The upload thread: jobs queued by begin_upload (the front one is copied; finished ones wait for
   // finish_upload), and the staging buffers of its fill threads, made with the stacks.

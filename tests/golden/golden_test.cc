@@ -14,6 +14,18 @@ constexpr double kMarginThreshold = 1e-3;
 
 class GoldenTest : public ::testing::TestWithParam<std::string> {};
 
+// Every variant x prompt of f, prompt-major (neighbouring sequences use different variants), and whose each
+// is.
+void every_variant_prompt_major(const Fixture& f, std::vector<EngineRequest>& reqs,
+                                std::vector<std::pair<std::string, size_t>>& owner) {
+  for (size_t i = 0; i < f.num_prompts(); ++i) {
+    for (const std::string& variant : f.variants) {
+      reqs.push_back(f.request(variant, i));
+      owner.emplace_back(variant, i);
+    }
+  }
+}
+
 TEST_P(GoldenTest, EachVariantAloneMatchesReference) {
   Fixture f(GetParam());
   for (const std::string& variant : f.variants) {
@@ -30,13 +42,7 @@ TEST_P(GoldenTest, MixedBatchMatchesReferenceAndSingleRuns) {
   Fixture f(GetParam());
   std::vector<EngineRequest> reqs;
   std::vector<std::pair<std::string, size_t>> owner;
-  // Prompt-major order, so neighbouring sequences use different variants.
-  for (size_t i = 0; i < f.num_prompts(); ++i) {
-    for (const std::string& variant : f.variants) {
-      reqs.push_back(f.request(variant, i));
-      owner.emplace_back(variant, i);
-    }
-  }
+  every_variant_prompt_major(f, reqs, owner);
   auto mixed = f.run(reqs);
   for (size_t j = 0; j < reqs.size(); ++j) {
     check_against_reference(f, owner[j].first, owner[j].second, mixed[j], kLogprobTolerance,
@@ -59,12 +65,7 @@ TEST_P(GoldenTest, DenseLoraSplitOverOtherOpsMatchesReference) {
   Fixture f(GetParam(), split), plain(GetParam());
   std::vector<EngineRequest> reqs;
   std::vector<std::pair<std::string, size_t>> owner;
-  for (size_t i = 0; i < f.num_prompts(); ++i) {
-    for (const std::string& variant : f.variants) {
-      reqs.push_back(f.request(variant, i));
-      owner.emplace_back(variant, i);
-    }
-  }
+  every_variant_prompt_major(f, reqs, owner);
   auto got = f.run(reqs), want = plain.run(reqs);
   for (size_t j = 0; j < reqs.size(); ++j) {
     check_against_reference(f, owner[j].first, owner[j].second, got[j], kLogprobTolerance, kMarginThreshold);
@@ -93,12 +94,7 @@ TEST_P(GoldenTest, DenseLoraAsExtraKColumnsMatchesDefaultPath) {
   f.max_loras = plain.max_loras = 1;
   std::vector<EngineRequest> reqs;
   std::vector<std::pair<std::string, size_t>> owner;
-  for (size_t i = 0; i < f.num_prompts(); ++i) {
-    for (const std::string& variant : f.variants) {
-      reqs.push_back(f.request(variant, i));
-      owner.emplace_back(variant, i);
-    }
-  }
+  every_variant_prompt_major(f, reqs, owner);
   auto got = f.run(reqs), want = plain.run(reqs);
   double effect = 0;
   for (size_t j = 0; j < reqs.size(); ++j) {
